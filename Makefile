@@ -1,0 +1,61 @@
+# hexmq developer entry points. `make run` and `make test` set up everything they need.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+PROTOS := $(shell find protos -name '*.proto' | sort)
+RUN_DIR ?= .hexmq/run
+NODES  ?= 1
+PYTEST_ARGS ?=
+
+.PHONY: venv proto proto-check lint typecheck test test-unit test-fault bench run clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+# The only way generated code is made. Protos live under a path equal to their package
+# (protos/hexmq/api/...), so generated imports resolve unedited.
+proto: $(STAMP)
+	rm -rf hexmq/api
+	$(BIN)/python -m grpc_tools.protoc -I protos \
+	  --python_out=. --grpc_python_out=. \
+	  --plugin=protoc-gen-mypy=$(BIN)/protoc-gen-mypy --mypy_out=. \
+	  --plugin=protoc-gen-mypy_grpc=$(BIN)/protoc-gen-mypy_grpc --mypy_grpc_out=. \
+	  $(PROTOS)
+	find hexmq/api -type d -exec touch {}/__init__.py \;
+
+# CI: regenerate and fail if the committed code differs.
+proto-check: proto
+	git add -N hexmq/api
+	git diff --exit-code -- hexmq/api
+
+lint: $(STAMP)
+	$(BIN)/ruff check hexmq services tests bench
+	$(BIN)/ruff format --check hexmq services tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+test: $(STAMP)
+	$(BIN)/pytest -m "not fault and not soak" $(PYTEST_ARGS)
+
+test-unit: $(STAMP)
+	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+test-fault: $(STAMP)
+	$(BIN)/pytest -m "fault or soak" $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python -m bench $(BENCH_ARGS)
+
+# A local cluster in the foreground on the embedded defaults, until Ctrl-C.
+run: $(STAMP)
+	$(BIN)/hexmq cluster run --nodes $(NODES) --dir $(RUN_DIR)
+
+clean:
+	rm -rf $(VENV) .hexmq .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""The hexmq services; each runs as its own process (``hexmq edge|partition|membership``)."""

@@ -1,0 +1,1 @@
+"""The membership service: the cluster view that every local service routes by."""
