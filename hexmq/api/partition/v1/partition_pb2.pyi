@@ -795,3 +795,47 @@ class StatusReply(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StatusReply: _TypeAlias = StatusReply  # noqa: Y015
+
+@_typing.final
+class SessionRecord(_message.Message):
+    """Storage: a session as its partition keeps it in Redis (hash hx:{p}:sessions, field client id).
+    Subscriptions and queued messages live in their own keys (see services/partition/store.py).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    SESSION_EXPIRY_S_FIELD_NUMBER: _builtins.int
+    PROTOCOL_VERSION_FIELD_NUMBER: _builtins.int
+    NEXT_MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    WILL_FIELD_NUMBER: _builtins.int
+    DISCONNECTED_AT_MS_FIELD_NUMBER: _builtins.int
+    CREATED_AT_MS_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    session_expiry_s: _builtins.int
+    protocol_version: _builtins.int
+    next_message_id: _builtins.int
+    """The next message id to assign; never reused within a session."""
+    disconnected_at_ms: _builtins.int
+    """0 while a connection holds the session."""
+    created_at_ms: _builtins.int
+    @_builtins.property
+    def will(self) -> Global___Will: ...
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+        session_expiry_s: _builtins.int = ...,
+        protocol_version: _builtins.int = ...,
+        next_message_id: _builtins.int = ...,
+        will: Global___Will | None = ...,
+        disconnected_at_ms: _builtins.int = ...,
+        created_at_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["will", b"will"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "created_at_ms", b"created_at_ms", "disconnected_at_ms", b"disconnected_at_ms", "next_message_id", b"next_message_id", "protocol_version", b"protocol_version", "session_expiry_s", b"session_expiry_s", "will", b"will"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionRecord: _TypeAlias = SessionRecord  # noqa: Y015

@@ -1,0 +1,693 @@
+"""ClientConnection: one MQTT client, as a thin asyncio adapter around the sans-IO codec.
+
+Bytes go into the codec; packets come out and become partition commands; partition results and
+deliveries come back as callbacks and become packets. Writes made while handling one read (or one
+gRPC frame of results) leave in a single transport.write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from hexmq.api.common.v1 import common_pb2 as cpb
+from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.mqtt import (
+    NEED_DATA,
+    NO_PROPERTIES,
+    ConnAck,
+    Connect,
+    Disconnect,
+    MQTTConnection,
+    MQTTError,
+    Packet,
+    PingReq,
+    PingResp,
+    Properties,
+    PubAck,
+    Publish,
+    Role,
+    SubAck,
+    Subscribe,
+    UnsubAck,
+    Unsubscribe,
+    UnsupportedProtocolVersion,
+    encode,
+)
+from hexmq.mqtt.reason_codes import ConnectReturnCode, ReasonCode
+from hexmq.topics import validate_topic_filter, validate_topic_name
+
+if TYPE_CHECKING:
+    from services.edge.router import SessionRoute
+    from services.edge.server import Edge
+
+log = logging.getLogger("hexmq.edge.connection")
+
+OK = pb.StatusCode.STATUS_CODE_OK
+NEVER_EXPIRES = 0xFFFFFFFF
+V5 = 5
+RC = ReasonCode
+
+
+class State(enum.Enum):
+    AWAITING_CONNECT = 1
+    CONNECTING = 2  # CONNECT sent to the session's partition, waiting for its answer
+    CONNECTED = 3
+    CLOSED = 4
+
+
+def packet_id_for(message_id: int) -> int:
+    """The packet id of a queued delivery: stable for the message across reconnects."""
+    return (message_id - 1) % 65535 + 1
+
+
+class ClientConnection(asyncio.Protocol):
+    def __init__(self, edge: Edge) -> None:
+        self.edge = edge
+        self.config = edge.config
+        self.codec = MQTTConnection(Role.SERVER, max_packet_size=edge.config.max_packet_size)
+        self.connection_id = edge.new_connection_id()
+        self.state = State.AWAITING_CONNECT
+        self.client_id = ""
+        self.version = 4
+        self.route: SessionRoute | None = None
+        self.peer = "?"
+        self.transport: asyncio.Transport | None = None
+        self.keepalive = 0
+        self.last_rx = 0.0
+        self.receive_maximum = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop = asyncio.get_running_loop()
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self._acks: list[int] = []
+        # Deliveries sent to the client and not acknowledged: packet id -> message id.
+        self._inflight_out: dict[int, int] = {}
+        self._pending_in = 0
+        self._reading_paused = False
+        self._warned_retain = False
+        self._assigned_id: str | None = None
+
+    # ----- asyncio.Protocol -------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.last_rx = self._loop.time()
+        self.edge.connections[self.connection_id] = self
+        self._timer = self._loop.call_later(self.config.connect_timeout, self._on_timer)
+
+    def data_received(self, data: bytes) -> None:
+        self.last_rx = self._loop.time()
+        self.codec.receive_data(data)
+        self._process()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.state is State.CONNECTED:
+            self._close_session(graceful=False)
+        self.state = State.CLOSED
+        if self._timer is not None:
+            self._timer.cancel()
+        self.edge.connections.pop(self.connection_id, None)
+
+    # ----- inbound ----------------------------------------------------------------------
+
+    def _process(self) -> None:
+        try:
+            while self.state is State.AWAITING_CONNECT or self.state is State.CONNECTED:
+                event = self.codec.next_event()
+                if event is NEED_DATA:
+                    break
+                self._handle(event)
+        except MQTTError as exc:
+            self._on_protocol_error(exc)
+        self._flush_acks()
+
+    def _handle(self, packet: Packet) -> None:
+        if isinstance(packet, Publish):
+            self._on_publish(packet)
+        elif isinstance(packet, PubAck):
+            mid = self._inflight_out.pop(packet.packet_id, None)
+            if mid is not None:
+                self._acks.append(mid)
+        elif isinstance(packet, PingReq):
+            self._write(self.codec.send(PingResp()))
+        elif isinstance(packet, Subscribe):
+            self._on_subscribe(packet)
+        elif isinstance(packet, Unsubscribe):
+            self._on_unsubscribe(packet)
+        elif isinstance(packet, Disconnect):
+            self._on_disconnect(packet)
+        elif isinstance(packet, Connect):
+            self._on_connect(packet)
+        else:
+            # PUBREC/PUBREL/PUBCOMP (QoS 2 is not offered: CONNACK says Maximum QoS 1) and AUTH
+            # (no authentication method is configured).
+            self._fail(RC.PROTOCOL_ERROR, f"unexpected {type(packet).__name__}")
+
+    def _on_connect(self, packet: Connect) -> None:
+        self.version = packet.protocol_version
+        props = packet.properties
+        if self.version == V5 and props.authentication_method is not None:
+            self._refuse_connect(
+                RC.BAD_AUTHENTICATION_METHOD, "no authentication method is configured"
+            )
+            return
+        client_id = packet.client_id
+        assigned = None
+        if not client_id:
+            if self.version != V5 and not packet.clean_start:
+                # MQTT-3.1.3-8: an empty id needs clean session 1 in 3.1.1.
+                self._refuse_connect(
+                    RC.CLIENT_IDENTIFIER_NOT_VALID, "empty client id with clean session 0"
+                )
+                return
+            client_id = assigned = f"hexmq-{uuid.uuid4().hex[:20]}"
+        self.client_id = client_id
+        self.keepalive = packet.keepalive
+        if self.version == V5:
+            expiry = props.session_expiry_interval or 0
+            self.receive_maximum = props.receive_maximum or 65535
+        else:
+            expiry = 0 if packet.clean_start else NEVER_EXPIRES
+            self.receive_maximum = self.config.max_inflight_v311
+        self._assigned_id = assigned
+        self.route = route = self.edge.router.session_route(client_id)
+        open_session = pb.OpenSession(
+            client_id=client_id,
+            connection_id=self.connection_id,
+            clean_start=packet.clean_start,
+            session_expiry_s=expiry,
+            protocol_version=self.version,
+            receive_maximum=self.receive_maximum,
+            maximum_packet_size=props.maximum_packet_size or 0,
+        )
+        if packet.will is not None:
+            will = packet.will
+            open_session.will.message.CopyFrom(
+                self._message(will.topic, will.payload, will.qos, will.retain, will.properties)
+            )
+            open_session.will.delay_interval_s = will.properties.will_delay_interval or 0
+        self.state = State.CONNECTING
+        self._pause_reading()
+        route.link.request(
+            pb.EdgeCommand(
+                partition=route.partition, partition_epoch=route.epoch, open_session=open_session
+            ),
+            self._on_open_result,
+        )
+
+    def _on_open_result(self, result: pb.Result) -> None:
+        if self.state is not State.CONNECTING:
+            if result.status == OK:
+                # The client left while its session was being opened: let the session go.
+                self._close_session(graceful=False)
+            return
+        if result.status != OK:
+            log.warning(
+                "refusing CONNECT from %s (%s): %s", self.peer, self.client_id, result.message
+            )
+            self._refuse_connect(RC.SERVER_UNAVAILABLE, result.message)
+            return
+        self.state = State.CONNECTED
+        props = NO_PROPERTIES
+        if self.version == V5:
+            props = Properties(
+                assigned_client_identifier=self._assigned_id,
+                receive_maximum=self.config.receive_maximum,
+                maximum_qos=1,
+                retain_available=False,
+                shared_subscription_available=False,
+                maximum_packet_size=self.config.max_packet_size,
+            )
+        self._write(
+            self.codec.send(
+                ConnAck(session_present=result.session_present, reason_code=0, properties=props)
+            )
+        )
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.keepalive:
+            self._timer = self._loop.call_later(self.keepalive * 1.5, self._on_timer)
+        self._resume_reading()
+        self._process()
+
+    def _on_publish(self, packet: Publish) -> None:
+        if packet.qos == 2:
+            self._fail(RC.QOS_NOT_SUPPORTED, "QoS 2 is not offered (Maximum QoS 1)")
+            return
+        props = packet.properties
+        if props.topic_alias is not None:
+            self._fail(
+                RC.TOPIC_ALIAS_INVALID, "topic aliases are not accepted (Topic Alias Maximum 0)"
+            )
+            return
+        if packet.retain:
+            if self.version == V5:
+                self._fail(RC.RETAIN_NOT_SUPPORTED, "retained messages are not offered")
+                return
+            if not self._warned_retain:
+                self._warned_retain = True
+                log.info(
+                    "%s: retained messages are not stored yet; forwarding as live", self.client_id
+                )
+        try:
+            validate_topic_name(packet.topic)
+        except MQTTError as exc:
+            self._on_protocol_error(exc)
+            return
+        message = self._message(packet.topic, packet.payload, packet.qos, False, props)
+        route = self.edge.router.route_publish(packet.topic)
+        if packet.qos == 0:
+            for link, targets in route.targets:
+                link.send(pb.EdgeCommand(publish=pb.Publish(message=message, targets=targets)))
+            return
+        pid = packet.packet_id
+        assert pid is not None
+        if not route.complete:
+            self._publish_refused(pid, "a partition node is unavailable")
+            return
+        if not route.targets:
+            self._write(
+                self.codec.send(
+                    PubAck(pid, RC.NO_MATCHING_SUBSCRIBERS if self.version == V5 else 0)
+                )
+            )
+            return
+        self._pending_in += 1
+        if self._pending_in >= self.config.receive_maximum:
+            self._pause_reading()
+        done = self._publish_done(pid, len(route.targets))
+        for link, targets in route.targets:
+            link.request(pb.EdgeCommand(publish=pb.Publish(message=message, targets=targets)), done)
+
+    def _publish_done(self, pid: int, parts: int) -> Callable[[pb.Result], None]:
+        failures: list[str] = []
+        remaining = parts
+
+        def on_result(result: pb.Result) -> None:
+            nonlocal remaining
+            remaining -= 1
+            if result.status != OK:
+                failures.append(result.message)
+            if remaining:
+                return
+            self._pending_in -= 1
+            if self._reading_paused and self._pending_in <= self.config.receive_maximum // 2:
+                self._resume_reading()
+            if self.state is not State.CONNECTED:
+                return
+            if failures:
+                self._publish_refused(pid, failures[0])
+            else:
+                self._write(self.codec.send(PubAck(pid)))
+
+        return on_result
+
+    def _publish_refused(self, pid: int, why: str) -> None:
+        """Never acknowledge what was not stored: 5.0 gets a failing PUBACK, 3.1.1 (which has
+        none) loses the connection and will resend the unacknowledged message."""
+        if self.version == V5:
+            log.warning("%s: PUBLISH %d refused: %s", self.client_id, pid, why)
+            self._write(
+                self.codec.send(
+                    PubAck(pid, RC.UNSPECIFIED_ERROR, Properties(reason_string=why[:200]))
+                )
+            )
+        else:
+            self._close(f"PUBLISH {pid} cannot be stored: {why}")
+
+    def _on_subscribe(self, packet: Subscribe) -> None:
+        codes: list[int | None] = []
+        specs = []
+        sub_id = packet.properties.subscription_identifiers
+        for sub in packet.subscriptions:
+            try:
+                validate_topic_filter(sub.topic_filter)
+            except MQTTError as exc:
+                codes.append(exc.reason_code if self.version == V5 else 0x80)
+                continue
+            if sub.topic_filter.startswith("$share/"):
+                codes.append(RC.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED if self.version == V5 else 0x80)
+                continue
+            codes.append(None)
+            specs.append(
+                pb.SubscriptionSpec(
+                    filter=sub.topic_filter,
+                    qos=sub.qos,
+                    no_local=sub.no_local,
+                    retain_as_published=sub.retain_as_published,
+                    retain_handling=sub.retain_handling,
+                    subscription_id=sub_id[0] if sub_id else 0,
+                )
+            )
+
+        def on_result(result: pb.Result) -> None:
+            if self.state is not State.CONNECTED:
+                return
+            granted = iter(result.reason_codes if result.status == OK else [0x80] * len(specs))
+            final = [code if code is not None else next(granted) for code in codes]
+            self._write(self.codec.send(SubAck(packet.packet_id, tuple(final))))
+
+        if not specs:
+            on_result(pb.Result())
+            return
+        self._session_request(
+            pb.EdgeCommand(
+                subscribe=pb.Subscribe(
+                    client_id=self.client_id, connection_id=self.connection_id, subscriptions=specs
+                )
+            ),
+            on_result,
+        )
+
+    def _on_unsubscribe(self, packet: Unsubscribe) -> None:
+        def on_result(result: pb.Result) -> None:
+            if self.state is not State.CONNECTED:
+                return
+            if self.version != V5:
+                if result.status != OK:
+                    self._close(f"UNSUBSCRIBE failed: {result.message}")
+                    return
+                self._write(self.codec.send(UnsubAck(packet.packet_id)))
+                return
+            codes = (
+                tuple(result.reason_codes)
+                if result.status == OK
+                else (0x80,) * len(packet.topic_filters)
+            )
+            self._write(self.codec.send(UnsubAck(packet.packet_id, codes)))
+
+        self._session_request(
+            pb.EdgeCommand(
+                unsubscribe=pb.Unsubscribe(
+                    client_id=self.client_id,
+                    connection_id=self.connection_id,
+                    filters=packet.topic_filters,
+                )
+            ),
+            on_result,
+        )
+
+    def _on_disconnect(self, packet: Disconnect) -> None:
+        expiry = packet.properties.session_expiry_interval
+        if expiry is not None and self.version == V5:
+            self._close_session(graceful=True, expiry=expiry, send_will=packet.reason_code == 0x04)
+        else:
+            self._close_session(graceful=True, send_will=packet.reason_code == 0x04)
+        self.state = State.CLOSED
+        self._close(None)
+
+    # ----- outbound ---------------------------------------------------------------------
+
+    def deliver(self, delivery: pb.Delivery) -> None:
+        if self.state is not State.CONNECTED:
+            return
+        now = time.time() * 1000
+        send = self.codec.send
+        for qm in delivery.messages:
+            m = qm.message
+            if m.expires_at_ms and m.expires_at_ms <= now:
+                if qm.qos:
+                    self._acks.append(qm.message_id)
+                continue
+            pid = None
+            if qm.qos:
+                pid = packet_id_for(qm.message_id)
+                self._inflight_out[pid] = qm.message_id
+            props = self._publish_properties(qm, now) if self.version == V5 else NO_PROPERTIES
+            self._write(send(Publish(m.topic, m.payload, qm.qos, qm.retain, qm.dup, pid, props)))
+        self._flush_acks()
+
+    @staticmethod
+    def _publish_properties(qm: pb.QueuedMessage, now: float) -> Properties:
+        m = qm.message
+        if not (
+            m.HasField("payload_format")
+            or m.expires_at_ms
+            or m.content_type
+            or m.response_topic
+            or m.correlation_data
+            or m.user_properties
+            or qm.subscription_ids
+        ):
+            return NO_PROPERTIES
+        return Properties(
+            payload_format_indicator=m.payload_format if m.HasField("payload_format") else None,
+            message_expiry_interval=max(1, int((m.expires_at_ms - now + 999) // 1000))
+            if m.expires_at_ms
+            else None,
+            content_type=m.content_type or None,
+            response_topic=m.response_topic or None,
+            correlation_data=m.correlation_data or None,
+            user_properties=tuple((u.key, u.value) for u in m.user_properties),
+            subscription_identifiers=tuple(qm.subscription_ids),
+        )
+
+    def kick(self, reason_code: int) -> None:
+        """Another connection took the session over (or the partition ended it)."""
+        if self.state is State.CLOSED:
+            return
+        log.info("%s (%s) taken over; closing", self.client_id, self.peer)
+        self.state = State.CLOSED
+        if self.version == V5:
+            self._write(self.codec.send(Disconnect(reason_code)))
+        self._close(None)
+
+    def shutdown(self) -> None:
+        """The edge is stopping: tell 5.0 clients (0x8B) and close."""
+        if self.state is State.CONNECTED and self.version == V5:
+            self._write(self.codec.send(Disconnect(RC.SERVER_SHUTTING_DOWN)))
+        self._close(None)
+
+    def reattach(self) -> None:
+        """The session's partition link came back: make this connection its live one again."""
+        route = self.route
+        if self.state is not State.CONNECTED or route is None:
+            return
+        self._inflight_out.clear()
+
+        def on_result(result: pb.Result) -> None:
+            if result.status != OK and self.state is State.CONNECTED:
+                log.warning(
+                    "%s: session could not be re-attached: %s", self.client_id, result.message
+                )
+                self.state = State.CLOSED
+                if self.version == V5:
+                    self._write(
+                        self.codec.send(
+                            Disconnect(
+                                RC.SESSION_TAKEN_OVER
+                                if result.status == pb.StatusCode.STATUS_CODE_TAKEN_OVER
+                                else RC.UNSPECIFIED_ERROR
+                            )
+                        )
+                    )
+                self._close(None)
+
+        route.link.request(
+            pb.EdgeCommand(
+                partition=route.partition,
+                partition_epoch=route.epoch,
+                attach_session=pb.AttachSession(
+                    client_id=self.client_id,
+                    connection_id=self.connection_id,
+                    receive_maximum=self.receive_maximum,
+                ),
+            ),
+            on_result,
+        )
+
+    # ----- helpers ----------------------------------------------------------------------
+
+    def _message(
+        self, topic: str, payload: bytes, qos: int, retain: bool, props: Properties
+    ) -> cpb.Message:
+        now = int(time.time() * 1000)
+        m = cpb.Message(
+            topic=topic,
+            payload=payload,
+            qos=qos,
+            retain=retain,
+            publisher_id=self.client_id,
+            published_at_ms=now,
+        )
+        if props is not NO_PROPERTIES:
+            if props.payload_format_indicator is not None:
+                m.payload_format = props.payload_format_indicator
+            if props.message_expiry_interval is not None:
+                m.expires_at_ms = now + props.message_expiry_interval * 1000
+            if props.content_type is not None:
+                m.content_type = props.content_type
+            if props.response_topic is not None:
+                m.response_topic = props.response_topic
+            if props.correlation_data is not None:
+                m.correlation_data = props.correlation_data
+            for key, value in props.user_properties:
+                m.user_properties.add(key=key, value=value)
+        return m
+
+    def _session_request(self, cmd: pb.EdgeCommand, callback: Callable[[pb.Result], None]) -> None:
+        route = self.route
+        assert route is not None
+        cmd.partition = route.partition
+        cmd.partition_epoch = route.epoch
+        route.link.request(cmd, callback)
+
+    def _close_session(
+        self, *, graceful: bool, expiry: int | None = None, send_will: bool = False
+    ) -> None:
+        route = self.route
+        if route is None:
+            return
+        close = pb.CloseSession(
+            client_id=self.client_id,
+            connection_id=self.connection_id,
+            graceful=graceful,
+            send_will=send_will,
+        )
+        if expiry is not None:
+            close.session_expiry_s = expiry
+        route.link.send(
+            pb.EdgeCommand(
+                partition=route.partition, partition_epoch=route.epoch, close_session=close
+            )
+        )
+
+    def _flush_acks(self) -> None:
+        if self._acks and self.route is not None:
+            route = self.route
+            acks, self._acks = self._acks, []
+            route.link.send(
+                pb.EdgeCommand(
+                    partition=route.partition,
+                    partition_epoch=route.epoch,
+                    delivery_ack=pb.DeliveryAck(
+                        client_id=self.client_id, connection_id=self.connection_id, message_ids=acks
+                    ),
+                )
+            )
+
+    def _write(self, data: bytes) -> None:
+        self._out.append(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush_out)
+
+    def _flush_out(self) -> None:
+        self._flush_scheduled = False
+        if self._out and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(self._out))
+        self._out = []
+
+    def _pause_reading(self) -> None:
+        if not self._reading_paused and self.transport is not None:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if self._reading_paused and self.transport is not None and not self.transport.is_closing():
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self.state is State.CLOSED:
+            return
+        if self.state is not State.CONNECTED:
+            self._close(f"no CONNECT within {self.config.connect_timeout:.0f}s")
+            return
+        idle = self._loop.time() - self.last_rx
+        limit = self.keepalive * 1.5
+        if idle >= limit:
+            # MQTT-3.1.2-24: 1.5 x keepalive without a packet ends the connection.
+            self._fail(
+                RC.KEEP_ALIVE_TIMEOUT, f"no packet for {idle:.1f}s (keepalive {self.keepalive}s)"
+            )
+            return
+        self._timer = self._loop.call_later(limit - idle, self._on_timer)
+
+    def _refuse_connect(self, reason: int, why: str) -> None:
+        if self.version == V5:
+            props = Properties(reason_string=why[:200])
+            self._write(self.codec.send(ConnAck(False, reason, props)))
+        else:
+            self._write(self.codec.send(ConnAck(False, _v311_return_code(reason))))
+        self.state = State.CLOSED
+        self._close(f"CONNECT refused (0x{reason:02X}): {why}")
+
+    def _fail(self, reason: int, why: str) -> None:
+        """End the connection for a protocol violation: 5.0 gets DISCONNECT with the reason."""
+        name = _reason_name(reason)
+        log.warning(
+            "closing %s (%s): %s (0x%02X): %s", self.peer, self.client_id or "-", name, reason, why
+        )
+        if self.state is State.CONNECTED:
+            self._close_session(graceful=False)
+            if self.version == V5:
+                self._write(
+                    self.codec.send(Disconnect(reason, Properties(reason_string=why[:200])))
+                )
+        self.state = State.CLOSED
+        self._close(None)
+
+    def _on_protocol_error(self, exc: MQTTError) -> None:
+        if self.state is State.AWAITING_CONNECT or self.state is State.CONNECTING:
+            log.warning(
+                "closing %s: bad CONNECT: %s (0x%02X): %s",
+                self.peer,
+                _reason_name(exc.reason_code),
+                exc.reason_code,
+                exc.message,
+            )
+            if isinstance(exc, UnsupportedProtocolVersion):
+                # 3.1.1 clients (and older) understand return code 0x01 [MQTT-3.1.2-2]; a newer
+                # level gets the 5.0 form of 0x84.
+                if (exc.protocol_level or 0) > V5:
+                    self._write(encode(ConnAck(False, RC.UNSUPPORTED_PROTOCOL_VERSION), V5))
+                else:
+                    self._write(
+                        encode(ConnAck(False, ConnectReturnCode.UNACCEPTABLE_PROTOCOL_VERSION), 4)
+                    )
+            elif self.codec.protocol_version == V5:
+                self.version = V5
+                self._write(self.codec.send(ConnAck(False, exc.reason_code)))
+            self.state = State.CLOSED
+            self._close(None)
+            return
+        self._fail(exc.reason_code, exc.message)
+
+    def _close(self, why: str | None) -> None:
+        if why is not None:
+            log.warning("closing %s (%s): %s", self.peer, self.client_id or "-", why)
+        if self.state is State.CONNECTED:
+            self._close_session(graceful=False)
+        self.state = State.CLOSED
+        self._flush_out()
+        if self.transport is not None:
+            self.transport.close()
+
+
+def _reason_name(code: int) -> str:
+    try:
+        return ReasonCode(code).name.replace("_", " ").title()
+    except ValueError:
+        return "Unknown"
+
+
+def _v311_return_code(reason: int) -> int:
+    codes: dict[int, int] = {
+        RC.CLIENT_IDENTIFIER_NOT_VALID: ConnectReturnCode.IDENTIFIER_REJECTED,
+        RC.BAD_USER_NAME_OR_PASSWORD: ConnectReturnCode.BAD_USER_NAME_OR_PASSWORD,
+        RC.NOT_AUTHORIZED: ConnectReturnCode.NOT_AUTHORIZED,
+        RC.BAD_AUTHENTICATION_METHOD: ConnectReturnCode.NOT_AUTHORIZED,
+    }
+    return codes.get(reason, ConnectReturnCode.SERVER_UNAVAILABLE)

@@ -1,0 +1,197 @@
+"""PartitionLink: the edge's long-lived, batched gRPC stream to one partition node.
+
+Commands queue up while a frame is on the wire and leave together in the next one, so a burst
+of publishes costs one gRPC frame, not one call each. Results come back matched by request id
+and are handed to plain callbacks (no coroutine or future per message). While the stream is down
+every command fails at once with STATUS_CODE_UNAVAILABLE: the edge refuses rather than waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Protocol
+
+import grpc
+
+from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+ResultCallback = Callable[[pb.Result], None]
+
+MAX_COMMANDS_PER_FRAME = 2048
+MAX_FRAME_BYTES = 1 << 20
+
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+    ("grpc.max_send_message_length", 256 * 1024 * 1024),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    # Reconnect fast after a partition restart: the edge refuses work until the link is back.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
+class LinkListener(Protocol):
+    """What a link tells the edge about (implemented by the edge server)."""
+
+    def on_link_up(self, link: PartitionLink) -> None: ...
+    def on_link_down(self, link: PartitionLink) -> None: ...
+    def on_delivery(self, delivery: pb.Delivery) -> None: ...
+    def on_kick(self, kick: pb.Kick) -> None: ...
+    def on_index_update(self, link: PartitionLink, update: pb.IndexUpdate) -> None: ...
+
+
+def unavailable(node_id: str, why: str) -> pb.Result:
+    return pb.Result(
+        status=pb.StatusCode.STATUS_CODE_UNAVAILABLE,
+        message=f"partition node {node_id} unavailable: {why}",
+    )
+
+
+class PartitionLink:
+    def __init__(
+        self,
+        node_id: str,
+        target: str,
+        hello: pb.Hello,
+        listener: LinkListener,
+    ) -> None:
+        self.node_id = node_id
+        self.target = target
+        self._hello = hello
+        self._listener = listener
+        self._next_id = 1
+        self._pending: dict[int, ResultCallback] = {}
+        self._outgoing: list[pb.EdgeCommand] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        # Bumped per stream: the request generator of a dead stream may still be waiting, and
+        # must not take commands meant for its successor.
+        self._generation = 0
+        # True from the moment the stream is open until it breaks.
+        self.connected = False
+        # True once the node's subscription index snapshot has arrived on this stream.
+        self.ready = False
+
+    def __repr__(self) -> str:
+        return f"PartitionLink({self.node_id}@{self.target})"
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"link-{self.node_id}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    def request(self, cmd: pb.EdgeCommand, callback: ResultCallback) -> None:
+        """Send `cmd`; `callback(result)` runs exactly once (UNAVAILABLE if the link fails)."""
+        if not self.connected:
+            callback(unavailable(self.node_id, "link down"))
+            return
+        request_id = self._next_id
+        self._next_id += 1
+        cmd.request_id = request_id
+        self._pending[request_id] = callback
+        self._outgoing.append(cmd)
+        self._wake.set()
+
+    def send(self, cmd: pb.EdgeCommand) -> bool:
+        """Send `cmd` without wanting a result; False if the link is down."""
+        if not self.connected:
+            return False
+        self._outgoing.append(cmd)
+        self._wake.set()
+        return True
+
+    async def _frames(self, generation: int) -> AsyncIterator[pb.EdgeFrame]:
+        yield pb.EdgeFrame(hello=self._hello)
+        while True:
+            while not self._outgoing or generation != self._generation:
+                if generation != self._generation:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+            batch = self._outgoing
+            if len(batch) <= MAX_COMMANDS_PER_FRAME:
+                self._outgoing = []
+            else:
+                batch, self._outgoing = (
+                    batch[:MAX_COMMANDS_PER_FRAME],
+                    batch[MAX_COMMANDS_PER_FRAME:],
+                )
+            frame = pb.EdgeFrame(commands=batch)
+            if frame.ByteSize() > MAX_FRAME_BYTES and len(batch) > 1:
+                # Split big frames so one large payload does not hold up the rest for long.
+                half = len(batch) // 2
+                yield pb.EdgeFrame(commands=batch[:half])
+                yield pb.EdgeFrame(commands=batch[half:])
+            else:
+                yield frame
+
+    async def _run(self) -> None:
+        backoff = 0.05
+        while True:
+            try:
+                async with grpc.aio.insecure_channel(self.target, options=GRPC_OPTIONS) as channel:
+                    await asyncio.wait_for(channel.channel_ready(), timeout=5.0)
+                    stub = pb_grpc.PartitionServiceStub(channel)
+                    self._generation += 1
+                    call = stub.Link(self._frames(self._generation))
+                    self.connected = True
+                    log.info("link to %s (%s) open", self.node_id, self.target)
+                    backoff = 0.05
+                    async for frame in call:
+                        self._dispatch(frame)
+                    why = "stream ended"
+            except TimeoutError:
+                why = "not reachable"
+            except grpc.aio.AioRpcError as exc:
+                why = f"{exc.code().name}: {exc.details()}"
+            self._fail(why)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
+
+    def _fail(self, why: str) -> None:
+        was_up = self.connected
+        self.connected = False
+        self._generation += 1
+        self._wake.set()  # let the dead stream's generator see it is stale and end
+        self.ready = False
+        self._outgoing = []
+        pending, self._pending = self._pending, {}
+        if was_up:
+            log.warning("link to %s lost (%s); %d requests failed", self.node_id, why, len(pending))
+            self._listener.on_link_down(self)
+        result = unavailable(self.node_id, why)
+        for callback in pending.values():
+            callback(result)
+
+    def _dispatch(self, frame: pb.PartitionFrame) -> None:
+        listener = self._listener
+        for event in frame.events:
+            kind = event.WhichOneof("event")
+            if kind == "result":
+                callback = self._pending.pop(event.result.request_id, None)
+                if callback is not None:
+                    callback(event.result)
+            elif kind == "delivery":
+                listener.on_delivery(event.delivery)
+            elif kind == "kick":
+                listener.on_kick(event.kick)
+            elif kind == "index_update":
+                update = event.index_update
+                listener.on_index_update(self, update)
+                if update.snapshot_done and not self.ready:
+                    self.ready = True
+                    listener.on_link_up(self)

@@ -1,0 +1,100 @@
+"""Router: where a session lives and which partition masters a publish must reach.
+
+The subscription index (filter -> partitions with subscribers) is fed by every partition node
+over its link; a publish goes only to the partitions whose filters match, one command per master
+node carrying all of that node's target partitions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hexmq.api.membership.v1 import membership_pb2 as mpb
+from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.hashring import partition_of
+from hexmq.topics import TopicTrie
+from services.edge.links import PartitionLink
+
+ROUTE_CACHE_LIMIT = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRoute:
+    partition: int
+    epoch: int
+    link: PartitionLink
+
+
+@dataclass(frozen=True, slots=True)
+class PublishRoute:
+    # (link, that node's target partitions); empty when nothing subscribes.
+    targets: tuple[tuple[PartitionLink, tuple[pb.PartitionTarget, ...]], ...]
+    # False when some partition node's index is unknown (its link is down): a QoS >= 1 publish
+    # must then be refused, since subscribers there might be missed.
+    complete: bool
+
+
+class Router:
+    def __init__(self) -> None:
+        self.view: mpb.View | None = None
+        self.links: dict[str, PartitionLink] = {}
+        self._index: TopicTrie[int, None] = TopicTrie()
+        self._index_by_node: dict[str, set[tuple[int, str]]] = {}
+        self._cache: dict[str, PublishRoute] = {}
+
+    def set_view(self, view: mpb.View) -> None:
+        self.view = view
+        self._cache.clear()
+
+    def session_route(self, client_id: str) -> SessionRoute:
+        view = self.view
+        assert view is not None
+        p = partition_of(client_id, view.partition_count)
+        assignment = view.partitions[p]
+        return SessionRoute(p, assignment.epoch, self.links[assignment.replicas[0]])
+
+    def route_publish(self, topic: str) -> PublishRoute:
+        route = self._cache.get(topic)
+        if route is not None:
+            return route
+        view = self.view
+        assert view is not None
+        by_node: dict[str, list[pb.PartitionTarget]] = {}
+        seen: set[int] = set()
+        for _filter, p, _ in self._index.match(topic):
+            if p in seen:
+                continue
+            seen.add(p)
+            assignment = view.partitions[p]
+            by_node.setdefault(assignment.replicas[0], []).append(
+                pb.PartitionTarget(partition=p, epoch=assignment.epoch)
+            )
+        route = PublishRoute(
+            targets=tuple((self.links[n], tuple(t)) for n, t in sorted(by_node.items())),
+            complete=all(link.ready for link in self.links.values()),
+        )
+        if route.complete:
+            if len(self._cache) >= ROUTE_CACHE_LIMIT:
+                self._cache.clear()
+            self._cache[topic] = route
+        return route
+
+    def apply_index_update(self, node_id: str, update: pb.IndexUpdate) -> None:
+        self._cache.clear()
+        mine = self._index_by_node.setdefault(node_id, set())
+        if update.reset:
+            self.drop_node_index(node_id)
+            mine = self._index_by_node.setdefault(node_id, set())
+        for entry in update.entries:
+            key = (entry.partition, entry.filter)
+            if entry.present:
+                mine.add(key)
+                self._index.add(entry.filter, entry.partition, None)
+            elif key in mine:
+                mine.discard(key)
+                self._index.remove(entry.filter, entry.partition)
+
+    def drop_node_index(self, node_id: str) -> None:
+        self._cache.clear()
+        for p, filt in self._index_by_node.pop(node_id, set()):
+            self._index.remove(filt, p)

@@ -1,0 +1,109 @@
+"""Edge: the MQTT listener, its live connections, and the links to every partition node."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+
+from hexmq.api.membership.v1 import membership_pb2 as mpb
+from hexmq.api.partition.v1 import partition_pb2 as pb
+from services.edge.connection import ClientConnection, State
+from services.edge.links import PartitionLink
+from services.edge.router import Router
+from services.membership.client import ViewWatcher
+
+log = logging.getLogger("hexmq.edge")
+
+
+DEFAULT_MAX_PACKET_SIZE = 1024 * 1024
+DEFAULT_RECEIVE_MAXIMUM = 1024
+DEFAULT_MAX_INFLIGHT_V311 = 64
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeConfig:
+    node_id: str
+    host: str
+    port: int
+    membership: str
+    max_packet_size: int = DEFAULT_MAX_PACKET_SIZE
+    # Inbound QoS 1 publishes a client may have unacknowledged (announced to 5.0 clients).
+    receive_maximum: int = DEFAULT_RECEIVE_MAXIMUM
+    # Outbound in-flight window for 3.1.1 clients (5.0 clients announce their own).
+    max_inflight_v311: int = DEFAULT_MAX_INFLIGHT_V311
+    connect_timeout: float = 10.0
+    shutdown_grace: float = 2.0
+
+
+class Edge:
+    def __init__(self, config: EdgeConfig) -> None:
+        self.config = config
+        self.router = Router()
+        self.connections: dict[str, ClientConnection] = {}
+        self.incarnation = time.time_ns()
+        self._counter = itertools.count(1)
+        self._watcher = ViewWatcher(config.membership, self._on_view)
+        self._server: asyncio.Server | None = None
+
+    def new_connection_id(self) -> str:
+        return f"{self.config.node_id}.{self.incarnation:x}.{next(self._counter)}"
+
+    async def start(self, startup_timeout: float) -> None:
+        self._watcher.start()
+        async with asyncio.timeout(startup_timeout):
+            await self._watcher.wait_ready()
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: ClientConnection(self), self.config.host, self.config.port, backlog=1024
+        )
+
+    async def stop(self) -> None:
+        """Stop accepting, tell clients (5.0: DISCONNECT 0x8B), give the partition links a
+        moment to carry the session closes, then stop the links."""
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections.values()):
+            conn.shutdown()
+        await asyncio.sleep(min(0.2, self.config.shutdown_grace))
+        for link in self.router.links.values():
+            await link.stop()
+        await self._watcher.stop()
+
+    async def _on_view(self, view: mpb.View) -> None:
+        self.router.set_view(view)
+        hello = pb.Hello(edge_id=self.config.node_id, edge_incarnation=self.incarnation)
+        for member in view.members:
+            if member.node_id not in self.router.links:
+                link = PartitionLink(member.node_id, member.partition_addr, hello, self)
+                self.router.links[member.node_id] = link
+                link.start()
+        log.info("view %d: %d partition nodes", view.epoch, len(view.members))
+
+    # ----- LinkListener -----------------------------------------------------------------
+
+    def on_link_up(self, link: PartitionLink) -> None:
+        reattached = 0
+        for conn in list(self.connections.values()):
+            if conn.state is State.CONNECTED and conn.route is not None and conn.route.link is link:
+                conn.reattach()
+                reattached += 1
+        log.info("partition node %s ready; re-attached %d sessions", link.node_id, reattached)
+
+    def on_link_down(self, link: PartitionLink) -> None:
+        self.router.drop_node_index(link.node_id)
+
+    def on_delivery(self, delivery: pb.Delivery) -> None:
+        conn = self.connections.get(delivery.connection_id)
+        if conn is not None:
+            conn.deliver(delivery)
+
+    def on_kick(self, kick: pb.Kick) -> None:
+        conn = self.connections.get(kick.connection_id)
+        if conn is not None:
+            conn.kick(kick.reason_code)
+
+    def on_index_update(self, link: PartitionLink, update: pb.IndexUpdate) -> None:
+        self.router.apply_index_update(link.node_id, update)

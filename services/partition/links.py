@@ -1,0 +1,44 @@
+"""The partition node's side of an edge link: an outgoing queue drained in batched frames."""
+
+from __future__ import annotations
+
+import asyncio
+
+from hexmq.api.partition.v1 import partition_pb2 as pb
+
+# A frame carries at most this many events; the rest wait for the next frame.
+MAX_EVENTS_PER_FRAME = 2048
+
+
+class EdgeLink:
+    def __init__(self, edge_id: str, incarnation: int) -> None:
+        self.edge_id = edge_id
+        self.incarnation = incarnation
+        self._events: list[pb.PartitionEvent] = []
+        self._wake = asyncio.Event()
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return f"EdgeLink({self.edge_id}#{self.incarnation})"
+
+    def send(self, event: pb.PartitionEvent) -> None:
+        if not self.closed:
+            self._events.append(event)
+            self._wake.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self._wake.set()
+
+    async def frames(self) -> list[pb.PartitionFrame]:
+        """Wait for events, then hand them out as frames (empty list: the link is closed)."""
+        while not self._events:
+            if self.closed:
+                return []
+            await self._wake.wait()
+            self._wake.clear()
+        events, self._events = self._events, []
+        return [
+            pb.PartitionFrame(events=events[i : i + MAX_EVENTS_PER_FRAME])
+            for i in range(0, len(events), MAX_EVENTS_PER_FRAME)
+        ]

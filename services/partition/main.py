@@ -1,0 +1,119 @@
+"""`hexmq partition`: the node's partition service over its own Redis."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+
+import grpc
+import redis.asyncio as redis
+
+from hexmq.api.membership.v1 import membership_pb2 as mpb
+from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
+from hexmq.netaddr import parse_hostport
+from hexmq.service import run_service, setup_logging
+from services.membership.client import ViewWatcher
+from services.partition.node import PartitionNode
+from services.partition.server import GRPC_OPTIONS, PartitionServicer
+from services.partition.store import GroupCommit, RedisStore
+
+log = logging.getLogger("hexmq.partition")
+
+# A session of a connection whose edge link dropped is kept this long for the edge to re-attach
+# even if its expiry interval is 0.
+LINK_GRACE_MS = 30_000
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--node-id", required=True, help="this node's id, e.g. n1")
+    parser.add_argument("--listen", required=True, help="gRPC HOST:PORT to serve edges on")
+    parser.add_argument("--redis", required=True, help="the node's Redis, redis://HOST:PORT/DB")
+    parser.add_argument("--membership", required=True, help="the node's membership HOST:PORT")
+    parser.add_argument("--startup-timeout", type=float, default=30.0)
+    parser.add_argument("--log-level", default="INFO")
+
+
+def run(args: argparse.Namespace) -> int:
+    setup_logging("partition", args.node_id, args.log_level)
+    try:
+        parse_hostport(args.listen, what="--listen")
+        parse_hostport(args.membership, what="--membership")
+        if not args.redis.startswith(("redis://", "unix://")):
+            raise ValueError(f"--redis must be a redis:// or unix:// URL, got {args.redis!r}")
+    except ValueError as exc:
+        log.error("%s", exc)
+        return 2
+
+    async def main(stop: asyncio.Event) -> int:
+        client = redis.Redis.from_url(args.redis)
+        try:
+            await asyncio.wait_for(_wait_for_redis(client), args.startup_timeout)
+        except TimeoutError:
+            log.error("redis at %s did not answer within %.0fs", args.redis, args.startup_timeout)
+            return 1
+        exit_code = 0
+
+        def storage_failed(exc: BaseException) -> None:
+            nonlocal exit_code
+            log.critical("%s; stopping so that state reloads from Redis on restart", exc)
+            exit_code = 1
+            stop.set()
+
+        commit = GroupCommit(client, storage_failed)
+        node = PartitionNode(args.node_id, RedisStore(client), commit)
+        ready = asyncio.Event()
+
+        async def on_view(view: mpb.View) -> None:
+            await node.apply_view(view)
+            ready.set()
+
+        watcher = ViewWatcher(args.membership, on_view)
+        server = grpc.aio.server(options=GRPC_OPTIONS)
+        pb_grpc.add_PartitionServiceServicer_to_server(PartitionServicer(node, ready), server)
+        try:
+            server.add_insecure_port(args.listen)
+        except RuntimeError as exc:
+            log.error("cannot listen on %s: %s", args.listen, exc)
+            return 1
+        commit.start()
+        watcher.start()
+        try:
+            async with asyncio.timeout(args.startup_timeout):
+                await watcher.wait_ready()
+        except TimeoutError:
+            log.error(
+                "no view from membership at %s within %.0fs", args.membership, args.startup_timeout
+            )
+            return 1
+        await server.start()
+        log.info("serving edges on %s (pid %d)", args.listen, os.getpid())
+        sweeper = asyncio.create_task(_sweep(node))
+        await stop.wait()
+        log.info("shutting down")
+        sweeper.cancel()
+        await server.stop(grace=2.0)
+        await commit.stop()
+        await watcher.stop()
+        await client.aclose()
+        return exit_code
+
+    return run_service(main)
+
+
+async def _wait_for_redis(client: redis.Redis) -> None:
+    while True:
+        try:
+            await client.ping()
+            return
+        except (redis.ConnectionError, OSError):
+            await asyncio.sleep(0.05)
+
+
+async def _sweep(node: PartitionNode) -> None:
+    while True:
+        await asyncio.sleep(1.0)
+        expired = node.expire_sessions(LINK_GRACE_MS)
+        if expired:
+            log.info("expired %d sessions", expired)

@@ -1,0 +1,474 @@
+"""PartitionNode: the partitions this node masters, and how edge commands change them.
+
+Handling a command changes memory at once (so the next command sees it), puts its writes on the
+current group-commit batch, and defers everything the edge will hear (results, deliveries, index
+updates) until that batch is durable. Commands of one link are handled in arrival order.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from hexmq.api.membership.v1 import membership_pb2 as mpb
+from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.topics import TopicTrie
+from services.partition.links import EdgeLink
+from services.partition.sessions import NEVER_EXPIRES, LiveConnection, Session
+from services.partition.store import GroupCommit, RedisStore
+
+log = logging.getLogger(__name__)
+
+SC = pb.StatusCode
+# Until QoS 2 lands (the conformance issue), subscriptions are granted at most QoS 1.
+MAX_QOS = 1
+DEFAULT_RECEIVE_MAXIMUM = 65535
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _result(
+    request_id: int, status: int = SC.STATUS_CODE_OK, **fields: object
+) -> pb.PartitionEvent:
+    return pb.PartitionEvent(result=pb.Result(request_id=request_id, status=status, **fields))  # type: ignore[arg-type]
+
+
+class PartitionNode:
+    def __init__(self, node_id: str, store: RedisStore, commit: GroupCommit) -> None:
+        self.node_id = node_id
+        self.store = store
+        self.commit = commit
+        self.view: mpb.View | None = None
+        # partition -> epoch, for the partitions this node masters and has loaded.
+        self.mastered: dict[int, int] = {}
+        self.sessions: dict[str, Session] = {}
+        self.links: dict[str, EdgeLink] = {}
+        # Every subscription of every session here: filter -> client id -> spec.
+        self.trie: TopicTrie[str, pb.SubscriptionSpec] = TopicTrie()
+        # How many sessions of a partition use a filter; 0 <-> 1 changes go to every edge.
+        self.index_refs: dict[tuple[int, str], int] = {}
+        # Sessions whose record changed in the batch being gathered (written once per batch).
+        self._dirty: dict[str, Session] = {}
+        commit.add_finisher(self._write_dirty)
+        self.messages_in = 0
+        self.messages_out = 0
+
+    # ----- view and loading -------------------------------------------------------------
+
+    def master_of(self, p: int) -> str:
+        assert self.view is not None
+        return self.view.partitions[p].replicas[0]
+
+    async def apply_view(self, view: mpb.View) -> None:
+        """Take over the partitions the view makes this node master of. Moving partitions
+        between nodes (handover, catch-up) arrives with the cluster data plane."""
+        first = self.view is None
+        self.view = view
+        mine = {a.partition: a.epoch for a in view.partitions if a.replicas[0] == self.node_id}
+        if not first and set(mine) != set(self.mastered):
+            log.error(
+                "view %d moves partitions; live repartitioning is not supported yet", view.epoch
+            )
+            return
+        for p, epoch in sorted(mine.items()):
+            for stored in await self.store.load_partition(p):
+                session = Session(p, stored.record)
+                for spec in stored.subscriptions:
+                    self._add_subscription(session, spec, announce=False)
+                for qm in stored.queue:
+                    session.queue[qm.message_id] = qm
+                    # Unknown whether it was sent before the restart: resend as a duplicate.
+                    session.ever_sent.add(qm.message_id)
+                if not session.record.disconnected_at_ms:
+                    # Its connection was lost with the old process; edges re-attach live ones.
+                    session.record.disconnected_at_ms = now_ms()
+                self.sessions[session.client_id] = session
+            self.mastered[p] = epoch
+        log.info(
+            "view %d: master of %d partitions, %d sessions loaded",
+            view.epoch,
+            len(self.mastered),
+            len(self.sessions),
+        )
+
+    # ----- links ------------------------------------------------------------------------
+
+    def open_link(self, hello: pb.Hello) -> EdgeLink:
+        old = self.links.get(hello.edge_id)
+        if old is not None:
+            self.close_link(old)
+        link = EdgeLink(hello.edge_id, hello.edge_incarnation)
+        self.links[hello.edge_id] = link
+        # The edge's routing index for this node: reset, snapshot, done.
+        entries = [pb.IndexEntry(partition=p, filter=f, present=True) for (p, f) in self.index_refs]
+        chunk = 4096
+        link.send(pb.PartitionEvent(index_update=pb.IndexUpdate(reset=True)))
+        for i in range(0, len(entries), chunk):
+            link.send(
+                pb.PartitionEvent(index_update=pb.IndexUpdate(entries=entries[i : i + chunk]))
+            )
+        link.send(pb.PartitionEvent(index_update=pb.IndexUpdate(snapshot_done=True)))
+        log.info("edge %s linked (incarnation %d)", hello.edge_id, hello.edge_incarnation)
+        return link
+
+    def close_link(self, link: EdgeLink) -> None:
+        """The edge went away: its connections no longer hold their sessions. A session whose
+        link dropped is kept until its expiry (plus a grace for the edge to re-attach)."""
+        link.close()
+        if self.links.get(link.edge_id) is link:
+            del self.links[link.edge_id]
+        detached = 0
+        stamp = now_ms()
+        for session in self.sessions.values():
+            if session.connection is not None and session.connection.link is link:
+                session.detach(stamp)
+                detached += 1
+        log.info("edge %s unlinked; %d sessions detached", link.edge_id, detached)
+
+    # ----- commands ---------------------------------------------------------------------
+
+    def handle(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+        kind = cmd.WhichOneof("command")
+        handler = self._handlers.get(kind or "")
+        if handler is None:
+            self._reply(link, cmd, SC.STATUS_CODE_INVALID, message=f"unknown command {kind!r}")
+            return
+        handler(self, link, cmd)
+
+    def _reply(
+        self, link: EdgeLink, cmd: pb.EdgeCommand, status: int = 0, **fields: object
+    ) -> None:
+        if cmd.request_id:
+            event = _result(cmd.request_id, status, **fields)
+            self.commit.after(lambda: link.send(event))
+
+    def _check_owner(self, link: EdgeLink, cmd: pb.EdgeCommand, p: int, epoch: int) -> bool:
+        """Fencing: refuse (never half-apply) a command routed by another view."""
+        current = self.mastered.get(p)
+        if current is None:
+            master = self.master_of(p) if self.view and p < len(self.view.partitions) else ""
+            self._reply(
+                link,
+                cmd,
+                SC.STATUS_CODE_WRONG_MASTER,
+                message=f"partition {p} is not mastered by {self.node_id}",
+                current_master=master,
+            )
+            return False
+        if epoch != current:
+            self._reply(
+                link,
+                cmd,
+                SC.STATUS_CODE_STALE_EPOCH,
+                message=f"partition {p} is at epoch {current}, not {epoch}",
+                current_master=self.node_id,
+            )
+            return False
+        return True
+
+    def _live_session(
+        self, link: EdgeLink, cmd: pb.EdgeCommand, cid: str, conn_id: str
+    ) -> Session | None:
+        if not self._check_owner(link, cmd, cmd.partition, cmd.partition_epoch):
+            return None
+        session = self.sessions.get(cid)
+        if session is None or session.partition != cmd.partition:
+            self._reply(link, cmd, SC.STATUS_CODE_NOT_FOUND, message=f"no session {cid!r}")
+            return None
+        if session.connection is None or session.connection.connection_id != conn_id:
+            self._reply(link, cmd, SC.STATUS_CODE_TAKEN_OVER, message="connection replaced")
+            return None
+        return session
+
+    def _open_session(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+        req = cmd.open_session
+        p = cmd.partition
+        if not self._check_owner(link, cmd, p, cmd.partition_epoch):
+            return
+        pipe = self.commit.pipe
+        session = self.sessions.get(req.client_id)
+        if session is not None and session.connection is not None:
+            self._kick(session, reason_code=0x8E)
+        if session is not None and req.clean_start:
+            self._delete_session(session)
+            session = None
+        present = session is not None
+        if session is None:
+            session = Session(p, pb.SessionRecord(client_id=req.client_id, created_at_ms=now_ms()))
+            self.sessions[req.client_id] = session
+        session.record.session_expiry_s = req.session_expiry_s
+        session.record.protocol_version = req.protocol_version
+        if req.HasField("will"):
+            session.record.will.CopyFrom(req.will)
+        else:
+            session.record.ClearField("will")
+        session.attach(
+            LiveConnection(link, req.connection_id, req.receive_maximum or DEFAULT_RECEIVE_MAXIMUM)
+        )
+        self.store.put_session(pipe, p, session.record)
+        self._reply(link, cmd, session_present=present)
+        self._schedule_pump(session)
+
+    def _attach_session(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+        req = cmd.attach_session
+        if not self._check_owner(link, cmd, cmd.partition, cmd.partition_epoch):
+            return
+        session = self.sessions.get(req.client_id)
+        if session is None:
+            self._reply(link, cmd, SC.STATUS_CODE_NOT_FOUND, message="session ended")
+            return
+        if session.connection is not None and session.connection.connection_id != req.connection_id:
+            self._reply(link, cmd, SC.STATUS_CODE_TAKEN_OVER, message="connection replaced")
+            return
+        session.attach(
+            LiveConnection(link, req.connection_id, req.receive_maximum or DEFAULT_RECEIVE_MAXIMUM)
+        )
+        self.store.put_session(self.commit.pipe, session.partition, session.record)
+        self._reply(link, cmd)
+        self._schedule_pump(session)
+
+    def _close_session(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+        req = cmd.close_session
+        session = self._live_session(link, cmd, req.client_id, req.connection_id)
+        if session is None:
+            return
+        if req.HasField("session_expiry_s"):
+            session.record.session_expiry_s = req.session_expiry_s
+        session.detach(now_ms())
+        if session.record.session_expiry_s == 0:
+            self._delete_session(session)
+        else:
+            self.store.put_session(self.commit.pipe, session.partition, session.record)
+        self._reply(link, cmd)
+
+    def _subscribe(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+        req = cmd.subscribe
+        session = self._live_session(link, cmd, req.client_id, req.connection_id)
+        if session is None:
+            return
+        pipe = self.commit.pipe
+        codes = []
+        for spec in req.subscriptions:
+            granted = pb.SubscriptionSpec()
+            granted.CopyFrom(spec)
+            granted.qos = min(spec.qos, MAX_QOS)
+            self._add_subscription(session, granted, announce=True)
+            self.store.put_subscription(pipe, session.partition, session.client_id, granted)
+            codes.append(granted.qos)
+        self._reply(link, cmd, reason_codes=codes)
+
+    def _unsubscribe(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+        req = cmd.unsubscribe
+        session = self._live_session(link, cmd, req.client_id, req.connection_id)
+        if session is None:
+            return
+        codes = []
+        removed = []
+        for filt in req.filters:
+            if self._remove_subscription(session, filt):
+                codes.append(0x00)
+                removed.append(filt)
+            else:
+                codes.append(0x11)  # No subscription existed
+        self.store.delete_subscriptions(
+            self.commit.pipe, session.partition, session.client_id, removed
+        )
+        self._reply(link, cmd, reason_codes=codes)
+
+    def _publish(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+        req = cmd.publish
+        targets = set()
+        for target in req.targets:
+            if not self._check_owner(link, cmd, target.partition, target.epoch):
+                return
+            targets.add(target.partition)
+        self.messages_in += 1
+        msg = req.message
+        # One delivery per session at the highest granted QoS, with every matching
+        # subscription identifier (MQTT-3.3.4-3/-4/-5).
+        matched: dict[str, tuple[int, list[int], bool]] = {}
+        for _filter, cid, spec in self.trie.match(msg.topic):
+            if spec.no_local and cid == msg.publisher_id:
+                continue
+            qos, ids, retain = matched.get(cid, (-1, [], False))
+            if spec.subscription_id:
+                ids.append(spec.subscription_id)
+            matched[cid] = (max(qos, spec.qos), ids, retain or spec.retain_as_published)
+        pipe = None
+        for cid, (sub_qos, ids, rap) in matched.items():
+            session = self.sessions[cid]
+            if session.partition not in targets:
+                continue
+            qos = min(msg.qos, sub_qos)
+            if qos == 0:
+                if session.connection is not None:
+                    session.enqueue_transient(
+                        pb.QueuedMessage(
+                            qos=0, message=msg, subscription_ids=ids, retain=rap and msg.retain
+                        )
+                    )
+                    self._schedule_pump(session)
+                continue
+            if pipe is None:
+                pipe = self.commit.pipe
+            qm = pb.QueuedMessage(
+                message_id=session.next_message_id(),
+                qos=qos,
+                message=msg,
+                subscription_ids=ids,
+                retain=rap and msg.retain,
+            )
+            session.enqueue(qm)
+            self.store.put_message(pipe, session.partition, cid, qm)
+            self._dirty[cid] = session
+            self._schedule_pump(session)
+        self._reply(link, cmd)
+
+    def _delivery_ack(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+        req = cmd.delivery_ack
+        session = self.sessions.get(req.client_id)
+        if session is None or session.connection is None:
+            return
+        if session.connection.connection_id != req.connection_id:
+            return
+        removed = session.acknowledge(list(req.message_ids))
+        if removed:
+            self.store.delete_messages(
+                self.commit.pipe, session.partition, session.client_id, removed
+            )
+        self._schedule_pump(session)
+
+    _handlers: dict[str, Callable[[PartitionNode, EdgeLink, pb.EdgeCommand], None]] = {
+        "open_session": _open_session,
+        "attach_session": _attach_session,
+        "close_session": _close_session,
+        "subscribe": _subscribe,
+        "unsubscribe": _unsubscribe,
+        "publish": _publish,
+        "delivery_ack": _delivery_ack,
+    }
+
+    # ----- helpers ----------------------------------------------------------------------
+
+    def _kick(self, session: Session, reason_code: int) -> None:
+        conn = session.connection
+        assert conn is not None
+        event = pb.PartitionEvent(
+            kick=pb.Kick(
+                client_id=session.client_id,
+                connection_id=conn.connection_id,
+                reason_code=reason_code,
+            )
+        )
+        conn.link.send(event)
+        session.detach(now_ms())
+
+    def _schedule_pump(self, session: Session) -> None:
+        self.commit.after(lambda: self._pump(session))
+
+    def _pump(self, session: Session) -> None:
+        conn = session.connection
+        if conn is None or self.sessions.get(session.client_id) is not session:
+            return
+        messages = session.pump()
+        if messages:
+            self.messages_out += len(messages)
+            conn.link.send(
+                pb.PartitionEvent(
+                    delivery=pb.Delivery(
+                        client_id=session.client_id,
+                        connection_id=conn.connection_id,
+                        messages=messages,
+                    )
+                )
+            )
+
+    def _add_subscription(
+        self, session: Session, spec: pb.SubscriptionSpec, *, announce: bool
+    ) -> None:
+        if spec.filter not in session.subscriptions:
+            self._index_ref(session.partition, spec.filter, +1, announce)
+        session.subscriptions[spec.filter] = spec
+        self.trie.add(spec.filter, session.client_id, spec)
+
+    def _remove_subscription(self, session: Session, filt: str) -> bool:
+        if session.subscriptions.pop(filt, None) is None:
+            return False
+        self.trie.remove(filt, session.client_id)
+        self._index_ref(session.partition, filt, -1, True)
+        return True
+
+    def _index_ref(self, p: int, filt: str, delta: int, announce: bool) -> None:
+        key = (p, filt)
+        count = self.index_refs.get(key, 0) + delta
+        if count > 0:
+            self.index_refs[key] = count
+        else:
+            self.index_refs.pop(key, None)
+        if announce and (count == 0 or (count == 1 and delta > 0)):
+            event = pb.PartitionEvent(
+                index_update=pb.IndexUpdate(
+                    entries=[pb.IndexEntry(partition=p, filter=filt, present=count > 0)]
+                )
+            )
+            # Sent to every edge right away, ahead of the SUBACK that follows the commit, so the
+            # subscriber's own edge routes by it before its client hears the subscription holds.
+            for link in self.links.values():
+                link.send(event)
+
+    def _delete_session(self, session: Session) -> None:
+        for filt in list(session.subscriptions):
+            self._remove_subscription(session, filt)
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+        self.store.delete_session(self.commit.pipe, session.partition, session.client_id)
+
+    def _write_dirty(self, pipe: object) -> None:
+        for cid, session in self._dirty.items():
+            if self.sessions.get(cid) is session:
+                self.store.put_session(pipe, session.partition, session.record)  # type: ignore[arg-type]
+        self._dirty.clear()
+
+    # ----- housekeeping -----------------------------------------------------------------
+
+    def expire_sessions(self, link_grace_ms: int) -> int:
+        """Remove sessions whose expiry interval has passed since their connection ended."""
+        stamp = now_ms()
+        expired = []
+        for session in self.sessions.values():
+            rec = session.record
+            if session.connection is not None or rec.session_expiry_s == NEVER_EXPIRES:
+                continue
+            deadline = rec.disconnected_at_ms + rec.session_expiry_s * 1000
+            if rec.session_expiry_s == 0:
+                deadline += link_grace_ms
+            if stamp >= deadline:
+                expired.append(session)
+        for session in expired:
+            self._delete_session(session)
+        return len(expired)
+
+    def status(self) -> pb.StatusReply:
+        per_partition: dict[int, list[Session]] = {p: [] for p in self.mastered}
+        for session in self.sessions.values():
+            per_partition.setdefault(session.partition, []).append(session)
+        return pb.StatusReply(
+            node_id=self.node_id,
+            partitions=[
+                pb.PartitionStatus(
+                    partition=p,
+                    epoch=epoch,
+                    role="master",
+                    sessions=len(per_partition[p]),
+                    queued_messages=sum(len(s.queue) for s in per_partition[p]),
+                )
+                for p, epoch in sorted(self.mastered.items())
+            ],
+            connected_sessions=sum(1 for s in self.sessions.values() if s.connection),
+            edges=len(self.links),
+            messages_in=self.messages_in,
+            messages_out=self.messages_out,
+        )

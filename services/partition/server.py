@@ -1,0 +1,82 @@
+"""gRPC PartitionService: the edge links and the status call, around a PartitionNode."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
+from services.partition.links import EdgeLink
+from services.partition.node import PartitionNode
+
+log = logging.getLogger(__name__)
+
+# Frames carry many messages; one MQTT packet may be up to the edge's maximum packet size.
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+    ("grpc.max_send_message_length", 256 * 1024 * 1024),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+
+
+class PartitionServicer(pb_grpc.PartitionServiceServicer):
+    def __init__(self, node: PartitionNode, ready: asyncio.Event) -> None:
+        self._node = node
+        self._ready = ready
+
+    async def Link(
+        self,
+        request_iterator: AsyncIterator[pb.EdgeFrame],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.PartitionFrame]:
+        await self._ready.wait()
+        first = await anext(aiter(request_iterator), None)
+        if first is None or not first.HasField("hello"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first frame must carry hello")
+            return
+        node = self._node
+        link = node.open_link(first.hello)
+        reader = asyncio.create_task(self._read(link, first, request_iterator))
+        try:
+            while True:
+                frames = await link.frames()
+                if not frames:
+                    break
+                for frame in frames:
+                    yield frame
+        finally:
+            reader.cancel()
+            node.close_link(link)
+
+    async def _read(
+        self, link: EdgeLink, first: pb.EdgeFrame, frames: AsyncIterator[pb.EdgeFrame]
+    ) -> None:
+        node = self._node
+        try:
+            for cmd in first.commands:
+                node.handle(link, cmd)
+            async for frame in frames:
+                if link.closed:
+                    break
+                for cmd in frame.commands:
+                    node.handle(link, cmd)
+        except grpc.aio.AioRpcError:
+            pass
+        except Exception:
+            log.exception("edge %s: command handling failed; closing the link", link.edge_id)
+        finally:
+            link.close()
+
+    async def Status(
+        self,
+        request: pb.StatusRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> pb.StatusReply:
+        return self._node.status()

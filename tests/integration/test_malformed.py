@@ -1,0 +1,92 @@
+"""A malformed packet closes only that connection (5.0: DISCONNECT with the right reason code),
+other clients keep working, and the edge logs one line saying why."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from hexmq.mqtt import ConnAck, Connect, Disconnect, Publish, encode
+from tests.support.rawclient import RawClient
+
+# Bytes sent right after a valid CONNECT, per protocol version, with the reason code expected.
+CASES = {
+    # Remaining length uses a fifth continuation byte (MQTT-1.5.5 allows at most four).
+    "bad remaining length": (
+        {4: b"\x30\xff\xff\xff\xff\x7f", 5: b"\x30\xff\xff\xff\xff\x7f"},
+        0x81,
+    ),
+    # SUBSCRIBE must have fixed-header flags 0b0010 (MQTT-3.8.1-1); these are 0.
+    "reserved flags": (
+        {4: b"\x80\x06\x00\x01\x00\x01a\x00", 5: b"\x80\x07\x00\x01\x00\x00\x01a\x00"},
+        0x81,
+    ),
+    # Topic name bytes FF FE are not UTF-8 (MQTT-1.5.4-1).
+    "bad utf-8 topic": (
+        {4: b"\x30\x05\x00\x02\xff\xfex", 5: b"\x30\x06\x00\x02\xff\xfe\x00x"},
+        0x81,
+    ),
+    # Remaining length 2 MiB, above the edge's 1 MiB maximum: refused from the header alone.
+    "packet too large": ({4: b"\x30\x80\x80\x80\x01", 5: b"\x30\x80\x80\x80\x01"}, 0x95),
+}
+
+
+def uid() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture(scope="module")
+def node(hexmq_cluster_module):  # type: ignore[no-untyped-def]
+    return hexmq_cluster_module(nodes=1)
+
+
+@pytest.mark.parametrize("version", [4, 5])
+@pytest.mark.parametrize("case", CASES)
+async def test_malformed_packet_closes_only_that_connection(node, case: str, version: int) -> None:  # type: ignore[no-untyped-def]
+    port = node.mqtt_port(1)
+    topic = f"ok/{uid()}"
+    bystander, _ = await RawClient.connect(port, f"bystander-{uid()}", version=version)
+    await bystander.subscribe(topic, qos=1)
+
+    bad_id = f"bad-{uid()}"
+    bad, connack = await RawClient.connect(port, bad_id, version=version)
+    assert connack.reason_code == 0
+    payloads, expected_reason = CASES[case]
+    await bad.send_bytes(payloads[version])
+    seen = await bad.wait_closed(timeout=5)
+    await bad.close()
+    if version == 5:
+        assert len(seen) == 1, seen
+        assert isinstance(seen[0], Disconnect), seen
+        assert seen[0].reason_code == expected_reason
+    else:
+        assert seen == []  # 3.1.1 has no DISCONNECT from the server: the connection just closes
+
+    # Everyone else is untouched.
+    pub, _ = await RawClient.connect(port, f"pub-{uid()}", version=version)
+    assert (await pub.publish(topic, b"still here", qos=1)) is not None
+    got = await bystander.expect(Publish)
+    assert got.payload == b"still here"
+    for client in (pub, bystander):
+        await client.close()
+
+    log_lines = [
+        line
+        for line in (node.dir / "node1" / "edge.log").read_text().splitlines()
+        if bad_id in line
+    ]
+    assert len(log_lines) == 1, log_lines
+    assert f"0x{expected_reason:02X}" in log_lines[0]
+
+
+async def test_unsupported_protocol_level_gets_connack_0x01(node) -> None:  # type: ignore[no-untyped-def]
+    client = await RawClient.open(node.mqtt_port(1), version=4)
+    connect = bytearray(encode(Connect(client_id=f"old-{uid()}", protocol_version=4), 4))
+    connect[8] = 3  # protocol level byte: 3 = MQTT 3.1 with name "MQTT" is not a level we speak
+    await client.send_bytes(bytes(connect))
+    seen = await client.wait_closed()
+    await client.close()
+    assert len(seen) == 1
+    assert isinstance(seen[0], ConnAck)
+    assert seen[0].reason_code == 0x01

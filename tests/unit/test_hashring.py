@@ -1,0 +1,57 @@
+"""Replica placement: deterministic, balanced, and stable when members join."""
+
+from __future__ import annotations
+
+import pytest
+
+from hexmq.hashring import LOAD_BOUND, assign, masters_per_member, partition_of
+
+
+def members(n: int) -> list[str]:
+    return [f"n{i}" for i in range(1, n + 1)]
+
+
+def test_partition_of_is_stable_and_in_range() -> None:
+    assert partition_of("client-1", 256) == partition_of("client-1", 256)
+    spread = {partition_of(f"client-{i}", 256) for i in range(5000)}
+    assert spread <= set(range(256))
+    assert len(spread) > 250
+
+
+def test_assign_is_deterministic_and_order_free() -> None:
+    assert assign(["a", "b", "c"], 64, 2) == assign(["c", "a", "b"], 64, 2)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 10])
+@pytest.mark.parametrize("rf", [1, 2, 3])
+def test_replicas_are_distinct_members(n: int, rf: int) -> None:
+    table = assign(members(n), 256, rf)
+    assert len(table) == 256
+    for replicas in table:
+        assert len(replicas) == min(rf, n)
+        assert len(set(replicas)) == len(replicas)
+        assert set(replicas) <= set(members(n))
+
+
+@pytest.mark.parametrize("n", [3, 5, 10])
+def test_no_member_masters_more_than_its_bounded_share(n: int) -> None:
+    counts = masters_per_member(assign(members(n), 256, 3))
+    assert set(counts) == set(members(n))
+    assert max(counts.values()) <= 256 / n * 1.25
+    assert max(counts.values()) <= -(-256 * LOAD_BOUND // n)
+
+
+@pytest.mark.parametrize("n", [3, 5, 10])
+def test_a_join_moves_about_one_nth_of_the_masters(n: int) -> None:
+    before = assign(members(n), 256, 3)
+    after = assign(members(n + 1), 256, 3)
+    moved = sum(a[0] != b[0] for a, b in zip(before, after, strict=True))
+    # The newcomer's fair share must move; little else should.
+    assert moved <= 256 / (n + 1) * 1.5
+
+
+def test_bad_arguments_are_refused() -> None:
+    with pytest.raises(ValueError, match="at least one member"):
+        assign([], 16, 1)
+    with pytest.raises(ValueError, match="positive"):
+        assign(["a"], 0, 1)
