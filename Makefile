@@ -8,13 +8,17 @@ RUN_DIR ?= .hexmq/run
 NODES  ?= 1
 PYTEST_ARGS ?=
 
-.PHONY: venv proto proto-check lint typecheck test test-unit test-fault bench run clean
+.PHONY: system-deps venv proto proto-check lint typecheck test test-unit test-fault bench run clean
+
+# redis-server and the mosquitto tools come from the system's packages (apt on Debian).
+# (A no-op when they are installed, so every target that needs them can depend on it.)
+system-deps:
+	@scripts/system-deps.sh
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
@@ -41,20 +45,20 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-test: $(STAMP)
+test: $(STAMP) system-deps
 	$(BIN)/pytest -m "not fault and not soak" $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
-test-fault: $(STAMP)
+test-fault: $(STAMP) system-deps
 	$(BIN)/pytest -m "fault or soak" $(PYTEST_ARGS)
 
-bench: $(STAMP)
+bench: $(STAMP) system-deps
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 # A local cluster in the foreground on the embedded defaults, until Ctrl-C.
-run: $(STAMP)
+run: $(STAMP) system-deps
 	$(BIN)/hexmq cluster run --nodes $(NODES) --dir $(RUN_DIR)
 
 clean:

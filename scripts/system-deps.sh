@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs the system packages hexmq runs and tests with, if they are missing:
+# redis-server (one per node), mosquitto (the benchmark's baseline) and mosquitto-clients.
+# Debian/Ubuntu only; elsewhere it says what to install and fails.
+set -euo pipefail
+
+missing=()
+command -v redis-server >/dev/null || missing+=(redis-server)
+command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || missing+=(mosquitto)
+command -v mosquitto_pub >/dev/null || missing+=(mosquitto-clients)
+((${#missing[@]})) || exit 0
+
+if ! command -v apt-get >/dev/null; then
+  echo "hexmq needs: ${missing[*]} (install them with your package manager)" >&2
+  exit 1
+fi
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "installing ${missing[*]} needs root or sudo" >&2; exit 1; }
+  SUDO="sudo"
+fi
+echo "installing system packages: ${missing[*]}" >&2
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
