@@ -9,6 +9,7 @@ import pytest
 
 from hexmq.mqtt import ConnAck, Connect, Disconnect, Publish, encode
 from tests.support.rawclient import RawClient
+from tests.unit.mqtt.vectors import CONNECT_BYTES, MALFORMED
 
 # Bytes sent right after a valid CONNECT, per protocol version, with the reason code expected.
 CASES = {
@@ -90,3 +91,31 @@ async def test_unsupported_protocol_level_gets_connack_0x01(node) -> None:  # ty
     assert len(seen) == 1
     assert isinstance(seen[0], ConnAck)
     assert seen[0].reason_code == 0x01
+
+
+# Every malformed input the codec's golden table knows, replayed over TCP against the edge: each
+# must end only that connection, with the table's reason code in a 5.0 DISCONNECT.
+EDGE_CASES = list(MALFORMED)
+
+
+@pytest.mark.parametrize(
+    "case", EDGE_CASES, ids=[f"{c.name}-v{c.protocol_version}" for c in EDGE_CASES]
+)
+async def test_codec_malformed_table_over_tcp(node, case) -> None:  # type: ignore[no-untyped-def]
+    client = await RawClient.open(node.mqtt_port(1), version=case.protocol_version)
+    await client.send_bytes(CONNECT_BYTES[case.protocol_version])
+    connack = await client.expect(ConnAck)
+    assert connack.reason_code == 0
+    await client.send_bytes(case.data)
+    seen = await client.wait_closed(timeout=5)
+    await client.close()
+    if case.name == "packet-after-disconnect":
+        # The edge closes on the client's DISCONNECT (MQTT-3.14.4-1); what follows is never read.
+        assert seen == []
+        return
+    # Packets that came before the bad one (e.g. a SUBACK) may precede the DISCONNECT.
+    if case.protocol_version == 5:
+        assert isinstance(seen[-1], Disconnect), seen
+        assert seen[-1].reason_code == case.reason_code
+    else:
+        assert not any(isinstance(p, Disconnect) for p in seen)
