@@ -1,0 +1,420 @@
+"""The `hexmq` command: the three services of a node, and `hexmq cluster` for local clusters.
+
+    hexmq edge|partition|membership ...     run one service in the foreground
+    hexmq cluster up|run|status|stop|kill|start|down ...
+
+Service modules are imported only when their subcommand runs (gRPC and protobuf imports are
+slow), so `hexmq cluster ...` and `--help` stay fast. Exit codes: 0 success, 1 the command
+failed, 2 bad arguments, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any, NoReturn
+
+from hexmq import __version__, clusterstate, localcluster
+from hexmq.clusterstate import ClusterError, UsageError
+from hexmq.localcluster import StartFailure
+
+SERVICE_MODULES = {
+    "edge": ("services.edge.main", "the MQTT server of a node (client connections)"),
+    "partition": ("services.partition.main", "the partition service of a node (durable state)"),
+    "membership": ("services.membership.main", "the membership agent of a node (cluster view)"),
+}
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (the full usage is one --help away)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 1-65535, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value
+
+
+def _add_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--dir", required=True, type=Path, help="the cluster's directory (state, logs, data)"
+    )
+
+
+def _add_node(p: argparse.ArgumentParser) -> None:
+    p.add_argument("node", type=_positive_int, metavar="NODE", help="node number, from 1")
+
+
+def _add_cluster_shape(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--nodes", type=_positive_int, default=1, metavar="N", help="number of nodes (default 1)"
+    )
+    _add_dir(p)
+    p.add_argument(
+        "--base-port",
+        type=_port,
+        default=clusterstate.DEFAULT_BASE_PORT,
+        metavar="P",
+        help="node i serves MQTT on P+i-1; internal ports are P+1000+10*(i-1)+0..2 "
+        "(redis, membership, partition) (default %(default)s)",
+    )
+    p.add_argument(
+        "--rf",
+        type=_positive_int,
+        default=1,
+        metavar="R",
+        help="replication factor; only 1 until the cluster data plane (issue 4)",
+    )
+    p.add_argument(
+        "--partitions",
+        type=_positive_int,
+        default=clusterstate.DEFAULT_PARTITIONS,
+        metavar="COUNT",
+        help="number of partitions, fixed when the cluster is created (default %(default)s)",
+    )
+    _add_timeout(p)
+
+
+def _add_timeout(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=localcluster.DEFAULT_TIMEOUT,
+        metavar="S",
+        help="give up if a startup step (processes serving, then MQTT CONNECT answered) takes "
+        "longer (default %(default)g s)",
+    )
+
+
+def _add_grace(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--grace",
+        type=_seconds,
+        default=localcluster.DEFAULT_GRACE,
+        metavar="S",
+        help="how long each process may take to stop after SIGTERM before SIGKILL "
+        "(default %(default)g s)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="hexmq", description="hexmq: a masterless, clustered MQTT broker.")
+    parser.add_argument("--version", action="version", version=f"hexmq {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (_, summary) in SERVICE_MODULES.items():
+        # Their options are added by the service module itself, in main(), only when needed.
+        commands.add_parser(name, help=summary, description=f"Run {summary}.")
+
+    cluster = commands.add_parser(
+        "cluster",
+        help="run a local cluster: N nodes as background processes on 127.0.0.1",
+        description="Run a local cluster: N nodes (redis, membership, partition, edge each) as "
+        "background processes on 127.0.0.1, managed through the state in DIR/cluster.json.",
+    )
+    actions = cluster.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    p = actions.add_parser(
+        "up",
+        help="start a cluster, wait until every node accepts MQTT, print it as JSON",
+        description="Start N nodes and wait until every node answers an MQTT CONNECT; then print "
+        "one JSON object on stdout (dir, and per node its ports and pids) and return.",
+    )
+    _add_cluster_shape(p)
+
+    p = actions.add_parser(
+        "run",
+        help="`up`, then stay in the foreground until Ctrl-C, then `down` (make run)",
+        description="Start a cluster like `up`, print how to reach it, and stay in the "
+        "foreground until Ctrl-C or SIGTERM; then stop it gracefully like `down`.",
+    )
+    _add_cluster_shape(p)
+    _add_grace(p)
+
+    p = actions.add_parser("status", help="show every process of every node: pid, alive or not")
+    _add_dir(p)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    p = actions.add_parser(
+        "stop", help="stop one node gracefully (SIGTERM in reverse start order, then SIGKILL)"
+    )
+    _add_node(p)
+    _add_dir(p)
+    _add_grace(p)
+
+    p = actions.add_parser("kill", help="SIGKILL every process of one node, Redis included")
+    _add_node(p)
+    _add_dir(p)
+
+    p = actions.add_parser(
+        "start",
+        help="start a node's stopped processes with the same config and data",
+        description="Start the processes of a node that are not running, with the same "
+        "config and data, wait until it accepts MQTT, and print the node as JSON.",
+    )
+    _add_node(p)
+    _add_dir(p)
+    _add_timeout(p)
+
+    p = actions.add_parser("down", help="stop every node gracefully")
+    _add_dir(p)
+    _add_grace(p)
+    return parser
+
+
+def _service_subcommand(argv: Sequence[str]) -> str | None:
+    """The service named by argv, if any: the first word that is not an option."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word if word in SERVICE_MODULES else None
+    return None
+
+
+def _service_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[
+        name
+    ]
+    assert isinstance(sub, argparse.ArgumentParser)
+    return sub
+
+
+def main(argv: list[str] | None = None) -> int:
+    args_list = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    service = _service_subcommand(args_list)
+    module: Any = None
+    if service is not None:
+        module_name = SERVICE_MODULES[service][0]
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            print(f"hexmq {service}: cannot load {module_name}: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        module.add_arguments(_service_parser(parser, service))
+    try:
+        args = parser.parse_args(args_list)
+    except SystemExit as exc:  # --help, --version, usage errors: keep main() returning
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    if module is not None:
+        code: int = module.run(args)
+        return code
+    return _cluster(args)
+
+
+# --- hexmq cluster ---------------------------------------------------------------------------
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _cluster(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="hexmq cluster: %(message)s")
+    # SIGTERM and SIGHUP (a closed terminal) take the same path as Ctrl-C, so a manager stopped
+    # half-way through `up` still stops what it started. SIGINT too, explicitly: a shell starts
+    # background jobs with SIGINT ignored, and `run` must still stop on it.
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, _raise_interrupt) for s in signals}
+    prog = f"hexmq cluster {args.action}"
+    try:
+        command = {
+            "up": _up,
+            "run": _run,
+            "status": _status,
+            "stop": _stop,
+            "kill": _kill,
+            "start": _start,
+            "down": _down,
+        }[args.action]
+        return command(args)
+    except UsageError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except StartFailure as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        if exc.log_tail:
+            print(f"---- last lines of {exc.log_path} ----", file=sys.stderr)
+            for line in exc.log_tail:
+                print(f"    {line}", file=sys.stderr)
+        return EXIT_FAILED
+    except (ClusterError, OSError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _print_json(doc: Any) -> None:
+    print(json.dumps(doc), flush=True)
+
+
+def _up(args: argparse.Namespace) -> int:
+    state = localcluster.up(
+        args.dir,
+        nodes=args.nodes,
+        base_port=args.base_port,
+        partitions=args.partitions,
+        rf=args.rf,
+        timeout=args.timeout,
+    )
+    _print_json(state.summary())
+    return EXIT_OK
+
+
+def _start(args: argparse.Namespace) -> int:
+    node = localcluster.start_node(args.dir, args.node, timeout=args.timeout)
+    _print_json({"dir": str(args.dir.absolute()), "nodes": [node.summary()]})
+    return EXIT_OK
+
+
+def _stop(args: argparse.Namespace) -> int:
+    count, notes = localcluster.stop_nodes(args.dir, [args.node], grace=args.grace)
+    for note in notes:
+        print(f"hexmq cluster stop: warning: {note}", file=sys.stderr)
+    print(f"hexmq cluster: node {args.node}: stopped {count} process(es)", file=sys.stderr)
+    return EXIT_OK
+
+
+def _down(args: argparse.Namespace) -> int:
+    count, notes = localcluster.stop_nodes(args.dir, None, grace=args.grace)
+    for note in notes:
+        print(f"hexmq cluster down: warning: {note}", file=sys.stderr)
+    print(f"hexmq cluster: stopped {count} process(es)", file=sys.stderr)
+    return EXIT_OK
+
+
+def _kill(args: argparse.Namespace) -> int:
+    count = localcluster.kill_node(args.dir, args.node)
+    print(f"hexmq cluster: node {args.node}: killed {count} process(es)", file=sys.stderr)
+    return EXIT_OK
+
+
+def _status(args: argparse.Namespace) -> int:
+    doc = localcluster.cluster_status(args.dir)
+    if args.json:
+        _print_json(doc)
+        return EXIT_OK
+    print(
+        f"cluster {doc['dir']}: {len(doc['nodes'])} node(s), {doc['partitions']} partitions, "
+        f"rf {doc['rf']}"
+    )
+    rows = [("NODE", "ID", "SERVICE", "PID", "STATE", "PORT")]
+    for node in doc["nodes"]:
+        for service, p in node["processes"].items():
+            state = "alive" if p["alive"] else "dead"
+            pid = "-" if p["pid"] is None else str(p["pid"])
+            rows.append((str(node["node"]), node["node_id"], service, pid, state, str(p["port"])))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    if doc["strays"]:
+        pids = ", ".join(map(str, doc["strays"]))
+        print(f"warning: processes {pids} carry this cluster's marker but are not in cluster.json")
+    return EXIT_OK
+
+
+def _banner(state: clusterstate.ClusterState) -> str:
+    first = state.nodes[0].ports.mqtt
+    lines = [f"hexmq: {len(state.nodes)}-node cluster running (state and logs in {state.dir})"]
+    lines += [
+        f"  node {n.node} ({n.node_id}): MQTT on 127.0.0.1:{n.ports.mqtt}   logs {n.dir}/*.log"
+        for n in state.nodes
+    ]
+    lines += [
+        "Try it:",
+        f"  mosquitto_sub -h 127.0.0.1 -p {first} -t 'demo/#' -v",
+        f"  mosquitto_pub -h 127.0.0.1 -p {first} -t demo/hello -m 'hello' -q 1",
+        f"In another terminal: hexmq cluster status --dir {state.dir}",
+        "Ctrl-C stops the cluster.",
+    ]
+    return "\n".join(lines)
+
+
+def _watch(cluster_dir: Path) -> None:
+    """Until interrupted, report processes that die or come back (other terminals may run
+    `hexmq cluster kill/start` on this cluster meanwhile)."""
+    seen: dict[tuple[int, str], int | None] = {}
+    while True:
+        time.sleep(1.0)
+        try:
+            state = clusterstate.require_state(cluster_dir)
+        except ClusterError:  # cluster.json being replaced or removed by hand: look again
+            continue
+        for node in state.nodes:
+            for service, record in node.processes.items():
+                pid = record.identity.pid if record.identity and record.running() else None
+                key = (node.node, service)
+                if key in seen and seen[key] != pid:
+                    if pid is None:
+                        print(f"hexmq: node {node.node} {service} is no longer running", flush=True)
+                    else:
+                        print(
+                            f"hexmq: node {node.node} {service} is running (pid {pid})", flush=True
+                        )
+                seen[key] = pid
+
+
+def _run(args: argparse.Namespace) -> int:
+    state = localcluster.up(
+        args.dir,
+        nodes=args.nodes,
+        base_port=args.base_port,
+        partitions=args.partitions,
+        rf=args.rf,
+        timeout=args.timeout,
+    )
+    print(_banner(state), flush=True)
+    try:
+        _watch(state.dir)
+    except KeyboardInterrupt:
+        pass
+    print("hexmq: stopping the cluster (Ctrl-C again to kill it at once)", flush=True)
+    count, notes = localcluster.stop_nodes(state.dir, None, grace=args.grace)
+    for note in notes:
+        print(f"hexmq cluster run: warning: {note}", file=sys.stderr)
+    print(f"hexmq: cluster stopped ({count} process(es))", flush=True)
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

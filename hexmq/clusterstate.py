@@ -1,0 +1,423 @@
+"""The layout of a local cluster: its port scheme, its directory, and its state file.
+
+A node is four processes: redis-server, `hexmq membership`, `hexmq partition`, `hexmq edge`
+(SERVICES, in start order). Nothing here starts or signals a process (that is
+hexmq.localcluster); this module says where everything is and what each command line is.
+
+Port scheme, from the base port P (default 1883), for node i (1-based):
+    MQTT (edge)            P + i - 1
+    redis                  P + 1000 + 10*(i-1) + 0
+    membership (gRPC)      P + 1000 + 10*(i-1) + 1
+    partition (gRPC)       P + 1000 + 10*(i-1) + 2
+    reserved for later     P + 1000 + 10*(i-1) + 3..9   (metrics, WebSocket, TLS ...)
+MQTT ports are consecutive so "node i listens on P+i-1" is easy to remember; every other port
+is in a separate block of ten per node. Everything binds 127.0.0.1 only.
+
+Layout of DIR:
+    cluster.json          the state: config, ports, and per process argv, log, pid, start time
+    members.json          the static member list every membership service reads
+    node<i>/redis.conf    node<i>/redis/ (Redis data: append-only file)
+    node<i>/<service>.log one log per process, appended to across restarts
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from hexmq import procs
+from hexmq.procs import LOOPBACK, ProcessIdentity
+
+SERVICES: Final = ("redis", "membership", "partition", "edge")
+MAX_NODES: Final = 100
+MIN_BASE_PORT: Final = 1024
+INTERNAL_OFFSET: Final = 1000
+NODE_STRIDE: Final = 10
+DEFAULT_BASE_PORT: Final = 1883
+DEFAULT_PARTITIONS: Final = 256
+
+STATE_FILE: Final = "cluster.json"
+MEMBERS_FILE: Final = "members.json"
+LOCK_FILE: Final = ".cluster.lock"
+STATE_FORMAT: Final = 1
+# Set in every process's environment: finds leftovers even when cluster.json is gone.
+ENV_MARKER: Final = "HEXMQ_CLUSTER_DIR"
+
+
+class UsageError(Exception):
+    """Bad arguments: the command line has to change (exit code 2)."""
+
+
+class ClusterError(Exception):
+    """The command could not be carried out (exit code 1)."""
+
+
+# --- ports ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NodePorts:
+    mqtt: int
+    redis: int
+    membership: int
+    partition: int
+
+    def of(self, service: str) -> int:
+        port: int = getattr(self, "mqtt" if service == "edge" else service)
+        return port
+
+
+def node_ports(base_port: int, node: int) -> NodePorts:
+    """The ports of node `node` (1-based) in a cluster with base port `base_port`."""
+    internal = base_port + INTERNAL_OFFSET + NODE_STRIDE * (node - 1)
+    return NodePorts(
+        mqtt=base_port + node - 1, redis=internal, membership=internal + 1, partition=internal + 2
+    )
+
+
+def highest_port(base_port: int, nodes: int) -> int:
+    """The top of the port range a cluster reserves (the last node's whole block)."""
+    return base_port + INTERNAL_OFFSET + NODE_STRIDE * nodes - 1
+
+
+def validate_cluster_args(*, nodes: int, base_port: int, partitions: int, rf: int) -> None:
+    if not 1 <= nodes <= MAX_NODES:
+        raise UsageError(f"--nodes must be between 1 and {MAX_NODES}, got {nodes}")
+    if not MIN_BASE_PORT <= base_port <= 65535:
+        raise UsageError(f"--base-port must be between {MIN_BASE_PORT} and 65535, got {base_port}")
+    if highest_port(base_port, nodes) > 65535:
+        top = 65535 - INTERNAL_OFFSET - NODE_STRIDE * nodes + 1
+        raise UsageError(
+            f"--base-port {base_port} is too high for {nodes} node(s): the cluster uses ports up "
+            f"to base+{INTERNAL_OFFSET + NODE_STRIDE * nodes - 1}; use at most {top}"
+        )
+    if partitions < 1:
+        raise UsageError(f"--partitions must be at least 1, got {partitions}")
+    if rf < 1:
+        raise UsageError(f"--rf must be at least 1, got {rf}")
+    if rf > 1:
+        raise UsageError(
+            f"--rf {rf} is not supported yet: replication arrives with the cluster data plane "
+            "(issue 4); use --rf 1"
+        )
+
+
+def cluster_ports(base_port: int, nodes: int) -> list[NodePorts]:
+    return [node_ports(base_port, i) for i in range(1, nodes + 1)]
+
+
+def busy_ports(ports: Sequence[NodePorts]) -> list[str]:
+    """'PORT (node I SERVICE)' for every port that is taken on 127.0.0.1 now."""
+    return [
+        f"{p.of(service)} (node {i} {service})"
+        for i, p in enumerate(ports, start=1)
+        for service in SERVICES
+        if procs.port_in_use(p.of(service))
+    ]
+
+
+# --- state ----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class ProcessRecord:
+    argv: list[str]
+    log: Path
+    identity: ProcessIdentity | None = None
+    started_at: str | None = None  # wall clock, for people reading cluster.json
+
+    def running(self) -> bool:
+        return self.identity is not None and procs.is_running(self.identity)
+
+
+@dataclass(slots=True)
+class NodeState:
+    node: int
+    ports: NodePorts
+    dir: Path
+    processes: dict[str, ProcessRecord]
+
+    @property
+    def node_id(self) -> str:
+        return f"n{self.node}"
+
+    def summary(self) -> dict[str, Any]:
+        """The node's entry in the JSON that `up` prints (a stable interface)."""
+        return {
+            "node": self.node,
+            "node_id": self.node_id,
+            "mqtt_port": self.ports.mqtt,
+            "redis_port": self.ports.redis,
+            "partition_port": self.ports.partition,
+            "membership_port": self.ports.membership,
+            "pids": {
+                s: (r.identity.pid if r.identity else None) for s, r in self.processes.items()
+            },
+        }
+
+
+@dataclass(slots=True)
+class ClusterState:
+    dir: Path
+    base_port: int
+    partitions: int
+    rf: int
+    nodes: list[NodeState]
+    # Set once every node has answered MQTT: from then on the Redis data may hold client state
+    # placed for this shape of cluster.
+    served: bool = False
+
+    def node(self, number: int) -> NodeState:
+        if not 1 <= number <= len(self.nodes):
+            raise UsageError(
+                f"node {number} does not exist: the cluster in {self.dir} has nodes "
+                f"1-{len(self.nodes)}"
+            )
+        return self.nodes[number - 1]
+
+    def summary(self) -> dict[str, Any]:
+        return {"dir": str(self.dir), "nodes": [n.summary() for n in self.nodes]}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": STATE_FORMAT,
+            "dir": str(self.dir),
+            "base_port": self.base_port,
+            "partitions": self.partitions,
+            "rf": self.rf,
+            "served": self.served,
+            "nodes": [
+                {
+                    **n.summary(),
+                    "dir": str(n.dir),
+                    "processes": {s: _record_to_json(r) for s, r in n.processes.items()},
+                }
+                for n in self.nodes
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> ClusterState:
+        if doc.get("format") != STATE_FORMAT:
+            raise ValueError(f"unknown format {doc.get('format')!r}")
+        nodes = [
+            NodeState(
+                node=n["node"],
+                ports=NodePorts(
+                    mqtt=n["mqtt_port"],
+                    redis=n["redis_port"],
+                    membership=n["membership_port"],
+                    partition=n["partition_port"],
+                ),
+                dir=Path(n["dir"]),
+                processes={s: _record_from_json(n["processes"][s]) for s in SERVICES},
+            )
+            for n in doc["nodes"]
+        ]
+        return cls(
+            dir=Path(doc["dir"]),
+            base_port=doc["base_port"],
+            partitions=doc["partitions"],
+            rf=doc["rf"],
+            nodes=nodes,
+            served=bool(doc.get("served", False)),
+        )
+
+
+def _record_to_json(r: ProcessRecord) -> dict[str, Any]:
+    ident = r.identity
+    return {
+        "argv": r.argv,
+        "log": str(r.log),
+        "pid": ident.pid if ident else None,
+        "start_ticks": ident.start_ticks if ident else None,
+        "boot_id": ident.boot_id if ident else None,
+        "started_at": r.started_at,
+    }
+
+
+def _record_from_json(d: dict[str, Any]) -> ProcessRecord:
+    ident = None
+    if d.get("pid") is not None:
+        ident = ProcessIdentity(pid=d["pid"], start_ticks=d["start_ticks"], boot_id=d["boot_id"])
+    return ProcessRecord(
+        argv=list(d["argv"]), log=Path(d["log"]), identity=ident, started_at=d.get("started_at")
+    )
+
+
+def load_state(cluster_dir: Path) -> ClusterState | None:
+    path = cluster_dir / STATE_FILE
+    try:
+        doc = json.loads(path.read_text())
+        return ClusterState.from_json(doc)
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ClusterError(f"{path} is not a hexmq cluster state file ({exc})") from exc
+
+
+def require_state(cluster_dir: Path) -> ClusterState:
+    state = load_state(cluster_dir)
+    if state is None:
+        raise ClusterError(
+            f"no cluster in {cluster_dir} ({STATE_FILE} not found); "
+            f"create one with `hexmq cluster up --dir {cluster_dir}`"
+        )
+    return state
+
+
+def save_state(state: ClusterState) -> None:
+    # Written after every spawn, atomically: if the manager dies half-way, `down` still finds
+    # every process it started.
+    path = state.dir / STATE_FILE
+    tmp = path.with_name(f".{STATE_FILE}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(state.to_json(), indent=2) + "\n")
+    tmp.replace(path)
+
+
+@contextlib.contextmanager
+def cluster_lock(cluster_dir: Path, timeout: float = 120.0) -> Iterator[None]:
+    """One changing command at a time per DIR (`status` only reads and takes no lock)."""
+    with (cluster_dir / LOCK_FILE).open("a+") as f:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise ClusterError(
+                        f"another `hexmq cluster` command is still working on {cluster_dir}"
+                    ) from None
+                time.sleep(0.1)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# --- planning and configuration -------------------------------------------------------------
+
+
+def loopback_addr(port: int) -> str:
+    return f"{LOOPBACK}:{port}"
+
+
+def service_argv(
+    service: str, state: ClusterState, node: NodeState, *, python: str, redis_server: str
+) -> list[str]:
+    """The exact command line of one process of a node."""
+    ports = node.ports
+    if service == "redis":
+        return [redis_server, str(node.dir / "redis.conf")]
+    # -P: the manager's working directory must not shadow the installed hexmq and services
+    # packages (`python -m` would put it first on sys.path).
+    hexmq = [python, "-P", "-m", "hexmq.cli", service, "--node-id", node.node_id]
+    if service == "membership":
+        return [
+            *hexmq,
+            *("--listen", loopback_addr(ports.membership)),
+            *("--members", str(state.dir / MEMBERS_FILE)),
+            *("--partitions", str(state.partitions)),
+            *("--rf", str(state.rf)),
+        ]
+    if service == "partition":
+        return [
+            *hexmq,
+            *("--listen", loopback_addr(ports.partition)),
+            *("--redis", f"redis://{LOOPBACK}:{ports.redis}/0"),
+            *("--membership", loopback_addr(ports.membership)),
+        ]
+    if service == "edge":
+        return [
+            *hexmq,
+            *("--listen", loopback_addr(ports.mqtt)),
+            *("--membership", loopback_addr(ports.membership)),
+        ]
+    raise ValueError(f"unknown service {service!r}")
+
+
+def plan_cluster(
+    cluster_dir: Path,
+    *,
+    nodes: int,
+    base_port: int,
+    partitions: int,
+    rf: int,
+    python: str,
+    redis_server: str,
+) -> ClusterState:
+    """The cluster's full state before anything runs (pure: touches no file)."""
+    state = ClusterState(
+        dir=cluster_dir, base_port=base_port, partitions=partitions, rf=rf, nodes=[]
+    )
+    for i, ports in enumerate(cluster_ports(base_port, nodes), start=1):
+        node_dir = cluster_dir / f"node{i}"
+        node = NodeState(node=i, ports=ports, dir=node_dir, processes={})
+        for service in SERVICES:
+            argv = service_argv(service, state, node, python=python, redis_server=redis_server)
+            node.processes[service] = ProcessRecord(argv=argv, log=node_dir / f"{service}.log")
+        state.nodes.append(node)
+    return state
+
+
+def _redis_quote(value: str) -> str:
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
+def redis_config(node: NodeState) -> str:
+    return "\n".join(
+        [
+            "# Written by `hexmq cluster`; rewritten on every start of the node.",
+            f"port {node.ports.redis}",
+            f"bind {LOOPBACK}",
+            "protected-mode yes",
+            "daemonize no",
+            f"dir {_redis_quote(str(node.dir / 'redis'))}",
+            f"logfile {_redis_quote(str(node.processes['redis'].log))}",
+            # Durability from the append-only file alone; no RDB snapshots.
+            "appendonly yes",
+            "appendfsync everysec",
+            'save ""',
+            # Keep argv and environment as spawned: `ps` then shows which cluster's config a
+            # redis-server runs, and the cluster marker in its environment stays readable.
+            "set-proc-title no",
+            "",
+        ]
+    )
+
+
+def members_document(state: ClusterState) -> dict[str, Any]:
+    return {
+        "members": [
+            {
+                "node_id": n.node_id,
+                "partition_addr": loopback_addr(n.ports.partition),
+                "mqtt_addr": loopback_addr(n.ports.mqtt),
+                "membership_addr": loopback_addr(n.ports.membership),
+            }
+            for n in state.nodes
+        ]
+    }
+
+
+def write_config(state: ClusterState) -> None:
+    (state.dir / MEMBERS_FILE).write_text(json.dumps(members_document(state), indent=2) + "\n")
+    for node in state.nodes:
+        (node.dir / "redis").mkdir(parents=True, exist_ok=True)
+        (node.dir / "redis.conf").write_text(redis_config(node))
+
+
+def child_environment(state: ClusterState) -> dict[str, str]:
+    env = dict(os.environ)
+    env[ENV_MARKER] = str(state.dir)
+    env["PYTHONUNBUFFERED"] = "1"  # log lines reach the file as they happen
+    return env

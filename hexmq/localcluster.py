@@ -1,0 +1,419 @@
+"""Local clusters: N hexmq nodes on one machine as background processes (dev, tests, demos).
+
+The lifecycle behind `hexmq cluster`: up, start, stop, kill, status. A node's processes start
+in SERVICES order, each once the previous one serves, and stop in reverse; where everything
+lives (ports, DIR, cluster.json) is hexmq.clusterstate, and how a process is spawned and
+signalled safely is hexmq.procs.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+
+from hexmq import procs
+from hexmq.clusterstate import (
+    DEFAULT_BASE_PORT,
+    DEFAULT_PARTITIONS,
+    ENV_MARKER,
+    SERVICES,
+    STATE_FILE,
+    ClusterError,
+    ClusterState,
+    NodeState,
+    busy_ports,
+    child_environment,
+    cluster_lock,
+    load_state,
+    loopback_addr,
+    plan_cluster,
+    require_state,
+    save_state,
+    validate_cluster_args,
+    write_config,
+)
+from hexmq.hashring import assign, partition_of
+from hexmq.procs import LOOPBACK
+
+log = logging.getLogger("hexmq.cluster")
+
+DEFAULT_TIMEOUT: Final = 30.0
+DEFAULT_GRACE: Final = 10.0
+# Grace for undoing a failed start: nothing there is worth waiting long for.
+ABORT_GRACE: Final = 5.0
+
+
+class StartFailure(ClusterError):
+    """A process did not come up; `log_tail` holds the end of its log for the operator."""
+
+    def __init__(self, message: str, log_path: Path) -> None:
+        super().__init__(message)
+        self.log_path = log_path
+        self.log_tail = procs.log_tail(log_path)
+
+
+# --- starting -------------------------------------------------------------------------------
+
+
+def _ready(service: str, port: int) -> bool:
+    if service == "redis":
+        return procs.redis_ready(port)
+    return procs.tcp_accepts(port)
+
+
+def _check_alive(started: Sequence[tuple[NodeState, str]]) -> None:
+    """Fail fast, naming the process, if anything started by this command has died."""
+    for node, service in started:
+        record = node.processes[service]
+        if not record.running():
+            assert record.identity is not None
+            how = procs.describe_exit(record.identity.pid)
+            raise StartFailure(
+                f"node {node.node} {service} (pid {record.identity.pid}) {how} during startup "
+                f"(log: {record.log})",
+                record.log,
+            )
+
+
+def _spawn(state: ClusterState, node: NodeState, service: str) -> None:
+    record = node.processes[service]
+    now = datetime.now(UTC).isoformat(timespec="seconds")
+    with record.log.open("a") as f:
+        f.write(f"---- hexmq cluster: starting {service} at {now}: {' '.join(record.argv)}\n")
+    record.identity = procs.spawn(record.argv, record.log, child_environment(state))
+    record.started_at = now
+    save_state(state)
+    log.info(
+        "node %d: started %s (pid %d, port %d)",
+        node.node,
+        service,
+        record.identity.pid,
+        node.ports.of(service),
+    )
+
+
+def _start_layer(
+    state: ClusterState,
+    targets: Sequence[NodeState],
+    service: str,
+    timeout: float,
+    started: list[tuple[NodeState, str]],
+) -> None:
+    """Start `service` on every target node, then wait until each one serves."""
+    for node in targets:
+        _spawn(state, node, service)
+        started.append((node, service))
+    deadline = time.monotonic() + timeout
+    pending = list(targets)
+    while pending:
+        _check_alive(started)
+        pending = [n for n in pending if not _ready(service, n.ports.of(service))]
+        if pending and time.monotonic() >= deadline:
+            node = pending[0]
+            addr = loopback_addr(node.ports.of(service))
+            raise StartFailure(
+                f"node {node.node} {service} is not serving on {addr} after {timeout:g} s "
+                f"(log: {node.processes[service].log})",
+                node.processes[service].log,
+            )
+        if pending:
+            time.sleep(0.05)
+
+
+def _client_id_mastered_by(master: str, table: Sequence[tuple[str, ...]]) -> str:
+    """A fresh probe client id whose session partition has `master` as its master."""
+    for _ in range(1_000_000):
+        client_id = procs.probe_client_id()
+        if table[partition_of(client_id, len(table))][0] == master:
+            return client_id
+    raise ClusterError(f"found no client id whose partition is mastered by {master}")
+
+
+def _probe_pairs(state: ClusterState, targets: Sequence[NodeState]) -> list[tuple[NodeState, str]]:
+    """(edge node, master node id) pairs to probe: every running node's edge must accept a
+    client whose session lives on each running node, where one side is a target. One CONNECT
+    per edge is not enough: an edge that has not yet linked to a peer's partition service
+    refuses that peer's clients (CONNACK 3), and a test or user would meet that refusal.
+
+    The partition table is the one the membership service builds today from the static
+    members file (hashring.assign over every member); when membership becomes dynamic, take
+    it from the membership service's GetView instead.
+    """
+    table = assign([n.node_id for n in state.nodes], state.partitions, state.rf)
+    masters = {replicas[0] for replicas in table}
+    running = [n for n in state.nodes if all(r.running() for r in n.processes.values())]
+    target_ids = {n.node_id for n in targets}
+    return [
+        (edge, master.node_id)
+        for edge in running
+        for master in running
+        if master.node_id in masters and target_ids & {edge.node_id, master.node_id}
+    ]
+
+
+def _wait_mqtt(
+    state: ClusterState,
+    targets: Sequence[NodeState],
+    timeout: float,
+    started: list[tuple[NodeState, str]],
+) -> None:
+    table = assign([n.node_id for n in state.nodes], state.partitions, state.rf)
+    deadline = time.monotonic() + timeout
+    pending = _probe_pairs(state, targets)
+    last: dict[tuple[int, str], int | None] = {}
+    while pending:
+        _check_alive(started)
+        still = []
+        for edge, master in pending:
+            client_id = _client_id_mastered_by(master, table)
+            code = last[edge.node, master] = procs.mqtt_connack(edge.ports.mqtt, client_id)
+            if code != 0:
+                still.append((edge, master))
+        pending = still
+        if pending and time.monotonic() >= deadline:
+            edge, master = pending[0]
+            code = last.get((edge.node, master))
+            answer = "no CONNACK" if code is None else f"CONNACK return code {code}"
+            log_path = edge.processes["edge"].log
+            addr = loopback_addr(edge.ports.mqtt)
+            raise StartFailure(
+                f"node {edge.node} does not accept MQTT clients whose session lives on {master} "
+                f"on {addr} after {timeout:g} s (last answer: {answer}; log: {log_path})",
+                log_path,
+            )
+        if pending:
+            time.sleep(0.1)
+    for node in targets:
+        addr = loopback_addr(node.ports.mqtt)
+        log.info("node %d: accepting MQTT connections on %s", node.node, addr)
+
+
+def _start_nodes(state: ClusterState, targets: Sequence[NodeState], timeout: float) -> None:
+    """Start whatever is not running on the target nodes, layer by layer across the nodes
+    (every redis, then every membership ...), so a service that looks for its peers' service
+    of the same layer at startup finds it already serving. On any failure or interrupt, stop
+    what this call started, so a failed start leaves nothing running."""
+    started: list[tuple[NodeState, str]] = []
+    try:
+        for service in SERVICES:
+            todo = [n for n in targets if not n.processes[service].running()]
+            _start_layer(state, todo, service, timeout, started)
+        _wait_mqtt(state, targets, timeout, started)
+    except BaseException:
+        if started:
+            log.info("start failed: stopping the %d process(es) it started", len(started))
+            _stop_processes([(n, s) for n, s in reversed(started)], ABORT_GRACE)
+        save_state(state)
+        raise
+
+
+def _refuse_if_running(cluster_dir: Path, previous: ClusterState | None) -> None:
+    if previous is not None:
+        running = [
+            f"node {n.node} {s} pid {r.identity.pid}"
+            for n in previous.nodes
+            for s, r in n.processes.items()
+            if r.identity is not None and r.running()
+        ]
+        if running:
+            raise ClusterError(
+                f"{cluster_dir} holds a running cluster ({', '.join(running[:4])}"
+                f"{', ...' if len(running) > 4 else ''}); stop it first with "
+                f"`hexmq cluster down --dir {cluster_dir}`"
+            )
+    strays = procs.pids_with_env(ENV_MARKER, str(cluster_dir))
+    if strays:
+        raise ClusterError(
+            f"processes {', '.join(map(str, strays))} of an earlier cluster in {cluster_dir} are "
+            f"still running but not recorded in {STATE_FILE}; stop them first"
+        )
+
+
+def find_redis_server() -> str:
+    path = shutil.which("redis-server")
+    if path is None:
+        raise ClusterError("redis-server not found on PATH (Debian: apt-get install redis-server)")
+    return path
+
+
+def up(
+    cluster_dir: Path,
+    *,
+    nodes: int,
+    base_port: int = DEFAULT_BASE_PORT,
+    partitions: int = DEFAULT_PARTITIONS,
+    rf: int = 1,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> ClusterState:
+    """Start a cluster in `cluster_dir` and wait until every node answers MQTT CONNECT."""
+    validate_cluster_args(nodes=nodes, base_port=base_port, partitions=partitions, rf=rf)
+    cluster_dir = cluster_dir.absolute()
+    try:
+        cluster_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ClusterError(f"cannot create {cluster_dir}: {exc.strerror}") from exc
+    with cluster_lock(cluster_dir):
+        previous = load_state(cluster_dir)
+        _refuse_if_running(cluster_dir, previous)
+        shape = (nodes, partitions)
+        if (
+            previous is not None
+            and previous.served
+            and ((len(previous.nodes), previous.partitions) != shape)
+        ):
+            # Its Redis data is placed for that shape: other nodes or partitions would
+            # silently lose sessions. Restarting the same shape keeps the data.
+            raise ClusterError(
+                f"{cluster_dir} holds the data of a cluster with {len(previous.nodes)} node(s) "
+                f"and {previous.partitions} partitions; use the same --nodes and --partitions, "
+                "another --dir, or delete the directory"
+            )
+        state = plan_cluster(
+            cluster_dir,
+            nodes=nodes,
+            base_port=base_port,
+            partitions=partitions,
+            rf=rf,
+            python=sys.executable,
+            redis_server=find_redis_server(),
+        )
+        state.served = previous is not None and previous.served
+        busy = busy_ports([n.ports for n in state.nodes])
+        if busy:
+            raise ClusterError(f"port(s) already in use on {LOOPBACK}: {', '.join(busy)}")
+        write_config(state)
+        save_state(state)
+        _start_nodes(state, state.nodes, timeout)
+        state.served = True
+        save_state(state)
+        return state
+
+
+def start_node(cluster_dir: Path, number: int, *, timeout: float = DEFAULT_TIMEOUT) -> NodeState:
+    """Start the processes of one node that are not running, with the config and data it had."""
+    cluster_dir = cluster_dir.absolute()
+    state = require_state(cluster_dir)
+    state.node(number)  # a bad node number is a usage error, before taking the lock
+    with cluster_lock(cluster_dir):
+        state = require_state(cluster_dir)
+        node = state.node(number)
+        busy = [
+            f"{node.ports.of(s)} (node {number} {s})"
+            for s, r in node.processes.items()
+            if not r.running() and procs.port_in_use(node.ports.of(s))
+        ]
+        if busy:
+            raise ClusterError(f"port(s) already in use on {LOOPBACK}: {', '.join(busy)}")
+        write_config(state)
+        _start_nodes(state, [node], timeout)
+        return node
+
+
+# --- stopping -------------------------------------------------------------------------------
+
+
+def _stop_processes(targets: Sequence[tuple[NodeState, str]], grace: float) -> list[str]:
+    """Stop the targets in reverse start order, one layer at a time (all edges, then all
+    partition services ...), so that each service can still reach the ones below it while it
+    shuts down. Returns a note for every process that needed SIGKILL."""
+    notes = []
+    try:
+        for service in reversed(SERVICES):
+            layer = [
+                (node, node.processes[service].identity) for node, s in targets if s == service
+            ]
+            idents = [i for _, i in layer if i is not None]
+            killed = set(procs.terminate(idents, grace))
+            notes += [
+                f"node {node.node} {service} (pid {ident.pid}) did not stop within {grace:g} s "
+                "and was killed"
+                for node, ident in layer
+                if ident in killed
+            ]
+    except KeyboardInterrupt:
+        # Interrupted while waiting (a second Ctrl-C): finish at once rather than leave the
+        # lower layers running.
+        procs.kill([i for n, s in targets if (i := n.processes[s].identity) is not None])
+        raise
+    return notes
+
+
+def stop_nodes(
+    cluster_dir: Path, numbers: Sequence[int] | None, *, grace: float = DEFAULT_GRACE
+) -> tuple[int, list[str]]:
+    """Gracefully stop the given nodes (None: all). Returns (processes stopped, notes)."""
+    cluster_dir = cluster_dir.absolute()
+    with cluster_lock(cluster_dir):
+        state = require_state(cluster_dir)
+        nodes = state.nodes if numbers is None else [state.node(i) for i in numbers]
+        targets = [(n, s) for n in nodes for s in SERVICES if n.processes[s].running()]
+        notes = _stop_processes(targets, grace)
+        return len(targets), notes
+
+
+def kill_node(cluster_dir: Path, number: int) -> int:
+    """SIGKILL every process of the node, Redis included (a crash, for fault tests)."""
+    cluster_dir = cluster_dir.absolute()
+    with cluster_lock(cluster_dir):
+        state = require_state(cluster_dir)
+        node = state.node(number)
+        idents = [
+            r.identity for r in node.processes.values() if r.identity is not None and r.running()
+        ]
+        procs.kill(idents)
+        return len(idents)
+
+
+# --- status ---------------------------------------------------------------------------------
+
+
+def node_status(state: ClusterState, node: NodeState) -> dict[str, Any]:
+    """What is known about one node right now.
+
+    The hook for later issues: partition roles and replication lag come from the partition
+    service's Status RPC (PartitionService.Status on node.ports.partition) and belong under a
+    "partitions" key here; `hexmq cluster status` prints whatever this returns.
+    """
+    processes = {}
+    for service, record in node.processes.items():
+        processes[service] = {
+            "pid": record.identity.pid if record.identity else None,
+            "alive": record.running(),
+            "port": node.ports.of(service),
+            "log": str(record.log),
+            "started_at": record.started_at,
+        }
+    return {
+        "node": node.node,
+        "node_id": node.node_id,
+        "mqtt_port": node.ports.mqtt,
+        "alive": all(p["alive"] for p in processes.values()),
+        "processes": processes,
+    }
+
+
+def cluster_status(
+    cluster_dir: Path,
+    gather: Callable[[ClusterState, NodeState], dict[str, Any]] = node_status,
+) -> dict[str, Any]:
+    cluster_dir = cluster_dir.absolute()
+    state = require_state(cluster_dir)
+    nodes = [gather(state, n) for n in state.nodes]
+    known = {p["pid"] for n in nodes for p in n["processes"].values() if p["alive"]}
+    strays = [p for p in procs.pids_with_env(ENV_MARKER, str(cluster_dir)) if p not in known]
+    return {
+        "dir": str(cluster_dir),
+        "base_port": state.base_port,
+        "partitions": state.partitions,
+        "rf": state.rf,
+        "nodes": nodes,
+        # Processes started for this DIR that cluster.json does not know (a manager killed
+        # between spawn and save); listed so an operator can deal with them by hand.
+        "strays": strays,
+    }

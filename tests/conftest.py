@@ -1,0 +1,238 @@
+"""Fixtures shared by every test module: free ports and real local clusters.
+
+    def test_something(hexmq_cluster):
+        cluster = hexmq_cluster(nodes=2)
+        port = cluster.mqtt_port(1)       # node numbers are 1-based, as on the command line
+        cluster.kill(2); cluster.start(2)
+        assert all(n["alive"] for n in cluster.status()["nodes"])
+
+A cluster is started by the real `hexmq cluster up` of this venv and stopped by
+`hexmq cluster down` when the test ends, pass or fail; the teardown then fails the test if any
+process of that cluster is still running. `hexmq_cluster_module` is the same factory shared
+by the tests of a module (down after its last test). `pick_base_port(nodes)` gives a free
+port range for tests that run `hexmq cluster` themselves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hexmq import clusterstate, procs
+
+HEXMQ = Path(sys.executable).with_name("hexmq")
+
+# Base ports are drawn below the kernel's ephemeral range, so an outgoing connection's local
+# port cannot take one of them between the check and the bind.
+_BASE_PORT_LOW = 20000
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def pick_base_port(nodes: int = 1, *, attempts: int = 100) -> int:
+    """A base port whose whole cluster port range (see hexmq.clusterstate) is free right now.
+
+    Random rather than fixed, so that test runs of several people on one machine rarely
+    collide; `hexmq_cluster` also retries `up` on another base port if one is taken meanwhile.
+    """
+    span = clusterstate.highest_port(0, nodes) + 1
+    high = _ephemeral_low() - span
+    if high <= _BASE_PORT_LOW:
+        high = 65536 - span
+    for _ in range(attempts):
+        base = random.randint(_BASE_PORT_LOW, high)
+        if not clusterstate.busy_ports(clusterstate.cluster_ports(base, nodes)):
+            return base
+    raise RuntimeError(f"no free port range for {nodes} node(s) after {attempts} attempts")
+
+
+@pytest.fixture(scope="session")
+def cluster_prerequisites() -> None:
+    """Fail, never skip, when the machine lacks what real clusters need: a skipped cluster
+    test would hide a broken setup as a green run."""
+    missing = []
+    if shutil.which("redis-server") is None:
+        missing.append("redis-server is not on PATH (Debian: apt-get install redis-server)")
+    if not HEXMQ.exists():
+        missing.append(f"{HEXMQ} does not exist (run `make venv`)")
+    if missing:
+        pytest.fail("cluster tests cannot run: " + "; ".join(missing), pytrace=False)
+
+
+def running_processes(cluster_dir: Path) -> list[int]:
+    """Pids of processes of the cluster in cluster_dir that still run: those recorded in its
+    cluster.json, and any process carrying its environment marker (one spawned but never
+    recorded)."""
+    pids = set(procs.pids_with_env(clusterstate.ENV_MARKER, str(cluster_dir)))
+    state = clusterstate.load_state(cluster_dir)
+    if state is not None:
+        for node in state.nodes:
+            for record in node.processes.values():
+                if record.identity is not None and procs.is_running(record.identity):
+                    pids.add(record.identity.pid)
+    return sorted(pids)
+
+
+@dataclass
+class HexmqCluster:
+    """A running local cluster, driven through the `hexmq cluster` command line."""
+
+    dir: Path
+    nodes: list[dict[str, Any]]  # as printed by `up` (refreshed by `start`)
+    cli_log: list[str] = field(default_factory=list)
+
+    def cli(
+        self, *args: str, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        """Run `hexmq cluster ACTION ... --dir DIR`; fail the test if it fails and check."""
+        argv = [str(HEXMQ), "cluster", *args, "--dir", str(self.dir)]
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        self.cli_log.append(f"$ {' '.join(argv)}  -> {result.returncode}\n{result.stderr}")
+        if check and result.returncode != 0:
+            pytest.fail(
+                f"`{' '.join(argv)}` exited with {result.returncode}:\n{result.stderr}",
+                pytrace=False,
+            )
+        return result
+
+    def node(self, i: int) -> dict[str, Any]:
+        return self.nodes[i - 1]
+
+    def mqtt_port(self, i: int) -> int:
+        port: int = self.node(i)["mqtt_port"]
+        return port
+
+    def pids(self, i: int) -> dict[str, int]:
+        pids: dict[str, int] = self.node(i)["pids"]
+        return pids
+
+    def kill(self, i: int) -> None:
+        self.cli("kill", str(i))
+
+    def stop(self, i: int) -> None:
+        self.cli("stop", str(i))
+
+    def start(self, i: int) -> None:
+        result = self.cli("start", str(i))
+        (node,) = json.loads(result.stdout)["nodes"]
+        self.nodes[i - 1] = node
+
+    def status(self) -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads(self.cli("status", "--json").stdout)
+        return doc
+
+    def down(self) -> None:
+        self.cli("down")
+
+    def running_processes(self) -> list[int]:
+        return running_processes(self.dir)
+
+
+def run_up(
+    cluster_dir: Path, nodes: int, base_port: int, extra: Sequence[str] = (), timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    argv = [
+        str(HEXMQ),
+        "cluster",
+        "up",
+        *("--nodes", str(nodes)),
+        *("--dir", str(cluster_dir)),
+        *("--base-port", str(base_port)),
+        *("--timeout", str(timeout)),
+        *extra,
+    ]
+    # The bound on top of --timeout covers four startup steps plus the MQTT wait.
+    return subprocess.run(argv, capture_output=True, text=True, timeout=6 * timeout, check=False)
+
+
+@contextlib.contextmanager
+def _cluster_factory(base_dir: Path) -> Iterator[Callable[..., HexmqCluster]]:
+    made: list[HexmqCluster] = []
+
+    def make(
+        nodes: int = 1,
+        *,
+        partitions: int | None = None,
+        timeout: float = 30,
+        extra: Sequence[str] = (),
+    ) -> HexmqCluster:
+        cluster_dir = base_dir / f"cluster{len(made) + 1}"
+        args = list(extra)
+        if partitions is not None:
+            args += ["--partitions", str(partitions)]
+        for _ in range(3):
+            result = run_up(cluster_dir, nodes, pick_base_port(nodes), args, timeout)
+            # Another test run took a port between our check and `up`: try other ports.
+            if result.returncode == 0 or "already in use" not in result.stderr:
+                break
+        cluster = HexmqCluster(dir=cluster_dir, nodes=[])
+        made.append(cluster)  # tear down even a failed `up`: it may have left processes
+        if result.returncode != 0:
+            pytest.fail(
+                f"hexmq cluster up exited with {result.returncode}:\n{result.stderr}",
+                pytrace=False,
+            )
+        cluster.nodes = json.loads(result.stdout)["nodes"]
+        return cluster
+
+    try:
+        yield make
+    finally:
+        _tear_down(made)
+
+
+def _tear_down(clusters: Sequence[HexmqCluster]) -> None:
+    problems = []
+    for cluster in clusters:
+        if (cluster.dir / clusterstate.STATE_FILE).exists():
+            result = cluster.cli("down", check=False)
+            if result.returncode != 0:
+                problems.append(f"`hexmq cluster down` failed for {cluster.dir}:\n{result.stderr}")
+        left = cluster.running_processes()
+        if left:
+            problems.append(f"processes {left} of {cluster.dir} still run after `down`")
+            for pid in left:  # they carry this test's cluster marker: ours to remove
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+    if problems:
+        pytest.fail("\n".join(problems), pytrace=False)
+
+
+@pytest.fixture
+def hexmq_cluster(
+    tmp_path: Path, cluster_prerequisites: None
+) -> Iterator[Callable[..., HexmqCluster]]:
+    """Factory: `hexmq_cluster(nodes=1, partitions=None, timeout=30, extra=())` starts a
+    cluster in a fresh directory under tmp_path and returns a `HexmqCluster`; every cluster
+    it made is brought down when the test ends."""
+    with _cluster_factory(tmp_path) as make:
+        yield make
+
+
+@pytest.fixture(scope="module")
+def hexmq_cluster_module(
+    tmp_path_factory: pytest.TempPathFactory, cluster_prerequisites: None
+) -> Iterator[Callable[..., HexmqCluster]]:
+    """The same factory with module scope: one cluster shared by the tests of a module (for
+    tests that do not kill or stop nodes); brought down after the module's last test."""
+    with _cluster_factory(tmp_path_factory.mktemp("clusters")) as make:
+        yield make

@@ -1,0 +1,304 @@
+"""`hexmq cluster` end to end: real redis-server and hexmq services as background processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import redis
+
+from hexmq import clusterstate
+from hexmq.hashring import assign, partition_of
+from tests.conftest import HEXMQ, HexmqCluster, pick_base_port, run_up, running_processes
+
+ClusterFactory = Callable[..., HexmqCluster]
+
+
+def mqtt_connect(port: int, client_id: str = "clustercli") -> int | None:
+    """A client's MQTT 3.1.1 CONNECT, written here independently of the manager's probe:
+    the CONNACK return code, or None if there was no CONNACK."""
+    cid = client_id.encode()
+    body = b"\x00\x04MQTT\x04\x02\x00\x1e" + len(cid).to_bytes(2, "big") + cid
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(bytes([0x10, len(body)]) + body)
+            answer = b""
+            while len(answer) < 4:
+                chunk = s.recv(4 - len(answer))
+                if not chunk:
+                    return None
+                answer += chunk
+            s.sendall(b"\xe0\x00")
+    except OSError:
+        return None
+    return answer[3] if answer[:2] == b"\x20\x02" else None
+
+
+def client_id_mastered_by(node_id: str, nodes: int = 2) -> str:
+    """A client id whose session partition the default 2-node table places on node_id."""
+    partitions = clusterstate.DEFAULT_PARTITIONS
+    table = assign([f"n{i}" for i in range(1, nodes + 1)], partitions, 1)
+    return next(
+        cid
+        for cid in (f"clustercli{k}" for k in range(1000))
+        if table[partition_of(cid, partitions)][0] == node_id
+    )
+
+
+def process_gone(pid: int) -> bool:
+    """No such process, or only its zombie (an orphan's exit status waits for PID 1 to reap
+    it, which some container inits never do)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat[stat.rindex(")") + 2] in "ZX"
+
+
+def alive_map(status: dict[str, object], node: int) -> dict[str, bool]:
+    nodes = status["nodes"]
+    assert isinstance(nodes, list)
+    return {s: p["alive"] for s, p in nodes[node - 1]["processes"].items()}
+
+
+ALL_ALIVE = dict.fromkeys(clusterstate.SERVICES, True)
+ALL_DEAD = dict.fromkeys(clusterstate.SERVICES, False)
+
+
+@pytest.mark.timeout(120)
+def test_one_node_up_kill_start_down(hexmq_cluster: ClusterFactory) -> None:
+    cluster = hexmq_cluster(nodes=1)
+    (node,) = cluster.nodes
+    assert node["node"] == 1
+    assert node["node_id"] == "n1"
+    base = node["mqtt_port"]
+    assert (node["redis_port"], node["membership_port"], node["partition_port"]) == (
+        base + 1000,
+        base + 1001,
+        base + 1002,
+    )
+    first_pids = cluster.pids(1)
+    assert set(first_pids) == set(clusterstate.SERVICES)
+
+    assert alive_map(cluster.status(), 1) == ALL_ALIVE
+    assert mqtt_connect(cluster.mqtt_port(1)) == 0
+
+    cluster.kill(1)
+    assert alive_map(cluster.status(), 1) == ALL_DEAD
+    assert all(process_gone(pid) for pid in first_pids.values())
+    assert mqtt_connect(cluster.mqtt_port(1)) is None
+
+    cluster.start(1)
+    assert alive_map(cluster.status(), 1) == ALL_ALIVE
+    assert set(cluster.pids(1).values()).isdisjoint(first_pids.values())
+    assert mqtt_connect(cluster.mqtt_port(1)) == 0
+
+    last_pids = cluster.pids(1)
+    cluster.down()
+    assert alive_map(cluster.status(), 1) == ALL_DEAD
+    assert all(process_gone(pid) for pid in last_pids.values())
+    assert cluster.running_processes() == []
+
+
+@pytest.mark.timeout(120)
+def test_two_nodes_stop_and_start_one(hexmq_cluster: ClusterFactory) -> None:
+    cluster = hexmq_cluster(nodes=2)
+    assert [n["node_id"] for n in cluster.nodes] == ["n1", "n2"]
+    assert cluster.mqtt_port(2) == cluster.mqtt_port(1) + 1
+    assert cluster.node(2)["redis_port"] == cluster.node(1)["redis_port"] + 10
+    for i in (1, 2):
+        assert mqtt_connect(cluster.mqtt_port(i)) == 0
+
+    members = json.loads((cluster.dir / "members.json").read_text())["members"]
+    assert [m["mqtt_addr"] for m in members] == [
+        f"127.0.0.1:{cluster.mqtt_port(1)}",
+        f"127.0.0.1:{cluster.mqtt_port(2)}",
+    ]
+
+    # With RF 1 a session lives only on its partition's master: while node 2 is down, a client
+    # whose session partition is on n2 is refused, one whose partition is on n1 is not.
+    on_n1, on_n2 = client_id_mastered_by("n1"), client_id_mastered_by("n2")
+    cluster.stop(2)
+    status = cluster.status()
+    assert alive_map(status, 1) == ALL_ALIVE
+    assert alive_map(status, 2) == ALL_DEAD
+    assert mqtt_connect(cluster.mqtt_port(1), on_n1) == 0
+    assert mqtt_connect(cluster.mqtt_port(1), on_n2) not in (0, None)
+
+    cluster.start(2)
+    assert alive_map(cluster.status(), 2) == ALL_ALIVE
+    for i in (1, 2):
+        for client_id in (on_n1, on_n2):
+            assert mqtt_connect(cluster.mqtt_port(i), client_id) == 0
+
+    human = cluster.cli("status").stdout
+    assert human.count("alive") == 8
+
+
+@pytest.mark.timeout(120)
+def test_stop_and_start_keep_the_redis_data(hexmq_cluster: ClusterFactory) -> None:
+    cluster = hexmq_cluster(nodes=1)
+    with redis.Redis(port=cluster.node(1)["redis_port"]) as r:
+        r.set("hexmq-test:survives", "yes")
+    cluster.stop(1)  # graceful: Redis flushes its append-only file on SIGTERM
+    cluster.start(1)
+    with redis.Redis(port=cluster.node(1)["redis_port"]) as r:
+        assert r.get("hexmq-test:survives") == b"yes"
+    assert (cluster.dir / "node1" / "redis" / "appendonlydir").is_dir()
+
+
+@pytest.mark.timeout(120)
+def test_up_again_after_down_keeps_the_data_of_the_same_shape(
+    hexmq_cluster: ClusterFactory,
+) -> None:
+    cluster = hexmq_cluster(nodes=1, partitions=16)
+    with redis.Redis(port=cluster.node(1)["redis_port"]) as r:
+        r.set("hexmq-test:survives", "yes")
+    cluster.down()
+
+    other_shape = run_up(cluster.dir, 2, pick_base_port(2), ["--partitions", "16"])
+    assert other_shape.returncode == 1
+    assert "holds the data of a cluster with 1 node(s) and 16 partitions" in other_shape.stderr
+    assert cluster.running_processes() == []
+
+    base = pick_base_port(1)  # another base port is fine: the data does not depend on it
+    again = run_up(cluster.dir, 1, base, ["--partitions", "16"])
+    assert again.returncode == 0, again.stderr
+    cluster.nodes = json.loads(again.stdout)["nodes"]
+    assert cluster.mqtt_port(1) == base
+    with redis.Redis(port=cluster.node(1)["redis_port"]) as r:
+        assert r.get("hexmq-test:survives") == b"yes"
+    assert mqtt_connect(base) == 0
+
+
+@pytest.mark.timeout(60)
+def test_up_refuses_a_directory_with_a_running_cluster(hexmq_cluster: ClusterFactory) -> None:
+    cluster = hexmq_cluster(nodes=1)
+    before = cluster.status()
+    result = run_up(cluster.dir, 1, pick_base_port(1))
+    assert result.returncode == 1
+    assert "holds a running cluster" in result.stderr
+    assert cluster.status() == before
+
+
+@pytest.mark.timeout(60)
+def test_start_of_a_running_node_changes_nothing(hexmq_cluster: ClusterFactory) -> None:
+    cluster = hexmq_cluster(nodes=1)
+    pids = dict(cluster.pids(1))
+    cluster.start(1)
+    assert cluster.pids(1) == pids
+
+
+# --- failures during startup leave nothing behind --------------------------------------------
+
+
+def _fake_redis_path(tmp_path: Path, script: str) -> dict[str, str]:
+    """An environment whose PATH finds `script` as redis-server first."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "redis-server"
+    fake.write_text("#!/bin/sh\n" + script)
+    fake.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def _up_with_env(
+    cluster_dir: Path, nodes: int, env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess[str]:
+    argv = [str(HEXMQ), "cluster", "up", "--nodes", str(nodes), "--dir", str(cluster_dir)]
+    argv += ["--base-port", str(pick_base_port(nodes)), "--timeout", str(timeout)]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
+
+
+@pytest.mark.timeout(60)
+def test_a_process_that_fails_stops_everything_started(
+    tmp_path: Path, cluster_prerequisites: None
+) -> None:
+    real = shutil.which("redis-server")
+    env = _fake_redis_path(
+        tmp_path,
+        'case "$1" in */node2/*) echo "fake redis: node 2 refuses to start" >&2; exit 3;; esac\n'
+        f'exec {real} "$@"\n',
+    )
+    cluster_dir = tmp_path / "c"
+    result = _up_with_env(cluster_dir, 2, env, timeout=20)
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert "node 2 redis" in result.stderr
+    assert "exited with code 3" in result.stderr
+    assert "fake redis: node 2 refuses to start" in result.stderr  # the log tail
+    assert running_processes(cluster_dir) == []
+    state = clusterstate.load_state(cluster_dir)
+    assert state is not None
+    node1_redis = state.node(1).processes["redis"].identity
+    assert node1_redis is not None  # it was started, and then stopped again
+    assert process_gone(node1_redis.pid)
+
+
+@pytest.mark.timeout(60)
+def test_a_process_that_never_serves_times_out_and_is_stopped(
+    tmp_path: Path, cluster_prerequisites: None
+) -> None:
+    env = _fake_redis_path(tmp_path, "echo 'fake redis: hanging'\nexec sleep 60\n")
+    cluster_dir = tmp_path / "c"
+    started = time.monotonic()
+    result = _up_with_env(cluster_dir, 1, env, timeout=1)
+    assert result.returncode == 1
+    assert "node 1 redis is not serving on 127.0.0.1:" in result.stderr
+    assert "after 1 s" in result.stderr
+    assert "fake redis: hanging" in result.stderr
+    assert time.monotonic() - started < 15
+    assert running_processes(cluster_dir) == []
+
+
+# --- hexmq cluster run (make run) -------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_run_stays_in_the_foreground_until_ctrl_c(
+    tmp_path: Path, cluster_prerequisites: None
+) -> None:
+    cluster_dir = tmp_path / "run"
+    base = pick_base_port(1)
+    argv = [str(HEXMQ), "cluster", "run", "--nodes", "1", "--dir", str(cluster_dir)]
+    # Its own process group stands for the terminal: Ctrl-C goes to the whole group.
+    manager = subprocess.Popen(
+        [*argv, "--base-port", str(base)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert manager.stdout is not None
+        banner = []
+        for line in manager.stdout:
+            banner.append(line)
+            if "Ctrl-C" in line:
+                break
+        text = "".join(banner)
+        assert f"MQTT on 127.0.0.1:{base}" in text, text
+        assert "mosquitto_pub" in text
+        assert mqtt_connect(base) == 0
+        pids = running_processes(cluster_dir)
+        assert len(pids) == 4
+
+        os.killpg(manager.pid, signal.SIGINT)
+        out, err = manager.communicate(timeout=60)
+        assert manager.returncode == 0, err
+        assert "cluster stopped" in out
+        assert running_processes(cluster_dir) == []
+        assert all(process_gone(pid) for pid in pids)
+    finally:
+        if manager.poll() is None:
+            manager.kill()
+            manager.communicate()
+        subprocess.run([str(HEXMQ), "cluster", "down", "--dir", str(cluster_dir)], check=False)

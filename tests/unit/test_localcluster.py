@@ -1,0 +1,406 @@
+"""The local cluster manager without services: ports, arguments, process identity, probes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from hexmq import cli, clusterstate, procs
+from hexmq.clusterstate import NodePorts
+from tests.conftest import pick_base_port, running_processes
+
+# --- port scheme ----------------------------------------------------------------------------
+
+
+def test_port_scheme_default_base() -> None:
+    assert clusterstate.node_ports(1883, 1) == NodePorts(
+        mqtt=1883, redis=2883, membership=2884, partition=2885
+    )
+    assert clusterstate.node_ports(1883, 3) == NodePorts(
+        mqtt=1885, redis=2903, membership=2904, partition=2905
+    )
+
+
+def test_port_scheme_never_overlaps_for_the_largest_cluster() -> None:
+    nodes = clusterstate.MAX_NODES
+    ports = clusterstate.cluster_ports(20000, nodes)
+    every = [p.of(s) for p in ports for s in clusterstate.SERVICES]
+    assert len(every) == len(set(every)) == 4 * nodes
+    assert max(every) <= clusterstate.highest_port(20000, nodes)
+
+
+def test_port_scheme_fits_up_to_the_last_valid_base_port() -> None:
+    top = 65535 - clusterstate.INTERNAL_OFFSET - clusterstate.NODE_STRIDE * 3 + 1
+    clusterstate.validate_cluster_args(nodes=3, base_port=top, partitions=256, rf=1)
+    assert clusterstate.highest_port(top, 3) == 65535
+    with pytest.raises(clusterstate.UsageError, match="too high"):
+        clusterstate.validate_cluster_args(nodes=3, base_port=top + 1, partitions=256, rf=1)
+
+
+# --- argument validation --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--nodes", "0"], "--nodes: must be at least 1"),
+        (["--nodes", "-2"], "--nodes: must be at least 1"),
+        (["--nodes", "two"], "--nodes: expected a whole number"),
+        (["--nodes", "101"], "--nodes must be between 1 and 100"),
+        (["--base-port", "0"], "--base-port: a port is 1-65535"),
+        (["--base-port", "70000"], "--base-port: a port is 1-65535"),
+        (["--base-port", "http"], "--base-port: expected a port number"),
+        (["--base-port", "80"], "--base-port must be between 1024 and 65535"),
+        (["--base-port", "65000"], "too high for 1 node(s)"),
+        (["--rf", "3"], "replication arrives with the cluster data plane (issue 4)"),
+        (["--rf", "0"], "--rf: must be at least 1"),
+        (["--partitions", "0"], "--partitions: must be at least 1"),
+        (["--timeout", "0"], "--timeout: must be more than 0"),
+    ],
+)
+def test_up_rejects_bad_arguments_with_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    cluster_dir = tmp_path / "c"
+    code = cli.main(["cluster", "up", "--dir", str(cluster_dir), *args])
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert out == ""
+    assert message in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not cluster_dir.exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["cluster", "stop", "0", "--dir", "x"],
+        ["cluster", "kill", "one", "--dir", "x"],
+        ["cluster", "start", "1"],  # --dir missing
+        ["cluster", "explode", "--dir", "x"],
+        ["cluster"],
+    ],
+)
+def test_other_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    assert cli.main(argv) == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_node_number_beyond_the_cluster_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = clusterstate.plan_cluster(
+        tmp_path, nodes=2, base_port=30000, partitions=8, rf=1, python="py", redis_server="rs"
+    )
+    clusterstate.save_state(state)
+    assert cli.main(["cluster", "kill", "3", "--dir", str(tmp_path)]) == 2
+    assert "node 3 does not exist" in capsys.readouterr().err
+
+
+def test_commands_on_a_directory_without_cluster_fail_clearly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["cluster", "status", "--dir", str(tmp_path)]) == 1
+    assert "no cluster in" in capsys.readouterr().err
+
+
+def test_help_works_for_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--help"], ["cluster", "--help"], ["cluster", "up", "--help"]):
+        assert cli.main(argv) == 0
+    for action in ("run", "status", "stop", "kill", "start", "down"):
+        assert cli.main(["cluster", action, "--help"]) == 0
+    assert "--base-port" in capsys.readouterr().out
+
+
+def test_cluster_commands_do_not_import_the_services() -> None:
+    code = (
+        "import sys; from hexmq import cli; cli.build_parser(); "
+        "print([m for m in sys.modules if m.startswith(('services', 'grpc'))])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]"
+
+
+# --- port in use ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def listener() -> Iterator[socket.socket]:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        yield s
+
+
+@pytest.mark.parametrize("service", clusterstate.SERVICES)
+def test_up_fails_on_a_port_in_use_and_starts_nothing(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    listener: socket.socket,
+    service: str,
+) -> None:
+    base = pick_base_port(2)
+    taken = clusterstate.node_ports(base, 2).of(service)
+    listener.bind(("127.0.0.1", taken))
+    listener.listen()
+    cluster_dir = tmp_path / "c"
+    argv = ["cluster", "up", "--nodes", "2", "--dir", str(cluster_dir), "--base-port", str(base)]
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    assert code == 1
+    assert f"{taken} (node 2 {service})" in err
+    assert "already in use" in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not (cluster_dir / clusterstate.STATE_FILE).exists()
+    assert running_processes(cluster_dir) == []
+
+
+def test_port_in_use_detection(listener: socket.socket) -> None:
+    listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    listener.listen()
+    assert procs.port_in_use(port)
+    listener.close()
+    assert not procs.port_in_use(port)
+
+
+def test_time_wait_leftovers_do_not_count_as_in_use() -> None:
+    # After `kill` and `start` the old server side of a connection sits in TIME_WAIT on the
+    # service's port; the restarted service binds anyway (SO_REUSEADDR), so must the check.
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio and redis do
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            conn, _ = server.accept()
+            conn.close()  # the server closes first: its side goes to TIME_WAIT
+            assert client.recv(1) == b""
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("127.0.0.1", port))  # the premise: the port is in TIME_WAIT
+    assert not procs.port_in_use(port)
+
+
+def test_state_round_trips_through_json(tmp_path: Path) -> None:
+    state = clusterstate.plan_cluster(
+        tmp_path, nodes=2, base_port=30000, partitions=16, rf=1, python="py", redis_server="rs"
+    )
+    state.nodes[1].processes["edge"].identity = procs.ProcessIdentity(42, 1234, "boot")
+    clusterstate.save_state(state)
+    loaded = clusterstate.load_state(tmp_path)
+    assert loaded is not None
+    assert loaded.to_json() == state.to_json()
+    assert loaded.summary()["nodes"][1]["pids"] == {
+        "redis": None,
+        "membership": None,
+        "partition": None,
+        "edge": 42,
+    }
+
+
+def test_plan_passes_the_service_flags_exactly(tmp_path: Path) -> None:
+    state = clusterstate.plan_cluster(
+        tmp_path, nodes=2, base_port=30000, partitions=64, rf=1, python="py", redis_server="rs"
+    )
+    n2 = state.nodes[1].processes
+    assert n2["redis"].argv == ["rs", str(tmp_path / "node2" / "redis.conf")]
+    assert n2["edge"].argv[:4] == ["py", "-P", "-m", "hexmq.cli"]
+    assert n2["membership"].argv[4:] == [
+        *("membership", "--node-id", "n2", "--listen", "127.0.0.1:31011"),
+        *("--members", str(tmp_path / "members.json"), "--partitions", "64", "--rf", "1"),
+    ]
+    assert n2["partition"].argv[4:] == [
+        *("partition", "--node-id", "n2", "--listen", "127.0.0.1:31012"),
+        *("--redis", "redis://127.0.0.1:31010/0", "--membership", "127.0.0.1:31011"),
+    ]
+    assert n2["edge"].argv[4:] == [
+        *("edge", "--node-id", "n2", "--listen", "127.0.0.1:30001"),
+        *("--membership", "127.0.0.1:31011"),
+    ]
+    members = clusterstate.members_document(state)["members"]
+    assert members[1] == {
+        "node_id": "n2",
+        "partition_addr": "127.0.0.1:31012",
+        "mqtt_addr": "127.0.0.1:30001",
+        "membership_addr": "127.0.0.1:31011",
+    }
+    conf = clusterstate.redis_config(state.nodes[1]).splitlines()
+    for line in (
+        "port 31010",
+        "bind 127.0.0.1",
+        f'dir "{tmp_path}/node2/redis"',
+        "appendonly yes",
+        "appendfsync everysec",
+        'save ""',
+        "daemonize no",
+        "protected-mode yes",
+    ):
+        assert line in conf
+
+
+# --- process identity -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def sleeper(tmp_path: Path) -> Iterator[procs.ProcessIdentity]:
+    sleep = shutil.which("sleep")
+    assert sleep is not None
+    ident = procs.spawn([sleep, "30"], tmp_path / "sleep.log", os.environ)
+    yield ident
+    procs.kill([ident])
+
+
+def test_spawned_process_has_its_own_session(sleeper: procs.ProcessIdentity) -> None:
+    assert procs.is_running(sleeper)
+    assert os.getsid(sleeper.pid) == sleeper.pid
+    assert os.getpgid(sleeper.pid) != os.getpgid(0)
+
+
+def test_a_reused_pid_is_never_signalled(sleeper: procs.ProcessIdentity) -> None:
+    # The same pid with another start time is what a reused pid looks like.
+    impostor = replace(sleeper, start_ticks=sleeper.start_ticks + 1)
+    assert not procs.is_running(impostor)
+    assert not procs.send_signal(impostor, signal.SIGKILL)
+    assert procs.is_running(sleeper)
+    other_boot = replace(sleeper, boot_id="00000000-0000-0000-0000-000000000000")
+    assert not procs.send_signal(other_boot, signal.SIGKILL)
+    assert procs.is_running(sleeper)
+
+
+def test_terminate_stops_and_reports_the_exit(sleeper: procs.ProcessIdentity) -> None:
+    assert procs.terminate([sleeper], grace=5) == []
+    assert not procs.is_running(sleeper)
+    assert procs.describe_exit(sleeper.pid) == "was killed by SIGTERM"
+    assert not procs.send_signal(sleeper, signal.SIGTERM)
+
+
+def test_terminate_escalates_to_sigkill(tmp_path: Path) -> None:
+    script = "trap '' TERM; echo ready; while :; do sleep 0.1; done"
+    log = tmp_path / "stubborn.log"
+    ident = procs.spawn(["/bin/sh", "-c", script], log, os.environ)
+    deadline = time.monotonic() + 10
+    while "ready" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert procs.terminate([ident], grace=0.3) == [ident]
+    assert not procs.is_running(ident)
+
+
+def test_environment_marker_finds_the_process(tmp_path: Path) -> None:
+    env = {**os.environ, clusterstate.ENV_MARKER: str(tmp_path)}
+    ident = procs.spawn(["/bin/sleep", "30"], tmp_path / "s.log", env)
+    try:
+        # Until the child has exec'ed, /proc shows the parent's environment: give it a moment.
+        deadline = time.monotonic() + 5
+        found = procs.pids_with_env(clusterstate.ENV_MARKER, str(tmp_path))
+        while not found and time.monotonic() < deadline:
+            time.sleep(0.01)
+            found = procs.pids_with_env(clusterstate.ENV_MARKER, str(tmp_path))
+        assert found == [ident.pid]
+    finally:
+        procs.kill([ident])
+    assert procs.pids_with_env(clusterstate.ENV_MARKER, str(tmp_path)) == []
+
+
+# --- readiness probes -----------------------------------------------------------------------
+
+
+def test_mqtt_connect_packet_golden_bytes() -> None:
+    assert procs.mqtt_connect_packet("p1", keepalive=30) == bytes(
+        [
+            *(0x10, 14),  # CONNECT, remaining length
+            *(0, 4, *b"MQTT"),  # protocol name
+            4,  # protocol level: 3.1.1
+            0x02,  # flags: clean session
+            *(0, 30),  # keep alive
+            *(0, 2, *b"p1"),  # client identifier
+        ]
+    )
+    client_id = procs.probe_client_id()
+    assert client_id.isalnum()
+    assert len(client_id) <= 23
+
+
+def _one_shot_broker(answer: bytes) -> tuple[int, threading.Thread, list[bytes]]:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    received: list[bytes] = []
+
+    def serve() -> None:
+        with server:
+            conn, _ = server.accept()
+            with conn:
+                conn.settimeout(5)
+                received.append(conn.recv(1024))
+                conn.sendall(answer)
+                try:  # the DISCONNECT, if the client sends one before closing
+                    received.append(conn.recv(1024))
+                except ConnectionResetError:
+                    received.append(b"")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return server.getsockname()[1], thread, received
+
+
+@pytest.mark.parametrize(("code", "ends_with_disconnect"), [(0, True), (3, False)])
+def test_mqtt_connack_reports_the_return_code(code: int, ends_with_disconnect: bool) -> None:
+    port, thread, received = _one_shot_broker(bytes([0x20, 2, 0, code]))
+    assert procs.mqtt_connack(port) == code
+    thread.join(5)
+    assert received[0][0] == 0x10
+    assert (received[1] == procs.MQTT_DISCONNECT) is ends_with_disconnect
+
+
+def test_mqtt_connack_rejects_a_non_mqtt_answer() -> None:
+    port, thread, _ = _one_shot_broker(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+    assert procs.mqtt_connack(port) is None
+    thread.join(5)
+
+
+def test_mqtt_connack_against_mosquitto(tmp_path: Path) -> None:
+    # A real broker checks the CONNECT bytes the way an edge will.
+    mosquitto = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+    if not Path(mosquitto).exists():
+        pytest.fail("mosquitto is not installed (Debian: apt-get install mosquitto)")
+    port = pick_base_port(1)
+    conf = tmp_path / "mosquitto.conf"
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\n")
+    ident = procs.spawn([mosquitto, "-c", str(conf)], tmp_path / "mosquitto.log", os.environ)
+    try:
+        deadline = time.monotonic() + 10
+        while not procs.tcp_accepts(port) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert procs.mqtt_connack(port) == 0
+    finally:
+        procs.terminate([ident], grace=5)
+
+
+def test_status_json_of_a_stopped_cluster(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = clusterstate.plan_cluster(
+        tmp_path, nodes=1, base_port=30000, partitions=8, rf=1, python="py", redis_server="rs"
+    )
+    clusterstate.save_state(state)
+    assert cli.main(["cluster", "status", "--json", "--dir", str(tmp_path)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    (node,) = doc["nodes"]
+    assert node["alive"] is False
+    assert set(node["processes"]) == set(clusterstate.SERVICES)
+    assert cli.main(["cluster", "status", "--dir", str(tmp_path)]) == 0
+    table = capsys.readouterr().out
+    assert "NODE" in table
+    assert "dead" in table
