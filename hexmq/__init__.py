@@ -4,7 +4,9 @@
 - ``hexmq.mqtt``: the sans-IO MQTT 3.1.1/5.0 codec.
 - ``hexmq.topics``: topic validation and the subscription trie.
 - ``hexmq.hashring``: partition keys and replica placement.
-- ``hexmq.cli`` / ``hexmq.localcluster``: the ``hexmq`` command and local clusters.
+- ``hexmq.cli``: the ``hexmq`` command; ``hexmq.localcluster`` (with ``hexmq.clusterstate`` for
+  ports, state and config files, ``hexmq.procs`` for process handling): local clusters.
+- ``hexmq.netaddr``, ``hexmq.service``: address parsing and process scaffolding for services.
 """
 
 __version__ = "0.1.0"
