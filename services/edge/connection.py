@@ -40,9 +40,10 @@ from hexmq.mqtt import (
     encode,
 )
 from hexmq.mqtt.reason_codes import ConnectReturnCode, ReasonCode
-from hexmq.topics import validate_topic_filter, validate_topic_name
+from hexmq.topics import validate_topic_filter
 
 if TYPE_CHECKING:
+    from services.edge.links import PartitionLink
     from services.edge.router import SessionRoute
     from services.edge.server import Edge
 
@@ -52,6 +53,8 @@ OK = pb.StatusCode.STATUS_CODE_OK
 NEVER_EXPIRES = 0xFFFFFFFF
 V5 = 5
 RC = ReasonCode
+# QoS 0 deliveries are dropped (and counted) for a subscriber whose socket has this much unsent.
+QOS0_DROP_BUFFER = 4 * 1024 * 1024
 
 
 class State(enum.Enum):
@@ -84,12 +87,16 @@ class ClientConnection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._loop = asyncio.get_running_loop()
         self._out: list[bytes] = []
+        self._out_bytes = 0
         self._flush_scheduled = False
         self._acks: list[int] = []
         # Deliveries sent to the client and not acknowledged: packet id -> message id.
         self._inflight_out: dict[int, int] = {}
         self._pending_in = 0
-        self._reading_paused = False
+        # Why reading is paused: "connect" (CONNACK pending), "inflight" (too many unacknowledged
+        # publishes), "link" (a partition link is congested). Reading resumes when none is left.
+        self._paused_for: set[str] = set()
+        self.dropped_qos0 = 0
         self._warned_retain = False
         self._assigned_id: str | None = None
 
@@ -196,7 +203,7 @@ class ClientConnection(asyncio.Protocol):
             )
             open_session.will.delay_interval_s = will.properties.will_delay_interval or 0
         self.state = State.CONNECTING
-        self._pause_reading()
+        self._pause_reading("connect")
         route.link.request(
             pb.EdgeCommand(
                 partition=route.partition, partition_epoch=route.epoch, open_session=open_session
@@ -237,7 +244,7 @@ class ClientConnection(asyncio.Protocol):
             self._timer = None
         if self.keepalive:
             self._timer = self._loop.call_later(self.keepalive * 1.5, self._on_timer)
-        self._resume_reading()
+        self._resume_reading("connect")
         self._process()
 
     def _on_publish(self, packet: Publish) -> None:
@@ -259,16 +266,13 @@ class ClientConnection(asyncio.Protocol):
                 log.info(
                     "%s: retained messages are not stored yet; forwarding as live", self.client_id
                 )
-        try:
-            validate_topic_name(packet.topic)
-        except MQTTError as exc:
-            self._on_protocol_error(exc)
-            return
+        # The codec has already refused wildcards, bad UTF-8 and U+0000 in the topic name.
         message = self._message(packet.topic, packet.payload, packet.qos, False, props)
         route = self.edge.router.route_publish(packet.topic)
         if packet.qos == 0:
             for link, targets in route.targets:
                 link.send(pb.EdgeCommand(publish=pb.Publish(message=message, targets=targets)))
+                self._throttle(link)
             return
         pid = packet.packet_id
         assert pid is not None
@@ -284,10 +288,11 @@ class ClientConnection(asyncio.Protocol):
             return
         self._pending_in += 1
         if self._pending_in >= self.config.receive_maximum:
-            self._pause_reading()
+            self._pause_reading("inflight")
         done = self._publish_done(pid, len(route.targets))
         for link, targets in route.targets:
             link.request(pb.EdgeCommand(publish=pb.Publish(message=message, targets=targets)), done)
+            self._throttle(link)
 
     def _publish_done(self, pid: int, parts: int) -> Callable[[pb.Result], None]:
         failures: list[str] = []
@@ -301,8 +306,8 @@ class ClientConnection(asyncio.Protocol):
             if remaining:
                 return
             self._pending_in -= 1
-            if self._reading_paused and self._pending_in <= self.config.receive_maximum // 2:
-                self._resume_reading()
+            if self._pending_in <= self.config.receive_maximum // 2:
+                self._resume_reading("inflight")
             if self.state is not State.CONNECTED:
                 return
             if failures:
@@ -413,8 +418,15 @@ class ClientConnection(asyncio.Protocol):
             return
         now = time.time() * 1000
         send = self.codec.send
+        transport = self.transport
         for qm in delivery.messages:
             m = qm.message
+            if qm.qos == 0 and transport is not None and (
+                transport.get_write_buffer_size() + self._out_bytes > QOS0_DROP_BUFFER
+            ):
+                # A subscriber that cannot keep up loses QoS 0 messages, not the broker memory.
+                self.dropped_qos0 += 1
+                continue
             if m.expires_at_ms and m.expires_at_ms <= now:
                 if qm.qos:
                     self._acks.append(qm.message_id)
@@ -578,6 +590,7 @@ class ClientConnection(asyncio.Protocol):
 
     def _write(self, data: bytes) -> None:
         self._out.append(data)
+        self._out_bytes += len(data)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush_out)
@@ -587,16 +600,25 @@ class ClientConnection(asyncio.Protocol):
         if self._out and self.transport is not None and not self.transport.is_closing():
             self.transport.write(b"".join(self._out))
         self._out = []
+        self._out_bytes = 0
 
-    def _pause_reading(self) -> None:
-        if not self._reading_paused and self.transport is not None:
-            self._reading_paused = True
+    def _pause_reading(self, why: str) -> None:
+        if not self._paused_for and self.transport is not None:
             self.transport.pause_reading()
+        self._paused_for.add(why)
 
-    def _resume_reading(self) -> None:
-        if self._reading_paused and self.transport is not None and not self.transport.is_closing():
-            self._reading_paused = False
+    def _resume_reading(self, why: str) -> None:
+        if why not in self._paused_for:
+            return
+        self._paused_for.discard(why)
+        if not self._paused_for and self.transport is not None and not self.transport.is_closing():
             self.transport.resume_reading()
+
+    def _throttle(self, link: PartitionLink) -> None:
+        """Stop reading while `link` has more queued than it can send (backpressure)."""
+        if link.congested and "link" not in self._paused_for:
+            self._pause_reading("link")
+            link.when_drained(lambda: self._resume_reading("link"))
 
     def _on_timer(self) -> None:
         self._timer = None

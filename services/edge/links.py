@@ -24,6 +24,10 @@ ResultCallback = Callable[[pb.Result], None]
 
 MAX_COMMANDS_PER_FRAME = 2048
 MAX_FRAME_BYTES = 1 << 20
+# Backpressure: past HIGH_WATER queued commands the link is congested and connections stop
+# reading their sockets; they resume once the queue is under LOW_WATER (or the link fails).
+HIGH_WATER = 8 * MAX_COMMANDS_PER_FRAME
+LOW_WATER = 2 * MAX_COMMANDS_PER_FRAME
 
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", 256 * 1024 * 1024),
@@ -70,6 +74,7 @@ class PartitionLink:
         self._next_id = 1
         self._pending: dict[int, ResultCallback] = {}
         self._outgoing: list[pb.EdgeCommand] = []
+        self._drain_waiters: list[Callable[[], None]] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         # Bumped per stream: the request generator of a dead stream may still be waiting, and
@@ -113,6 +118,19 @@ class PartitionLink:
         self._outgoing.append(cmd)
         self._wake.set()
         return True
+
+    @property
+    def congested(self) -> bool:
+        return len(self._outgoing) >= HIGH_WATER
+
+    def when_drained(self, resume: Callable[[], None]) -> None:
+        """Call `resume()` once the queue is back under LOW_WATER (or the link fails)."""
+        self._drain_waiters.append(resume)
+
+    def _release_waiters(self) -> None:
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for resume in waiters:
+            resume()
 
     async def _frames(self, generation: int) -> AsyncIterator[pb.EdgeFrame]:
         yield pb.EdgeFrame(hello=self._hello)
@@ -176,6 +194,7 @@ class PartitionLink:
         result = unavailable(self.node_id, why)
         for callback in pending.values():
             callback(result)
+        self._release_waiters()
 
     def _dispatch(self, frame: pb.PartitionFrame) -> None:
         listener = self._listener

@@ -1,0 +1,237 @@
+"""The brokers under test: a one-node hexmq cluster and Debian's mosquitto, each started in a
+throwaway directory on loopback ports, and stopped by what we started (cluster dir, pid).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+LOOPBACK = "127.0.0.1"
+
+# Log lines worth a look after a run; INFO chatter is not.
+_FINDING = re.compile(r"\b(WARNING|ERROR|CRITICAL|Traceback|Exception)\b|Error:|Warning:")
+# Known and harmless here: redis-server's advice about vm.overcommit_memory (a host setting;
+# the benchmark's redis never forks for a background save).
+_BENIGN = re.compile(r"Memory overcommit must be enabled")
+# mosquitto settings that differ from its defaults, and why (printed in the report):
+MOSQUITTO_SETTINGS = {
+    "persistence": "false",  # nothing on disk: hexmq's durability is not being compared here
+    "allow_anonymous": "true",
+    # hexmq's edge keeps at most 64 QoS 1 deliveries unacknowledged per 3.1.1 subscriber; the
+    # same window here (mosquitto's default is 20, which would throttle it).
+    "max_inflight_messages": "64",
+    # Default 1000 queued QoS 1 messages per client, then silent drops: raised far above what
+    # the benchmark can have outstanding (8 publishers x the QoS 1 window).
+    "max_queued_messages": "1000000",
+    # asyncio (hexmq's edge and our clients) sets TCP_NODELAY on every TCP socket; mosquitto
+    # does not by default, and Nagle's algorithm would then be measured instead of the broker.
+    "set_tcp_nodelay": "true",
+}
+
+
+class BrokerFailure(Exception):
+    pass
+
+
+def port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((LOOPBACK, port))
+        except OSError:
+            return False
+    return True
+
+
+def tcp_accepts(port: int) -> bool:
+    try:
+        with socket.create_connection((LOOPBACK, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def pid_alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
+
+
+def log_findings(paths: list[Path], limit: int = 8) -> dict[str, Any]:
+    """Warning/error lines in the given logs: a count and the first few, per file."""
+    findings: dict[str, Any] = {}
+    for path in paths:
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        hits = [line for line in lines if _FINDING.search(line) and not _BENIGN.search(line)]
+        if hits:
+            findings[path.name] = {"count": len(hits), "first": hits[:limit]}
+    return findings
+
+
+@dataclass
+class Broker:
+    name: str
+    port: int = 0
+    # Processes to account CPU to, by role ("edge", "partition", "mosquitto", ...).
+    pids: dict[str, int] = field(default_factory=dict)
+    workdir: Path | None = None
+    version: str = ""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def alive(self) -> bool:
+        return all(pid_alive(pid) for pid in self.pids.values())
+
+    def findings(self) -> dict[str, Any]:
+        return {}
+
+    def cleanup(self, keep: bool) -> None:
+        if self.workdir is not None and not keep:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class Hexmq(Broker):
+    """`hexmq cluster up --nodes 1` in a temporary directory; `cluster down` to stop."""
+
+    def __init__(self) -> None:
+        super().__init__("hexmq")
+
+    def _cli(self, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "hexmq.cli", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    @staticmethod
+    def _base_port() -> int:
+        # MQTT on P, internal services on P+1000..P+1010: all must be free.
+        for _ in range(200):
+            p = random.randrange(20000, 29000)
+            if all(port_free(q) for q in (p, *range(p + 1000, p + 1011))):
+                return p
+        raise BrokerFailure("no free port range for hexmq")
+
+    def start(self) -> None:
+        from hexmq import __version__
+
+        self.version = __version__
+        self.workdir = Path(tempfile.mkdtemp(prefix="hexmq-bench-"))
+        done = self._cli(
+            "cluster",
+            "up",
+            "--nodes",
+            "1",
+            "--dir",
+            str(self.workdir),
+            "--base-port",
+            str(self._base_port()),
+            timeout=90,
+        )
+        if done.returncode != 0:
+            raise BrokerFailure(f"hexmq cluster up failed ({done.returncode}): {done.stderr}")
+        node = json.loads(done.stdout)["nodes"][0]
+        self.port = node["mqtt_port"]
+        self.pids = {f"hexmq-{role}": pid for role, pid in node["pids"].items()}
+
+    def stop(self) -> None:
+        if self.workdir is None or not self.pids:
+            return
+        done = self._cli("cluster", "down", "--dir", str(self.workdir), timeout=90)
+        if done.returncode != 0:
+            print(f"bench: hexmq cluster down failed: {done.stderr}", file=sys.stderr)
+        self.pids = {}
+
+    def findings(self) -> dict[str, Any]:
+        if self.workdir is None:
+            return {}
+        return log_findings(sorted((self.workdir / "node1").glob("*.log")))
+
+
+class Mosquitto(Broker):
+    """/usr/sbin/mosquitto with a throwaway config; stopped by the pid we started."""
+
+    def __init__(self, binary: str = "/usr/sbin/mosquitto") -> None:
+        super().__init__("mosquitto")
+        self.binary = binary
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        if not Path(self.binary).exists():
+            raise BrokerFailure(f"{self.binary} not found (apt-get install mosquitto)")
+        self.workdir = Path(tempfile.mkdtemp(prefix="mosquitto-bench-"))
+        with socket.socket() as s:
+            s.bind((LOOPBACK, 0))
+            self.port = s.getsockname()[1]
+        lines = [f"listener {self.port} {LOOPBACK}", "log_dest stderr"]
+        lines += [f"{key} {value}" for key, value in MOSQUITTO_SETTINGS.items()]
+        config = self.workdir / "mosquitto.conf"
+        config.write_text("\n".join(lines) + "\n")
+        # stderr to a file we opened: run as root, mosquitto drops to its own user and could not
+        # open a log file in our private temp dir itself.
+        with (self.workdir / "mosquitto.log").open("wb") as log:
+            # Own session: a Ctrl-C at the terminal reaches us, and we stop it in order.
+            self.process = subprocess.Popen(
+                [self.binary, "-c", str(config)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.pids = {"mosquitto": self.process.pid}
+        deadline = time.monotonic() + 10
+        while not tcp_accepts(self.port):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                log_text = (self.workdir / "mosquitto.log").read_text(errors="replace")
+                raise BrokerFailure(f"mosquitto did not start: {log_text[-2000:]}")
+            time.sleep(0.05)
+        version = subprocess.run(
+            [self.binary, "-h"], capture_output=True, text=True, check=False
+        ).stdout.split("\n", 1)[0]
+        self.version = version.removeprefix("mosquitto version ").strip()
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGTERM)
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                os.kill(process.pid, signal.SIGKILL)
+                process.wait(5)
+        self.pids = {}
+
+    def findings(self) -> dict[str, Any]:
+        if self.workdir is None:
+            return {}
+        return log_findings([self.workdir / "mosquitto.log"])
+
+
+def make_broker(name: str) -> Broker:
+    if name == "hexmq":
+        return Hexmq()
+    if name == "mosquitto":
+        return Mosquitto()
+    raise ValueError(name)
