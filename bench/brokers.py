@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from services.edge.server import DEFAULT_MAX_INFLIGHT_V311
+
 LOOPBACK = "127.0.0.1"
 
 # Log lines worth a look after a run; INFO chatter is not.
@@ -30,9 +32,9 @@ _BENIGN = re.compile(r"Memory overcommit must be enabled")
 MOSQUITTO_SETTINGS = {
     "persistence": "false",  # nothing on disk: hexmq's durability is not being compared here
     "allow_anonymous": "true",
-    # hexmq's edge keeps at most 64 QoS 1 deliveries unacknowledged per 3.1.1 subscriber; the
-    # same window here (mosquitto's default is 20, which would throttle it).
-    "max_inflight_messages": "64",
+    # The same QoS 1 delivery window hexmq's edge gives a 3.1.1 subscriber (mosquitto's default
+    # is 20, which would throttle it).
+    "max_inflight_messages": str(DEFAULT_MAX_INFLIGHT_V311),
     # Default 1000 queued QoS 1 messages per client, then silent drops: raised far above what
     # the benchmark can have outstanding (8 publishers x the QoS 1 window).
     "max_queued_messages": "1000000",

@@ -267,11 +267,10 @@ class ClientConnection(asyncio.Protocol):
                     "%s: retained messages are not stored yet; forwarding as live", self.client_id
                 )
         # The codec has already refused wildcards, bad UTF-8 and U+0000 in the topic name.
-        message = self._message(packet.topic, packet.payload, packet.qos, False, props)
         route = self.edge.router.route_publish(packet.topic)
         if packet.qos == 0:
-            for link, targets in route.targets:
-                link.send(pb.EdgeCommand(publish=pb.Publish(message=message, targets=targets)))
+            for link, cmd in self._publish_commands(packet, route.targets):
+                link.send(cmd)
                 self._throttle(link)
             return
         pid = packet.packet_id
@@ -290,8 +289,8 @@ class ClientConnection(asyncio.Protocol):
         if self._pending_in >= self.config.receive_maximum:
             self._pause_reading("inflight")
         done = self._publish_done(pid, len(route.targets))
-        for link, targets in route.targets:
-            link.request(pb.EdgeCommand(publish=pb.Publish(message=message, targets=targets)), done)
+        for link, cmd in self._publish_commands(packet, route.targets):
+            link.request(cmd, done)
             self._throttle(link)
 
     def _publish_done(self, pid: int, parts: int) -> Callable[[pb.Result], None]:
@@ -421,8 +420,10 @@ class ClientConnection(asyncio.Protocol):
         transport = self.transport
         for qm in delivery.messages:
             m = qm.message
-            if qm.qos == 0 and transport is not None and (
-                transport.get_write_buffer_size() + self._out_bytes > QOS0_DROP_BUFFER
+            if (
+                qm.qos == 0
+                and transport is not None
+                and (transport.get_write_buffer_size() + self._out_bytes > QOS0_DROP_BUFFER)
             ):
                 # A subscriber that cannot keep up loses QoS 0 messages, not the broker memory.
                 self.dropped_qos0 += 1
@@ -520,18 +521,54 @@ class ClientConnection(asyncio.Protocol):
 
     # ----- helpers ----------------------------------------------------------------------
 
+    def _publish_commands(
+        self,
+        packet: Publish,
+        targets: tuple[tuple[PartitionLink, tuple[pb.PartitionTarget, ...]], ...],
+    ) -> list[tuple[PartitionLink, pb.EdgeCommand]]:
+        """One Publish command per master node. The message is built in place in the first
+        command (protobuf copies a message passed to a constructor) and copied for the rest."""
+        out: list[tuple[PartitionLink, pb.EdgeCommand]] = []
+        for link, node_targets in targets:
+            cmd = pb.EdgeCommand()
+            if out:
+                cmd.publish.message.CopyFrom(out[0][1].publish.message)
+            else:
+                self._fill_message(
+                    cmd.publish.message,
+                    packet.topic,
+                    packet.payload,
+                    packet.qos,
+                    False,
+                    packet.properties,
+                )
+            cmd.publish.targets.extend(node_targets)
+            out.append((link, cmd))
+        return out
+
     def _message(
         self, topic: str, payload: bytes, qos: int, retain: bool, props: Properties
     ) -> cpb.Message:
+        m = cpb.Message()
+        self._fill_message(m, topic, payload, qos, retain, props)
+        return m
+
+    def _fill_message(
+        self,
+        m: cpb.Message,
+        topic: str,
+        payload: bytes,
+        qos: int,
+        retain: bool,
+        props: Properties,
+    ) -> None:
         now = int(time.time() * 1000)
-        m = cpb.Message(
-            topic=topic,
-            payload=payload,
-            qos=qos,
-            retain=retain,
-            publisher_id=self.client_id,
-            published_at_ms=now,
-        )
+        m.topic = topic
+        m.payload = payload
+        m.qos = qos
+        m.retain = retain
+        m.publisher_id = self.client_id
+        m.published_at_ms = now
         if props is not NO_PROPERTIES:
             if props.payload_format_indicator is not None:
                 m.payload_format = props.payload_format_indicator
@@ -545,7 +582,6 @@ class ClientConnection(asyncio.Protocol):
                 m.correlation_data = props.correlation_data
             for key, value in props.user_properties:
                 m.user_properties.add(key=key, value=value)
-        return m
 
     def _session_request(self, cmd: pb.EdgeCommand, callback: Callable[[pb.Result], None]) -> None:
         route = self.route
@@ -585,7 +621,8 @@ class ClientConnection(asyncio.Protocol):
                     delivery_ack=pb.DeliveryAck(
                         client_id=self.client_id, connection_id=self.connection_id, message_ids=acks
                     ),
-                )
+                ),
+                urgent=True,
             )
 
     def _write(self, data: bytes) -> None:

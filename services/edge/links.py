@@ -52,6 +52,10 @@ class LinkListener(Protocol):
     def on_index_update(self, link: PartitionLink, update: pb.IndexUpdate) -> None: ...
 
 
+# Shared by every plain OK answer; callbacks only read it.
+OK_RESULT = pb.Result(status=pb.StatusCode.STATUS_CODE_OK)
+
+
 def unavailable(node_id: str, why: str) -> pb.Result:
     return pb.Result(
         status=pb.StatusCode.STATUS_CODE_UNAVAILABLE,
@@ -74,6 +78,9 @@ class PartitionLink:
         self._next_id = 1
         self._pending: dict[int, ResultCallback] = {}
         self._outgoing: list[pb.EdgeCommand] = []
+        # Sent ahead of _outgoing: acknowledgements that free a subscriber's delivery window
+        # must not wait behind a backlog of publishes.
+        self._urgent: list[pb.EdgeCommand] = []
         self._drain_waiters: list[Callable[[], None]] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -111,11 +118,13 @@ class PartitionLink:
         self._outgoing.append(cmd)
         self._wake.set()
 
-    def send(self, cmd: pb.EdgeCommand) -> bool:
-        """Send `cmd` without wanting a result; False if the link is down."""
+    def send(self, cmd: pb.EdgeCommand, *, urgent: bool = False) -> bool:
+        """Send `cmd` without wanting a result; False if the link is down. An urgent command
+        goes ahead of queued ones: only for commands whose order against them does not matter
+        (delivery acknowledgements)."""
         if not self.connected:
             return False
-        self._outgoing.append(cmd)
+        (self._urgent if urgent else self._outgoing).append(cmd)
         self._wake.set()
         return True
 
@@ -135,19 +144,21 @@ class PartitionLink:
     async def _frames(self, generation: int) -> AsyncIterator[pb.EdgeFrame]:
         yield pb.EdgeFrame(hello=self._hello)
         while True:
-            while not self._outgoing or generation != self._generation:
+            while not (self._outgoing or self._urgent) or generation != self._generation:
                 if generation != self._generation:
                     return
                 self._wake.clear()
                 await self._wake.wait()
-            batch = self._outgoing
-            if len(batch) <= MAX_COMMANDS_PER_FRAME:
+            batch, self._urgent = self._urgent, []
+            room = max(MAX_COMMANDS_PER_FRAME - len(batch), 0)
+            if len(self._outgoing) <= room:
+                batch += self._outgoing
                 self._outgoing = []
             else:
-                batch, self._outgoing = (
-                    batch[:MAX_COMMANDS_PER_FRAME],
-                    batch[MAX_COMMANDS_PER_FRAME:],
-                )
+                batch += self._outgoing[:room]
+                self._outgoing = self._outgoing[room:]
+            if self._drain_waiters and len(self._outgoing) < LOW_WATER:
+                self._release_waiters()
             frame = pb.EdgeFrame(commands=batch)
             if frame.ByteSize() > MAX_FRAME_BYTES and len(batch) > 1:
                 # Split big frames so one large payload does not hold up the rest for long.
@@ -187,6 +198,7 @@ class PartitionLink:
         self._wake.set()  # let the dead stream's generator see it is stale and end
         self.ready = False
         self._outgoing = []
+        self._urgent = []
         pending, self._pending = self._pending, {}
         if was_up:
             log.warning("link to %s lost (%s); %d requests failed", self.node_id, why, len(pending))
@@ -198,6 +210,7 @@ class PartitionLink:
 
     def _dispatch(self, frame: pb.PartitionFrame) -> None:
         listener = self._listener
+        pending = self._pending
         for event in frame.events:
             kind = event.WhichOneof("event")
             if kind == "result":
@@ -214,3 +227,9 @@ class PartitionLink:
                 if update.snapshot_done and not self.ready:
                     self.ready = True
                     listener.on_link_up(self)
+        if frame.ok_request_ids:
+            ok = OK_RESULT
+            for request_id in frame.ok_request_ids:
+                callback = pending.pop(request_id, None)
+                if callback is not None:
+                    callback(ok)

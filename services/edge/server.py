@@ -20,7 +20,7 @@ log = logging.getLogger("hexmq.edge")
 
 DEFAULT_MAX_PACKET_SIZE = 1024 * 1024
 DEFAULT_RECEIVE_MAXIMUM = 1024
-DEFAULT_MAX_INFLIGHT_V311 = 64
+DEFAULT_MAX_INFLIGHT_V311 = 256
 
 
 @dataclass(frozen=True, slots=True)

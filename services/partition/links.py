@@ -15,6 +15,7 @@ class EdgeLink:
         self.edge_id = edge_id
         self.incarnation = incarnation
         self._events: list[pb.PartitionEvent] = []
+        self._ok_ids: list[int] = []
         self._wake = asyncio.Event()
         self.closed = False
 
@@ -26,19 +27,28 @@ class EdgeLink:
             self._events.append(event)
             self._wake.set()
 
+    def ok(self, request_id: int) -> None:
+        """Answer a request with a plain OK (sent as an id in the next frame)."""
+        if not self.closed:
+            self._ok_ids.append(request_id)
+            self._wake.set()
+
     def close(self) -> None:
         self.closed = True
         self._wake.set()
 
     async def frames(self) -> list[pb.PartitionFrame]:
         """Wait for events, then hand them out as frames (empty list: the link is closed)."""
-        while not self._events:
+        while not self._events and not self._ok_ids:
             if self.closed:
                 return []
             await self._wake.wait()
             self._wake.clear()
         events, self._events = self._events, []
-        return [
+        ok_ids, self._ok_ids = self._ok_ids, []
+        frames = [
             pb.PartitionFrame(events=events[i : i + MAX_EVENTS_PER_FRAME])
             for i in range(0, len(events), MAX_EVENTS_PER_FRAME)
-        ]
+        ] or [pb.PartitionFrame()]
+        frames[-1].ok_request_ids.extend(ok_ids)
+        return frames

@@ -7,6 +7,7 @@ updates) until that batch is durable. Commands of one link are handled in arriva
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -80,6 +81,7 @@ class PartitionNode:
                     self._add_subscription(session, spec, announce=False)
                 for qm in stored.queue:
                     session.queue[qm.message_id] = qm
+                    session.durable_mid = max(session.durable_mid, qm.message_id)
                     # Unknown whether it was sent before the restart: resend as a duplicate.
                     session.ever_sent.add(qm.message_id)
                 if not session.record.disconnected_at_ms:
@@ -141,9 +143,13 @@ class PartitionNode:
     def _reply(
         self, link: EdgeLink, cmd: pb.EdgeCommand, status: int = 0, **fields: object
     ) -> None:
-        if cmd.request_id:
-            event = _result(cmd.request_id, status, **fields)
-            self.commit.after(lambda: link.send(event))
+        if not cmd.request_id:
+            return
+        if status == SC.STATUS_CODE_OK and not fields:
+            self.commit.after_ok(link.ok, cmd.request_id)
+            return
+        event = _result(cmd.request_id, status, **fields)
+        self.commit.after(lambda: link.send(event))
 
     def _check_owner(self, link: EdgeLink, cmd: pb.EdgeCommand, p: int, epoch: int) -> bool:
         """Fencing: refuse (never half-apply) a command routed by another view."""
@@ -324,7 +330,7 @@ class PartitionNode:
             session.enqueue(qm)
             self.store.put_message(pipe, session.partition, cid, qm)
             self._dirty[cid] = session
-            self._schedule_pump(session)
+            self.commit.after(functools.partial(self._durable, session, qm.message_id))
         self._reply(link, cmd)
 
     def _delivery_ack(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
@@ -339,7 +345,9 @@ class PartitionNode:
             self.store.delete_messages(
                 self.commit.pipe, session.partition, session.client_id, removed
             )
-        self._schedule_pump(session)
+        # The window has room again: send at once what is already durable, without waiting
+        # for this batch (whose only news is that acknowledged messages are gone).
+        self._pump(session)
 
     _handlers: dict[str, Callable[[PartitionNode, EdgeLink, pb.EdgeCommand], None]] = {
         "open_session": _open_session,
@@ -365,6 +373,11 @@ class PartitionNode:
         )
         conn.link.send(event)
         session.detach(now_ms())
+
+    def _durable(self, session: Session, message_id: int) -> None:
+        if message_id > session.durable_mid:
+            session.durable_mid = message_id
+        self._pump(session)
 
     def _schedule_pump(self, session: Session) -> None:
         self.commit.after(lambda: self._pump(session))

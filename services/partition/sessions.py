@@ -48,6 +48,8 @@ class Session:
     inflight: set[int] = field(default_factory=set)
     # Sent on some connection (so a resend carries DUP).
     ever_sent: set[int] = field(default_factory=set)
+    # The highest message id known to be in Redis: nothing above it may be sent yet.
+    durable_mid: int = 0
 
     @property
     def client_id(self) -> str:
@@ -116,6 +118,8 @@ class Session:
             if len(self.inflight) >= window:
                 break
             mid = item
+            if mid > self.durable_mid:
+                break
             qm = self.queue.get(mid)
             if qm is None:
                 self.unsent.popleft()

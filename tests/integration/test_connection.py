@@ -128,3 +128,22 @@ async def test_a_second_connect_is_a_protocol_error(node) -> None:  # type: igno
     await client.send(Connect(client_id=f"again-{uid()}"))
     assert await client.wait_closed() == []
     await client.close()
+
+
+async def test_a_qos0_flood_is_throttled_not_wedged(node) -> None:  # type: ignore[no-untyped-def]
+    """A client that floods QoS 0 faster than the partition link drains is paused (backpressure)
+    and resumed; afterwards the same connection still gets its QoS 1 acknowledged."""
+    port = node.mqtt_port(1)
+    topic = f"flood/{uid()}"
+    sub, _ = await RawClient.connect(port, f"flood-sub-{uid()}")
+    await sub.subscribe(topic, qos=0)
+    pub, _ = await RawClient.connect(port, f"flood-pub-{uid()}")
+    chunk = b"".join(pub.codec.send(Publish(topic, b"x" * 64)) for _ in range(1000))
+    for _ in range(100):  # 100 000 QoS 0 messages, written without waiting for anything
+        pub.writer.write(chunk)
+    await pub.writer.drain()
+    ack = await pub.publish(f"{topic}/after", b"qos1", qos=1)
+    assert ack is not None
+    assert ack.reason_code == 0
+    for client in (pub, sub):
+        await client.close()

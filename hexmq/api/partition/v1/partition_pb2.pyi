@@ -475,16 +475,24 @@ class PartitionFrame(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     EVENTS_FIELD_NUMBER: _builtins.int
+    OK_REQUEST_IDS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def events(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionEvent]: ...
+    @_builtins.property
+    def ok_request_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Requests answered STATUS_CODE_OK with nothing else to say (most publishes): just their ids,
+        handled after this frame's events. Saves an event object per acknowledged message.
+        """
+
     def __init__(
         self,
         *,
         events: _abc.Iterable[Global___PartitionEvent] | None = ...,
+        ok_request_ids: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "ok_request_ids", b"ok_request_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
