@@ -15,7 +15,6 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from hexmq.api.common.v1 import common_pb2 as cpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.mqtt import (
     NEED_DATA,
@@ -41,6 +40,14 @@ from hexmq.mqtt import (
 )
 from hexmq.mqtt.reason_codes import ConnectReturnCode, ReasonCode
 from hexmq.topics import validate_topic_filter
+from services.edge.translate import (
+    fill_message,
+    packet_id_for,
+    publish_commands,
+    publish_properties,
+    reason_name,
+    v311_return_code,
+)
 
 if TYPE_CHECKING:
     from services.edge.links import PartitionLink
@@ -62,11 +69,6 @@ class State(enum.Enum):
     CONNECTING = 2  # CONNECT sent to the session's partition, waiting for its answer
     CONNECTED = 3
     CLOSED = 4
-
-
-def packet_id_for(message_id: int) -> int:
-    """The packet id of a queued delivery: stable for the message across reconnects."""
-    return (message_id - 1) % 65535 + 1
 
 
 class ClientConnection(asyncio.Protocol):
@@ -198,8 +200,14 @@ class ClientConnection(asyncio.Protocol):
         )
         if packet.will is not None:
             will = packet.will
-            open_session.will.message.CopyFrom(
-                self._message(will.topic, will.payload, will.qos, will.retain, will.properties)
+            fill_message(
+                open_session.will.message,
+                client_id,
+                will.topic,
+                will.payload,
+                will.qos,
+                will.retain,
+                will.properties,
             )
             open_session.will.delay_interval_s = will.properties.will_delay_interval or 0
         self.state = State.CONNECTING
@@ -269,7 +277,7 @@ class ClientConnection(asyncio.Protocol):
         # The codec has already refused wildcards, bad UTF-8 and U+0000 in the topic name.
         route = self.edge.router.route_publish(packet.topic)
         if packet.qos == 0:
-            for link, cmd in self._publish_commands(packet, route.targets):
+            for link, cmd in publish_commands(self.client_id, packet, route.targets):
                 link.send(cmd)
                 self._throttle(link)
             return
@@ -289,7 +297,7 @@ class ClientConnection(asyncio.Protocol):
         if self._pending_in >= self.config.receive_maximum:
             self._pause_reading("inflight")
         done = self._publish_done(pid, len(route.targets))
-        for link, cmd in self._publish_commands(packet, route.targets):
+        for link, cmd in publish_commands(self.client_id, packet, route.targets):
             link.request(cmd, done)
             self._throttle(link)
 
@@ -436,34 +444,9 @@ class ClientConnection(asyncio.Protocol):
             if qm.qos:
                 pid = packet_id_for(qm.message_id)
                 self._inflight_out[pid] = qm.message_id
-            props = self._publish_properties(qm, now) if self.version == V5 else NO_PROPERTIES
+            props = publish_properties(qm, now) if self.version == V5 else NO_PROPERTIES
             self._write(send(Publish(m.topic, m.payload, qm.qos, qm.retain, qm.dup, pid, props)))
         self._flush_acks()
-
-    @staticmethod
-    def _publish_properties(qm: pb.QueuedMessage, now: float) -> Properties:
-        m = qm.message
-        if not (
-            m.HasField("payload_format")
-            or m.expires_at_ms
-            or m.content_type
-            or m.response_topic
-            or m.correlation_data
-            or m.user_properties
-            or qm.subscription_ids
-        ):
-            return NO_PROPERTIES
-        return Properties(
-            payload_format_indicator=m.payload_format if m.HasField("payload_format") else None,
-            message_expiry_interval=max(1, int((m.expires_at_ms - now + 999) // 1000))
-            if m.expires_at_ms
-            else None,
-            content_type=m.content_type or None,
-            response_topic=m.response_topic or None,
-            correlation_data=m.correlation_data or None,
-            user_properties=tuple((u.key, u.value) for u in m.user_properties),
-            subscription_identifiers=tuple(qm.subscription_ids),
-        )
 
     def kick(self, reason_code: int) -> None:
         """Another connection took the session over (or the partition ended it)."""
@@ -520,68 +503,6 @@ class ClientConnection(asyncio.Protocol):
         )
 
     # ----- helpers ----------------------------------------------------------------------
-
-    def _publish_commands(
-        self,
-        packet: Publish,
-        targets: tuple[tuple[PartitionLink, tuple[pb.PartitionTarget, ...]], ...],
-    ) -> list[tuple[PartitionLink, pb.EdgeCommand]]:
-        """One Publish command per master node. The message is built in place in the first
-        command (protobuf copies a message passed to a constructor) and copied for the rest."""
-        out: list[tuple[PartitionLink, pb.EdgeCommand]] = []
-        for link, node_targets in targets:
-            cmd = pb.EdgeCommand()
-            if out:
-                cmd.publish.message.CopyFrom(out[0][1].publish.message)
-            else:
-                self._fill_message(
-                    cmd.publish.message,
-                    packet.topic,
-                    packet.payload,
-                    packet.qos,
-                    False,
-                    packet.properties,
-                )
-            cmd.publish.targets.extend(node_targets)
-            out.append((link, cmd))
-        return out
-
-    def _message(
-        self, topic: str, payload: bytes, qos: int, retain: bool, props: Properties
-    ) -> cpb.Message:
-        m = cpb.Message()
-        self._fill_message(m, topic, payload, qos, retain, props)
-        return m
-
-    def _fill_message(
-        self,
-        m: cpb.Message,
-        topic: str,
-        payload: bytes,
-        qos: int,
-        retain: bool,
-        props: Properties,
-    ) -> None:
-        now = int(time.time() * 1000)
-        m.topic = topic
-        m.payload = payload
-        m.qos = qos
-        m.retain = retain
-        m.publisher_id = self.client_id
-        m.published_at_ms = now
-        if props is not NO_PROPERTIES:
-            if props.payload_format_indicator is not None:
-                m.payload_format = props.payload_format_indicator
-            if props.message_expiry_interval is not None:
-                m.expires_at_ms = now + props.message_expiry_interval * 1000
-            if props.content_type is not None:
-                m.content_type = props.content_type
-            if props.response_topic is not None:
-                m.response_topic = props.response_topic
-            if props.correlation_data is not None:
-                m.correlation_data = props.correlation_data
-            for key, value in props.user_properties:
-                m.user_properties.add(key=key, value=value)
 
     def _session_request(self, cmd: pb.EdgeCommand, callback: Callable[[pb.Result], None]) -> None:
         route = self.route
@@ -679,13 +600,13 @@ class ClientConnection(asyncio.Protocol):
             props = Properties(reason_string=why[:200])
             self._write(self.codec.send(ConnAck(False, reason, props)))
         else:
-            self._write(self.codec.send(ConnAck(False, _v311_return_code(reason))))
+            self._write(self.codec.send(ConnAck(False, v311_return_code(reason))))
         self.state = State.CLOSED
         self._close(f"CONNECT refused (0x{reason:02X}): {why}")
 
     def _fail(self, reason: int, why: str) -> None:
         """End the connection for a protocol violation: 5.0 gets DISCONNECT with the reason."""
-        name = _reason_name(reason)
+        name = reason_name(reason)
         log.warning(
             "closing %s (%s): %s (0x%02X): %s", self.peer, self.client_id or "-", name, reason, why
         )
@@ -703,7 +624,7 @@ class ClientConnection(asyncio.Protocol):
             log.warning(
                 "closing %s: bad CONNECT: %s (0x%02X): %s",
                 self.peer,
-                _reason_name(exc.reason_code),
+                reason_name(exc.reason_code),
                 exc.reason_code,
                 exc.message,
             )
@@ -733,20 +654,3 @@ class ClientConnection(asyncio.Protocol):
         self._flush_out()
         if self.transport is not None:
             self.transport.close()
-
-
-def _reason_name(code: int) -> str:
-    try:
-        return ReasonCode(code).name.replace("_", " ").title()
-    except ValueError:
-        return "Unknown"
-
-
-def _v311_return_code(reason: int) -> int:
-    codes: dict[int, int] = {
-        RC.CLIENT_IDENTIFIER_NOT_VALID: ConnectReturnCode.IDENTIFIER_REJECTED,
-        RC.BAD_USER_NAME_OR_PASSWORD: ConnectReturnCode.BAD_USER_NAME_OR_PASSWORD,
-        RC.NOT_AUTHORIZED: ConnectReturnCode.NOT_AUTHORIZED,
-        RC.BAD_AUTHENTICATION_METHOD: ConnectReturnCode.NOT_AUTHORIZED,
-    }
-    return codes.get(reason, ConnectReturnCode.SERVER_UNAVAILABLE)

@@ -1,0 +1,129 @@
+"""Translation between MQTT packets (the codec's dataclasses) and the partition protocol's
+messages, in both directions, plus the reason-code tables the edge answers with."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from hexmq.api.common.v1 import common_pb2 as cpb
+from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.mqtt import NO_PROPERTIES, Properties, Publish
+from hexmq.mqtt.reason_codes import ConnectReturnCode, ReasonCode
+
+if TYPE_CHECKING:
+    from services.edge.links import PartitionLink
+
+RC = ReasonCode
+
+
+def packet_id_for(message_id: int) -> int:
+    """The packet id of a queued delivery: stable for the message across reconnects."""
+    return (message_id - 1) % 65535 + 1
+
+
+def fill_message(
+    m: cpb.Message,
+    publisher_id: str,
+    topic: str,
+    payload: bytes,
+    qos: int,
+    retain: bool,
+    props: Properties,
+) -> None:
+    """Fill `m` in place (protobuf copies a message passed to a constructor)."""
+    now = int(time.time() * 1000)
+    m.topic = topic
+    m.payload = payload
+    m.qos = qos
+    m.retain = retain
+    m.publisher_id = publisher_id
+    m.published_at_ms = now
+    if props is NO_PROPERTIES:
+        return
+    if props.payload_format_indicator is not None:
+        m.payload_format = props.payload_format_indicator
+    if props.message_expiry_interval is not None:
+        m.expires_at_ms = now + props.message_expiry_interval * 1000
+    if props.content_type is not None:
+        m.content_type = props.content_type
+    if props.response_topic is not None:
+        m.response_topic = props.response_topic
+    if props.correlation_data is not None:
+        m.correlation_data = props.correlation_data
+    for key, value in props.user_properties:
+        m.user_properties.add(key=key, value=value)
+
+
+def publish_commands(
+    publisher_id: str,
+    packet: Publish,
+    targets: tuple[tuple[PartitionLink, tuple[pb.PartitionTarget, ...]], ...],
+) -> list[tuple[PartitionLink, pb.EdgeCommand]]:
+    """One Publish command per master node. The message is built in place in the first
+    command and copied for the rest."""
+    out: list[tuple[PartitionLink, pb.EdgeCommand]] = []
+    for link, node_targets in targets:
+        cmd = pb.EdgeCommand()
+        if out:
+            cmd.publish.message.CopyFrom(out[0][1].publish.message)
+        else:
+            fill_message(
+                cmd.publish.message,
+                publisher_id,
+                packet.topic,
+                packet.payload,
+                packet.qos,
+                False,
+                packet.properties,
+            )
+        cmd.publish.targets.extend(node_targets)
+        out.append((link, cmd))
+    return out
+
+
+def publish_properties(qm: pb.QueuedMessage, now_ms: float) -> Properties:
+    """The 5.0 PUBLISH properties of a delivery; the expiry is what remains of it."""
+    m = qm.message
+    if not (
+        m.HasField("payload_format")
+        or m.expires_at_ms
+        or m.content_type
+        or m.response_topic
+        or m.correlation_data
+        or m.user_properties
+        or qm.subscription_ids
+    ):
+        return NO_PROPERTIES
+    expiry = None
+    if m.expires_at_ms:
+        expiry = max(1, int((m.expires_at_ms - now_ms + 999) // 1000))
+    return Properties(
+        payload_format_indicator=m.payload_format if m.HasField("payload_format") else None,
+        message_expiry_interval=expiry,
+        content_type=m.content_type or None,
+        response_topic=m.response_topic or None,
+        correlation_data=m.correlation_data or None,
+        user_properties=tuple((u.key, u.value) for u in m.user_properties),
+        subscription_identifiers=tuple(qm.subscription_ids),
+    )
+
+
+def reason_name(code: int) -> str:
+    try:
+        return ReasonCode(code).name.replace("_", " ").title()
+    except ValueError:
+        return "Unknown"
+
+
+_V311_RETURN_CODES: dict[int, int] = {
+    RC.CLIENT_IDENTIFIER_NOT_VALID: ConnectReturnCode.IDENTIFIER_REJECTED,
+    RC.BAD_USER_NAME_OR_PASSWORD: ConnectReturnCode.BAD_USER_NAME_OR_PASSWORD,
+    RC.NOT_AUTHORIZED: ConnectReturnCode.NOT_AUTHORIZED,
+    RC.BAD_AUTHENTICATION_METHOD: ConnectReturnCode.NOT_AUTHORIZED,
+}
+
+
+def v311_return_code(reason: int) -> int:
+    """The 3.1.1 CONNACK return code closest to a 5.0 CONNACK reason code."""
+    return _V311_RETURN_CODES.get(reason, ConnectReturnCode.SERVER_UNAVAILABLE)
