@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -13,8 +14,14 @@ from hexmq.api.membership.v1 import membership_pb2_grpc as pb_grpc
 from hexmq.hashring import DEFAULT_PARTITIONS
 from hexmq.netaddr import parse_hostport
 from hexmq.service import run_service, setup_logging
+from services.membership.backend import (
+    MembershipBackend,
+    MembershipEvent,
+    StaticMembership,
+    ViewBuilder,
+)
 from services.membership.server import MembershipServicer, ViewBoard
-from services.membership.view import MembersFileError, build_view, load_members
+from services.membership.view import MembersFileError, load_members
 
 log = logging.getLogger("hexmq.membership")
 
@@ -46,11 +53,17 @@ def run(args: argparse.Namespace) -> int:
     if args.node_id not in {m.node_id for m in members}:
         log.error("--node-id %s is not in %s", args.node_id, args.members)
         return 2
-    view = build_view(members, partitions=args.partitions, rf=args.rf, epoch=1)
+    backend: MembershipBackend = StaticMembership(members)
+    builder = ViewBuilder(partitions=args.partitions, rf=args.rf)
 
     async def main(stop: asyncio.Event) -> int:
+        changes = aiter(backend.events())
+        view = None
+        while view is None:
+            view = builder.apply(await anext(changes))
+        board = ViewBoard(view)
         server = grpc.aio.server()
-        pb_grpc.add_MembershipServiceServicer_to_server(MembershipServicer(ViewBoard(view)), server)
+        pb_grpc.add_MembershipServiceServicer_to_server(MembershipServicer(board), server)
         try:
             server.add_insecure_port(args.listen)
         except RuntimeError as exc:
@@ -65,8 +78,21 @@ def run(args: argparse.Namespace) -> int:
             view.replication_factor,
             args.listen,
         )
+        follow = asyncio.create_task(_follow(changes, builder, board))
         await stop.wait()
+        follow.cancel()
         await server.stop(grace=1.0)
         return 0
 
     return run_service(main)
+
+
+async def _follow(
+    changes: AsyncIterator[list[MembershipEvent]], builder: ViewBuilder, board: ViewBoard
+) -> None:
+    """Publish a new view for every change the backend reports."""
+    async for events in changes:
+        view = builder.apply(events)
+        if view is not None:
+            log.info("view %d: %d members", view.epoch, len(view.members))
+            await board.publish(view)
