@@ -109,6 +109,16 @@ def _add_cluster_shape(p: argparse.ArgumentParser) -> None:
         metavar="COUNT",
         help="number of partitions, fixed when the cluster is created (default %(default)s)",
     )
+    for service in ("edge", "partition", "membership"):
+        p.add_argument(
+            f"--{service}-arg",
+            dest=f"{service}_args",
+            action="append",
+            default=[],
+            metavar="ARG",
+            help=f"an extra argument for every `hexmq {service}` (repeatable; write options as "
+            f"--{service}-arg=--flag=value)",
+        )
     _add_timeout(p)
 
 
@@ -288,6 +298,14 @@ def _print_json(doc: Any) -> None:
     print(json.dumps(doc), flush=True)
 
 
+def _service_args(args: argparse.Namespace) -> dict[str, list[str]]:
+    return {
+        service: list(getattr(args, f"{service}_args"))
+        for service in ("edge", "partition", "membership")
+        if getattr(args, f"{service}_args")
+    }
+
+
 def _up(args: argparse.Namespace) -> int:
     state = localcluster.up(
         args.dir,
@@ -296,6 +314,7 @@ def _up(args: argparse.Namespace) -> int:
         partitions=args.partitions,
         rf=args.rf,
         timeout=args.timeout,
+        service_args=_service_args(args),
     )
     _print_json(state.summary())
     return EXIT_OK
@@ -402,6 +421,7 @@ def _run(args: argparse.Namespace) -> int:
         partitions=args.partitions,
         rf=args.rf,
         timeout=args.timeout,
+        service_args=_service_args(args),
     )
     print(_banner(state), flush=True)
     try:

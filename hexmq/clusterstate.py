@@ -27,7 +27,7 @@ import fcntl
 import json
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -353,6 +353,7 @@ def plan_cluster(
     rf: int,
     python: str,
     redis_server: str,
+    service_args: Mapping[str, Sequence[str]] | None = None,
 ) -> ClusterState:
     """The cluster's full state before anything runs (pure: touches no file)."""
     state = ClusterState(
@@ -363,6 +364,7 @@ def plan_cluster(
         node = NodeState(node=i, ports=ports, dir=node_dir, processes={})
         for service in SERVICES:
             argv = service_argv(service, state, node, python=python, redis_server=redis_server)
+            argv += (service_args or {}).get(service, ())
             node.processes[service] = ProcessRecord(argv=argv, log=node_dir / f"{service}.log")
         state.nodes.append(node)
     return state

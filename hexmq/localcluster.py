@@ -12,7 +12,7 @@ import logging
 import shutil
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
@@ -250,8 +250,11 @@ def up(
     partitions: int = DEFAULT_PARTITIONS,
     rf: int = 1,
     timeout: float = DEFAULT_TIMEOUT,
+    service_args: Mapping[str, Sequence[str]] | None = None,
 ) -> ClusterState:
-    """Start a cluster in `cluster_dir` and wait until every node answers MQTT CONNECT."""
+    """Start a cluster in `cluster_dir` and wait until every node answers MQTT CONNECT.
+    `service_args` adds arguments to a service's command line on every node (e.g.
+    {"edge": ["--sys-interval=1"]})."""
     validate_cluster_args(nodes=nodes, base_port=base_port, partitions=partitions, rf=rf)
     cluster_dir = cluster_dir.absolute()
     try:
@@ -282,6 +285,7 @@ def up(
             rf=rf,
             python=sys.executable,
             redis_server=find_redis_server(),
+            service_args=service_args,
         )
         state.served = previous is not None and previous.served
         busy = busy_ports([n.ports for n in state.nodes])

@@ -88,6 +88,7 @@ class ClientConnection(asyncio.Protocol):
         self.receive_maximum = 0
         self._timer: asyncio.TimerHandle | None = None
         self._loop = asyncio.get_running_loop()
+        self.stats = edge.stats
         self._out: list[bytes] = []
         self._out_bytes = 0
         self._flush_scheduled = False
@@ -98,7 +99,6 @@ class ClientConnection(asyncio.Protocol):
         # Why reading is paused: "connect" (CONNACK pending), "inflight" (too many unacknowledged
         # publishes), "link" (a partition link is congested). Reading resumes when none is left.
         self._paused_for: set[str] = set()
-        self.dropped_qos0 = 0
         self._warned_retain = False
         self._assigned_id: str | None = None
 
@@ -115,6 +115,7 @@ class ClientConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_rx = self._loop.time()
+        self.stats.bytes_in += len(data)
         self.codec.receive_data(data)
         self._process()
 
@@ -232,6 +233,7 @@ class ClientConnection(asyncio.Protocol):
             self._refuse_connect(RC.SERVER_UNAVAILABLE, result.message)
             return
         self.state = State.CONNECTED
+        self.stats.connects += 1
         props = NO_PROPERTIES
         if self.version == V5:
             props = Properties(
@@ -256,6 +258,7 @@ class ClientConnection(asyncio.Protocol):
         self._process()
 
     def _on_publish(self, packet: Publish) -> None:
+        self.stats.messages_in[packet.qos] += 1
         if packet.qos == 2:
             self._fail(RC.QOS_NOT_SUPPORTED, "QoS 2 is not offered (Maximum QoS 1)")
             return
@@ -274,6 +277,13 @@ class ClientConnection(asyncio.Protocol):
                 log.info(
                     "%s: retained messages are not stored yet; forwarding as live", self.client_id
                 )
+        if packet.topic.startswith("$SYS/"):
+            # Only the broker publishes under $SYS. 5.0 hears why; 3.1.1 has no way to be told,
+            # so (as mosquitto does for a denied publish) it is acknowledged and dropped.
+            if packet.qos and packet.packet_id is not None:
+                reason = RC.NOT_AUTHORIZED if self.version == V5 else 0
+                self._write(self.codec.send(PubAck(packet.packet_id, reason)))
+            return
         # The codec has already refused wildcards, bad UTF-8 and U+0000 in the topic name.
         route = self.edge.router.route_publish(packet.topic)
         if packet.qos == 0:
@@ -327,6 +337,7 @@ class ClientConnection(asyncio.Protocol):
     def _publish_refused(self, pid: int, why: str) -> None:
         """Never acknowledge what was not stored: 5.0 gets a failing PUBACK, 3.1.1 (which has
         none) loses the connection and will resend the unacknowledged message."""
+        self.stats.refused_publishes += 1
         if self.version == V5:
             log.warning("%s: PUBLISH %d refused: %s", self.client_id, pid, why)
             self._write(
@@ -434,7 +445,7 @@ class ClientConnection(asyncio.Protocol):
                 and (transport.get_write_buffer_size() + self._out_bytes > QOS0_DROP_BUFFER)
             ):
                 # A subscriber that cannot keep up loses QoS 0 messages, not the broker memory.
-                self.dropped_qos0 += 1
+                self.stats.dropped_qos0 += 1
                 continue
             if m.expires_at_ms and m.expires_at_ms <= now:
                 if qm.qos:
@@ -446,6 +457,7 @@ class ClientConnection(asyncio.Protocol):
                 self._inflight_out[pid] = qm.message_id
             props = publish_properties(qm, now) if self.version == V5 else NO_PROPERTIES
             self._write(send(Publish(m.topic, m.payload, qm.qos, qm.retain, qm.dup, pid, props)))
+            self.stats.messages_out[qm.qos] += 1
         self._flush_acks()
 
     def kick(self, reason_code: int) -> None:
@@ -556,7 +568,9 @@ class ClientConnection(asyncio.Protocol):
     def _flush_out(self) -> None:
         self._flush_scheduled = False
         if self._out and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(b"".join(self._out))
+            data = b"".join(self._out)
+            self.stats.bytes_out += len(data)
+            self.transport.write(data)
         self._out = []
         self._out_bytes = 0
 
@@ -596,6 +610,7 @@ class ClientConnection(asyncio.Protocol):
         self._timer = self._loop.call_later(limit - idle, self._on_timer)
 
     def _refuse_connect(self, reason: int, why: str) -> None:
+        self.stats.rejected["connect", reason] += 1
         if self.version == V5:
             props = Properties(reason_string=why[:200])
             self._write(self.codec.send(ConnAck(False, reason, props)))
@@ -606,6 +621,7 @@ class ClientConnection(asyncio.Protocol):
 
     def _fail(self, reason: int, why: str) -> None:
         """End the connection for a protocol violation: 5.0 gets DISCONNECT with the reason."""
+        self.stats.rejected["disconnect", reason] += 1
         name = reason_name(reason)
         log.warning(
             "closing %s (%s): %s (0x%02X): %s", self.peer, self.client_id or "-", name, reason, why
@@ -621,6 +637,7 @@ class ClientConnection(asyncio.Protocol):
 
     def _on_protocol_error(self, exc: MQTTError) -> None:
         if self.state is State.AWAITING_CONNECT or self.state is State.CONNECTING:
+            self.stats.rejected["connect", exc.reason_code] += 1
             log.warning(
                 "closing %s: bad CONNECT: %s (0x%02X): %s",
                 self.peer,

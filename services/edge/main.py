@@ -41,6 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_MAX_INFLIGHT_V311,
         help="QoS 1 deliveries in flight to a 3.1.1 client",
     )
+    parser.add_argument(
+        "--sys-interval",
+        type=float,
+        default=10.0,
+        help="seconds between $SYS/broker/nodes/<node>/... publications (0: none)",
+    )
     parser.add_argument("--startup-timeout", type=float, default=30.0)
     parser.add_argument("--log-level", default="INFO")
 
@@ -66,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         max_packet_size=args.max_packet_size,
         receive_maximum=args.receive_maximum,
         max_inflight_v311=args.max_inflight_v311,
+        sys_interval=args.sys_interval,
     )
 
     async def main(stop: asyncio.Event) -> int:

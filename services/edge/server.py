@@ -13,6 +13,7 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from services.edge.connection import ClientConnection, State
 from services.edge.links import PartitionLink
 from services.edge.router import Router
+from services.edge.stats import EdgeStats, publish_sys_topics, sys_publish
 from services.membership.client import ViewWatcher
 
 log = logging.getLogger("hexmq.edge")
@@ -35,6 +36,8 @@ class EdgeConfig:
     # Outbound in-flight window for 3.1.1 clients (5.0 clients announce their own).
     max_inflight_v311: int = DEFAULT_MAX_INFLIGHT_V311
     connect_timeout: float = 10.0
+    # Seconds between $SYS publications (0: none).
+    sys_interval: float = 10.0
     shutdown_grace: float = 2.0
 
 
@@ -43,6 +46,8 @@ class Edge:
         self.config = config
         self.router = Router()
         self.connections: dict[str, ClientConnection] = {}
+        self.stats = EdgeStats()
+        self._sys_task: asyncio.Task[None] | None = None
         self.incarnation = time.time_ns()
         self._counter = itertools.count(1)
         self._watcher = ViewWatcher(config.membership, self._on_view)
@@ -59,18 +64,43 @@ class Edge:
         self._server = await loop.create_server(
             lambda: ClientConnection(self), self.config.host, self.config.port, backlog=1024
         )
+        if self.config.sys_interval > 0:
+            self._sys_task = asyncio.create_task(
+                publish_sys_topics(
+                    self.config.node_id,
+                    self.stats,
+                    self.connected_clients,
+                    self.publish_sys,
+                    self.config.sys_interval,
+                ),
+                name="sys-topics",
+            )
 
     async def stop(self) -> None:
         """Stop accepting, tell clients (5.0: DISCONNECT 0x8B), give the partition links a
         moment to carry the session closes, then stop the links."""
         if self._server is not None:
             self._server.close()
+        if self._sys_task is not None:
+            self._sys_task.cancel()
         for conn in list(self.connections.values()):
             conn.shutdown()
         await asyncio.sleep(min(0.2, self.config.shutdown_grace))
         for link in self.router.links.values():
             await link.stop()
         await self._watcher.stop()
+
+    def connected_clients(self) -> int:
+        return sum(1 for c in self.connections.values() if c.state is State.CONNECTED)
+
+    def publish_sys(self, topic: str, payload: bytes) -> None:
+        """A broker-originated QoS 0 message, routed like any publish."""
+        if self.router.view is None:
+            return
+        for link, targets in self.router.route_publish(topic).targets:
+            cmd = pb.EdgeCommand(publish=sys_publish(topic, payload, self.config.node_id))
+            cmd.publish.targets.extend(targets)
+            link.send(cmd)
 
     async def _on_view(self, view: mpb.View) -> None:
         self.router.set_view(view)
