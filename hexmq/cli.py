@@ -92,8 +92,9 @@ def _add_cluster_shape(p: argparse.ArgumentParser) -> None:
         type=_port,
         default=clusterstate.DEFAULT_BASE_PORT,
         metavar="P",
-        help="node i serves MQTT on P+i-1; internal ports are P+1000+10*(i-1)+0..2 "
-        "(redis, membership, partition) (default %(default)s)",
+        help="node i serves MQTT on P+i-1; internal ports are P+1000+10*(i-1)+0..5 "
+        "(redis, membership, partition, then edge, partition, membership metrics) "
+        "(default %(default)s)",
     )
     p.add_argument(
         "--rf",
@@ -108,6 +109,13 @@ def _add_cluster_shape(p: argparse.ArgumentParser) -> None:
         default=clusterstate.DEFAULT_PARTITIONS,
         metavar="COUNT",
         help="number of partitions, fixed when the cluster is created (default %(default)s)",
+    )
+    p.add_argument(
+        "--trace-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="every service writes its spans to DIR as OTLP JSON lines (for the Spark job)",
     )
     for service in ("edge", "partition", "membership"):
         p.add_argument(
@@ -315,6 +323,7 @@ def _up(args: argparse.Namespace) -> int:
         rf=args.rf,
         timeout=args.timeout,
         service_args=_service_args(args),
+        trace_dir=args.trace_dir,
     )
     _print_json(state.summary())
     return EXIT_OK
@@ -422,6 +431,7 @@ def _run(args: argparse.Namespace) -> int:
         rf=args.rf,
         timeout=args.timeout,
         service_args=_service_args(args),
+        trace_dir=args.trace_dir,
     )
     print(_banner(state), flush=True)
     try:

@@ -9,7 +9,10 @@ Port scheme, from the base port P (default 1883), for node i (1-based):
     redis                  P + 1000 + 10*(i-1) + 0
     membership (gRPC)      P + 1000 + 10*(i-1) + 1
     partition (gRPC)       P + 1000 + 10*(i-1) + 2
-    reserved for later     P + 1000 + 10*(i-1) + 3..9   (metrics, WebSocket, TLS ...)
+    edge metrics (HTTP)    P + 1000 + 10*(i-1) + 3      (Prometheus, GET /metrics)
+    partition metrics      P + 1000 + 10*(i-1) + 4
+    membership metrics     P + 1000 + 10*(i-1) + 5
+    reserved for later     P + 1000 + 10*(i-1) + 6..9   (WebSocket, TLS ...)
 MQTT ports are consecutive so "node i listens on P+i-1" is easy to remember; every other port
 is in a separate block of ten per node. Everything binds 127.0.0.1 only.
 
@@ -36,6 +39,8 @@ from hexmq import procs
 from hexmq.procs import LOOPBACK, ProcessIdentity
 
 SERVICES: Final = ("redis", "membership", "partition", "edge")
+# Each hexmq service serves Prometheus metrics on its node block's port: base + slot.
+METRICS_SLOTS: Final = {"edge": 3, "partition": 4, "membership": 5}
 MAX_NODES: Final = 100
 MIN_BASE_PORT: Final = 1024
 INTERNAL_OFFSET: Final = 1000
@@ -72,6 +77,10 @@ class NodePorts:
     def of(self, service: str) -> int:
         port: int = getattr(self, "mqtt" if service == "edge" else service)
         return port
+
+    def metrics(self, service: str) -> int:
+        """The Prometheus port of a hexmq service: the node block's slots 3, 4, 5."""
+        return self.redis + METRICS_SLOTS[service]
 
 
 def node_ports(base_port: int, node: int) -> NodePorts:
@@ -115,12 +124,16 @@ def cluster_ports(base_port: int, nodes: int) -> list[NodePorts]:
 
 def busy_ports(ports: Sequence[NodePorts]) -> list[str]:
     """'PORT (node I SERVICE)' for every port that is taken on 127.0.0.1 now."""
-    return [
-        f"{p.of(service)} (node {i} {service})"
+    wanted = [
+        (port, f"node {i} {label}")
         for i, p in enumerate(ports, start=1)
         for service in SERVICES
-        if procs.port_in_use(p.of(service))
+        for port, label in (
+            [(p.of(service), service)]
+            + ([(p.metrics(service), f"{service} metrics")] if service in METRICS_SLOTS else [])
+        )
     ]
+    return [f"{port} ({label})" for port, label in wanted if procs.port_in_use(port)]
 
 
 # --- state ----------------------------------------------------------------------------------
@@ -157,6 +170,7 @@ class NodeState:
             "redis_port": self.ports.redis,
             "partition_port": self.ports.partition,
             "membership_port": self.ports.membership,
+            "metrics_ports": {s: self.ports.metrics(s) for s in METRICS_SLOTS},
             "pids": {
                 s: (r.identity.pid if r.identity else None) for s, r in self.processes.items()
             },
@@ -170,6 +184,8 @@ class ClusterState:
     partitions: int
     rf: int
     nodes: list[NodeState]
+    # Where every service writes OTLP JSON trace files (None: no file export).
+    trace_dir: Path | None = None
     # Set once every node has answered MQTT: from then on the Redis data may hold client state
     # placed for this shape of cluster.
     served: bool = False
@@ -193,6 +209,7 @@ class ClusterState:
             "partitions": self.partitions,
             "rf": self.rf,
             "served": self.served,
+            "trace_dir": str(self.trace_dir) if self.trace_dir else None,
             "nodes": [
                 {
                     **n.summary(),
@@ -227,6 +244,7 @@ class ClusterState:
             partitions=doc["partitions"],
             rf=doc["rf"],
             nodes=nodes,
+            trace_dir=Path(doc["trace_dir"]) if doc.get("trace_dir") else None,
             served=bool(doc.get("served", False)),
         )
 
@@ -319,7 +337,11 @@ def service_argv(
         return [redis_server, str(node.dir / "redis.conf")]
     # -P: the manager's working directory must not shadow the installed hexmq and services
     # packages (`python -m` would put it first on sys.path).
-    hexmq = [python, "-P", "-m", "hexmq.cli", service, "--node-id", node.node_id]
+    hexmq = [
+        *(python, "-P", "-m", "hexmq.cli", service, "--node-id", node.node_id),
+        *("--metrics-listen", loopback_addr(ports.metrics(service))),
+        *(("--trace-dir", str(state.trace_dir)) if state.trace_dir else ()),
+    ]
     if service == "membership":
         return [
             *hexmq,
@@ -354,10 +376,16 @@ def plan_cluster(
     python: str,
     redis_server: str,
     service_args: Mapping[str, Sequence[str]] | None = None,
+    trace_dir: Path | None = None,
 ) -> ClusterState:
     """The cluster's full state before anything runs (pure: touches no file)."""
     state = ClusterState(
-        dir=cluster_dir, base_port=base_port, partitions=partitions, rf=rf, nodes=[]
+        dir=cluster_dir,
+        base_port=base_port,
+        partitions=partitions,
+        rf=rf,
+        nodes=[],
+        trace_dir=trace_dir,
     )
     for i, ports in enumerate(cluster_ports(base_port, nodes), start=1):
         node_dir = cluster_dir / f"node{i}"

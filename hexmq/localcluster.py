@@ -251,6 +251,7 @@ def up(
     rf: int = 1,
     timeout: float = DEFAULT_TIMEOUT,
     service_args: Mapping[str, Sequence[str]] | None = None,
+    trace_dir: Path | None = None,
 ) -> ClusterState:
     """Start a cluster in `cluster_dir` and wait until every node answers MQTT CONNECT.
     `service_args` adds arguments to a service's command line on every node (e.g.
@@ -286,6 +287,7 @@ def up(
             python=sys.executable,
             redis_server=find_redis_server(),
             service_args=service_args,
+            trace_dir=trace_dir.absolute() if trace_dir else None,
         )
         state.served = previous is not None and previous.served
         busy = busy_ports([n.ports for n in state.nodes])

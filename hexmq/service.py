@@ -1,20 +1,80 @@
-"""Process scaffolding shared by the services: logging, the event loop, signal handling."""
+"""Process scaffolding shared by the services: logging, telemetry, the event loop, signals."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from hexmq import telemetry
+from hexmq.netaddr import parse_hostport
+
+log = logging.getLogger(__name__)
 
 
 def setup_logging(service: str, node_id: str, level: str = "INFO") -> None:
+    """Plain lines by default; one JSON object per line when HEXMQ_LOG_FORMAT=json."""
+    if telemetry.json_logs_requested():
+        telemetry.setup_json_logging(service, node_id, level)
+        return
     logging.basicConfig(
         level=level.upper(),
         stream=sys.stderr,
         format=f"%(asctime)s %(levelname)s {service}[{node_id}] %(name)s: %(message)s",
     )
+
+
+def add_observability_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--metrics-listen",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off)",
+    )
+    parser.add_argument(
+        "--trace-dir",
+        type=Path,
+        default=Path(os.environ["HEXMQ_TRACE_DIR"]) if os.environ.get("HEXMQ_TRACE_DIR") else None,
+        metavar="DIR",
+        help="also write spans to DIR as OTLP JSON lines (default: $HEXMQ_TRACE_DIR); OTLP/gRPC "
+        "export follows the standard OTEL_EXPORTER_OTLP_* variables",
+    )
+
+
+@dataclass
+class Observability:
+    node_id: str
+    tracing: telemetry.Tracing
+    metrics_server: telemetry.MetricsServer | None
+
+    async def close(self) -> None:
+        # Both block (a flush, an HTTP server's poll interval): keep them off the event loop.
+        if self.metrics_server is not None:
+            await asyncio.to_thread(self.metrics_server.close)
+        await asyncio.to_thread(self.tracing.shutdown)
+
+
+def start_observability(service: str, node_id: str, args: argparse.Namespace) -> Observability:
+    """Tracing (exporters from the environment and --trace-dir) and the metrics endpoint."""
+    tracing = telemetry.setup_tracing(service, node_id, trace_dir=args.trace_dir)
+    telemetry.METRICS.bind_tracing(tracing)
+    server = None
+    if args.metrics_listen:
+        host, port = parse_hostport(args.metrics_listen, what="--metrics-listen")
+        server = telemetry.start_metrics_server(host, port)
+    log.info(
+        "tracing %s%s; metrics %s",
+        "on" if tracing.enabled else "off",
+        f" (files in {args.trace_dir})" if args.trace_dir else "",
+        f"on http://{args.metrics_listen}/metrics" if server else "off",
+    )
+    return Observability(node_id, tracing, server)
 
 
 def run_service(main: Callable[[asyncio.Event], Awaitable[int]]) -> int:

@@ -15,6 +15,9 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from opentelemetry.trace import Span, Status, StatusCode
+
+from hexmq import telemetry
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.mqtt import (
     NEED_DATA,
@@ -101,6 +104,9 @@ class ClientConnection(asyncio.Protocol):
         self._paused_for: set[str] = set()
         self._warned_retain = False
         self._assigned_id: str | None = None
+        # Traced deliveries awaiting the client's PUBACK, by packet id.
+        self._deliver_spans: dict[int, Span] = {}
+        self._session_span: Span | None = None
 
     # ----- asyncio.Protocol -------------------------------------------------------------
 
@@ -120,6 +126,11 @@ class ClientConnection(asyncio.Protocol):
         self._process()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        for span in self._deliver_spans.values():
+            span.set_status(Status(StatusCode.ERROR, "connection closed before PUBACK"))
+            span.end()
+        self._deliver_spans.clear()
+        self._end_session_span("connection closed")
         if self.state is State.CONNECTED:
             self._close_session(graceful=False)
         self.state = State.CLOSED
@@ -147,6 +158,10 @@ class ClientConnection(asyncio.Protocol):
             mid = self._inflight_out.pop(packet.packet_id, None)
             if mid is not None:
                 self._acks.append(mid)
+                if self._deliver_spans:
+                    span = self._deliver_spans.pop(packet.packet_id, None)
+                    if span is not None:
+                        self.edge.tracer.client_ack(span)
         elif isinstance(packet, PingReq):
             self._write(self.codec.send(PingResp()))
         elif isinstance(packet, Subscribe):
@@ -211,6 +226,8 @@ class ClientConnection(asyncio.Protocol):
                 will.properties,
             )
             open_session.will.delay_interval_s = will.properties.will_delay_interval or 0
+        if self.edge.tracer.enabled:
+            self._session_span = self.edge.tracer.start_event(telemetry.SpanName.CONNECT, client_id)
         self.state = State.CONNECTING
         self._pause_reading("connect")
         route.link.request(
@@ -234,6 +251,9 @@ class ClientConnection(asyncio.Protocol):
             return
         self.state = State.CONNECTED
         self.stats.connects += 1
+        if self._session_span is not None and self._session_span.is_recording():
+            self._session_span.set_attribute("hexmq.session_present", result.session_present)
+        self._end_session_span(None)
         props = NO_PROPERTIES
         if self.version == V5:
             props = Properties(
@@ -285,16 +305,27 @@ class ClientConnection(asyncio.Protocol):
                 self._write(self.codec.send(PubAck(packet.packet_id, reason)))
             return
         # The codec has already refused wildcards, bad UTF-8 and U+0000 in the topic name.
+        tracer = self.edge.tracer
+        span = None
+        if tracer.enabled:
+            span, route_span = tracer.start_publish(self.client_id, packet)
         route = self.edge.router.route_publish(packet.topic)
+        if span is not None:
+            tracer.routed(route_span, route)
         if packet.qos == 0:
-            for link, cmd in publish_commands(self.client_id, packet, route.targets):
+            commands = publish_commands(self.client_id, packet, route.targets)
+            if span is not None:
+                tracer.stamp(span, commands)
+            for link, cmd in commands:
                 link.send(cmd)
                 self._throttle(link)
+            if span is not None:
+                tracer.finish(span)
             return
         pid = packet.packet_id
         assert pid is not None
         if not route.complete:
-            self._publish_refused(pid, "a partition node is unavailable")
+            self._publish_refused(pid, "a partition node is unavailable", span)
             return
         if not route.targets:
             self._write(
@@ -302,16 +333,21 @@ class ClientConnection(asyncio.Protocol):
                     PubAck(pid, RC.NO_MATCHING_SUBSCRIBERS if self.version == V5 else 0)
                 )
             )
+            if span is not None:
+                tracer.finish(span, reason_code=RC.NO_MATCHING_SUBSCRIBERS)
             return
         self._pending_in += 1
         if self._pending_in >= self.config.receive_maximum:
             self._pause_reading("inflight")
-        done = self._publish_done(pid, len(route.targets))
-        for link, cmd in publish_commands(self.client_id, packet, route.targets):
+        done = self._publish_done(pid, len(route.targets), span)
+        commands = publish_commands(self.client_id, packet, route.targets)
+        if span is not None:
+            tracer.stamp(span, commands)
+        for link, cmd in commands:
             link.request(cmd, done)
             self._throttle(link)
 
-    def _publish_done(self, pid: int, parts: int) -> Callable[[pb.Result], None]:
+    def _publish_done(self, pid: int, parts: int, span: Span | None) -> Callable[[pb.Result], None]:
         failures: list[str] = []
         remaining = parts
 
@@ -326,18 +362,24 @@ class ClientConnection(asyncio.Protocol):
             if self._pending_in <= self.config.receive_maximum // 2:
                 self._resume_reading("inflight")
             if self.state is not State.CONNECTED:
+                if span is not None:
+                    self.edge.tracer.finish(span, error="connection closed before PUBACK")
                 return
             if failures:
-                self._publish_refused(pid, failures[0])
+                self._publish_refused(pid, failures[0], span)
             else:
                 self._write(self.codec.send(PubAck(pid)))
+                if span is not None:
+                    self.edge.tracer.finish(span)
 
         return on_result
 
-    def _publish_refused(self, pid: int, why: str) -> None:
+    def _publish_refused(self, pid: int, why: str, span: Span | None = None) -> None:
         """Never acknowledge what was not stored: 5.0 gets a failing PUBACK, 3.1.1 (which has
         none) loses the connection and will resend the unacknowledged message."""
         self.stats.refused_publishes += 1
+        if span is not None:
+            self.edge.tracer.finish(span, reason_code=RC.UNSPECIFIED_ERROR, error=why)
         if self.version == V5:
             log.warning("%s: PUBLISH %d refused: %s", self.client_id, pid, why)
             self._write(
@@ -349,6 +391,12 @@ class ClientConnection(asyncio.Protocol):
             self._close(f"PUBLISH {pid} cannot be stored: {why}")
 
     def _on_subscribe(self, packet: Subscribe) -> None:
+        tracer = self.edge.tracer
+        span = (
+            tracer.start_event(telemetry.SpanName.SUBSCRIBE, self.client_id)
+            if tracer.enabled
+            else None
+        )
         codes: list[int | None] = []
         specs = []
         sub_id = packet.properties.subscription_identifiers
@@ -374,6 +422,8 @@ class ClientConnection(asyncio.Protocol):
             )
 
         def on_result(result: pb.Result) -> None:
+            if span is not None:
+                tracer.finish(span, error=None if result.status == OK else result.message)
             if self.state is not State.CONNECTED:
                 return
             granted = iter(result.reason_codes if result.status == OK else [0x80] * len(specs))
@@ -437,6 +487,7 @@ class ClientConnection(asyncio.Protocol):
         now = time.time() * 1000
         send = self.codec.send
         transport = self.transport
+        tracer = self.edge.tracer
         for qm in delivery.messages:
             m = qm.message
             if (
@@ -452,9 +503,14 @@ class ClientConnection(asyncio.Protocol):
                     self._acks.append(qm.message_id)
                 continue
             pid = None
+            span = tracer.start_deliver(qm, self.client_id) if tracer.enabled else None
             if qm.qos:
                 pid = packet_id_for(qm.message_id)
                 self._inflight_out[pid] = qm.message_id
+                if span is not None:
+                    self._deliver_spans[pid] = span
+            elif span is not None:
+                span.end()
             props = publish_properties(qm, now) if self.version == V5 else NO_PROPERTIES
             self._write(send(Publish(m.topic, m.payload, qm.qos, qm.retain, qm.dup, pid, props)))
             self.stats.messages_out[qm.qos] += 1
@@ -465,6 +521,11 @@ class ClientConnection(asyncio.Protocol):
         if self.state is State.CLOSED:
             return
         log.info("%s (%s) taken over; closing", self.client_id, self.peer)
+        if self.edge.tracer.enabled:
+            self.edge.tracer.finish(
+                self.edge.tracer.start_event(telemetry.SpanName.TAKEOVER, self.client_id),
+                reason_code=reason_code,
+            )
         self.state = State.CLOSED
         if self.version == V5:
             self._write(self.codec.send(Disconnect(reason_code)))
@@ -610,6 +671,7 @@ class ClientConnection(asyncio.Protocol):
         self._timer = self._loop.call_later(limit - idle, self._on_timer)
 
     def _refuse_connect(self, reason: int, why: str) -> None:
+        self._end_session_span(why, reason)
         self.stats.rejected["connect", reason] += 1
         if self.version == V5:
             props = Properties(reason_string=why[:200])
@@ -671,3 +733,8 @@ class ClientConnection(asyncio.Protocol):
         self._flush_out()
         if self.transport is not None:
             self.transport.close()
+
+    def _end_session_span(self, error: str | None, reason_code: int = 0) -> None:
+        span, self._session_span = self._session_span, None
+        if span is not None:
+            self.edge.tracer.finish(span, reason_code=reason_code, error=error)

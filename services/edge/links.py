@@ -129,6 +129,11 @@ class PartitionLink:
         return True
 
     @property
+    def backlog(self) -> int:
+        """Commands queued and not yet in a frame."""
+        return len(self._outgoing) + len(self._urgent)
+
+    @property
     def congested(self) -> bool:
         return len(self._outgoing) >= HIGH_WATER
 

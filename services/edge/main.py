@@ -6,8 +6,14 @@ import argparse
 import asyncio
 import logging
 
+from hexmq import telemetry
 from hexmq.netaddr import parse_hostport
-from hexmq.service import run_service, setup_logging
+from hexmq.service import (
+    add_observability_arguments,
+    run_service,
+    setup_logging,
+    start_observability,
+)
 from services.edge.server import (
     DEFAULT_MAX_INFLIGHT_V311,
     DEFAULT_MAX_PACKET_SIZE,
@@ -49,6 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--startup-timeout", type=float, default=30.0)
     parser.add_argument("--log-level", default="INFO")
+    add_observability_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,19 +83,55 @@ def run(args: argparse.Namespace) -> int:
     )
 
     async def main(stop: asyncio.Event) -> int:
-        edge = Edge(config)
+        try:
+            obs = start_observability("edge", args.node_id, args)
+        except OSError as exc:
+            log.error("cannot serve metrics on %s: %s", args.metrics_listen, exc.strerror)
+            return 1
+        edge = Edge(config, obs.tracing)
         try:
             await edge.start(args.startup_timeout)
         except TimeoutError:
             log.error("no view from membership at %s", args.membership)
+            await obs.close()
             return 1
         except OSError as exc:
             log.error("cannot listen on %s: %s", args.listen, exc.strerror)
+            await obs.close()
             return 1
         log.info("MQTT on %s:%d", host, port)
+        metrics = asyncio.create_task(_report_metrics(edge))
         await stop.wait()
         log.info("shutting down")
+        metrics.cancel()
         await edge.stop()
+        await obs.close()
         return 0
 
     return run_service(main)
+
+
+async def _report_metrics(edge: Edge) -> None:
+    """Copy the edge's counters into Prometheus once a second, so that the per-message path
+    only bumps plain integers."""
+    m = telemetry.METRICS
+    stats = edge.stats
+    sent_in = [0, 0, 0]
+    sent_out = [0, 0, 0]
+    sent_rejected: dict[tuple[str, int], int] = {}
+    while True:
+        m.connections.set(edge.connected_clients())
+        m.queue_depth.labels("partition_link").set(edge.link_backlog())
+        if edge.router.view is not None:
+            m.view_epoch.set(edge.router.view.epoch)
+        for qos in (0, 1, 2):
+            m.messages_in_by_qos[qos].inc(stats.messages_in[qos] - sent_in[qos])
+            m.messages_out_by_qos[qos].inc(stats.messages_out[qos] - sent_out[qos])
+            sent_in[qos] = stats.messages_in[qos]
+            sent_out[qos] = stats.messages_out[qos]
+        for (packet, code), count in list(stats.rejected.items()):
+            delta = count - sent_rejected.get((packet, code), 0)
+            if delta:
+                m.rejected_packets.labels(packet, f"0x{code:02x}").inc(delta)
+                sent_rejected[packet, code] = count
+        await asyncio.sleep(1.0)

@@ -8,12 +8,14 @@ import logging
 import time
 from dataclasses import dataclass
 
+from hexmq import telemetry
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from services.edge.connection import ClientConnection, State
 from services.edge.links import PartitionLink
 from services.edge.router import Router
 from services.edge.stats import EdgeStats, publish_sys_topics, sys_publish
+from services.edge.tracing import EdgeTracer
 from services.membership.client import ViewWatcher
 
 log = logging.getLogger("hexmq.edge")
@@ -42,8 +44,9 @@ class EdgeConfig:
 
 
 class Edge:
-    def __init__(self, config: EdgeConfig) -> None:
+    def __init__(self, config: EdgeConfig, tracing: telemetry.Tracing | None = None) -> None:
         self.config = config
+        self.tracer = EdgeTracer(tracing or telemetry.Tracing.disabled(), config.node_id)
         self.router = Router()
         self.connections: dict[str, ClientConnection] = {}
         self.stats = EdgeStats()
@@ -101,6 +104,9 @@ class Edge:
             cmd = pb.EdgeCommand(publish=sys_publish(topic, payload, self.config.node_id))
             cmd.publish.targets.extend(targets)
             link.send(cmd)
+
+    def link_backlog(self) -> int:
+        return sum(link.backlog for link in self.router.links.values())
 
     async def _on_view(self, view: mpb.View) -> None:
         self.router.set_view(view)

@@ -10,10 +10,18 @@ from pathlib import Path
 
 import grpc
 
+from hexmq import telemetry
+from hexmq.api.membership.v1 import membership_pb2 as pb
 from hexmq.api.membership.v1 import membership_pb2_grpc as pb_grpc
 from hexmq.hashring import DEFAULT_PARTITIONS
 from hexmq.netaddr import parse_hostport
-from hexmq.service import run_service, setup_logging
+from hexmq.service import (
+    Observability,
+    add_observability_arguments,
+    run_service,
+    setup_logging,
+    start_observability,
+)
 from services.membership.backend import (
     MembershipBackend,
     MembershipEvent,
@@ -38,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--partitions", type=int, default=DEFAULT_PARTITIONS)
     parser.add_argument("--rf", type=int, default=1, help="replication factor")
     parser.add_argument("--log-level", default="INFO")
+    add_observability_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,10 +66,16 @@ def run(args: argparse.Namespace) -> int:
     builder = ViewBuilder(partitions=args.partitions, rf=args.rf)
 
     async def main(stop: asyncio.Event) -> int:
+        try:
+            obs = start_observability("membership", args.node_id, args)
+        except OSError as exc:
+            log.error("cannot serve metrics on %s: %s", args.metrics_listen, exc.strerror)
+            return 1
         changes = aiter(backend.events())
         view = None
         while view is None:
             view = builder.apply(await anext(changes))
+        _record_view(obs, view)
         board = ViewBoard(view)
         server = grpc.aio.server()
         pb_grpc.add_MembershipServiceServicer_to_server(MembershipServicer(board), server)
@@ -68,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
             server.add_insecure_port(args.listen)
         except RuntimeError as exc:
             log.error("cannot listen on %s: %s", args.listen, exc)
+            await obs.close()
             return 1
         await server.start()
         log.info(
@@ -78,21 +94,40 @@ def run(args: argparse.Namespace) -> int:
             view.replication_factor,
             args.listen,
         )
-        follow = asyncio.create_task(_follow(changes, builder, board))
+        follow = asyncio.create_task(_follow(changes, builder, board, obs))
         await stop.wait()
         follow.cancel()
         await server.stop(grace=1.0)
+        await obs.close()
         return 0
 
     return run_service(main)
 
 
 async def _follow(
-    changes: AsyncIterator[list[MembershipEvent]], builder: ViewBuilder, board: ViewBoard
+    changes: AsyncIterator[list[MembershipEvent]],
+    builder: ViewBuilder,
+    board: ViewBoard,
+    obs: Observability,
 ) -> None:
     """Publish a new view for every change the backend reports."""
     async for events in changes:
         view = builder.apply(events)
         if view is not None:
             log.info("view %d: %d members", view.epoch, len(view.members))
+            _record_view(obs, view)
             await board.publish(view)
+
+
+def _record_view(obs: Observability, view: pb.View) -> None:
+    """A membership.view span and the view epoch gauge."""
+    telemetry.METRICS.view_epoch.set(view.epoch)
+    with obs.tracing.span(telemetry.SpanName.MEMBERSHIP_VIEW) as span:
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    telemetry.Attr.VIEW_EPOCH: view.epoch,
+                    telemetry.Attr.NODE: obs.node_id,
+                    "hexmq.view.members": len(view.members),
+                }
+            )

@@ -10,10 +10,16 @@ import os
 import grpc
 import redis.asyncio as redis
 
+from hexmq import telemetry
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
 from hexmq.netaddr import parse_hostport
-from hexmq.service import run_service, setup_logging
+from hexmq.service import (
+    add_observability_arguments,
+    run_service,
+    setup_logging,
+    start_observability,
+)
 from services.membership.client import ViewWatcher
 from services.partition.node import PartitionNode
 from services.partition.server import GRPC_OPTIONS, PartitionServicer
@@ -33,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--membership", required=True, help="the node's membership HOST:PORT")
     parser.add_argument("--startup-timeout", type=float, default=30.0)
     parser.add_argument("--log-level", default="INFO")
+    add_observability_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,6 +54,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     async def main(stop: asyncio.Event) -> int:
+        try:
+            obs = start_observability("partition", args.node_id, args)
+        except OSError as exc:
+            log.error("cannot serve metrics on %s: %s", args.metrics_listen, exc.strerror)
+            return 1
         client = redis.Redis.from_url(args.redis)
         try:
             await asyncio.wait_for(_wait_for_redis(client), args.startup_timeout)
@@ -62,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
             stop.set()
 
         commit = GroupCommit(client, storage_failed)
-        node = PartitionNode(args.node_id, RedisStore(client), commit)
+        node = PartitionNode(args.node_id, RedisStore(client), commit, obs.tracing)
         ready = asyncio.Event()
 
         async def on_view(view: mpb.View) -> None:
@@ -90,13 +102,16 @@ def run(args: argparse.Namespace) -> int:
         await server.start()
         log.info("serving edges on %s (pid %d)", args.listen, os.getpid())
         sweeper = asyncio.create_task(_sweep(node))
+        metrics = asyncio.create_task(_report_metrics(node, commit))
         await stop.wait()
         log.info("shutting down")
         sweeper.cancel()
+        metrics.cancel()
         await server.stop(grace=2.0)
         await commit.stop()
         await watcher.stop()
         await client.aclose()
+        await obs.close()
         return exit_code
 
     return run_service(main)
@@ -117,3 +132,18 @@ async def _sweep(node: PartitionNode) -> None:
         expired = node.expire_sessions(LINK_GRACE_MS)
         if expired:
             log.info("expired %d sessions", expired)
+
+
+async def _report_metrics(node: PartitionNode, commit: GroupCommit) -> None:
+    """Copy the node's state into its gauges once a second (nothing on the hot path)."""
+    m = telemetry.METRICS
+    while True:
+        if node.view is not None:
+            m.view_epoch.set(node.view.epoch)
+        m.partition_roles.labels("master").set(len(node.mastered))
+        m.queue_depth.labels("queued_messages").set(
+            sum(len(s.queue) for s in node.sessions.values())
+        )
+        m.queue_depth.labels("sessions").set(len(node.sessions))
+        m.queue_depth.labels("storage_batch").set(commit.gathering)
+        await asyncio.sleep(1.0)

@@ -10,8 +10,12 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
+from opentelemetry import trace
+
+from hexmq import telemetry
+from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.topics import TopicTrie
@@ -38,8 +42,15 @@ def _result(
 
 
 class PartitionNode:
-    def __init__(self, node_id: str, store: RedisStore, commit: GroupCommit) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        store: RedisStore,
+        commit: GroupCommit,
+        tracing: telemetry.Tracing | None = None,
+    ) -> None:
         self.node_id = node_id
+        self.tracing = tracing or telemetry.Tracing.disabled()
         self.store = store
         self.commit = commit
         self.view: mpb.View | None = None
@@ -293,6 +304,8 @@ class PartitionNode:
             targets.add(target.partition)
         self.messages_in += 1
         msg = req.message
+        # partition -> trace carrier of its append span, when this publish is traced.
+        carriers = self._trace_append(msg, req.targets) if msg.trace.carrier else None
         # One delivery per session at the highest granted QoS, with every matching
         # subscription identifier (MQTT-3.3.4-3/-4/-5).
         matched: dict[str, tuple[int, list[int], bool]] = {}
@@ -311,11 +324,12 @@ class PartitionNode:
             qos = min(msg.qos, sub_qos)
             if qos == 0:
                 if session.connection is not None:
-                    session.enqueue_transient(
-                        pb.QueuedMessage(
-                            qos=0, message=msg, subscription_ids=ids, retain=rap and msg.retain
-                        )
+                    transient = pb.QueuedMessage(
+                        qos=0, message=msg, subscription_ids=ids, retain=rap and msg.retain
                     )
+                    if carriers:
+                        _set_carrier(transient, carriers[session.partition])
+                    session.enqueue_transient(transient)
                     self._schedule_pump(session)
                 continue
             if pipe is None:
@@ -327,11 +341,50 @@ class PartitionNode:
                 subscription_ids=ids,
                 retain=rap and msg.retain,
             )
+            if carriers:
+                _set_carrier(qm, carriers[session.partition])
             session.enqueue(qm)
             self.store.put_message(pipe, session.partition, cid, qm)
             self._dirty[cid] = session
             self.commit.after(functools.partial(self._durable, session, qm.message_id))
         self._reply(link, cmd)
+
+    def _trace_append(
+        self, msg: common_pb.Message, targets: Iterable[pb.PartitionTarget]
+    ) -> dict[int, dict[str, str]] | None:
+        """Start a partition.append span per target partition (ended, with a partition.ack
+        child, once the batch is durable); the carriers continue the trace in deliveries."""
+        tracing = self.tracing
+        if not tracing.enabled:
+            return None
+        parent = telemetry.extract(msg.trace.carrier)
+        tracer = tracing.tracer
+        kind = telemetry.SPAN_KIND[telemetry.SpanName.APPEND]
+        spans = []
+        carriers: dict[int, dict[str, str]] = {}
+        for target in targets:
+            span = tracer.start_span(telemetry.SpanName.APPEND, context=parent, kind=kind)
+            if span.is_recording():
+                span.set_attributes(
+                    telemetry.partition_attributes(
+                        node=self.node_id, partition=target.partition, epoch=target.epoch
+                    )
+                )
+                span.set_attribute(telemetry.Attr.DESTINATION, msg.topic)
+            carrier: dict[str, str] = {}
+            telemetry.inject(carrier, trace.set_span_in_context(span))
+            carriers[target.partition] = carrier
+            spans.append(span)
+
+        def durable() -> None:
+            for span in spans:
+                tracer.start_span(
+                    telemetry.SpanName.ACK, context=trace.set_span_in_context(span)
+                ).end()
+                span.end()
+
+        self.commit.after(durable)
+        return carriers
 
     def _delivery_ack(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
         req = cmd.delivery_ack
@@ -485,3 +538,9 @@ class PartitionNode:
             messages_in=self.messages_in,
             messages_out=self.messages_out,
         )
+
+
+def _set_carrier(qm: pb.QueuedMessage, carrier: dict[str, str]) -> None:
+    """Deliveries continue the trace from this partition's append span."""
+    qm.message.trace.carrier.clear()
+    qm.message.trace.carrier.update(carrier)

@@ -88,6 +88,11 @@ class GroupCommit:
         self._actions.append(action)
         self._wake.set()
 
+    @property
+    def gathering(self) -> int:
+        """Writes in the batch being gathered (not yet sent to Redis)."""
+        return len(self._pipe) if self._pipe is not None else 0
+
     def after_ok(self, sink: Callable[[int], None], request_id: int) -> None:
         """Call `sink(request_id)` once everything written so far is durable (after the
         batch's actions)."""

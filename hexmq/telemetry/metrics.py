@@ -1,0 +1,187 @@
+"""Prometheus metrics: defined once here, served over HTTP by each service process.
+
+Every name starts with hexmq_ and every label has a small fixed set of values (QoS, role, queue
+name, follower node id, reason code, gRPC method): never a client id or a topic, whose
+cardinality is unbounded. A metric a service does not use stays at zero or absent.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+)
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+
+# gRPC calls inside a cluster take ~0.1-1 ms when well (STACK.md), seconds when a peer is gone:
+# buckets from 50 us to 10 s.
+GRPC_LATENCY_BUCKETS = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+    0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+
+PARTITION_ROLES = ("master", "follower", "catching_up")
+QOS_LEVELS = (0, 1, 2)
+
+
+class DropCounts(Protocol):
+    """What the spans-dropped metric reads (hexmq.telemetry.Tracing provides it)."""
+
+    @property
+    def dropped_spans(self) -> int: ...
+
+    @property
+    def failed_spans(self) -> int: ...
+
+
+class _SpansDroppedCollector:
+    """Reads the tracing counters at scrape time, so span ends pay nothing for the metric."""
+
+    def __init__(self, tracing: DropCounts) -> None:
+        self.tracing = tracing
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily(
+            "hexmq_spans_dropped",
+            "Spans lost before export: queue_full (export queue full or closed), "
+            "export_failed (the exporter failed, e.g. collector unreachable)",
+            labels=["reason"],
+        )
+        family.add_metric(["queue_full"], self.tracing.dropped_spans)
+        family.add_metric(["export_failed"], self.tracing.failed_spans)
+        yield family
+
+
+class Metrics:
+    """The hexmq metrics in one registry. Services use the module's `METRICS`; tests may make
+    their own (a fresh registry each)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        if registry is None:
+            registry = CollectorRegistry()
+            # The process metrics (CPU, memory, fds, GC) that prometheus_client's default
+            # registry carries; ours is separate so that tests can make as many as they like.
+            ProcessCollector(registry=registry)
+            PlatformCollector(registry=registry)
+            GCCollector(registry=registry)
+        self.registry = registry
+        r = registry
+        self.connections = Gauge(
+            "hexmq_connections", "MQTT client connections open on this edge", registry=r
+        )
+        self.messages_in = Counter(
+            "hexmq_messages_in",
+            "PUBLISH packets received from clients, by QoS",
+            ["qos"],
+            registry=r,
+        )
+        self.messages_out = Counter(
+            "hexmq_messages_out",
+            "PUBLISH packets sent to clients, by QoS",
+            ["qos"],
+            registry=r,
+        )
+        # Children resolved once: `.labels()` takes a lock and a dict lookup on every call,
+        # indexing a tuple does not. Also makes every QoS series exist (at 0) from the start.
+        self.messages_in_by_qos = tuple(self.messages_in.labels(str(q)) for q in QOS_LEVELS)
+        self.messages_out_by_qos = tuple(self.messages_out.labels(str(q)) for q in QOS_LEVELS)
+        self.queue_depth = Gauge(
+            "hexmq_queue_depth",
+            "Items waiting in a named internal queue (a fixed set per service, e.g. "
+            "partition_link, delivery, replication, storage)",
+            ["queue"],
+            registry=r,
+        )
+        self.replication_lag = Gauge(
+            "hexmq_replication_lag",
+            "Writes a follower has not acknowledged yet, over the partitions this node masters",
+            ["follower"],
+            registry=r,
+        )
+        self.partition_roles = Gauge(
+            "hexmq_partition_roles",
+            "Partition replicas on this node by role",
+            ["role"],
+            registry=r,
+        )
+        for role in PARTITION_ROLES:
+            self.partition_roles.labels(role).set(0)
+        self.view_epoch = Gauge(
+            "hexmq_view_epoch", "Epoch of the cluster view this process acts on", registry=r
+        )
+        self.failovers = Counter(
+            "hexmq_failovers",
+            "Partitions this node became master of because their master was lost",
+            registry=r,
+        )
+        self.rejected_packets = Counter(
+            "hexmq_rejected_packets",
+            "MQTT packets refused, by packet type and reason code (hex, e.g. 0x87)",
+            ["packet", "reason_code"],
+            registry=r,
+        )
+        self.grpc_latency = Histogram(
+            "hexmq_grpc_latency_seconds",
+            "gRPC call latency by full method name and side (client or server)",
+            ["method", "side"],
+            buckets=GRPC_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._spans_collector: _SpansDroppedCollector | None = None
+        self._lock = threading.Lock()
+
+    def reject(self, packet: str, reason_code: int) -> None:
+        """Count a refused packet: `reject("CONNECT", 0x87)`."""
+        self.rejected_packets.labels(packet, f"0x{reason_code:02x}").inc()
+
+    def bind_tracing(self, tracing: DropCounts) -> None:
+        """Export `tracing`'s span loss counters as hexmq_spans_dropped_total (once per
+        process; a second call replaces the first)."""
+        with self._lock:
+            if self._spans_collector is not None:
+                self.registry.unregister(self._spans_collector)
+            self._spans_collector = _SpansDroppedCollector(tracing)
+            self.registry.register(self._spans_collector)
+
+
+METRICS = Metrics()
+
+
+@dataclass
+class MetricsServer:
+    """The HTTP endpoint serving /metrics; `port` is the bound one (useful with port 0)."""
+
+    host: str
+    port: int
+    _httpd: WSGIServer
+    _thread: threading.Thread
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(5)
+
+
+def start_metrics_server(
+    host: str, port: int, *, registry: CollectorRegistry | None = None
+) -> MetricsServer:
+    """Serve `registry` (default: METRICS') in Prometheus text format on http://host:port/.
+
+    A daemon thread answers scrapes, so the service's event loop does nothing for them. Raises
+    OSError if the port is taken."""
+    httpd, thread = start_http_server(
+        port, addr=host, registry=registry if registry is not None else METRICS.registry
+    )
+    return MetricsServer(host=host, port=httpd.server_port, _httpd=httpd, _thread=thread)
