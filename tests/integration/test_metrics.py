@@ -1,0 +1,51 @@
+"""Every service serves Prometheus metrics on its node's metrics port; the edge's counters
+follow the traffic (copied once a second from its plain counters)."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+import uuid
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from hexmq.mqtt import Publish
+from tests.support.rawclient import RawClient
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+async def test_services_serve_metrics(hexmq_cluster) -> None:  # type: ignore[no-untyped-def]
+    cluster = hexmq_cluster(nodes=1)
+    ports = cluster.node(1)["metrics_ports"]
+    topic = f"m/{uuid.uuid4().hex[:8]}"
+    sub, _ = await RawClient.connect(cluster.mqtt_port(1), f"sub-{uuid.uuid4().hex[:8]}")
+    await sub.subscribe(topic, qos=1)
+    pub, _ = await RawClient.connect(cluster.mqtt_port(1), f"pub-{uuid.uuid4().hex[:8]}")
+    for _ in range(5):
+        await pub.publish(topic, b"x", qos=1)
+    for _ in range(5):
+        await sub.expect(Publish)
+
+    edge: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    async with asyncio.timeout(10):
+        while edge.get(("hexmq_messages_in_total", (("qos", "1"),)), 0) < 5:
+            await asyncio.sleep(0.2)
+            edge = await asyncio.to_thread(scrape, ports["edge"])
+    assert edge[("hexmq_connections", ())] == 2
+    assert edge[("hexmq_messages_out_total", (("qos", "1"),))] >= 5
+    assert edge[("hexmq_view_epoch", ())] == 1
+    partition = await asyncio.to_thread(scrape, ports["partition"])
+    assert partition[("hexmq_partition_roles", (("role", "master"),))] == 256
+    membership = await asyncio.to_thread(scrape, ports["membership"])
+    assert membership[("hexmq_view_epoch", ())] == 1
+    for client in (pub, sub):
+        await client.close()
