@@ -306,11 +306,11 @@ class ClientConnection(asyncio.Protocol):
             return
         # The codec has already refused wildcards, bad UTF-8 and U+0000 in the topic name.
         tracer = self.edge.tracer
-        span = None
-        if tracer.enabled:
-            span, route_span = tracer.start_publish(self.client_id, packet)
+        span = route_span = None
+        if tracer.enabled and (started := tracer.start_publish(self.client_id, packet)):
+            span, route_span = started
         route = self.edge.router.route_publish(packet.topic)
-        if span is not None:
+        if route_span is not None:
             tracer.routed(route_span, route)
         if packet.qos == 0:
             commands = publish_commands(self.client_id, packet, route.targets)

@@ -34,20 +34,23 @@ class EdgeTracer:
 
     # ----- publish ----------------------------------------------------------------------
 
-    def start_publish(self, client_id: str, packet: Publish) -> tuple[Span, Span]:
-        """The root span of a PUBLISH and its edge.route child (end it with `routed`)."""
+    def start_publish(self, client_id: str, packet: Publish) -> tuple[Span, Span] | None:
+        """The root span of a PUBLISH and its edge.route child (end it with `routed`), or
+        None when the sampler says no: then nothing is carried on, since every later hop would
+        follow that decision (parent-based sampling) and only pay for it."""
         span = self.tracer.start_span(Name.PUBLISH, kind=KIND[Name.PUBLISH])
-        if span.is_recording():
-            span.set_attributes(
-                telemetry.messaging_attributes(
-                    operation="publish",
-                    topic=packet.topic,
-                    qos=packet.qos,
-                    body_size=len(packet.payload),
-                    client_id=client_id,
-                    node=self.node_id,
-                )
+        if not span.is_recording():
+            return None
+        span.set_attributes(
+            telemetry.messaging_attributes(
+                operation="publish",
+                topic=packet.topic,
+                qos=packet.qos,
+                body_size=len(packet.payload),
+                client_id=client_id,
+                node=self.node_id,
             )
+        )
         route_span = self.tracer.start_span(
             Name.ROUTE, context=trace.set_span_in_context(span), kind=KIND[Name.ROUTE]
         )
