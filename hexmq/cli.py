@@ -213,6 +213,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = actions.add_parser("down", help="stop every node gracefully")
     _add_dir(p)
     _add_grace(p)
+
+    traces = commands.add_parser(
+        "traces",
+        help="analyse OTLP JSON trace exports with Spark",
+        description="Analyse the OTLP JSON trace files that `--trace-dir` writes.",
+    )
+    tactions = traces.add_subparsers(dest="action", metavar="ACTION", required=True)
+    tactions.add_parser(
+        "analyze",
+        add_help=False,
+        help="run the Spark trace-analysis job: hexmq traces analyze INPUT --out DIR "
+        "(see hexmq traces analyze --help)",
+    )
     return parser
 
 
@@ -234,6 +247,11 @@ def _service_parser(parser: argparse.ArgumentParser, name: str) -> argparse.Argu
 
 def main(argv: list[str] | None = None) -> int:
     args_list = sys.argv[1:] if argv is None else argv
+    if args_list[:2] == ["traces", "analyze"]:
+        # The Spark job parses its own options; imported only here (pyspark is slow to load).
+        from spark.hexmq_traces import job
+
+        return job.main(args_list[2:], prog="hexmq traces analyze")
     parser = build_parser()
     service = _service_subcommand(args_list)
     module: Any = None

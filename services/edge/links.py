@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
 import grpc
 
+from hexmq import telemetry
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
 
@@ -82,6 +84,12 @@ class PartitionLink:
         # must not wait behind a backlog of publishes.
         self._urgent: list[pb.EdgeCommand] = []
         self._drain_waiters: list[Callable[[], None]] = []
+        # One request per frame is timed until its result comes back (gRPC round trip plus the
+        # partition's work): request id -> perf_counter at send.
+        self._probes: dict[int, float] = {}
+        self._latency = telemetry.METRICS.grpc_latency.labels(
+            "hexmq.api.partition.v1.PartitionService/Link", "client"
+        )
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         # Bumped per stream: the request generator of a dead stream may still be waiting, and
@@ -164,6 +172,10 @@ class PartitionLink:
                 self._outgoing = self._outgoing[room:]
             if self._drain_waiters and len(self._outgoing) < LOW_WATER:
                 self._release_waiters()
+            for cmd in batch:
+                if cmd.request_id:
+                    self._probes[cmd.request_id] = time.perf_counter()
+                    break
             frame = pb.EdgeFrame(commands=batch)
             if frame.ByteSize() > MAX_FRAME_BYTES and len(batch) > 1:
                 # Split big frames so one large payload does not hold up the rest for long.
@@ -205,6 +217,7 @@ class PartitionLink:
         self._outgoing = []
         self._urgent = []
         pending, self._pending = self._pending, {}
+        self._probes.clear()
         if was_up:
             log.warning("link to %s lost (%s); %d requests failed", self.node_id, why, len(pending))
             self._listener.on_link_down(self)
@@ -213,12 +226,19 @@ class PartitionLink:
             callback(result)
         self._release_waiters()
 
+    def _observe(self, request_id: int) -> None:
+        sent = self._probes.pop(request_id, None)
+        if sent is not None:
+            self._latency.observe(time.perf_counter() - sent)
+
     def _dispatch(self, frame: pb.PartitionFrame) -> None:
         listener = self._listener
         pending = self._pending
         for event in frame.events:
             kind = event.WhichOneof("event")
             if kind == "result":
+                if self._probes:
+                    self._observe(event.result.request_id)
                 callback = self._pending.pop(event.result.request_id, None)
                 if callback is not None:
                     callback(event.result)
@@ -235,6 +255,8 @@ class PartitionLink:
         if frame.ok_request_ids:
             ok = OK_RESULT
             for request_id in frame.ok_request_ids:
+                if self._probes:
+                    self._observe(request_id)
                 callback = pending.pop(request_id, None)
                 if callback is not None:
                     callback(ok)

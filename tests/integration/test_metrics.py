@@ -43,6 +43,11 @@ async def test_services_serve_metrics(hexmq_cluster) -> None:  # type: ignore[no
     assert edge[("hexmq_connections", ())] == 2
     assert edge[("hexmq_messages_out_total", (("qos", "1"),))] >= 5
     assert edge[("hexmq_view_epoch", ())] == 1
+    link = (
+        ("method", "hexmq.api.partition.v1.PartitionService/Link"),
+        ("side", "client"),
+    )
+    assert edge[("hexmq_grpc_latency_seconds_count", link)] >= 1
     partition = await asyncio.to_thread(scrape, ports["partition"])
     assert partition[("hexmq_partition_roles", (("role", "master"),))] == 256
     membership = await asyncio.to_thread(scrape, ports["membership"])
