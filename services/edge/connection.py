@@ -161,7 +161,7 @@ class ClientConnection(asyncio.Protocol):
                 if self._deliver_spans:
                     span = self._deliver_spans.pop(packet.packet_id, None)
                     if span is not None:
-                        self.edge.tracer.client_ack(span)
+                        self.edge.tracer.client_ack(span, self.client_id)
         elif isinstance(packet, PingReq):
             self._write(self.codec.send(PingResp()))
         elif isinstance(packet, Subscribe):

@@ -95,12 +95,20 @@ class EdgeTracer:
             )
         return span
 
-    def client_ack(self, deliver_span: Span) -> None:
-        self.tracer.start_span(
+    def client_ack(self, deliver_span: Span, subscriber_id: str) -> None:
+        ack = self.tracer.start_span(
             Name.CLIENT_ACK,
             context=trace.set_span_in_context(deliver_span),
             kind=KIND[Name.CLIENT_ACK],
-        ).end()
+        )
+        if ack.is_recording():
+            ack.set_attributes(
+                {
+                    Attr.SUBSCRIBER_HASH: telemetry.client_id_hash(subscriber_id),
+                    Attr.NODE: self.node_id,
+                }
+            )
+        ack.end()
         deliver_span.end()
 
     # ----- session events ---------------------------------------------------------------

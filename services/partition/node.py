@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from opentelemetry import trace
+from opentelemetry.trace import Span
 
 from hexmq import telemetry
 from hexmq.api.common.v1 import common_pb2 as common_pb
@@ -305,7 +306,9 @@ class PartitionNode:
         self.messages_in += 1
         msg = req.message
         # partition -> trace carrier of its append span, when this publish is traced.
-        carriers = self._trace_append(msg, req.targets) if msg.trace.carrier else None
+        # partition -> subscriber sessions it delivers this message to (when traced).
+        fanout: dict[int, int] = {}
+        carriers = self._trace_append(msg, req.targets, fanout) if msg.trace.carrier else None
         # One delivery per session at the highest granted QoS, with every matching
         # subscription identifier (MQTT-3.3.4-3/-4/-5).
         matched: dict[str, tuple[int, list[int], bool]] = {}
@@ -329,6 +332,7 @@ class PartitionNode:
                     )
                     if carriers:
                         _set_carrier(transient, carriers[session.partition])
+                        fanout[session.partition] = fanout.get(session.partition, 0) + 1
                     session.enqueue_transient(transient)
                     self._schedule_pump(session)
                 continue
@@ -343,6 +347,7 @@ class PartitionNode:
             )
             if carriers:
                 _set_carrier(qm, carriers[session.partition])
+                fanout[session.partition] = fanout.get(session.partition, 0) + 1
             session.enqueue(qm)
             self.store.put_message(pipe, session.partition, cid, qm)
             self._dirty[cid] = session
@@ -350,17 +355,21 @@ class PartitionNode:
         self._reply(link, cmd)
 
     def _trace_append(
-        self, msg: common_pb.Message, targets: Iterable[pb.PartitionTarget]
+        self,
+        msg: common_pb.Message,
+        targets: Iterable[pb.PartitionTarget],
+        fanout: dict[int, int],
     ) -> dict[int, dict[str, str]] | None:
-        """Start a partition.append span per target partition (ended, with a partition.ack
-        child, once the batch is durable); the carriers continue the trace in deliveries."""
+        """Start a partition.append span per target partition (ended once the batch is
+        durable, with a partition.ack child for QoS >= 1); the carriers continue the trace in
+        deliveries. `fanout` is filled by the caller before the spans end."""
         tracing = self.tracing
         if not tracing.enabled:
             return None
         parent = telemetry.extract(msg.trace.carrier)
         tracer = tracing.tracer
         kind = telemetry.SPAN_KIND[telemetry.SpanName.APPEND]
-        spans = []
+        spans: list[tuple[int, Span]] = []
         carriers: dict[int, dict[str, str]] = {}
         for target in targets:
             span = tracer.start_span(telemetry.SpanName.APPEND, context=parent, kind=kind)
@@ -374,13 +383,15 @@ class PartitionNode:
             carrier: dict[str, str] = {}
             telemetry.inject(carrier, trace.set_span_in_context(span))
             carriers[target.partition] = carrier
-            spans.append(span)
+            spans.append((target.partition, span))
 
         def durable() -> None:
-            for span in spans:
-                tracer.start_span(
-                    telemetry.SpanName.ACK, context=trace.set_span_in_context(span)
-                ).end()
+            for p, span in spans:
+                span.set_attribute(telemetry.Attr.SUBSCRIBERS, fanout.get(p, 0))
+                if msg.qos:
+                    tracer.start_span(
+                        telemetry.SpanName.ACK, context=trace.set_span_in_context(span)
+                    ).end()
                 span.end()
 
         self.commit.after(durable)
