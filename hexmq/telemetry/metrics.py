@@ -121,6 +121,13 @@ class Metrics:
         self.view_epoch = Gauge(
             "hexmq_view_epoch", "Epoch of the cluster view this process acts on", registry=r
         )
+        self.dropped_messages = Counter(
+            "hexmq_dropped_messages",
+            "Messages not delivered to a session by the broker's choice, by reason "
+            "(queue_full: a session's queue was at --max-queued-messages)",
+            ["reason"],
+            registry=r,
+        )
         self.failovers = Counter(
             "hexmq_failovers",
             "Partitions this node became master of because their master was lost",

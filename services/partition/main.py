@@ -21,7 +21,7 @@ from hexmq.service import (
     start_observability,
 )
 from services.membership.client import ViewWatcher
-from services.partition.node import PartitionNode
+from services.partition.node import DEFAULT_MAX_QUEUED, PartitionNode, QueueLimits
 from services.partition.server import GRPC_OPTIONS, PartitionServicer
 from services.partition.store import GroupCommit, RedisStore
 
@@ -38,6 +38,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--redis", required=True, help="the node's Redis, redis://HOST:PORT/DB")
     parser.add_argument("--membership", required=True, help="the node's membership HOST:PORT")
     parser.add_argument("--startup-timeout", type=float, default=30.0)
+    parser.add_argument(
+        "--max-queued-messages",
+        type=int,
+        default=DEFAULT_MAX_QUEUED,
+        help="QoS 1 messages one session may hold; past it see --queue-overflow",
+    )
+    parser.add_argument(
+        "--queue-overflow",
+        choices=("drop-newest", "drop-oldest"),
+        default="drop-newest",
+        help="a full session queue does not take the new message (drop-newest) or drops its "
+        "oldest to make room (drop-oldest); either is counted in hexmq_dropped_messages_total",
+    )
     parser.add_argument("--log-level", default="INFO")
     add_observability_arguments(parser)
 
@@ -47,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         parse_hostport(args.listen, what="--listen")
         parse_hostport(args.membership, what="--membership")
+        if args.max_queued_messages < 1:
+            raise ValueError("--max-queued-messages must be at least 1")
         if not args.redis.startswith(("redis://", "unix://")):
             raise ValueError(f"--redis must be a redis:// or unix:// URL, got {args.redis!r}")
     except ValueError as exc:
@@ -74,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
             stop.set()
 
         commit = GroupCommit(client, storage_failed)
-        node = PartitionNode(args.node_id, RedisStore(client), commit, obs.tracing)
+        limits = QueueLimits(args.max_queued_messages, args.queue_overflow == "drop-oldest")
+        node = PartitionNode(args.node_id, RedisStore(client), commit, obs.tracing, limits)
         ready = asyncio.Event()
 
         async def on_view(view: mpb.View) -> None:
@@ -137,7 +153,11 @@ async def _sweep(node: PartitionNode) -> None:
 async def _report_metrics(node: PartitionNode, commit: GroupCommit) -> None:
     """Copy the node's state into its gauges once a second (nothing on the hot path)."""
     m = telemetry.METRICS
+    queue_full = m.dropped_messages.labels("queue_full")
+    reported = 0
     while True:
+        queue_full.inc(node.dropped_queue_full - reported)
+        reported = node.dropped_queue_full
         if node.view is not None:
             m.view_epoch.set(node.view.epoch)
         m.partition_roles.labels("master").set(len(node.mastered))

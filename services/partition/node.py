@@ -11,6 +11,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from opentelemetry import trace
 from opentelemetry.trace import Span
@@ -30,6 +31,16 @@ SC = pb.StatusCode
 # Until QoS 2 lands (the conformance issue), subscriptions are granted at most QoS 1.
 MAX_QOS = 1
 DEFAULT_RECEIVE_MAXIMUM = 65535
+DEFAULT_MAX_QUEUED = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLimits:
+    """How many QoS >= 1 messages one session may hold (sent and unsent), and which one goes
+    when it is full: the newest is not queued (mosquitto's behaviour) or the oldest is dropped."""
+
+    max_queued_messages: int = DEFAULT_MAX_QUEUED
+    drop_oldest: bool = False
 
 
 def now_ms() -> int:
@@ -49,8 +60,12 @@ class PartitionNode:
         store: RedisStore,
         commit: GroupCommit,
         tracing: telemetry.Tracing | None = None,
+        limits: QueueLimits | None = None,
     ) -> None:
         self.node_id = node_id
+        self.limits = limits or QueueLimits()
+        # QoS >= 1 messages not queued for a session (or pushed out of it) by the limit.
+        self.dropped_queue_full = 0
         self.tracing = tracing or telemetry.Tracing.disabled()
         self.store = store
         self.commit = commit
@@ -338,6 +353,13 @@ class PartitionNode:
                 continue
             if pipe is None:
                 pipe = self.commit.pipe
+            if len(session.queue) >= self.limits.max_queued_messages:
+                self.dropped_queue_full += 1
+                if not self.limits.drop_oldest:
+                    continue  # the newest is not queued for this session
+                oldest = next(iter(session.queue))
+                session.acknowledge([oldest])
+                self.store.delete_messages(pipe, session.partition, cid, [oldest])
             qm = pb.QueuedMessage(
                 message_id=session.next_message_id(),
                 qos=qos,
