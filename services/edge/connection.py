@@ -244,10 +244,7 @@ class ClientConnection(asyncio.Protocol):
                 self._close_session(graceful=False)
             return
         if result.status != OK:
-            log.warning(
-                "refusing CONNECT from %s (%s): %s", self.peer, self.client_id, result.message
-            )
-            self._refuse_connect(RC.SERVER_UNAVAILABLE, result.message)
+            self._refuse_connect(RC.SERVER_UNAVAILABLE, result.message)  # logs one line
             return
         self.state = State.CONNECTED
         self.stats.connects += 1
