@@ -218,17 +218,36 @@ def test_plan_passes_the_service_flags_exactly(tmp_path: Path) -> None:
     assert n2["redis"].argv == ["rs", str(tmp_path / "node2" / "redis.conf")]
     assert n2["edge"].argv[:4] == ["py", "-P", "-m", "hexmq.cli"]
     assert n2["membership"].argv[4:] == [
-        *("membership", "--node-id", "n2", "--listen", "127.0.0.1:31011"),
+        *("membership", "--node-id", "n2", "--metrics-listen", "127.0.0.1:31015"),
+        *("--listen", "127.0.0.1:31011"),
         *("--members", str(tmp_path / "members.json"), "--partitions", "64", "--rf", "1"),
     ]
     assert n2["partition"].argv[4:] == [
-        *("partition", "--node-id", "n2", "--listen", "127.0.0.1:31012"),
+        *("partition", "--node-id", "n2", "--metrics-listen", "127.0.0.1:31014"),
+        *("--listen", "127.0.0.1:31012"),
         *("--redis", "redis://127.0.0.1:31010/0", "--membership", "127.0.0.1:31011"),
     ]
     assert n2["edge"].argv[4:] == [
-        *("edge", "--node-id", "n2", "--listen", "127.0.0.1:30001"),
+        *("edge", "--node-id", "n2", "--metrics-listen", "127.0.0.1:31013"),
+        *("--listen", "127.0.0.1:30001"),
         *("--membership", "127.0.0.1:31011"),
     ]
+    # Extra service flags and a trace directory land on every node's command lines.
+    traced = clusterstate.plan_cluster(
+        tmp_path,
+        nodes=1,
+        base_port=30000,
+        partitions=64,
+        rf=1,
+        python="py",
+        redis_server="rs",
+        service_args={"edge": ["--sys-interval=1"]},
+        trace_dir=tmp_path / "traces",
+    )
+    edge = traced.nodes[0].processes["edge"].argv
+    assert edge[-1] == "--sys-interval=1"
+    assert edge[edge.index("--trace-dir") + 1] == str(tmp_path / "traces")
+    assert "--sys-interval=1" not in traced.nodes[0].processes["partition"].argv
     members = clusterstate.members_document(state)["members"]
     assert members[1] == {
         "node_id": "n2",
