@@ -393,6 +393,27 @@ def _status(args: argparse.Namespace) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    rows = [("NODE", "MASTERS", "SESSIONS", "CONNECTED", "QUEUED", "EDGES")]
+    for node in doc["nodes"]:
+        parts = node.get("partitions")
+        if parts is None or "error" in parts:
+            why = "partition service down" if parts is None else parts["error"]
+            rows.append((str(node["node"]), f"({why})", "", "", "", ""))
+            continue
+        rows.append(
+            (
+                str(node["node"]),
+                str(parts["roles"].get("master", 0)),
+                str(parts["sessions"]),
+                str(parts["connected_sessions"]),
+                str(parts["queued_messages"]),
+                str(parts["edges"]),
+            )
+        )
+    print()
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     if doc["strays"]:
         pids = ", ".join(map(str, doc["strays"]))
         print(f"warning: processes {pids} carry this cluster's marker but are not in cluster.json")

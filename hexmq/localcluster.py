@@ -380,12 +380,9 @@ def kill_node(cluster_dir: Path, number: int) -> int:
 
 
 def node_status(state: ClusterState, node: NodeState) -> dict[str, Any]:
-    """What is known about one node right now.
-
-    The hook for later issues: partition roles and replication lag come from the partition
-    service's Status RPC (PartitionService.Status on node.ports.partition) and belong under a
-    "partitions" key here; `hexmq cluster status` prints whatever this returns.
-    """
+    """What is known about one node right now: its processes, and what its partition service
+    says of itself (PartitionService.Status) under "partitions" (replication lag joins it
+    with the cluster data plane)."""
     processes = {}
     for service, record in node.processes.items():
         processes[service] = {
@@ -401,6 +398,34 @@ def node_status(state: ClusterState, node: NodeState) -> dict[str, Any]:
         "mqtt_port": node.ports.mqtt,
         "alive": all(p["alive"] for p in processes.values()),
         "processes": processes,
+        "partitions": partition_status(node) if processes["partition"]["alive"] else None,
+    }
+
+
+def partition_status(node: NodeState, timeout: float = 2.0) -> dict[str, Any]:
+    """The partition service's own account: partitions by role, sessions, queued messages."""
+    import grpc  # imported here: `hexmq cluster` commands that do not ask stay fast
+
+    from hexmq.api.partition.v1 import partition_pb2, partition_pb2_grpc
+
+    try:
+        with grpc.insecure_channel(f"{LOOPBACK}:{node.ports.partition}") as channel:
+            reply = partition_pb2_grpc.PartitionServiceStub(channel).Status(
+                partition_pb2.StatusRequest(), timeout=timeout
+            )
+    except grpc.RpcError as exc:
+        return {"error": f"{exc.code().name}: {exc.details()}"}
+    roles: dict[str, int] = {}
+    for p in reply.partitions:
+        roles[p.role] = roles.get(p.role, 0) + 1
+    return {
+        "roles": roles,
+        "sessions": sum(p.sessions for p in reply.partitions),
+        "connected_sessions": reply.connected_sessions,
+        "queued_messages": sum(p.queued_messages for p in reply.partitions),
+        "edges": reply.edges,
+        "messages_in": reply.messages_in,
+        "messages_out": reply.messages_out,
     }
 
 

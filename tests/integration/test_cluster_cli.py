@@ -302,3 +302,16 @@ def test_run_stays_in_the_foreground_until_ctrl_c(
             manager.kill()
             manager.communicate()
         subprocess.run([str(HEXMQ), "cluster", "down", "--dir", str(cluster_dir)], check=False)
+
+
+def test_status_reports_each_nodes_partitions(hexmq_cluster) -> None:  # type: ignore[no-untyped-def]
+    cluster = hexmq_cluster(nodes=2)
+    nodes = cluster.status()["nodes"]
+    masters = [n["partitions"]["roles"]["master"] for n in nodes]
+    assert sum(masters) == 256  # every partition has exactly one master
+    assert all(m > 0 for m in masters)
+    assert [n["partitions"]["edges"] for n in nodes] == [2, 2]  # each edge links to each node
+    cluster.kill(2)
+    after = cluster.status()["nodes"]
+    assert after[0]["partitions"]["roles"]["master"] == masters[0]
+    assert after[1]["partitions"] is None  # its partition service is not running
