@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from opentelemetry.trace import Span, Status, StatusCode
 
 from hexmq import telemetry
+from hexmq.api.common.v1 import common_pb2 as cpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.mqtt import (
     NEED_DATA,
@@ -42,7 +43,7 @@ from hexmq.mqtt import (
     encode,
 )
 from hexmq.mqtt.reason_codes import ConnectReturnCode, ReasonCode
-from hexmq.topics import validate_topic_filter
+from hexmq.topics import topic_matches, validate_topic_filter
 from services.edge.translate import (
     fill_message,
     packet_id_for,
@@ -102,7 +103,6 @@ class ClientConnection(asyncio.Protocol):
         # Why reading is paused: "connect" (CONNACK pending), "inflight" (too many unacknowledged
         # publishes), "link" (a partition link is congested). Reading resumes when none is left.
         self._paused_for: set[str] = set()
-        self._warned_retain = False
         self._assigned_id: str | None = None
         # Traced deliveries awaiting the client's PUBACK, by packet id.
         self._deliver_spans: dict[int, Span] = {}
@@ -257,7 +257,6 @@ class ClientConnection(asyncio.Protocol):
                 assigned_client_identifier=self._assigned_id,
                 receive_maximum=self.config.receive_maximum,
                 maximum_qos=1,
-                retain_available=False,
                 shared_subscription_available=False,
                 maximum_packet_size=self.config.max_packet_size,
             )
@@ -285,15 +284,6 @@ class ClientConnection(asyncio.Protocol):
                 RC.TOPIC_ALIAS_INVALID, "topic aliases are not accepted (Topic Alias Maximum 0)"
             )
             return
-        if packet.retain:
-            if self.version == V5:
-                self._fail(RC.RETAIN_NOT_SUPPORTED, "retained messages are not offered")
-                return
-            if not self._warned_retain:
-                self._warned_retain = True
-                log.info(
-                    "%s: retained messages are not stored yet; forwarding as live", self.client_id
-                )
         if packet.topic.startswith("$SYS/"):
             # Only the broker publishes under $SYS. 5.0 hears why; 3.1.1 has no way to be told,
             # so (as mosquitto does for a denied publish) it is acknowledged and dropped.
@@ -309,8 +299,9 @@ class ClientConnection(asyncio.Protocol):
         route = self.edge.router.route_publish(packet.topic)
         if route_span is not None:
             tracer.routed(route_span, route)
+        retained = self.edge.router.retained_route(packet.topic) if packet.retain else None
         if packet.qos == 0:
-            commands = publish_commands(self.client_id, packet, route.targets)
+            commands = publish_commands(self.client_id, packet, route.targets, retained)
             if span is not None:
                 tracer.stamp(span, commands)
             for link, cmd in commands:
@@ -324,7 +315,7 @@ class ClientConnection(asyncio.Protocol):
         if not route.complete:
             self._publish_refused(pid, "a partition node is unavailable", span)
             return
-        if not route.targets:
+        if not route.targets and retained is None:
             self._write(
                 self.codec.send(
                     PubAck(pid, RC.NO_MATCHING_SUBSCRIBERS if self.version == V5 else 0)
@@ -336,8 +327,8 @@ class ClientConnection(asyncio.Protocol):
         self._pending_in += 1
         if self._pending_in >= self.config.receive_maximum:
             self._pause_reading("inflight")
-        done = self._publish_done(pid, len(route.targets), span)
-        commands = publish_commands(self.client_id, packet, route.targets)
+        commands = publish_commands(self.client_id, packet, route.targets, retained)
+        done = self._publish_done(pid, len(commands), span)
         if span is not None:
             tracer.stamp(span, commands)
         for link, cmd in commands:
@@ -426,6 +417,8 @@ class ClientConnection(asyncio.Protocol):
             granted = iter(result.reason_codes if result.status == OK else [0x80] * len(specs))
             final = [code if code is not None else next(granted) for code in codes]
             self._write(self.codec.send(SubAck(packet.packet_id, tuple(final))))
+            if result.status == OK:
+                self._send_retained(specs, list(result.reason_codes), list(result.existed))
 
         if not specs:
             on_result(pb.Result())
@@ -438,6 +431,67 @@ class ClientConnection(asyncio.Protocol):
             ),
             on_result,
         )
+
+    def _send_retained(
+        self, specs: list[pb.SubscriptionSpec], granted: list[int], existed: list[bool]
+    ) -> None:
+        """After the SUBACK: the retained messages matching the new subscriptions, gathered
+        from every partition node (a topic's retained message lives in partition(topic)) and
+        queued through the session's partition like any delivery (MQTT-3.3.1-9)."""
+        wanted = [
+            (spec, qos)
+            for spec, qos, had in zip(specs, granted, existed, strict=False)
+            if qos < 0x80
+            # Retain Handling: 0 always, 1 only for a new subscription, 2 never (MQTT-3.3.1-10/11)
+            and (spec.retain_handling == 0 or (spec.retain_handling == 1 and not had))
+        ]
+        links = list(self.edge.router.links.values())
+        if not wanted or not links:
+            return
+        query = pb.RetainedQuery(filters=[spec.filter for spec, _ in wanted])
+        found: list[cpb.Message] = []
+        remaining = len(links)
+
+        def on_result(result: pb.Result) -> None:
+            nonlocal remaining
+            remaining -= 1
+            if result.status == OK:
+                found.extend(result.retained)
+            else:
+                log.warning("%s: retained messages unavailable: %s", self.client_id, result.message)
+            if not remaining and found and self.state is State.CONNECTED:
+                self._queue_retained(found, wanted)
+
+        for link in links:
+            link.request(pb.EdgeCommand(retained_query=query), on_result)
+
+    def _queue_retained(
+        self, messages: list[cpb.Message], wanted: list[tuple[pb.SubscriptionSpec, int]]
+    ) -> None:
+        queued = []
+        for m in sorted(messages, key=lambda m: m.topic):
+            qos = -1
+            ids = []
+            for spec, granted in wanted:
+                if topic_matches(spec.filter, m.topic):
+                    qos = max(qos, min(m.qos, granted))
+                    if spec.subscription_id:
+                        ids.append(spec.subscription_id)
+            if qos >= 0:
+                queued.append(
+                    pb.QueuedMessage(qos=qos, message=m, subscription_ids=ids, retain=True)
+                )
+        if queued:
+            self._session_request(
+                pb.EdgeCommand(
+                    enqueue_retained=pb.EnqueueRetained(
+                        client_id=self.client_id,
+                        connection_id=self.connection_id,
+                        messages=queued,
+                    )
+                ),
+                lambda result: None,
+            )
 
     def _on_unsubscribe(self, packet: Unsubscribe) -> None:
         def on_result(result: pb.Result) -> None:

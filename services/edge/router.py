@@ -53,6 +53,11 @@ class Router:
         assignment = view.partitions[p]
         return SessionRoute(p, assignment.epoch, self.links[assignment.replicas[0]])
 
+    def retained_route(self, topic: str) -> tuple[PartitionLink, pb.PartitionTarget]:
+        """Where the topic's retained message lives: the master of partition(topic)."""
+        route = self.session_route(topic)  # the same keyed placement, keyed by the topic
+        return route.link, pb.PartitionTarget(partition=route.partition, epoch=route.epoch)
+
     def route_publish(self, topic: str) -> PublishRoute:
         route = self._cache.get(topic)
         if route is not None:

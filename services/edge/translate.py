@@ -59,11 +59,16 @@ def publish_commands(
     publisher_id: str,
     packet: Publish,
     targets: tuple[tuple[PartitionLink, tuple[pb.PartitionTarget, ...]], ...],
+    retained: tuple[PartitionLink, pb.PartitionTarget] | None = None,
 ) -> list[tuple[PartitionLink, pb.EdgeCommand]]:
-    """One Publish command per master node. The message is built in place in the first
-    command and copied for the rest."""
+    """One Publish command per master node (plus, for RETAIN, the node mastering the topic's
+    partition, if it is not one of them). The message is built in place in the first command
+    and copied for the rest."""
     out: list[tuple[PartitionLink, pb.EdgeCommand]] = []
-    for link, node_targets in targets:
+    plan = list(targets)
+    if retained is not None and all(link is not retained[0] for link, _ in plan):
+        plan.append((retained[0], ()))
+    for link, node_targets in plan:
         cmd = pb.EdgeCommand()
         if out:
             cmd.publish.message.CopyFrom(out[0][1].publish.message)
@@ -74,10 +79,12 @@ def publish_commands(
                 packet.topic,
                 packet.payload,
                 packet.qos,
-                False,
+                packet.retain,
                 packet.properties,
             )
         cmd.publish.targets.extend(node_targets)
+        if retained is not None and link is retained[0]:
+            cmd.publish.retained.CopyFrom(retained[1])
         out.append((link, cmd))
     return out
 

@@ -20,7 +20,7 @@ from hexmq import telemetry
 from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
-from hexmq.topics import TopicTrie
+from hexmq.topics import TopicTrie, topic_matches
 from services.partition.links import EdgeLink
 from services.partition.sessions import NEVER_EXPIRES, LiveConnection, Session
 from services.partition.store import GroupCommit, RedisStore
@@ -73,6 +73,8 @@ class PartitionNode:
         # partition -> epoch, for the partitions this node masters and has loaded.
         self.mastered: dict[int, int] = {}
         self.sessions: dict[str, Session] = {}
+        # topic -> (partition, message): the retained messages of the partitions mastered here.
+        self.retained: dict[str, tuple[int, common_pb.Message]] = {}
         self.links: dict[str, EdgeLink] = {}
         # Every subscription of every session here: filter -> client id -> spec.
         self.trie: TopicTrie[str, pb.SubscriptionSpec] = TopicTrie()
@@ -115,6 +117,8 @@ class PartitionNode:
                     # Its connection was lost with the old process; edges re-attach live ones.
                     session.record.disconnected_at_ms = now_ms()
                 self.sessions[session.client_id] = session
+            for msg in await self.store.load_retained(p):
+                self.retained[msg.topic] = (p, msg)
             self.mastered[p] = epoch
         log.info(
             "view %d: master of %d partitions, %d sessions loaded",
@@ -284,14 +288,16 @@ class PartitionNode:
             return
         pipe = self.commit.pipe
         codes = []
+        existed = []
         for spec in req.subscriptions:
+            existed.append(spec.filter in session.subscriptions)
             granted = pb.SubscriptionSpec()
             granted.CopyFrom(spec)
             granted.qos = min(spec.qos, MAX_QOS)
             self._add_subscription(session, granted, announce=True)
             self.store.put_subscription(pipe, session.partition, session.client_id, granted)
             codes.append(granted.qos)
-        self._reply(link, cmd, reason_codes=codes)
+        self._reply(link, cmd, reason_codes=codes, existed=existed)
 
     def _unsubscribe(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
         req = cmd.unsubscribe
@@ -318,11 +324,18 @@ class PartitionNode:
             if not self._check_owner(link, cmd, target.partition, target.epoch):
                 return
             targets.add(target.partition)
+        has_retained = req.HasField("retained")
+        if has_retained and not self._check_owner(
+            link, cmd, req.retained.partition, req.retained.epoch
+        ):
+            return
         self.messages_in += 1
         msg = req.message
-        # partition -> trace carrier of its append span, when this publish is traced.
+        if has_retained:
+            self._store_retained(req.retained.partition, msg)
         # partition -> subscriber sessions it delivers this message to (when traced).
         fanout: dict[int, int] = {}
+        # partition -> trace carrier of its append span, when this publish is traced.
         carriers = self._trace_append(msg, req.targets, fanout) if msg.trace.carrier else None
         # One delivery per session at the highest granted QoS, with every matching
         # subscription identifier (MQTT-3.3.4-3/-4/-5).
@@ -334,7 +347,6 @@ class PartitionNode:
             if spec.subscription_id:
                 ids.append(spec.subscription_id)
             matched[cid] = (max(qos, spec.qos), ids, retain or spec.retain_as_published)
-        pipe = None
         for cid, (sub_qos, ids, rap) in matched.items():
             session = self.sessions[cid]
             if session.partition not in targets:
@@ -351,29 +363,69 @@ class PartitionNode:
                     session.enqueue_transient(transient)
                     self._schedule_pump(session)
                 continue
-            if pipe is None:
-                pipe = self.commit.pipe
-            if len(session.queue) >= self.limits.max_queued_messages:
-                self.dropped_queue_full += 1
-                if not self.limits.drop_oldest:
-                    continue  # the newest is not queued for this session
-                oldest = next(iter(session.queue))
-                session.acknowledge([oldest])
-                self.store.delete_messages(pipe, session.partition, cid, [oldest])
             qm = pb.QueuedMessage(
-                message_id=session.next_message_id(),
-                qos=qos,
-                message=msg,
-                subscription_ids=ids,
-                retain=rap and msg.retain,
+                qos=qos, message=msg, subscription_ids=ids, retain=rap and msg.retain
             )
             if carriers:
                 _set_carrier(qm, carriers[session.partition])
+            if self._enqueue(session, qm) and carriers:
                 fanout[session.partition] = fanout.get(session.partition, 0) + 1
-            session.enqueue(qm)
-            self.store.put_message(pipe, session.partition, cid, qm)
-            self._dirty[cid] = session
-            self.commit.after(functools.partial(self._durable, session, qm.message_id))
+        self._reply(link, cmd)
+
+    def _enqueue(self, session: Session, qm: pb.QueuedMessage) -> bool:
+        """Queue a QoS >= 1 message for `session` (its message id is assigned here), durably,
+        within the session's limit; False if the limit turned it away."""
+        pipe = self.commit.pipe
+        if len(session.queue) >= self.limits.max_queued_messages:
+            self.dropped_queue_full += 1
+            if not self.limits.drop_oldest:
+                return False  # the newest is not queued for this session
+            oldest = next(iter(session.queue))
+            session.acknowledge([oldest])
+            self.store.delete_messages(pipe, session.partition, session.client_id, [oldest])
+        qm.message_id = session.next_message_id()
+        session.enqueue(qm)
+        self.store.put_message(pipe, session.partition, session.client_id, qm)
+        self._dirty[session.client_id] = session
+        self.commit.after(functools.partial(self._durable, session, qm.message_id))
+        return True
+
+    def _store_retained(self, p: int, msg: common_pb.Message) -> None:
+        """Set (or, with an empty payload, delete) the topic's retained message."""
+        if msg.payload:
+            kept = common_pb.Message()
+            kept.CopyFrom(msg)
+            kept.retain = True
+            kept.ClearField("trace")
+            self.retained[msg.topic] = (p, kept)
+            self.store.put_retained(self.commit.pipe, p, kept)
+        elif self.retained.pop(msg.topic, None) is not None:
+            self.store.delete_retained(self.commit.pipe, p, msg.topic)
+
+    def _retained_query(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+        filters = list(cmd.retained_query.filters)
+        now = now_ms()
+        found = [
+            msg
+            for topic, (p, msg) in self.retained.items()
+            if p in self.mastered
+            and not (msg.expires_at_ms and msg.expires_at_ms <= now)
+            and any(topic_matches(f, topic) for f in filters)
+        ]
+        event = _result(cmd.request_id, retained=found)
+        self.commit.after(lambda: link.send(event))
+
+    def _enqueue_retained(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+        req = cmd.enqueue_retained
+        session = self._live_session(link, cmd, req.client_id, req.connection_id)
+        if session is None:
+            return
+        for qm in req.messages:
+            if qm.qos == 0:
+                session.enqueue_transient(qm)
+            else:
+                self._enqueue(session, qm)
+        self._schedule_pump(session)
         self._reply(link, cmd)
 
     def _trace_append(
@@ -443,6 +495,8 @@ class PartitionNode:
         "unsubscribe": _unsubscribe,
         "publish": _publish,
         "delivery_ack": _delivery_ack,
+        "retained_query": _retained_query,
+        "enqueue_retained": _enqueue_retained,
     }
 
     # ----- helpers ----------------------------------------------------------------------

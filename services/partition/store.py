@@ -4,6 +4,7 @@ Keys (p = partition number, cid = client id):
     hx:{p}:sessions      hash  cid -> SessionRecord
     hx:{p}:subs:{cid}    hash  topic filter -> SubscriptionSpec
     hx:{p}:q:{cid}       hash  message id (decimal) -> QueuedMessage
+    hx:{p}:retained      hash  topic -> Message (the topic's retained message; p = partition(topic))
 Every key of a partition starts with hx:{p}: so a partition can be moved or dropped as a whole.
 
 Durability: Redis runs with appendonly yes and appendfsync everysec. Redis writes the AOF buffer
@@ -21,6 +22,7 @@ from typing import cast
 
 import redis.asyncio as redis
 
+from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,10 @@ def subs_key(p: int, cid: str) -> str:
 
 def queue_key(p: int, cid: str) -> str:
     return f"hx:{p}:q:{cid}"
+
+
+def retained_key(p: int) -> str:
+    return f"hx:{p}:retained"
 
 
 @dataclass(slots=True)
@@ -183,6 +189,18 @@ class RedisStore:
         names = [str(mid) for mid in message_ids]
         if names:
             pipe.hdel(queue_key(p, cid), *names)
+
+    @staticmethod
+    def put_retained(pipe: redis.client.Pipeline, p: int, msg: common_pb.Message) -> None:
+        pipe.hset(retained_key(p), msg.topic, msg.SerializeToString())
+
+    @staticmethod
+    def delete_retained(pipe: redis.client.Pipeline, p: int, topic: str) -> None:
+        pipe.hdel(retained_key(p), topic)
+
+    async def load_retained(self, p: int) -> list[common_pb.Message]:
+        raw = cast("dict[bytes, bytes]", await self.client.hgetall(retained_key(p)))
+        return [common_pb.Message.FromString(v) for v in raw.values()]
 
     async def load_partition(self, p: int) -> list[StoredSession]:
         """Every session of partition p with its subscriptions and queue (queue in id order)."""

@@ -12,8 +12,10 @@ import pytest
 
 from hexmq.hashring import assign, partition_of
 from hexmq.mqtt import PubAck, Publish
-from tests.support.otlp_receiver import OtlpReceiver, SpanNode
+from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan, SpanNode
 from tests.support.rawclient import RawClient
+
+DESTINATION = "messaging.destination.name"
 
 
 def uid() -> str:
@@ -51,13 +53,22 @@ async def test_cross_node_publish_is_one_trace(hexmq_cluster, receiver: OtlpRece
     assert delivery.packet_id is not None
     await sub.send(PubAck(delivery.packet_id))
 
-    receiver.wait_for(lambda s: any(x.name == "mqtt.client_ack" for x in s), timeout=15)
-    (root_span,) = [
-        s
-        for s in receiver.by_name("mqtt.publish")
-        if s.attributes.get("messaging.destination.name") == topic
-    ]
-    receiver.wait_for(lambda s: len([x for x in s if x.trace_id == root_span.trace_id]) >= 6, 15)
+    # Each process exports on its own schedule: wait for this publish's root, then its trace.
+    def root_of_this_publish(spans: list[ReceivedSpan]) -> ReceivedSpan | None:
+        for span in spans:
+            if span.name == "mqtt.publish" and span.attributes.get(DESTINATION) == topic:
+                return span
+        return None
+
+    receiver.wait_for(lambda spans: root_of_this_publish(spans) is not None, timeout=15)
+    root_span = root_of_this_publish(receiver.spans)
+    assert root_span is not None
+    expected = {"mqtt.publish", "edge.route", "partition.append", "partition.ack"}
+    expected |= {"mqtt.deliver", "mqtt.client_ack"}
+    receiver.wait_for(
+        lambda spans: expected <= {x.name for x in spans if x.trace_id == root_span.trace_id},
+        timeout=15,
+    )
     (root,) = receiver.trace_tree(root_span.trace_id)
 
     def only(node: SpanNode, name: str) -> SpanNode:

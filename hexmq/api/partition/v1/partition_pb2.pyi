@@ -121,6 +121,8 @@ class EdgeCommand(_message.Message):
     PUBLISH_FIELD_NUMBER: _builtins.int
     DELIVERY_ACK_FIELD_NUMBER: _builtins.int
     ATTACH_SESSION_FIELD_NUMBER: _builtins.int
+    RETAINED_QUERY_FIELD_NUMBER: _builtins.int
+    ENQUEUE_RETAINED_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     """0: the edge wants no Result (QoS 0 publish, delivery acknowledgements)."""
     partition: _builtins.int
@@ -142,6 +144,10 @@ class EdgeCommand(_message.Message):
     def delivery_ack(self) -> Global___DeliveryAck: ...
     @_builtins.property
     def attach_session(self) -> Global___AttachSession: ...
+    @_builtins.property
+    def retained_query(self) -> Global___RetainedQuery: ...
+    @_builtins.property
+    def enqueue_retained(self) -> Global___EnqueueRetained: ...
     def __init__(
         self,
         *,
@@ -156,12 +162,14 @@ class EdgeCommand(_message.Message):
         publish: Global___Publish | None = ...,
         delivery_ack: Global___DeliveryAck | None = ...,
         attach_session: Global___AttachSession | None = ...,
+        retained_query: Global___RetainedQuery | None = ...,
+        enqueue_retained: Global___EnqueueRetained | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "delivery_ack", b"delivery_ack", "open_session", b"open_session", "publish", b"publish", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "delivery_ack", b"delivery_ack", "enqueue_retained", b"enqueue_retained", "open_session", b"open_session", "publish", b"publish", "retained_query", b"retained_query", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "delivery_ack", b"delivery_ack", "open_session", b"open_session", "partition", b"partition", "partition_epoch", b"partition_epoch", "publish", b"publish", "request_id", b"request_id", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "delivery_ack", b"delivery_ack", "enqueue_retained", b"enqueue_retained", "open_session", b"open_session", "partition", b"partition", "partition_epoch", b"partition_epoch", "publish", b"publish", "request_id", b"request_id", "retained_query", b"retained_query", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["open_session", "close_session", "subscribe", "unsubscribe", "publish", "delivery_ack", "attach_session"]  # noqa: Y015
+    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["open_session", "close_session", "subscribe", "unsubscribe", "publish", "delivery_ack", "attach_session", "retained_query", "enqueue_retained"]  # noqa: Y015
     _WhichOneofArgType_command: _TypeAlias = _typing.Literal["command", b"command"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_command) -> _WhichOneofReturnType_command | None: ...
 
@@ -424,23 +432,85 @@ class Publish(_message.Message):
 
     MESSAGE_FIELD_NUMBER: _builtins.int
     TARGETS_FIELD_NUMBER: _builtins.int
+    RETAINED_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def message(self) -> _common_pb2.Message: ...
     @_builtins.property
     def targets(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionTarget]: ...
+    @_builtins.property
+    def retained(self) -> Global___PartitionTarget:
+        """Set on the command for the node mastering partition(topic) when the message has RETAIN:
+        that partition stores it as the topic's retained message (an empty payload deletes it).
+        """
+
     def __init__(
         self,
         *,
         message: _common_pb2.Message | None = ...,
         targets: _abc.Iterable[Global___PartitionTarget] | None = ...,
+        retained: Global___PartitionTarget | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "retained", b"retained"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "targets", b"targets"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "retained", b"retained", "targets", b"targets"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Publish: _TypeAlias = Publish  # noqa: Y015
+
+@_typing.final
+class RetainedQuery(_message.Message):
+    """The retained messages whose topics match any of these filters, from every partition this
+    node masters (answered in Result.retained). Sent to every partition node on SUBSCRIBE.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FILTERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def filters(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        filters: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["filters", b"filters"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetainedQuery: _TypeAlias = RetainedQuery  # noqa: Y015
+
+@_typing.final
+class EnqueueRetained(_message.Message):
+    """Queue retained messages for a session after its SUBACK (qos and subscription ids already
+    resolved by the edge; message ids are assigned here).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    CONNECTION_ID_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    connection_id: _builtins.str
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueuedMessage]: ...
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+        connection_id: _builtins.str = ...,
+        messages: _abc.Iterable[Global___QueuedMessage] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "connection_id", b"connection_id", "messages", b"messages"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EnqueueRetained: _TypeAlias = EnqueueRetained  # noqa: Y015
 
 @_typing.final
 class DeliveryAck(_message.Message):
@@ -542,6 +612,8 @@ class Result(_message.Message):
     CURRENT_MASTER_FIELD_NUMBER: _builtins.int
     SESSION_PRESENT_FIELD_NUMBER: _builtins.int
     REASON_CODES_FIELD_NUMBER: _builtins.int
+    RETAINED_FIELD_NUMBER: _builtins.int
+    EXISTED_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     status: Global___StatusCode.ValueType
     message: _builtins.str
@@ -550,6 +622,16 @@ class Result(_message.Message):
     @_builtins.property
     def reason_codes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """SUBACK / UNSUBACK reason codes, one per filter in order."""
+
+    @_builtins.property
+    def retained(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]:
+        """RetainedQuery: the matching retained messages."""
+
+    @_builtins.property
+    def existed(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]:
+        """Subscribe: per filter, whether the session already had that subscription (MQTT 5.0
+        Retain Handling 1 sends retained messages only for new ones).
+        """
 
     def __init__(
         self,
@@ -560,10 +642,12 @@ class Result(_message.Message):
         current_master: _builtins.str = ...,
         session_present: _builtins.bool = ...,
         reason_codes: _abc.Iterable[_builtins.int] | None = ...,
+        retained: _abc.Iterable[_common_pb2.Message] | None = ...,
+        existed: _abc.Iterable[_builtins.bool] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["current_master", b"current_master", "message", b"message", "reason_codes", b"reason_codes", "request_id", b"request_id", "session_present", b"session_present", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["current_master", b"current_master", "existed", b"existed", "message", b"message", "reason_codes", b"reason_codes", "request_id", b"request_id", "retained", b"retained", "session_present", b"session_present", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
