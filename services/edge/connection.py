@@ -8,6 +8,7 @@ gRPC frame of results) leave in a single transport.write.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import logging
 import time
@@ -90,6 +91,10 @@ class ClientConnection(asyncio.Protocol):
         self.keepalive = 0
         self.last_rx = 0.0
         self.receive_maximum = 0
+        # The largest packet the client accepts (5.0 Maximum Packet Size; 0: no limit).
+        self.client_max_packet = 0
+        # Inbound topic aliases (5.0): alias -> topic, for this connection only.
+        self._aliases: dict[int, str] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._loop = asyncio.get_running_loop()
         self.stats = edge.stats
@@ -200,6 +205,7 @@ class ClientConnection(asyncio.Protocol):
         if self.version == V5:
             expiry = props.session_expiry_interval or 0
             self.receive_maximum = props.receive_maximum or 65535
+            self.client_max_packet = props.maximum_packet_size or 0
         else:
             expiry = 0 if packet.clean_start else NEVER_EXPIRES
             self.receive_maximum = self.config.max_inflight_v311
@@ -256,6 +262,7 @@ class ClientConnection(asyncio.Protocol):
             props = Properties(
                 assigned_client_identifier=self._assigned_id,
                 receive_maximum=self.config.receive_maximum,
+                topic_alias_maximum=self.config.topic_alias_maximum,
                 maximum_qos=1,
                 shared_subscription_available=False,
                 maximum_packet_size=self.config.max_packet_size,
@@ -280,10 +287,10 @@ class ClientConnection(asyncio.Protocol):
             return
         props = packet.properties
         if props.topic_alias is not None:
-            self._fail(
-                RC.TOPIC_ALIAS_INVALID, "topic aliases are not accepted (Topic Alias Maximum 0)"
-            )
-            return
+            resolved = self._resolve_alias(packet)
+            if resolved is None:
+                return
+            packet = resolved
         if packet.topic.startswith("$SYS/"):
             # Only the broker publishes under $SYS. 5.0 hears why; 3.1.1 has no way to be told,
             # so (as mosquitto does for a denied publish) it is acknowledged and dropped.
@@ -325,6 +332,13 @@ class ClientConnection(asyncio.Protocol):
                 tracer.finish(span, reason_code=RC.NO_MATCHING_SUBSCRIBERS)
             return
         self._pending_in += 1
+        if self._pending_in > self.config.receive_maximum and self.version == V5:
+            # MQTT-3.3.4-9: more unacknowledged QoS 1 publishes than we announced.
+            self._fail(
+                RC.RECEIVE_MAXIMUM_EXCEEDED,
+                f"more than {self.config.receive_maximum} unacknowledged QoS 1 publishes",
+            )
+            return
         if self._pending_in >= self.config.receive_maximum:
             self._pause_reading("inflight")
         commands = publish_commands(self.client_id, packet, route.targets, retained)
@@ -334,6 +348,29 @@ class ClientConnection(asyncio.Protocol):
         for link, cmd in commands:
             link.request(cmd, done)
             self._throttle(link)
+
+    def _resolve_alias(self, packet: Publish) -> Publish | None:
+        """A 5.0 PUBLISH with a Topic Alias: set or use the mapping (MQTT-3.3.2-7..12); None
+        after ending the connection for a bad alias."""
+        alias = packet.properties.topic_alias
+        assert alias is not None
+        if not 0 < alias <= self.config.topic_alias_maximum:
+            self._fail(
+                RC.TOPIC_ALIAS_INVALID,
+                f"topic alias {alias} outside 1..{self.config.topic_alias_maximum}",
+            )
+            return None
+        topic = packet.topic
+        if topic:
+            self._aliases[alias] = topic
+        else:
+            known = self._aliases.get(alias)
+            if known is None:
+                self._fail(RC.PROTOCOL_ERROR, f"topic alias {alias} has no topic yet")
+                return None
+            topic = known
+        props = dataclasses.replace(packet.properties, topic_alias=None)
+        return dataclasses.replace(packet, topic=topic, properties=props)
 
     def _publish_done(self, pid: int, parts: int, span: Span | None) -> Callable[[pb.Result], None]:
         failures: list[str] = []
@@ -553,17 +590,24 @@ class ClientConnection(asyncio.Protocol):
                 if qm.qos:
                     self._acks.append(qm.message_id)
                 continue
-            pid = None
+            pid = packet_id_for(qm.message_id) if qm.qos else None
+            props = publish_properties(qm, now) if self.version == V5 else NO_PROPERTIES
+            data = send(Publish(m.topic, m.payload, qm.qos, qm.retain, qm.dup, pid, props))
+            if self.client_max_packet and len(data) > self.client_max_packet:
+                # MQTT-3.1.2-25: too large for this client: discard it and behave as if it
+                # had been delivered (the partition forgets it), for this client only.
+                self.stats.dropped_too_large += 1
+                if qm.qos:
+                    self._acks.append(qm.message_id)
+                continue
             span = tracer.start_deliver(qm, self.client_id) if tracer.enabled else None
-            if qm.qos:
-                pid = packet_id_for(qm.message_id)
+            if pid is not None:
                 self._inflight_out[pid] = qm.message_id
                 if span is not None:
                     self._deliver_spans[pid] = span
             elif span is not None:
                 span.end()
-            props = publish_properties(qm, now) if self.version == V5 else NO_PROPERTIES
-            self._write(send(Publish(m.topic, m.payload, qm.qos, qm.retain, qm.dup, pid, props)))
+            self._write(data)
             self.stats.messages_out[qm.qos] += 1
         self._flush_acks()
 

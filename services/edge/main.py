@@ -18,6 +18,7 @@ from services.edge.server import (
     DEFAULT_MAX_INFLIGHT_V311,
     DEFAULT_MAX_PACKET_SIZE,
     DEFAULT_RECEIVE_MAXIMUM,
+    DEFAULT_TOPIC_ALIAS_MAXIMUM,
     Edge,
     EdgeConfig,
 )
@@ -48,6 +49,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="QoS 1 deliveries in flight to a 3.1.1 client",
     )
     parser.add_argument(
+        "--topic-alias-maximum",
+        type=int,
+        default=DEFAULT_TOPIC_ALIAS_MAXIMUM,
+        help="inbound topic aliases a 5.0 client may use (0: none)",
+    )
+    parser.add_argument(
         "--sys-interval",
         type=float,
         default=10.0,
@@ -66,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
         for name in ("max_packet_size", "receive_maximum", "max_inflight_v311"):
             if getattr(args, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+        if not 0 <= args.topic_alias_maximum <= 65535:
+            raise ValueError("--topic-alias-maximum must be 0-65535")
         if args.receive_maximum > 65535 or args.max_inflight_v311 > 65535:
             raise ValueError("--receive-maximum and --max-inflight-v311 must be at most 65535")
     except ValueError as exc:
@@ -80,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
         receive_maximum=args.receive_maximum,
         max_inflight_v311=args.max_inflight_v311,
         sys_interval=args.sys_interval,
+        topic_alias_maximum=args.topic_alias_maximum,
     )
 
     async def main(stop: asyncio.Event) -> int:

@@ -24,6 +24,7 @@ log = logging.getLogger("hexmq.edge")
 DEFAULT_MAX_PACKET_SIZE = 1024 * 1024
 DEFAULT_RECEIVE_MAXIMUM = 1024
 DEFAULT_MAX_INFLIGHT_V311 = 256
+DEFAULT_TOPIC_ALIAS_MAXIMUM = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +39,8 @@ class EdgeConfig:
     # Outbound in-flight window for 3.1.1 clients (5.0 clients announce their own).
     max_inflight_v311: int = DEFAULT_MAX_INFLIGHT_V311
     connect_timeout: float = 10.0
+    # Inbound topic aliases a 5.0 client may use (announced in CONNACK).
+    topic_alias_maximum: int = DEFAULT_TOPIC_ALIAS_MAXIMUM
     # Seconds between $SYS publications (0: none).
     sys_interval: float = 10.0
     shutdown_grace: float = 2.0

@@ -32,6 +32,8 @@ class EdgeStats:
     bytes_out: int = 0
     # QoS 0 deliveries dropped for subscribers that could not keep up.
     dropped_qos0: int = 0
+    # Deliveries larger than the client's Maximum Packet Size, discarded for that client.
+    dropped_too_large: int = 0
     # QoS >= 1 publishes refused (not stored, never acknowledged).
     refused_publishes: int = 0
     # Connections ended or refused for bad input or a refusal, by (packet kind, reason code).
@@ -51,6 +53,7 @@ class EdgeStats:
         yield "bytes/received", str(self.bytes_in)
         yield "bytes/sent", str(self.bytes_out)
         yield "publish/dropped_qos0", str(self.dropped_qos0)
+        yield "publish/dropped_too_large", str(self.dropped_too_large)
         yield "publish/refused", str(self.refused_publishes)
         yield "packets/rejected", str(sum(self.rejected.values()))
 
