@@ -44,7 +44,8 @@ from hexmq.mqtt import (
     encode,
 )
 from hexmq.mqtt.reason_codes import ConnectReturnCode, ReasonCode
-from hexmq.topics import topic_matches, validate_topic_filter
+from hexmq.topics import validate_topic_filter
+from services.edge import retained
 from services.edge.translate import (
     fill_message,
     packet_id_for,
@@ -472,63 +473,27 @@ class ClientConnection(asyncio.Protocol):
     def _send_retained(
         self, specs: list[pb.SubscriptionSpec], granted: list[int], existed: list[bool]
     ) -> None:
-        """After the SUBACK: the retained messages matching the new subscriptions, gathered
-        from every partition node (a topic's retained message lives in partition(topic)) and
-        queued through the session's partition like any delivery (MQTT-3.3.1-9)."""
-        wanted = [
-            (spec, qos)
-            for spec, qos, had in zip(specs, granted, existed, strict=False)
-            if qos < 0x80
-            # Retain Handling: 0 always, 1 only for a new subscription, 2 never (MQTT-3.3.1-10/11)
-            and (spec.retain_handling == 0 or (spec.retain_handling == 1 and not had))
-        ]
-        links = list(self.edge.router.links.values())
-        if not wanted or not links:
+        """After the SUBACK: the retained messages for the new subscriptions, queued through
+        the session's partition like any delivery (MQTT-3.3.1-9)."""
+        wanted = retained.wanted(specs, granted, existed)
+        if not wanted:
             return
-        query = pb.RetainedQuery(filters=[spec.filter for spec, _ in wanted])
-        found: list[cpb.Message] = []
-        remaining = len(links)
 
-        def on_result(result: pb.Result) -> None:
-            nonlocal remaining
-            remaining -= 1
-            if result.status == OK:
-                found.extend(result.retained)
-            else:
-                log.warning("%s: retained messages unavailable: %s", self.client_id, result.message)
-            if not remaining and found and self.state is State.CONNECTED:
-                self._queue_retained(found, wanted)
-
-        for link in links:
-            link.request(pb.EdgeCommand(retained_query=query), on_result)
-
-    def _queue_retained(
-        self, messages: list[cpb.Message], wanted: list[tuple[pb.SubscriptionSpec, int]]
-    ) -> None:
-        queued = []
-        for m in sorted(messages, key=lambda m: m.topic):
-            qos = -1
-            ids = []
-            for spec, granted in wanted:
-                if topic_matches(spec.filter, m.topic):
-                    qos = max(qos, min(m.qos, granted))
-                    if spec.subscription_id:
-                        ids.append(spec.subscription_id)
-            if qos >= 0:
-                queued.append(
-                    pb.QueuedMessage(qos=qos, message=m, subscription_ids=ids, retain=True)
+        def queue(messages: list[cpb.Message]) -> None:
+            deliveries = retained.deliveries(messages, wanted)
+            if deliveries and self.state is State.CONNECTED:
+                self._session_request(
+                    pb.EdgeCommand(
+                        enqueue_retained=pb.EnqueueRetained(
+                            client_id=self.client_id,
+                            connection_id=self.connection_id,
+                            messages=deliveries,
+                        )
+                    ),
+                    lambda result: None,
                 )
-        if queued:
-            self._session_request(
-                pb.EdgeCommand(
-                    enqueue_retained=pb.EnqueueRetained(
-                        client_id=self.client_id,
-                        connection_id=self.connection_id,
-                        messages=queued,
-                    )
-                ),
-                lambda result: None,
-            )
+
+        retained.gather(list(self.edge.router.links.values()), [s.filter for s, _ in wanted], queue)
 
     def _on_unsubscribe(self, packet: Unsubscribe) -> None:
         def on_result(result: pb.Result) -> None:

@@ -1,0 +1,75 @@
+"""Retained messages on SUBSCRIBE: which subscriptions get them, gathering them from every
+partition node (a topic's retained message lives in partition(topic)), and turning them into
+deliveries for the session."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from hexmq.api.common.v1 import common_pb2 as cpb
+from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.topics import topic_matches
+from services.edge.links import PartitionLink
+
+log = logging.getLogger(__name__)
+
+OK = pb.StatusCode.STATUS_CODE_OK
+
+
+def wanted(
+    specs: Sequence[pb.SubscriptionSpec], granted: Sequence[int], existed: Sequence[bool]
+) -> list[tuple[pb.SubscriptionSpec, int]]:
+    """(subscription, granted QoS) pairs that get retained messages now. Retain Handling: 0
+    always, 1 only for a new subscription, 2 never (MQTT-3.3.1-10/11); refused ones never."""
+    return [
+        (spec, qos)
+        for spec, qos, had in zip(specs, granted, existed, strict=False)
+        if qos < 0x80 and (spec.retain_handling == 0 or (spec.retain_handling == 1 and not had))
+    ]
+
+
+def gather(
+    links: Sequence[PartitionLink],
+    filters: Sequence[str],
+    done: Callable[[list[cpb.Message]], None],
+) -> None:
+    """Ask every partition node for the retained messages matching `filters`; `done(found)`
+    once all have answered. A node that cannot answer is logged and its messages are missed."""
+    if not links:
+        return
+    query = pb.RetainedQuery(filters=filters)
+    found: list[cpb.Message] = []
+    remaining = len(links)
+
+    def on_result(result: pb.Result) -> None:
+        nonlocal remaining
+        remaining -= 1
+        if result.status == OK:
+            found.extend(result.retained)
+        else:
+            log.warning("retained messages unavailable: %s", result.message)
+        if not remaining and found:
+            done(found)
+
+    for link in links:
+        link.request(pb.EdgeCommand(retained_query=query), on_result)
+
+
+def deliveries(
+    messages: Sequence[cpb.Message], wanted: Sequence[tuple[pb.SubscriptionSpec, int]]
+) -> list[pb.QueuedMessage]:
+    """One delivery per retained topic (in topic order) at the highest QoS any matching
+    subscription allows (never above the message's), with every matching subscription id."""
+    out = []
+    for m in sorted(messages, key=lambda m: m.topic):
+        qos = -1
+        ids = []
+        for spec, granted in wanted:
+            if topic_matches(spec.filter, m.topic):
+                qos = max(qos, min(m.qos, granted))
+                if spec.subscription_id:
+                    ids.append(spec.subscription_id)
+        if qos >= 0:
+            out.append(pb.QueuedMessage(qos=qos, message=m, subscription_ids=ids, retain=True))
+    return out
