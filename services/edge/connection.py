@@ -132,10 +132,7 @@ class ClientConnection(asyncio.Protocol):
         self._process()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        for span in self._deliver_spans.values():
-            span.set_status(Status(StatusCode.ERROR, "connection closed before PUBACK"))
-            span.end()
-        self._deliver_spans.clear()
+        self._end_deliver_spans("connection closed before PUBACK")
         self._end_session_span("connection closed")
         if self.state is State.CONNECTED:
             self._close_session(graceful=False)
@@ -602,7 +599,9 @@ class ClientConnection(asyncio.Protocol):
         route = self.route
         if self.state is not State.CONNECTED or route is None:
             return
+        # The partition resends everything unacknowledged, under the same packet ids.
         self._inflight_out.clear()
+        self._end_deliver_spans("partition link lost before PUBACK")
 
         def on_result(result: pb.Result) -> None:
             if result.status != OK and self.state is State.CONNECTED:
@@ -793,6 +792,12 @@ class ClientConnection(asyncio.Protocol):
         self._flush_out()
         if self.transport is not None:
             self.transport.close()
+
+    def _end_deliver_spans(self, why: str) -> None:
+        for span in self._deliver_spans.values():
+            span.set_status(Status(StatusCode.ERROR, why))
+            span.end()
+        self._deliver_spans.clear()
 
     def _end_session_span(self, error: str | None, reason_code: int = 0) -> None:
         span, self._session_span = self._session_span, None

@@ -19,6 +19,7 @@ import grpc
 from hexmq import telemetry
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
+from hexmq.grpc_options import LINK_OPTIONS
 
 log = logging.getLogger(__name__)
 
@@ -32,12 +33,7 @@ HIGH_WATER = 8 * MAX_COMMANDS_PER_FRAME
 LOW_WATER = 2 * MAX_COMMANDS_PER_FRAME
 
 GRPC_OPTIONS = [
-    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
-    ("grpc.max_send_message_length", 256 * 1024 * 1024),
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
+    *LINK_OPTIONS,
     # Reconnect fast after a partition restart: the edge refuses work until the link is back.
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),

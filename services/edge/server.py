@@ -11,11 +11,13 @@ from dataclasses import dataclass
 from hexmq import telemetry
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.mqtt import NO_PROPERTIES
 from services.edge.connection import ClientConnection, State
 from services.edge.links import PartitionLink
 from services.edge.router import Router
-from services.edge.stats import EdgeStats, publish_sys_topics, sys_publish
+from services.edge.stats import EdgeStats, publish_sys_topics
 from services.edge.tracing import EdgeTracer
+from services.edge.translate import fill_message
 from services.membership.client import ViewWatcher
 
 log = logging.getLogger("hexmq.edge")
@@ -103,8 +105,10 @@ class Edge:
         """A broker-originated QoS 0 message, routed like any publish."""
         if self.router.view is None:
             return
+        publisher = f"$SYS/{self.config.node_id}"
         for link, targets in self.router.route_publish(topic).targets:
-            cmd = pb.EdgeCommand(publish=sys_publish(topic, payload, self.config.node_id))
+            cmd = pb.EdgeCommand()
+            fill_message(cmd.publish.message, publisher, topic, payload, 0, False, NO_PROPERTIES)
             cmd.publish.targets.extend(targets)
             link.send(cmd)
 

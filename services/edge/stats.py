@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from hexmq import __version__
-from hexmq.api.partition.v1 import partition_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -76,15 +75,3 @@ async def publish_sys_topics(
         for sub, value in stats.sys_values(connected()):
             send(f"{prefix}/{sub}", value.encode())
         await asyncio.sleep(interval)
-
-
-def sys_publish(topic: str, payload: bytes, node_id: str) -> pb.Publish:
-    """The partition Publish for a broker-originated $SYS message (publisher: the node)."""
-    publish = pb.Publish()
-    m = publish.message
-    m.topic = topic
-    m.payload = payload
-    m.qos = 0
-    m.publisher_id = f"$SYS/{node_id}"
-    m.published_at_ms = int(time.time() * 1000)
-    return publish

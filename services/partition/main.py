@@ -13,6 +13,7 @@ import redis.asyncio as redis
 from hexmq import telemetry
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
+from hexmq.grpc_options import LINK_OPTIONS
 from hexmq.netaddr import parse_hostport
 from hexmq.service import (
     add_observability_arguments,
@@ -22,7 +23,7 @@ from hexmq.service import (
 )
 from services.membership.client import ViewWatcher
 from services.partition.node import DEFAULT_MAX_QUEUED, PartitionNode, QueueLimits
-from services.partition.server import GRPC_OPTIONS, PartitionServicer
+from services.partition.server import PartitionServicer
 from services.partition.store import GroupCommit, RedisStore
 
 log = logging.getLogger("hexmq.partition")
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
             ready.set()
 
         watcher = ViewWatcher(args.membership, on_view)
-        server = grpc.aio.server(options=GRPC_OPTIONS)
+        server = grpc.aio.server(options=LINK_OPTIONS)
         pb_grpc.add_PartitionServiceServicer_to_server(PartitionServicer(node, ready), server)
         try:
             server.add_insecure_port(args.listen)

@@ -15,16 +15,6 @@ from services.partition.node import PartitionNode
 
 log = logging.getLogger(__name__)
 
-# Frames carry many messages; one MQTT packet may be up to the edge's maximum packet size.
-GRPC_OPTIONS = [
-    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
-    ("grpc.max_send_message_length", 256 * 1024 * 1024),
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.keepalive_permit_without_calls", 1),
-]
-
 
 class PartitionServicer(pb_grpc.PartitionServiceServicer):
     def __init__(self, node: PartitionNode, ready: asyncio.Event) -> None:
