@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import ssl
 import time
 from dataclasses import dataclass
 
@@ -12,8 +13,11 @@ from hexmq import telemetry
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.mqtt import NO_PROPERTIES
+from services.edge.auth import AccessControl
 from services.edge.connection import ClientConnection, State
+from services.edge.limits import ConnectionLimit, connection_ceiling
 from services.edge.links import PartitionLink
+from services.edge.listeners import start_listeners
 from services.edge.router import Router
 from services.edge.stats import EdgeStats, publish_sys_topics
 from services.edge.tracing import EdgeTracer
@@ -46,11 +50,29 @@ class EdgeConfig:
     # Seconds between $SYS publications (0: none).
     sys_interval: float = 10.0
     shutdown_grace: float = 2.0
+    # More listeners (HOST, PORT); TLS and WSS need the edge's TLS context.
+    tls_listen: tuple[str, int] | None = None
+    ws_listen: tuple[str, int] | None = None
+    wss_listen: tuple[str, int] | None = None
+    # Client sockets open at once, across listeners (0: as many as the open-file limit allows).
+    max_connections: int = 0
 
 
 class Edge:
-    def __init__(self, config: EdgeConfig, tracing: telemetry.Tracing | None = None) -> None:
+    def __init__(
+        self,
+        config: EdgeConfig,
+        tracing: telemetry.Tracing | None = None,
+        *,
+        access: AccessControl | None = None,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        if (config.tls_listen or config.wss_listen) and tls is None:
+            raise ValueError("--tls-listen and --wss-listen need --tls-cert and --tls-key")
         self.config = config
+        self.access = access or AccessControl()
+        self.limit = ConnectionLimit(config.max_connections or connection_ceiling())
+        self._tls = tls
         self.tracer = EdgeTracer(tracing or telemetry.Tracing.disabled(), config.node_id)
         self.router = Router()
         self.connections: dict[str, ClientConnection] = {}
@@ -59,7 +81,7 @@ class Edge:
         self.incarnation = time.time_ns()
         self._counter = itertools.count(1)
         self._watcher = ViewWatcher(config.membership, self._on_view)
-        self._server: asyncio.Server | None = None
+        self._servers: list[asyncio.Server] = []
 
     def new_connection_id(self) -> str:
         return f"{self.config.node_id}.{self.incarnation:x}.{next(self._counter)}"
@@ -68,10 +90,7 @@ class Edge:
         self._watcher.start()
         async with asyncio.timeout(startup_timeout):
             await self._watcher.wait_ready()
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: ClientConnection(self), self.config.host, self.config.port, backlog=1024
-        )
+        self._servers = await start_listeners(self, self._tls)
         if self.config.sys_interval > 0:
             self._sys_task = asyncio.create_task(
                 publish_sys_topics(
@@ -87,8 +106,8 @@ class Edge:
     async def stop(self) -> None:
         """Stop accepting, tell clients (5.0: DISCONNECT 0x8B), give the partition links a
         moment to carry the session closes, then stop the links."""
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         if self._sys_task is not None:
             self._sys_task.cancel()
         for conn in list(self.connections.values()):

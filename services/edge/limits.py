@@ -1,0 +1,79 @@
+"""The cap on open client connections (--max-connections), so that one edge process never
+runs out of file descriptors (STACK.md: the open-file limit is 20,000 and cannot be raised).
+
+Every client socket counts, on every listener, from the moment the ClientConnection starts (for
+TLS: once the handshake is done; handshakes are bounded by the CONNECT timeout). Up to
+--max-connections, clients are served. The next REFUSAL_SLOTS sockets are kept just long enough
+to answer their CONNECT with CONNACK 0x97 Quota exceeded (5.0) or 3 Server unavailable (3.1.1);
+beyond those, a new socket is closed as soon as it is accepted.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import resource
+import time
+
+log = logging.getLogger("hexmq.edge")
+
+# File descriptors kept for what is not a client: listening sockets, partition links (gRPC),
+# logs, the metrics server, sockets still in their TLS handshake.
+RESERVED_FDS = 256
+# Connections over --max-connections that are held just long enough to read their CONNECT and
+# answer why (CONNACK 0x97 / 3); past these, a new socket is closed as soon as it is accepted.
+REFUSAL_SLOTS = 64
+
+
+def fd_limit() -> int:
+    """This process's open-file limit, raised to the hard limit when that is higher."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (OSError, ValueError):
+            pass
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def connection_ceiling() -> int:
+    """The most client connections the open-file limit leaves room for."""
+    return max(1, fd_limit() - RESERVED_FDS - REFUSAL_SLOTS)
+
+
+class Admission(enum.Enum):
+    ADMITTED = 1
+    REFUSE = 2  # over the limit: answer the CONNECT with 0x97 (5.0) / 3 (3.1.1), then close
+    DROP = 3  # far over: close at once
+
+
+class ConnectionLimit:
+    """Open client sockets, across every listener, against --max-connections."""
+
+    def __init__(self, maximum: int) -> None:
+        self.maximum = maximum
+        self.open = 0
+        self.refused = 0
+        self._warned_at = -1e9
+
+    def admit(self) -> Admission:
+        """Count a new socket (`release` uncounts it, whatever the verdict)."""
+        self.open += 1
+        if self.open <= self.maximum:
+            return Admission.ADMITTED
+        self.refused += 1
+        now = time.monotonic()
+        if now - self._warned_at >= 10:
+            self._warned_at = now
+            log.warning(
+                "--max-connections %d reached: refusing new clients (%d refused so far)",
+                self.maximum,
+                self.refused,
+            )
+        if self.open <= self.maximum + REFUSAL_SLOTS:
+            return Admission.REFUSE
+        return Admission.DROP
+
+    def release(self) -> None:
+        self.open -= 1

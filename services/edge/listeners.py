@@ -1,0 +1,101 @@
+"""The edge's listeners (MQTT over TCP, TLS, WebSocket and WebSocket over TLS) and the TLS
+context they share.
+
+Every listener hands its sockets to the same ClientConnection: TCP and TLS directly (asyncio's
+TLS transport does the handshake first, within the CONNECT timeout), WebSocket through the thin
+adapter in services.edge.websocket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import ssl
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from services.edge.connection import ClientConnection
+from services.edge.websocket import WebSocketConnection
+
+if TYPE_CHECKING:
+    from services.edge.server import Edge
+
+
+_TLS = ssl.SSLContext | None
+
+
+def tls_context(
+    cert: Path, key: Path, ca: Path | None = None, require_client_cert: bool = False
+) -> ssl.SSLContext:
+    """A server TLS context (TLS 1.2 or newer); ValueError naming the file that cannot be used."""
+    for what, path in (("--tls-cert", cert), ("--tls-key", key), ("--tls-ca", ca)):
+        if path is not None:
+            try:
+                path.read_bytes()
+            except OSError as exc:
+                raise ValueError(f"cannot read {what} {path}: {exc.strerror}") from None
+    # Not create_default_context(): it would also trust the system's CAs for client certificates.
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        # The certificate on its own first, so that an error names the right file.
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(cafile=cert)
+    except ssl.SSLError as exc:
+        raise ValueError(f"--tls-cert {cert} holds no usable PEM certificate: {exc}") from None
+    try:
+        ctx.load_cert_chain(cert, key)
+    except ssl.SSLError as exc:
+        why = (
+            "does not match the certificate"
+            if exc.reason == "KEY_VALUES_MISMATCH"
+            else "holds no usable PEM private key (or needs a password)"
+        )
+        raise ValueError(f"--tls-key {key} {why} ({cert}): {exc}") from None
+    if ca is not None:
+        try:
+            ctx.load_verify_locations(cafile=ca)
+        except ssl.SSLError as exc:
+            raise ValueError(f"--tls-ca {ca} holds no usable PEM certificate: {exc}") from None
+        ctx.verify_mode = ssl.CERT_REQUIRED if require_client_cert else ssl.CERT_OPTIONAL
+    elif require_client_cert:
+        raise ValueError("--tls-require-client-cert needs --tls-ca (the CA that signs them)")
+    return ctx
+
+
+async def start_listeners(edge: Edge, tls: ssl.SSLContext | None) -> list[asyncio.Server]:
+    """Listen on every address in the edge's config; closes what it opened if one fails, and
+    raises OSError whose strerror names the listener ("--tls-listen 0.0.0.0:8883: ...")."""
+    config = edge.config
+    wanted: list[tuple[str, tuple[str, int], Callable[[Edge], asyncio.Protocol], _TLS]] = [
+        ("--listen", (config.host, config.port), ClientConnection, None)
+    ]
+    if config.tls_listen is not None:
+        wanted.append(("--tls-listen", config.tls_listen, ClientConnection, tls))
+    if config.ws_listen is not None:
+        wanted.append(("--ws-listen", config.ws_listen, WebSocketConnection, None))
+    if config.wss_listen is not None:
+        wanted.append(("--wss-listen", config.wss_listen, WebSocketConnection, tls))
+    loop = asyncio.get_running_loop()
+    servers: list[asyncio.Server] = []
+    try:
+        for flag, (host, port), protocol, context in wanted:
+            try:
+                servers.append(
+                    await loop.create_server(
+                        functools.partial(protocol, edge),
+                        host,
+                        port,
+                        backlog=1024,
+                        ssl=context,
+                        # The TLS handshake is bounded like the wait for CONNECT.
+                        ssl_handshake_timeout=config.connect_timeout if context else None,
+                    )
+                )
+            except OSError as exc:
+                raise OSError(exc.errno, f"{flag} {host}:{port}: {exc.strerror}") from exc
+    except BaseException:
+        for server in servers:
+            server.close()
+        raise
+    return servers

@@ -1,0 +1,57 @@
+"""A small mosquitto_passwd for machines without it: add or replace a user in a password file.
+
+    python -m services.edge.passwd FILE USER            # asks for the password
+    python -m services.edge.passwd FILE USER PASSWORD   # batch mode (the password is visible
+                                                        # to other users in `ps`)
+
+The line is written in mosquitto_passwd's default ``$7$`` (PBKDF2-HMAC-SHA512) form; other lines
+are kept as they are; the file is created if missing (mode 0600).
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import sys
+from pathlib import Path
+
+from services.edge.auth import DEFAULT_ITERATIONS, hash_password
+
+
+def set_password(path: Path, user: str, password: str, iterations: int) -> None:
+    if not user or ":" in user:
+        raise ValueError("a user name must be non-empty and hold no ':'")
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    entry = f"{user}:{hash_password(password, iterations=iterations)}"
+    kept = [line for line in lines if line.partition(":")[0].strip() != user]
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write("\n".join([*kept, entry]) + "\n")
+    tmp.replace(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m services.edge.passwd", description=__doc__)
+    parser.add_argument("file", type=Path)
+    parser.add_argument("user")
+    parser.add_argument("password", nargs="?")
+    parser.add_argument("--iterations", type=int, default=DEFAULT_ITERATIONS)
+    args = parser.parse_args(argv)
+    password = args.password
+    if password is None:
+        password = getpass.getpass("Password: ")
+        if getpass.getpass("Reenter password: ") != password:
+            print("passwords do not match", file=sys.stderr)
+            return 1
+    try:
+        set_password(args.file, args.user, password, args.iterations)
+    except (OSError, ValueError) as exc:
+        print(f"{args.file}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
