@@ -384,7 +384,7 @@ def _status(args: argparse.Namespace) -> int:
         f"cluster {doc['dir']}: {len(doc['nodes'])} node(s), {doc['partitions']} partitions, "
         f"rf {doc['rf']}"
     )
-    rows = [("NODE", "ID", "SERVICE", "PID", "STATE", "PORT")]
+    rows: list[tuple[str, ...]] = [("NODE", "ID", "SERVICE", "PID", "STATE", "PORT")]
     for node in doc["nodes"]:
         for service, p in node["processes"].items():
             state = "alive" if p["alive"] else "dead"
@@ -393,27 +393,45 @@ def _status(args: argparse.Namespace) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
-    rows = [("NODE", "MASTERS", "SESSIONS", "CONNECTED", "QUEUED", "EDGES")]
+    rows = [("NODE", "MASTERS", "FOLLOWS", "SESSIONS", "CONNECTED", "QUEUED", "EDGES")]
+    replication: list[tuple[str, ...]] = [
+        ("MASTER", "FOLLOWER", "PARTITIONS", "IN-SYNC", "LAG", "MAX-LAG", "STATES")
+    ]
     for node in doc["nodes"]:
         parts = node.get("partitions")
         if parts is None or "error" in parts:
             why = "partition service down" if parts is None else parts["error"]
-            rows.append((str(node["node"]), f"({why})", "", "", "", ""))
+            rows.append((str(node["node"]), f"({why})", "", "", "", "", ""))
             continue
+        for follower, f in sorted(parts.get("followers", {}).items()):
+            states = ",".join(f"{k}:{v}" for k, v in sorted(f["states"].items()))
+            replication.append(
+                (
+                    node["node_id"],
+                    follower,
+                    str(f["partitions"]),
+                    str(f["in_sync"]),
+                    str(f["lag"]),
+                    str(f["max_lag"]),
+                    states,
+                )
+            )
         rows.append(
             (
                 str(node["node"]),
                 str(parts["roles"].get("master", 0)),
+                str(parts["roles"].get("follower", 0)),
                 str(parts["sessions"]),
                 str(parts["connected_sessions"]),
                 str(parts["queued_messages"]),
                 str(parts["edges"]),
             )
         )
-    print()
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    for table in (rows, replication) if len(replication) > 1 else (rows,):
+        print()
+        widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+        for row in table:
+            print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     if doc["strays"]:
         pids = ", ".join(map(str, doc["strays"]))
         print(f"warning: processes {pids} carry this cluster's marker but are not in cluster.json")

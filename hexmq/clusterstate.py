@@ -111,11 +111,8 @@ def validate_cluster_args(*, nodes: int, base_port: int, partitions: int, rf: in
         raise UsageError(f"--partitions must be at least 1, got {partitions}")
     if rf < 1:
         raise UsageError(f"--rf must be at least 1, got {rf}")
-    if rf > 1:
-        raise UsageError(
-            f"--rf {rf} is not supported yet: replication arrives with the cluster data plane "
-            "(issue 4); use --rf 1"
-        )
+    if rf > nodes:
+        raise UsageError(f"--rf {rf} needs at least {rf} nodes, got --nodes {nodes}")
 
 
 def cluster_ports(base_port: int, nodes: int) -> list[NodePorts]:

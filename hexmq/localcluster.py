@@ -416,10 +416,22 @@ def partition_status(node: NodeState, timeout: float = 2.0) -> dict[str, Any]:
     except grpc.RpcError as exc:
         return {"error": f"{exc.code().name}: {exc.details()}"}
     roles: dict[str, int] = {}
+    # follower node id -> its replication of this node's partitions, summed.
+    followers: dict[str, dict[str, Any]] = {}
     for p in reply.partitions:
         roles[p.role] = roles.get(p.role, 0) + 1
+        for f in p.followers:
+            row = followers.setdefault(
+                f.node_id, {"partitions": 0, "in_sync": 0, "lag": 0, "max_lag": 0, "states": {}}
+            )
+            row["partitions"] += 1
+            row["in_sync"] += int(f.in_sync)
+            row["lag"] += f.lag
+            row["max_lag"] = max(row["max_lag"], f.lag)
+            row["states"][f.state] = row["states"].get(f.state, 0) + 1
     return {
         "roles": roles,
+        "followers": followers,
         "sessions": sum(p.sessions for p in reply.partitions),
         "connected_sessions": reply.connected_sessions,
         "queued_messages": sum(p.queued_messages for p in reply.partitions),

@@ -29,8 +29,10 @@ class SessionRoute:
 class PublishRoute:
     # (link, that node's target partitions); empty when nothing subscribes.
     targets: tuple[tuple[PartitionLink, tuple[pb.PartitionTarget, ...]], ...]
-    # False when some partition node's index is unknown (its link is down): a QoS >= 1 publish
-    # must then be refused, since subscribers there might be missed.
+    # False while some partition node's index has never arrived (its link has not been up since
+    # this edge started): a QoS >= 1 publish must then be refused, since subscribers there might
+    # be missed. A node whose link went down keeps its last index: a publish it matches fails
+    # (its link refuses at once) while publishes for other nodes' partitions go on.
     complete: bool
 
 
@@ -40,6 +42,8 @@ class Router:
         self.links: dict[str, PartitionLink] = {}
         self._index: TopicTrie[int, None] = TopicTrie()
         self._index_by_node: dict[str, set[tuple[int, str]]] = {}
+        # Nodes whose full index snapshot has arrived at least once.
+        self._indexed: set[str] = set()
         self._cache: dict[str, PublishRoute] = {}
 
     def set_view(self, view: mpb.View) -> None:
@@ -76,7 +80,7 @@ class Router:
             )
         route = PublishRoute(
             targets=tuple((self.links[n], tuple(t)) for n, t in sorted(by_node.items())),
-            complete=all(link.ready for link in self.links.values()),
+            complete=all(n in self._indexed for n in self.links),
         )
         if route.complete:
             if len(self._cache) >= ROUTE_CACHE_LIMIT:
@@ -98,6 +102,13 @@ class Router:
             elif key in mine:
                 mine.discard(key)
                 self._index.remove(entry.filter, entry.partition)
+        if update.snapshot_done:
+            self._indexed.add(node_id)
+
+    def node_down(self, node_id: str) -> None:
+        """The node's link dropped. Its last index stays (see PublishRoute.complete); the
+        reset that opens its next snapshot replaces it."""
+        self._cache.clear()
 
     def drop_node_index(self, node_id: str) -> None:
         self._cache.clear()

@@ -155,7 +155,7 @@ class Edge:
         log.info("partition node %s ready; re-attached %d sessions", link.node_id, reattached)
 
     def on_link_down(self, link: PartitionLink) -> None:
-        self.router.drop_node_index(link.node_id)
+        self.router.node_down(link.node_id)
 
     def on_delivery(self, delivery: pb.Delivery) -> None:
         conn = self.connections.get(delivery.connection_id)

@@ -23,6 +23,8 @@ from hexmq.service import (
 )
 from services.membership.client import ViewWatcher
 from services.partition.node import DEFAULT_MAX_QUEUED, PartitionNode, QueueLimits
+from services.partition.peers import ReplicationDriver
+from services.partition.replication import DEFAULT_LOG_ENTRIES, ReplicationLimits, Replicator
 from services.partition.server import PartitionServicer
 from services.partition.store import GroupCommit, RedisStore
 
@@ -31,6 +33,8 @@ log = logging.getLogger("hexmq.partition")
 # A session of a connection whose edge link dropped is kept this long for the edge to re-attach
 # even if its expiry interval is 0.
 LINK_GRACE_MS = 30_000
+# The replication state machine's clock (lag detection, gap retries).
+TICK_S = 0.1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +56,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a full session queue does not take the new message (drop-newest) or drops its "
         "oldest to make room (drop-oldest); either is counted in hexmq_dropped_messages_total",
     )
+    parser.add_argument(
+        "--replication-log-entries",
+        type=int,
+        default=DEFAULT_LOG_ENTRIES,
+        help="recent log entries kept per mastered partition for followers to catch up from; "
+        "a follower further behind gets a snapshot of the partition",
+    )
+    parser.add_argument(
+        "--replica-lag-timeout",
+        type=float,
+        default=5.0,
+        help="seconds an in-sync follower may stay behind before writes stop waiting for it",
+    )
     parser.add_argument("--log-level", default="INFO")
     add_observability_arguments(parser)
 
@@ -63,6 +80,10 @@ def run(args: argparse.Namespace) -> int:
         parse_hostport(args.membership, what="--membership")
         if args.max_queued_messages < 1:
             raise ValueError("--max-queued-messages must be at least 1")
+        if args.replication_log_entries < 1:
+            raise ValueError("--replication-log-entries must be at least 1")
+        if args.replica_lag_timeout <= 0:
+            raise ValueError("--replica-lag-timeout must be positive")
         if not args.redis.startswith(("redis://", "unix://")):
             raise ValueError(f"--redis must be a redis:// or unix:// URL, got {args.redis!r}")
     except ValueError as exc:
@@ -89,24 +110,37 @@ def run(args: argparse.Namespace) -> int:
             exit_code = 1
             stop.set()
 
-        commit = GroupCommit(client, storage_failed)
+        replicator = Replicator(
+            args.node_id,
+            ReplicationLimits(
+                log_entries=args.replication_log_entries,
+                lag_ticks=max(1, round(args.replica_lag_timeout / TICK_S)),
+            ),
+        )
+        commit = GroupCommit(client, replicator, storage_failed)
+        store = RedisStore(client)
+        replication = ReplicationDriver(replicator, store, commit, storage_failed, tick_s=TICK_S)
         limits = QueueLimits(args.max_queued_messages, args.queue_overflow == "drop-oldest")
-        node = PartitionNode(args.node_id, RedisStore(client), commit, obs.tracing, limits)
+        node = PartitionNode(args.node_id, store, commit, obs.tracing, limits, replicator)
         ready = asyncio.Event()
 
         async def on_view(view: mpb.View) -> None:
+            await replication.apply_view(view)
             await node.apply_view(view)
             ready.set()
 
         watcher = ViewWatcher(args.membership, on_view)
         server = grpc.aio.server(options=LINK_OPTIONS)
-        pb_grpc.add_PartitionServiceServicer_to_server(PartitionServicer(node, ready), server)
+        pb_grpc.add_PartitionServiceServicer_to_server(
+            PartitionServicer(node, replication, ready), server
+        )
         try:
             server.add_insecure_port(args.listen)
         except RuntimeError as exc:
             log.error("cannot listen on %s: %s", args.listen, exc)
             return 1
         commit.start()
+        replication.start()
         watcher.start()
         try:
             async with asyncio.timeout(args.startup_timeout):
@@ -119,13 +153,14 @@ def run(args: argparse.Namespace) -> int:
         await server.start()
         log.info("serving edges on %s (pid %d)", args.listen, os.getpid())
         sweeper = asyncio.create_task(_sweep(node))
-        metrics = asyncio.create_task(_report_metrics(node, commit))
+        metrics = asyncio.create_task(_report_metrics(node, commit, replicator))
         await stop.wait()
         log.info("shutting down")
         sweeper.cancel()
         metrics.cancel()
         await server.stop(grace=2.0)
         await commit.stop()
+        await replication.stop()
         await watcher.stop()
         await client.aclose()
         await obs.close()
@@ -151,7 +186,7 @@ async def _sweep(node: PartitionNode) -> None:
             log.info("expired %d sessions", expired)
 
 
-async def _report_metrics(node: PartitionNode, commit: GroupCommit) -> None:
+async def _report_metrics(node: PartitionNode, commit: GroupCommit, replicator: Replicator) -> None:
     """Copy the node's state into its gauges once a second (nothing on the hot path)."""
     m = telemetry.METRICS
     queue_full = m.dropped_messages.labels("queue_full")
@@ -162,6 +197,12 @@ async def _report_metrics(node: PartitionNode, commit: GroupCommit) -> None:
         if node.view is not None:
             m.view_epoch.set(node.view.epoch)
         m.partition_roles.labels("master").set(len(node.mastered))
+        m.partition_roles.labels("follower").set(len(replicator.followed))
+        m.partition_roles.labels("catching_up").set(
+            sum(1 for fd in replicator.followed.values() if fd.loading)
+        )
+        for follower, lag in replicator.lag_by_follower().items():
+            m.replication_lag.labels(follower).set(lag)
         m.queue_depth.labels("queued_messages").set(
             sum(len(s.queue) for s in node.sessions.values())
         )

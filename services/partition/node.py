@@ -22,8 +22,9 @@ from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.topics import TopicTrie, topic_matches
 from services.partition.links import EdgeLink
+from services.partition.replication import Replicator
 from services.partition.sessions import NEVER_EXPIRES, LiveConnection, Session
-from services.partition.store import GroupCommit, RedisStore
+from services.partition.store import GroupCommit, RedisStore, WriteBatch
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +62,11 @@ class PartitionNode:
         commit: GroupCommit,
         tracing: telemetry.Tracing | None = None,
         limits: QueueLimits | None = None,
+        replicator: Replicator | None = None,
     ) -> None:
         self.node_id = node_id
+        # Read for spans only; writes reach it through the group commit.
+        self.replicator = replicator
         self.limits = limits or QueueLimits()
         # QoS >= 1 messages not queued for a session (or pushed out of it) by the limit.
         self.dropped_queue_full = 0
@@ -225,7 +229,7 @@ class PartitionNode:
         p = cmd.partition
         if not self._check_owner(link, cmd, p, cmd.partition_epoch):
             return
-        pipe = self.commit.pipe
+        batch = self.commit.batch
         session = self.sessions.get(req.client_id)
         if session is not None and session.connection is not None:
             self._kick(session, reason_code=0x8E)
@@ -245,7 +249,7 @@ class PartitionNode:
         session.attach(
             LiveConnection(link, req.connection_id, req.receive_maximum or DEFAULT_RECEIVE_MAXIMUM)
         )
-        self.store.put_session(pipe, p, session.record)
+        self.store.put_session(batch, p, session.record)
         self._reply(link, cmd, session_present=present)
         self._schedule_pump(session)
 
@@ -263,7 +267,7 @@ class PartitionNode:
         session.attach(
             LiveConnection(link, req.connection_id, req.receive_maximum or DEFAULT_RECEIVE_MAXIMUM)
         )
-        self.store.put_session(self.commit.pipe, session.partition, session.record)
+        self.store.put_session(self.commit.batch, session.partition, session.record)
         self._reply(link, cmd)
         self._schedule_pump(session)
 
@@ -278,7 +282,7 @@ class PartitionNode:
         if session.record.session_expiry_s == 0:
             self._delete_session(session)
         else:
-            self.store.put_session(self.commit.pipe, session.partition, session.record)
+            self.store.put_session(self.commit.batch, session.partition, session.record)
         self._reply(link, cmd)
 
     def _subscribe(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
@@ -286,7 +290,7 @@ class PartitionNode:
         session = self._live_session(link, cmd, req.client_id, req.connection_id)
         if session is None:
             return
-        pipe = self.commit.pipe
+        batch = self.commit.batch
         codes = []
         existed = []
         for spec in req.subscriptions:
@@ -295,7 +299,7 @@ class PartitionNode:
             granted.CopyFrom(spec)
             granted.qos = min(spec.qos, MAX_QOS)
             self._add_subscription(session, granted, announce=True)
-            self.store.put_subscription(pipe, session.partition, session.client_id, granted)
+            self.store.put_subscription(batch, session.partition, session.client_id, granted)
             codes.append(granted.qos)
         self._reply(link, cmd, reason_codes=codes, existed=existed)
 
@@ -313,7 +317,7 @@ class PartitionNode:
             else:
                 codes.append(0x11)  # No subscription existed
         self.store.delete_subscriptions(
-            self.commit.pipe, session.partition, session.client_id, removed
+            self.commit.batch, session.partition, session.client_id, removed
         )
         self._reply(link, cmd, reason_codes=codes)
 
@@ -375,17 +379,17 @@ class PartitionNode:
     def _enqueue(self, session: Session, qm: pb.QueuedMessage) -> bool:
         """Queue a QoS >= 1 message for `session` (its message id is assigned here), durably,
         within the session's limit; False if the limit turned it away."""
-        pipe = self.commit.pipe
+        batch = self.commit.batch
         if len(session.queue) >= self.limits.max_queued_messages:
             self.dropped_queue_full += 1
             if not self.limits.drop_oldest:
                 return False  # the newest is not queued for this session
             oldest = next(iter(session.queue))
             session.acknowledge([oldest])
-            self.store.delete_messages(pipe, session.partition, session.client_id, [oldest])
+            self.store.delete_messages(batch, session.partition, session.client_id, [oldest])
         qm.message_id = session.next_message_id()
         session.enqueue(qm)
-        self.store.put_message(pipe, session.partition, session.client_id, qm)
+        self.store.put_message(batch, session.partition, session.client_id, qm)
         self._dirty[session.client_id] = session
         self.commit.after(functools.partial(self._durable, session, qm.message_id))
         return True
@@ -398,9 +402,9 @@ class PartitionNode:
             kept.retain = True
             kept.ClearField("trace")
             self.retained[msg.topic] = (p, kept)
-            self.store.put_retained(self.commit.pipe, p, kept)
+            self.store.put_retained(self.commit.batch, p, kept)
         elif self.retained.pop(msg.topic, None) is not None:
-            self.store.delete_retained(self.commit.pipe, p, msg.topic)
+            self.store.delete_retained(self.commit.batch, p, msg.topic)
 
     def _retained_query(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
         filters = list(cmd.retained_query.filters)
@@ -460,8 +464,11 @@ class PartitionNode:
             spans.append((target.partition, span))
 
         def durable() -> None:
+            released = self.commit.releasing
             for p, span in spans:
                 span.set_attribute(telemetry.Attr.SUBSCRIBERS, fanout.get(p, 0))
+                if released is not None and p in released.seqs:
+                    self._trace_replicate(span, p, released.seqs[p], released.durable_ns)
                 if msg.qos:
                     tracer.start_span(
                         telemetry.SpanName.ACK, context=trace.set_span_in_context(span)
@@ -470,6 +477,32 @@ class PartitionNode:
 
         self.commit.after(durable)
         return carriers
+
+    def _trace_replicate(self, append: Span, p: int, seq: int, durable_ns: int) -> None:
+        """One partition.replicate span per in-sync follower: from the moment the write was
+        durable here (and went to the followers) until every in-sync follower had it (the
+        slowest one decides when the write is acknowledged)."""
+        replicator = self.replicator
+        if replicator is None:
+            return
+        context = trace.set_span_in_context(append)
+        kind = telemetry.SPAN_KIND[telemetry.SpanName.REPLICATE]
+        for fp in replicator.in_sync_followers(p):
+            span = self.tracing.tracer.start_span(
+                telemetry.SpanName.REPLICATE, context=context, kind=kind, start_time=durable_ns
+            )
+            if span.is_recording():
+                span.set_attributes(
+                    telemetry.partition_attributes(
+                        node=self.node_id,
+                        partition=p,
+                        epoch=self.mastered.get(p, 0),
+                        seq=seq,
+                        follower=fp.node,
+                    )
+                )
+                span.set_attribute(telemetry.Attr.REPLICATION_LAG, replicator.lag(p, fp))
+            span.end()
 
     def _delivery_ack(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
         req = cmd.delivery_ack
@@ -481,7 +514,7 @@ class PartitionNode:
         removed = session.acknowledge(list(req.message_ids))
         if removed:
             self.store.delete_messages(
-                self.commit.pipe, session.partition, session.client_id, removed
+                self.commit.batch, session.partition, session.client_id, removed
             )
         # The window has room again: send at once what is already durable, without waiting
         # for this batch (whose only news is that acknowledged messages are gone).
@@ -511,7 +544,10 @@ class PartitionNode:
                 reason_code=reason_code,
             )
         )
-        conn.link.send(event)
+        # After the commit, like the result of the connection's own OpenSession: on its link the
+        # CONNACK then always comes before the kick (MQTT-3.2.0-1).
+        link = conn.link
+        self.commit.after(lambda: link.send(event))
         session.detach(now_ms())
 
     def _durable(self, session: Session, message_id: int) -> None:
@@ -577,12 +613,12 @@ class PartitionNode:
             self._remove_subscription(session, filt)
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
-        self.store.delete_session(self.commit.pipe, session.partition, session.client_id)
+        self.store.delete_session(self.commit.batch, session.partition, session.client_id)
 
-    def _write_dirty(self, pipe: object) -> None:
+    def _write_dirty(self, batch: WriteBatch) -> None:
         for cid, session in self._dirty.items():
             if self.sessions.get(cid) is session:
-                self.store.put_session(pipe, session.partition, session.record)  # type: ignore[arg-type]
+                self.store.put_session(batch, session.partition, session.record)
         self._dirty.clear()
 
     # ----- housekeeping -----------------------------------------------------------------
@@ -604,22 +640,35 @@ class PartitionNode:
             self._delete_session(session)
         return len(expired)
 
-    def status(self) -> pb.StatusReply:
+    def status(self, replicator: Replicator) -> pb.StatusReply:
         per_partition: dict[int, list[Session]] = {p: [] for p in self.mastered}
         for session in self.sessions.values():
             per_partition.setdefault(session.partition, []).append(session)
+        partitions = [
+            pb.PartitionStatus(
+                partition=p,
+                epoch=epoch,
+                role="master",
+                sequence=replicator.position(p)[1],
+                sessions=len(per_partition[p]),
+                queued_messages=sum(len(s.queue) for s in per_partition[p]),
+                followers=replicator.follower_status(p),
+            )
+            for p, epoch in sorted(self.mastered.items())
+        ]
+        partitions += [
+            pb.PartitionStatus(
+                partition=p,
+                epoch=fp.epoch,
+                role="follower",
+                sequence=fp.received[1],
+                master=fp.master,
+            )
+            for p, fp in sorted(replicator.followed.items())
+        ]
         return pb.StatusReply(
             node_id=self.node_id,
-            partitions=[
-                pb.PartitionStatus(
-                    partition=p,
-                    epoch=epoch,
-                    role="master",
-                    sessions=len(per_partition[p]),
-                    queued_messages=sum(len(s.queue) for s in per_partition[p]),
-                )
-                for p, epoch in sorted(self.mastered.items())
-            ],
+            partitions=partitions,
             connected_sessions=sum(1 for s in self.sessions.values() if s.connection),
             edges=len(self.links),
             messages_in=self.messages_in,

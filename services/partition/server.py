@@ -1,4 +1,4 @@
-"""gRPC PartitionService: the edge links and the status call, around a PartitionNode."""
+"""gRPC PartitionService: the edge links, the replication streams and the status call."""
 
 from __future__ import annotations
 
@@ -12,13 +12,17 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
 from services.partition.links import EdgeLink
 from services.partition.node import PartitionNode
+from services.partition.peers import ReplicationDriver
 
 log = logging.getLogger(__name__)
 
 
 class PartitionServicer(pb_grpc.PartitionServiceServicer):
-    def __init__(self, node: PartitionNode, ready: asyncio.Event) -> None:
+    def __init__(
+        self, node: PartitionNode, replication: ReplicationDriver, ready: asyncio.Event
+    ) -> None:
         self._node = node
+        self._replication = replication
         self._ready = ready
 
     async def Link(
@@ -64,9 +68,18 @@ class PartitionServicer(pb_grpc.PartitionServiceServicer):
         finally:
             link.close()
 
+    async def Replicate(
+        self,
+        request_iterator: AsyncIterator[pb.FollowerFrame],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.MasterFrame]:
+        await self._ready.wait()
+        async for frame in self._replication.serve_feed(request_iterator, context):
+            yield frame
+
     async def Status(
         self,
         request: pb.StatusRequest,
         context: grpc.aio.ServicerContext,
     ) -> pb.StatusReply:
-        return self._node.status()
+        return self._node.status(self._replication.core)

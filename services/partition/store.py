@@ -5,7 +5,13 @@ Keys (p = partition number, cid = client id):
     hx:{p}:subs:{cid}    hash  topic filter -> SubscriptionSpec
     hx:{p}:q:{cid}       hash  message id (decimal) -> QueuedMessage
     hx:{p}:retained      hash  topic -> Message (the topic's retained message; p = partition(topic))
+    hx:{p}:meta          hash  epoch, seq: the replication position this node's copy stands at
 Every key of a partition starts with hx:{p}: so a partition can be moved or dropped as a whole.
+
+Writes are recorded as storage ops (services/partition/replication.py) on a WriteBatch; the group
+commit sequences each partition's ops of a batch as one log entry, writes them to Redis with the
+partition's new position in one MULTI/EXEC and streams them to the partition's followers, which
+apply the same ops to their own Redis.
 
 Durability: Redis runs with appendonly yes and appendfsync everysec. Redis writes the AOF buffer
 to the file before it replies, so an acknowledged write survives the Redis process being killed;
@@ -16,7 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -24,6 +31,16 @@ import redis.asyncio as redis
 
 from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.partition.v1 import partition_pb2 as pb
+from services.partition.replication import (
+    DEL,
+    HDEL,
+    HSET,
+    NOWHERE,
+    Entry,
+    Op,
+    Position,
+    Replicator,
+)
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +61,10 @@ def retained_key(p: int) -> str:
     return f"hx:{p}:retained"
 
 
+def meta_key(p: int) -> str:
+    return f"hx:{p}:meta"
+
+
 @dataclass(slots=True)
 class StoredSession:
     record: pb.SessionRecord
@@ -59,45 +80,93 @@ class StorageFailed(RuntimeError):
 Action = Callable[[], None]
 
 
+class WriteBatch:
+    """The storage ops of the batch being gathered, per partition, in order."""
+
+    __slots__ = ("ops", "size")
+
+    def __init__(self) -> None:
+        self.ops: dict[int, list[Op]] = {}
+        self.size = 0
+
+    def add(self, p: int, op: Op) -> None:
+        ops = self.ops.get(p)
+        if ops is None:
+            ops = self.ops[p] = []
+        ops.append(op)
+        self.size += 1
+
+
+def apply_ops(pipe: redis.client.Pipeline, ops: Iterable[Op]) -> None:
+    """Queue storage ops on a Redis pipeline (the master's and the followers' one way)."""
+    for kind, key, fld, value in ops:
+        if kind == HSET:
+            pipe.hset(key, fld, value)
+        elif kind == HDEL:
+            pipe.hdel(key, fld)
+        elif kind == DEL:
+            pipe.delete(key)
+        else:
+            raise ValueError(f"unknown storage op kind {kind}")
+
+
+def put_position(pipe: redis.client.Pipeline, p: int, pos: Position) -> None:
+    pipe.hset(meta_key(p), mapping={"epoch": pos[0], "seq": pos[1]})
+
+
 class GroupCommit:
     """Collects the writes of many commands into one MULTI/EXEC pipeline and runs each
-    command's follow-up actions (results, deliveries) only after that pipeline is durable.
+    command's follow-up actions (results, deliveries) only after that pipeline is durable here
+    and replicated to every in-sync follower of the partitions it wrote.
 
     Batches commit strictly one after another and actions run in the order they were added, so
     the order in which commands were handled is the order in which edges hear of them, and
-    nothing leaves this node before it is stored ("persist before you acknowledge" lives here).
+    nothing leaves this node before it is stored and replicated ("persist before you
+    acknowledge" lives here and in Replicator.master_durable).
     """
 
-    def __init__(self, client: redis.Redis, on_failure: Callable[[BaseException], None]) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        replicator: Replicator,
+        on_failure: Callable[[BaseException], None],
+    ) -> None:
         self._client = client
+        self._replicator = replicator
         self._on_failure = on_failure
-        self._pipe: redis.client.Pipeline | None = None
+        self._batch: WriteBatch | None = None
         self._actions: list[Action] = []
         # (sink, request id) pairs answered OK once durable: cheaper than an action each.
         self._oks: list[tuple[Callable[[int], None], int]] = []
-        self._finishers: list[Callable[[redis.client.Pipeline], None]] = []
+        self._finishers: list[Callable[[WriteBatch], None]] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        # Called with the batch's entries and its release token once durable here; the
+        # replication driver hands the token back to `release` once followers have it.
+        self.on_durable: Callable[[list[Entry], object], None] = lambda _e, token: self.release(
+            [token]
+        )
+        self.releasing: _Released | None = None
         self.batches = 0
         self.commands = 0
 
     @property
-    def pipe(self) -> redis.client.Pipeline:
-        """The pipeline of the batch being gathered; writes added now commit together."""
-        if self._pipe is None:
-            self._pipe = self._client.pipeline(transaction=True)
+    def batch(self) -> WriteBatch:
+        """The batch being gathered; writes added now commit together."""
+        if self._batch is None:
+            self._batch = WriteBatch()
         self._wake.set()
-        return self._pipe
+        return self._batch
 
     def after(self, action: Action) -> None:
-        """Run `action` once everything written so far is durable."""
+        """Run `action` once everything written so far is durable and replicated."""
         self._actions.append(action)
         self._wake.set()
 
     @property
     def gathering(self) -> int:
         """Writes in the batch being gathered (not yet sent to Redis)."""
-        return len(self._pipe) if self._pipe is not None else 0
+        return self._batch.size if self._batch is not None else 0
 
     def after_ok(self, sink: Callable[[int], None], request_id: int) -> None:
         """Call `sink(request_id)` once everything written so far is durable (after the
@@ -105,8 +174,8 @@ class GroupCommit:
         self._oks.append((sink, request_id))
         self._wake.set()
 
-    def add_finisher(self, finisher: Callable[[redis.client.Pipeline], None]) -> None:
-        """`finisher(pipe)` adds its last writes to every batch just before it commits (e.g.
+    def add_finisher(self, finisher: Callable[[WriteBatch], None]) -> None:
+        """`finisher(batch)` adds its last writes to every batch just before it commits (e.g.
         one session record per batch instead of one per message)."""
         self._finishers.append(finisher)
 
@@ -130,12 +199,18 @@ class GroupCommit:
             await self._flush()
 
     async def _flush(self) -> None:
-        pipe, actions, oks = self._pipe, self._actions, self._oks
-        self._pipe, self._actions, self._oks = None, [], []
-        if pipe is not None:
+        batch, actions, oks = self._batch, self._actions, self._oks
+        self._batch, self._actions, self._oks = None, [], []
+        entries: list[Entry] = []
+        if batch is not None:
             for finisher in self._finishers:
-                finisher(pipe)
-        if pipe is not None and len(pipe) > 0:
+                finisher(batch)
+            entries = self._replicator.propose(batch.ops)
+        if entries:
+            pipe = self._client.pipeline(transaction=True)
+            for entry in entries:
+                apply_ops(pipe, entry.ops)
+                put_position(pipe, entry.partition, (entry.epoch, entry.seq))
             self.commands += len(pipe)
             self.batches += 1
             try:
@@ -143,64 +218,129 @@ class GroupCommit:
             except (redis.RedisError, OSError) as exc:
                 self._on_failure(StorageFailed(f"redis write failed: {exc}"))
                 return
-        for action in actions:
-            action()
-        for sink, request_id in oks:
-            sink(request_id)
+        if actions or oks or entries:
+            token = _Released(actions, oks, time.time_ns(), {e.partition: e.seq for e in entries})
+            self.on_durable(entries, token)
+
+    def release(self, tokens: Iterable[object]) -> None:
+        """Run the follow-up actions of batches that are now replicated, in order. While they
+        run, `releasing` is the batch (for spans that cover its replication)."""
+        for token in tokens:
+            batch = cast("_Released", token)
+            self.releasing = batch
+            for action in batch.actions:
+                action()
+            for sink, request_id in batch.oks:
+                sink(request_id)
+        self.releasing = None
+
+
+@dataclass(slots=True)
+class _Released:
+    actions: list[Action]
+    oks: list[tuple[Callable[[int], None], int]]
+    # When the batch was durable here (unix ns), and the seq it got per partition.
+    durable_ns: int
+    seqs: dict[int, int]
 
 
 class RedisStore:
-    """Writes go onto a GroupCommit pipeline; reads happen only when a partition is loaded."""
+    """Writes go onto a GroupCommit batch as storage ops; reads happen when a partition is
+    loaded (master), when a follower drops a partition for a snapshot and when a master reads
+    one for a follower."""
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
 
     @staticmethod
-    def put_session(pipe: redis.client.Pipeline, p: int, record: pb.SessionRecord) -> None:
-        pipe.hset(sessions_key(p), record.client_id, record.SerializeToString())
+    def put_session(batch: WriteBatch, p: int, record: pb.SessionRecord) -> None:
+        batch.add(p, (HSET, sessions_key(p), record.client_id.encode(), record.SerializeToString()))
 
     @staticmethod
-    def delete_session(pipe: redis.client.Pipeline, p: int, cid: str) -> None:
-        pipe.hdel(sessions_key(p), cid)
-        pipe.delete(subs_key(p, cid), queue_key(p, cid))
+    def delete_session(batch: WriteBatch, p: int, cid: str) -> None:
+        batch.add(p, (HDEL, sessions_key(p), cid.encode(), b""))
+        batch.add(p, (DEL, subs_key(p, cid), b"", b""))
+        batch.add(p, (DEL, queue_key(p, cid), b"", b""))
 
     @staticmethod
-    def put_subscription(
-        pipe: redis.client.Pipeline, p: int, cid: str, spec: pb.SubscriptionSpec
-    ) -> None:
-        pipe.hset(subs_key(p, cid), spec.filter, spec.SerializeToString())
+    def put_subscription(batch: WriteBatch, p: int, cid: str, spec: pb.SubscriptionSpec) -> None:
+        batch.add(p, (HSET, subs_key(p, cid), spec.filter.encode(), spec.SerializeToString()))
 
     @staticmethod
-    def delete_subscriptions(
-        pipe: redis.client.Pipeline, p: int, cid: str, filters: Iterable[str]
-    ) -> None:
-        names = list(filters)
-        if names:
-            pipe.hdel(subs_key(p, cid), *names)
+    def delete_subscriptions(batch: WriteBatch, p: int, cid: str, filters: Iterable[str]) -> None:
+        key = subs_key(p, cid)
+        for name in filters:
+            batch.add(p, (HDEL, key, name.encode(), b""))
 
     @staticmethod
-    def put_message(pipe: redis.client.Pipeline, p: int, cid: str, qm: pb.QueuedMessage) -> None:
-        pipe.hset(queue_key(p, cid), str(qm.message_id), qm.SerializeToString())
+    def put_message(batch: WriteBatch, p: int, cid: str, qm: pb.QueuedMessage) -> None:
+        batch.add(p, (HSET, queue_key(p, cid), b"%d" % qm.message_id, qm.SerializeToString()))
 
     @staticmethod
-    def delete_messages(
-        pipe: redis.client.Pipeline, p: int, cid: str, message_ids: Iterable[int]
-    ) -> None:
-        names = [str(mid) for mid in message_ids]
-        if names:
-            pipe.hdel(queue_key(p, cid), *names)
+    def delete_messages(batch: WriteBatch, p: int, cid: str, message_ids: Iterable[int]) -> None:
+        key = queue_key(p, cid)
+        for mid in message_ids:
+            batch.add(p, (HDEL, key, b"%d" % mid, b""))
 
     @staticmethod
-    def put_retained(pipe: redis.client.Pipeline, p: int, msg: common_pb.Message) -> None:
-        pipe.hset(retained_key(p), msg.topic, msg.SerializeToString())
+    def put_retained(batch: WriteBatch, p: int, msg: common_pb.Message) -> None:
+        batch.add(p, (HSET, retained_key(p), msg.topic.encode(), msg.SerializeToString()))
 
     @staticmethod
-    def delete_retained(pipe: redis.client.Pipeline, p: int, topic: str) -> None:
-        pipe.hdel(retained_key(p), topic)
+    def delete_retained(batch: WriteBatch, p: int, topic: str) -> None:
+        batch.add(p, (HDEL, retained_key(p), topic.encode(), b""))
 
     async def load_retained(self, p: int) -> list[common_pb.Message]:
         raw = cast("dict[bytes, bytes]", await self.client.hgetall(retained_key(p)))
         return [common_pb.Message.FromString(v) for v in raw.values()]
+
+    async def load_positions(self, partitions: Sequence[int]) -> dict[int, Position]:
+        """This node's replication position of each partition (NOWHERE if it holds none)."""
+        pipe = self.client.pipeline(transaction=False)
+        for p in partitions:
+            pipe.hmget(meta_key(p), ["epoch", "seq"])
+        replies = await pipe.execute()
+        positions = {}
+        for p, (epoch, seq) in zip(partitions, replies, strict=True):
+            positions[p] = (int(epoch), int(seq)) if epoch is not None and seq else NOWHERE
+        return positions
+
+    async def partition_keys(self, p: int) -> list[str]:
+        """Every key partition p has here."""
+        cids = cast("list[bytes]", await self.client.hkeys(sessions_key(p)))
+        keys = [sessions_key(p), retained_key(p), meta_key(p)]
+        for raw in cids:
+            cid = raw.decode()
+            keys += (subs_key(p, cid), queue_key(p, cid))
+        return keys
+
+    async def snapshot_chunks(self, p: int, chunk_ops: int) -> AsyncIterator[list[Op]]:
+        """Partition p's stored state as HSET ops, about `chunk_ops` at a time, read with HSCAN
+        so that no single read holds a large partition in memory at once."""
+        chunk: list[Op] = []
+        key = sessions_key(p)
+        async for cid, record in self._hscan(key, chunk_ops):
+            chunk.append((HSET, key, cid, record))
+            for sub_key in (subs_key(p, cid.decode()), queue_key(p, cid.decode())):
+                async for fld, value in self._hscan(sub_key, chunk_ops):
+                    chunk.append((HSET, sub_key, fld, value))
+                    if len(chunk) >= chunk_ops:
+                        yield chunk
+                        chunk = []
+            if len(chunk) >= chunk_ops:
+                yield chunk
+                chunk = []
+        async for fld, value in self._hscan(retained_key(p), chunk_ops):
+            chunk.append((HSET, retained_key(p), fld, value))
+            if len(chunk) >= chunk_ops:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
+
+    async def _hscan(self, key: str, count: int) -> AsyncIterator[tuple[bytes, bytes]]:
+        async for fld, value in self.client.hscan_iter(key, count=count):
+            yield cast("bytes", fld), cast("bytes", value)
 
     async def load_partition(self, p: int) -> list[StoredSession]:
         """Every session of partition p with its subscriptions and queue (queue in id order)."""

@@ -1,5 +1,5 @@
-"""One trace per publish across the real services: a cross-node QoS 1 publish reaches a real
-OTLP/gRPC receiver as one trace with the parent/child structure of docs/traces.md, and
+"""One trace per publish across the real services: a cross-node QoS 1 publish (RF 3) reaches a
+real OTLP/gRPC receiver as one trace with the parent/child structure of docs/traces.md, and
 `hexmq cluster up --trace-dir` writes OTLP JSON files."""
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[OtlpReceiver]:
         yield rx
 
 
-def client_on_node(prefix: str, node_id: str, partitions: int = 256) -> str:
-    """A client id whose session partition is mastered by `node_id` (3 nodes, rf 1)."""
-    table = assign(["n1", "n2", "n3"], partitions, 1)
+def client_on_node(prefix: str, node_id: str, partitions: int = 256, rf: int = 1) -> str:
+    """A client id whose session partition is mastered by `node_id` (3 nodes)."""
+    table = assign(["n1", "n2", "n3"], partitions, rf)
     while True:
         cid = f"{prefix}-{uid()}"
         if table[partition_of(cid, partitions)][0] == node_id:
@@ -42,10 +42,11 @@ def client_on_node(prefix: str, node_id: str, partitions: int = 256) -> str:
 
 
 async def test_cross_node_publish_is_one_trace(hexmq_cluster, receiver: OtlpReceiver) -> None:  # type: ignore[no-untyped-def]
-    cluster = hexmq_cluster(nodes=3)
+    cluster = hexmq_cluster(nodes=3, extra=["--rf", "3"])
     topic = f"traced/{uid()}"
-    # Subscriber connected to node 3, its session mastered by node 2; publisher on node 1.
-    sub, _ = await RawClient.connect(cluster.mqtt_port(3), client_on_node("sub", "n2"))
+    # Subscriber connected to node 3, its session mastered by node 2 (followed by n1 and n3);
+    # publisher on node 1.
+    sub, _ = await RawClient.connect(cluster.mqtt_port(3), client_on_node("sub", "n2", rf=3))
     await sub.subscribe(topic, qos=1)
     pub, _ = await RawClient.connect(cluster.mqtt_port(1), f"pub-{uid()}")
     assert (await pub.publish(topic, b"hello", qos=1)) is not None
@@ -64,7 +65,7 @@ async def test_cross_node_publish_is_one_trace(hexmq_cluster, receiver: OtlpRece
     root_span = root_of_this_publish(receiver.spans)
     assert root_span is not None
     expected = {"mqtt.publish", "edge.route", "partition.append", "partition.ack"}
-    expected |= {"mqtt.deliver", "mqtt.client_ack"}
+    expected |= {"mqtt.deliver", "mqtt.client_ack", "partition.replicate"}
     receiver.wait_for(
         lambda spans: expected <= {x.name for x in spans if x.trace_id == root_span.trace_id},
         timeout=15,
@@ -87,6 +88,12 @@ async def test_cross_node_publish_is_one_trace(hexmq_cluster, receiver: OtlpRece
     assert append.span.resource["service.name"] == "hexmq-partition"
     assert append.span.attributes["hexmq.node"] == "n2"
     only(append, "partition.ack")
+    replicate = [c.span for c in append.children if c.span.name == "partition.replicate"]
+    assert sorted(s.attributes["hexmq.follower"] for s in replicate) == ["n1", "n3"]
+    for span in replicate:
+        assert span.attributes["hexmq.partition"] == append.span.attributes["hexmq.partition"]
+        assert span.attributes["hexmq.partition.seq"] >= 1
+        assert span.end_ns >= span.start_ns >= append.span.start_ns
     deliver = only(append, "mqtt.deliver")
     assert deliver.span.resource["service.name"] == "hexmq-edge"
     assert deliver.span.attributes["hexmq.node"] == "n3"

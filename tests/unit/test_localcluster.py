@@ -64,7 +64,7 @@ def test_port_scheme_fits_up_to_the_last_valid_base_port() -> None:
         (["--base-port", "http"], "--base-port: expected a port number"),
         (["--base-port", "80"], "--base-port must be between 1024 and 65535"),
         (["--base-port", "65000"], "too high for 1 node(s)"),
-        (["--rf", "3"], "replication arrives with the cluster data plane (issue 4)"),
+        (["--nodes", "2", "--rf", "3"], "--rf 3 needs at least 3 nodes, got --nodes 2"),
         (["--rf", "0"], "--rf: must be at least 1"),
         (["--partitions", "0"], "--partitions: must be at least 1"),
         (["--timeout", "0"], "--timeout: must be more than 0"),

@@ -820,6 +820,42 @@ class StatusRequest(_message.Message):
 Global___StatusRequest: _TypeAlias = StatusRequest  # noqa: Y015
 
 @_typing.final
+class FollowerStatus(_message.Message):
+    """How far one follower is behind its master in one partition (seen by the master)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    ACKNOWLEDGED_FIELD_NUMBER: _builtins.int
+    LAG_FIELD_NUMBER: _builtins.int
+    IN_SYNC_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    acknowledged: _builtins.int
+    """The follower's durable sequence number."""
+    lag: _builtins.int
+    """Entries the master has made durable and the follower has not acknowledged."""
+    in_sync: _builtins.bool
+    state: _builtins.str
+    """"live", "log" (catching up from the master's log), "snapshot" (bulk transfer) or "down"."""
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        acknowledged: _builtins.int = ...,
+        lag: _builtins.int = ...,
+        in_sync: _builtins.bool = ...,
+        state: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged", b"acknowledged", "in_sync", b"in_sync", "lag", b"lag", "node_id", b"node_id", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FollowerStatus: _TypeAlias = FollowerStatus  # noqa: Y015
+
+@_typing.final
 class PartitionStatus(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -829,12 +865,20 @@ class PartitionStatus(_message.Message):
     SEQUENCE_FIELD_NUMBER: _builtins.int
     SESSIONS_FIELD_NUMBER: _builtins.int
     QUEUED_MESSAGES_FIELD_NUMBER: _builtins.int
+    FOLLOWERS_FIELD_NUMBER: _builtins.int
+    MASTER_FIELD_NUMBER: _builtins.int
     partition: _builtins.int
     epoch: _builtins.int
     role: _builtins.str
     sequence: _builtins.int
     sessions: _builtins.int
     queued_messages: _builtins.int
+    master: _builtins.str
+    """role "follower": the master it replicates from."""
+    @_builtins.property
+    def followers(self) -> _containers.RepeatedCompositeFieldContainer[Global___FollowerStatus]:
+        """role "master": its followers; role "follower": empty (sequence is what it has applied)."""
+
     def __init__(
         self,
         *,
@@ -844,10 +888,12 @@ class PartitionStatus(_message.Message):
         sequence: _builtins.int = ...,
         sessions: _builtins.int = ...,
         queued_messages: _builtins.int = ...,
+        followers: _abc.Iterable[Global___FollowerStatus] | None = ...,
+        master: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "partition", b"partition", "queued_messages", b"queued_messages", "role", b"role", "sequence", b"sequence", "sessions", b"sessions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "followers", b"followers", "master", b"master", "partition", b"partition", "queued_messages", b"queued_messages", "role", b"role", "sequence", b"sequence", "sessions", b"sessions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -931,3 +977,260 @@ class SessionRecord(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SessionRecord: _TypeAlias = SessionRecord  # noqa: Y015
+
+@_typing.final
+class StorageOp(_message.Message):
+    """----- replication ------------------------------------------------------------------------
+
+    One storage write, as the master made it to its own Redis (keys are the partition's own, see
+    services/partition/store.py). Replaying a partition's writes in sequence order rebuilds it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    class _Kind:
+        ValueType = _typing.NewType("ValueType", _builtins.int)
+        V: _TypeAlias = ValueType  # noqa: Y015
+
+    class _KindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[StorageOp._Kind.ValueType], _builtins.type):
+        DESCRIPTOR: _descriptor.EnumDescriptor
+        KIND_UNSPECIFIED: StorageOp._Kind.ValueType  # 0
+        KIND_HSET: StorageOp._Kind.ValueType  # 1
+        """HSET key field value"""
+        KIND_HDEL: StorageOp._Kind.ValueType  # 2
+        """HDEL key field"""
+        KIND_DEL: StorageOp._Kind.ValueType  # 3
+        """DEL key"""
+
+    class Kind(_Kind, metaclass=_KindEnumTypeWrapper): ...
+    KIND_UNSPECIFIED: StorageOp.Kind.ValueType  # 0
+    KIND_HSET: StorageOp.Kind.ValueType  # 1
+    """HSET key field value"""
+    KIND_HDEL: StorageOp.Kind.ValueType  # 2
+    """HDEL key field"""
+    KIND_DEL: StorageOp.Kind.ValueType  # 3
+    """DEL key"""
+
+    KIND_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    FIELD_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    kind: Global___StorageOp.Kind.ValueType
+    key: _builtins.str
+    field: _builtins.bytes
+    value: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        kind: Global___StorageOp.Kind.ValueType = ...,
+        key: _builtins.str = ...,
+        field: _builtins.bytes = ...,
+        value: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["field", b"field", "key", b"key", "kind", b"kind", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StorageOp: _TypeAlias = StorageOp  # noqa: Y015
+
+@_typing.final
+class LogEntry(_message.Message):
+    """The writes of one partition in one group-commit batch of its master: the unit of replication."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITION_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    OPS_FIELD_NUMBER: _builtins.int
+    partition: _builtins.int
+    epoch: _builtins.int
+    seq: _builtins.int
+    """Per partition, strictly increasing by one; the follower applies seq n only after n-1."""
+    @_builtins.property
+    def ops(self) -> _containers.RepeatedCompositeFieldContainer[Global___StorageOp]: ...
+    def __init__(
+        self,
+        *,
+        partition: _builtins.int = ...,
+        epoch: _builtins.int = ...,
+        seq: _builtins.int = ...,
+        ops: _abc.Iterable[Global___StorageOp] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "ops", b"ops", "partition", b"partition", "seq", b"seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LogEntry: _TypeAlias = LogEntry  # noqa: Y015
+
+@_typing.final
+class SnapshotChunk(_message.Message):
+    """Part of a bulk transfer of a partition (its state as of `seq`). The first chunk tells the
+    follower to drop what it holds of the partition; the last makes (epoch, seq) its position, after
+    which log entries from seq + 1 follow.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITION_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    FIRST_FIELD_NUMBER: _builtins.int
+    LAST_FIELD_NUMBER: _builtins.int
+    OPS_FIELD_NUMBER: _builtins.int
+    partition: _builtins.int
+    epoch: _builtins.int
+    seq: _builtins.int
+    first: _builtins.bool
+    last: _builtins.bool
+    @_builtins.property
+    def ops(self) -> _containers.RepeatedCompositeFieldContainer[Global___StorageOp]: ...
+    def __init__(
+        self,
+        *,
+        partition: _builtins.int = ...,
+        epoch: _builtins.int = ...,
+        seq: _builtins.int = ...,
+        first: _builtins.bool = ...,
+        last: _builtins.bool = ...,
+        ops: _abc.Iterable[Global___StorageOp] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "first", b"first", "last", b"last", "ops", b"ops", "partition", b"partition", "seq", b"seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotChunk: _TypeAlias = SnapshotChunk  # noqa: Y015
+
+@_typing.final
+class ReplicationItem(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRY_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def entry(self) -> Global___LogEntry: ...
+    @_builtins.property
+    def snapshot(self) -> Global___SnapshotChunk: ...
+    def __init__(
+        self,
+        *,
+        entry: Global___LogEntry | None = ...,
+        snapshot: Global___SnapshotChunk | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["entry", b"entry", "item", b"item", "snapshot", b"snapshot"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry", b"entry", "item", b"item", "snapshot", b"snapshot"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_item: _TypeAlias = _typing.Literal["entry", "snapshot"]  # noqa: Y015
+    _WhichOneofArgType_item: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_item) -> _WhichOneofReturnType_item | None: ...
+
+Global___ReplicationItem: _TypeAlias = ReplicationItem  # noqa: Y015
+
+@_typing.final
+class PartitionPosition(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITION_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    partition: _builtins.int
+    epoch: _builtins.int
+    seq: _builtins.int
+    def __init__(
+        self,
+        *,
+        partition: _builtins.int = ...,
+        epoch: _builtins.int = ...,
+        seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "partition", b"partition", "seq", b"seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PartitionPosition: _TypeAlias = PartitionPosition  # noqa: Y015
+
+@_typing.final
+class FollowerHello(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    POSITIONS_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    @_builtins.property
+    def positions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionPosition]:
+        """Durable positions of the partitions the follower holds for this master (seq 0: nothing)."""
+
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        positions: _abc.Iterable[Global___PartitionPosition] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_id", b"node_id", "positions", b"positions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FollowerHello: _TypeAlias = FollowerHello  # noqa: Y015
+
+@_typing.final
+class FollowerFrame(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HELLO_FIELD_NUMBER: _builtins.int
+    ACKS_FIELD_NUMBER: _builtins.int
+    NEEDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def hello(self) -> Global___FollowerHello: ...
+    @_builtins.property
+    def acks(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionPosition]:
+        """Durable up to and including these positions."""
+
+    @_builtins.property
+    def needs(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionPosition]:
+        """A gap: the follower needs entries from seq on (the entry it expected next)."""
+
+    def __init__(
+        self,
+        *,
+        hello: Global___FollowerHello | None = ...,
+        acks: _abc.Iterable[Global___PartitionPosition] | None = ...,
+        needs: _abc.Iterable[Global___PartitionPosition] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["hello", b"hello"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acks", b"acks", "hello", b"hello", "needs", b"needs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FollowerFrame: _TypeAlias = FollowerFrame  # noqa: Y015
+
+@_typing.final
+class MasterFrame(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEMS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicationItem]: ...
+    def __init__(
+        self,
+        *,
+        items: _abc.Iterable[Global___ReplicationItem] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MasterFrame: _TypeAlias = MasterFrame  # noqa: Y015

@@ -44,6 +44,11 @@ class PartitionServiceStub:
                 request_serializer=hexmq_dot_api_dot_partition_dot_v1_dot_partition__pb2.StatusRequest.SerializeToString,
                 response_deserializer=hexmq_dot_api_dot_partition_dot_v1_dot_partition__pb2.StatusReply.FromString,
                 _registered_method=True)
+        self.Replicate = channel.stream_stream(
+                '/hexmq.api.partition.v1.PartitionService/Replicate',
+                request_serializer=hexmq_dot_api_dot_partition_dot_v1_dot_partition__pb2.FollowerFrame.SerializeToString,
+                response_deserializer=hexmq_dot_api_dot_partition_dot_v1_dot_partition__pb2.MasterFrame.FromString,
+                _registered_method=True)
 
 
 class PartitionServiceServicer:
@@ -65,6 +70,17 @@ class PartitionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Replicate(self, request_iterator, context):
+        """Replication. A follower node opens one stream to each node that masters partitions it
+        follows; the stream carries every such partition, batched. The first FollowerFrame carries
+        `hello` with the follower's durable position per partition; the master answers with log
+        entries (or a chunked snapshot first, when its log no longer reaches back that far) and the
+        follower acknowledges what it has made durable.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PartitionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +93,11 @@ def add_PartitionServiceServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=hexmq_dot_api_dot_partition_dot_v1_dot_partition__pb2.StatusRequest.FromString,
                     response_serializer=hexmq_dot_api_dot_partition_dot_v1_dot_partition__pb2.StatusReply.SerializeToString,
+            ),
+            'Replicate': grpc.stream_stream_rpc_method_handler(
+                    servicer.Replicate,
+                    request_deserializer=hexmq_dot_api_dot_partition_dot_v1_dot_partition__pb2.FollowerFrame.FromString,
+                    response_serializer=hexmq_dot_api_dot_partition_dot_v1_dot_partition__pb2.MasterFrame.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -133,6 +154,33 @@ class PartitionService:
             '/hexmq.api.partition.v1.PartitionService/Status',
             hexmq_dot_api_dot_partition_dot_v1_dot_partition__pb2.StatusRequest.SerializeToString,
             hexmq_dot_api_dot_partition_dot_v1_dot_partition__pb2.StatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Replicate(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/hexmq.api.partition.v1.PartitionService/Replicate',
+            hexmq_dot_api_dot_partition_dot_v1_dot_partition__pb2.FollowerFrame.SerializeToString,
+            hexmq_dot_api_dot_partition_dot_v1_dot_partition__pb2.MasterFrame.FromString,
             options,
             channel_credentials,
             insecure,

@@ -42,6 +42,13 @@ class PartitionServiceStub:
     """
     Status: _grpc.UnaryUnaryMultiCallable[_partition_pb2.StatusRequest, _partition_pb2.StatusReply]
     """A node's partitions, roles and counters, for `hexmq cluster status`."""
+    Replicate: _grpc.StreamStreamMultiCallable[_partition_pb2.FollowerFrame, _partition_pb2.MasterFrame]
+    """Replication. A follower node opens one stream to each node that masters partitions it
+    follows; the stream carries every such partition, batched. The first FollowerFrame carries
+    `hello` with the follower's durable position per partition; the master answers with log
+    entries (or a chunked snapshot first, when its log no longer reaches back that far) and the
+    follower acknowledges what it has made durable.
+    """
 
 @_typing.type_check_only
 class PartitionServiceAsyncStub(PartitionServiceStub):
@@ -53,6 +60,13 @@ class PartitionServiceAsyncStub(PartitionServiceStub):
     """
     Status: _aio.UnaryUnaryMultiCallable[_partition_pb2.StatusRequest, _partition_pb2.StatusReply]  # type: ignore[assignment]
     """A node's partitions, roles and counters, for `hexmq cluster status`."""
+    Replicate: _aio.StreamStreamMultiCallable[_partition_pb2.FollowerFrame, _partition_pb2.MasterFrame]  # type: ignore[assignment]
+    """Replication. A follower node opens one stream to each node that masters partitions it
+    follows; the stream carries every such partition, batched. The first FollowerFrame carries
+    `hello` with the follower's durable position per partition; the master answers with log
+    entries (or a chunked snapshot first, when its log no longer reaches back that far) and the
+    follower acknowledges what it has made durable.
+    """
 
 class PartitionServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -73,5 +87,18 @@ class PartitionServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_partition_pb2.StatusReply, _abc.Awaitable[_partition_pb2.StatusReply]]:
         """A node's partitions, roles and counters, for `hexmq cluster status`."""
+
+    @_abc_1.abstractmethod
+    def Replicate(
+        self,
+        request_iterator: _MaybeAsyncIterator[_partition_pb2.FollowerFrame],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_partition_pb2.MasterFrame], _abc.AsyncIterator[_partition_pb2.MasterFrame]]:
+        """Replication. A follower node opens one stream to each node that masters partitions it
+        follows; the stream carries every such partition, batched. The first FollowerFrame carries
+        `hello` with the follower's durable position per partition; the master answers with log
+        entries (or a chunked snapshot first, when its log no longer reaches back that far) and the
+        follower acknowledges what it has made durable.
+        """
 
 def add_PartitionServiceServicer_to_server(servicer: PartitionServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,375 @@
+"""ReplicationDriver: the I/O around the Replicator state machine (partition/replication.py).
+
+- Master side: each follower node opens one Replicate stream to this node (`serve_feed`); this
+  node pushes log entries and snapshot chunks down it, batched per frame, and takes the
+  follower's acknowledgements and gap requests from it. Snapshots are read from this node's
+  Redis in chunks, one chunk in flight per stream at a time.
+- Follower side: one MasterLink per node that masters partitions this node follows; it
+  reconnects with backoff and sends the hello with this node's positions on every new stream.
+  Entries are written to this node's Redis by one writer task, many frames per MULTI/EXEC.
+- Time: the state machine ticks every `tick_s` (lag detection, gap retries).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+import redis.asyncio as redis
+
+from hexmq.api.membership.v1 import membership_pb2 as mpb
+from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
+from hexmq.grpc_options import LINK_OPTIONS
+from services.partition.replication import Assignment, Entry, Persist, Replicator, SnapshotRead
+from services.partition.store import (
+    GroupCommit,
+    RedisStore,
+    StorageFailed,
+    apply_ops,
+    put_position,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_ITEMS_PER_FRAME = 1024
+# Snapshot chunks are read this many storage ops at a time; the next is read once the stream
+# has taken the previous one.
+SNAPSHOT_CHUNK_OPS = 512
+# Stop reading a snapshot ahead while the stream to that follower holds this many items.
+SNAPSHOT_BACKLOG = 4 * MAX_ITEMS_PER_FRAME
+
+PEER_OPTIONS = [
+    *LINK_OPTIONS,
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
+class Outbox:
+    """Items waiting to go down one stream, handed out in frames."""
+
+    def __init__(self) -> None:
+        self.items: list[pb.ReplicationItem] = []
+        self.closed = False
+        self._wake = asyncio.Event()
+        self._drained = asyncio.Event()
+
+    def push(self, items: list[pb.ReplicationItem]) -> None:
+        self.items.extend(items)
+        self._wake.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self._wake.set()
+        self._drained.set()
+
+    async def below(self, backlog: int) -> None:
+        while len(self.items) >= backlog and not self.closed:
+            self._drained.clear()
+            await self._drained.wait()
+
+    async def frames(self) -> AsyncIterator[pb.MasterFrame]:
+        while True:
+            while not self.items:
+                if self.closed:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+            if self.closed:
+                return
+            batch = self.items[:MAX_ITEMS_PER_FRAME]
+            del self.items[:MAX_ITEMS_PER_FRAME]
+            self._drained.set()
+            yield pb.MasterFrame(items=batch)
+
+
+class MasterLink:
+    """This node's stream to one master node, as its follower."""
+
+    def __init__(self, driver: ReplicationDriver, master: str, target: str) -> None:
+        self.driver = driver
+        self.master = master
+        self.target = target
+        self.frames: list[pb.FollowerFrame] = []
+        self._wake = asyncio.Event()
+        self._generation = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"replica-link-{self.master}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    def push(self, frame: pb.FollowerFrame) -> None:
+        self.frames.append(frame)
+        self._wake.set()
+
+    async def _outgoing(
+        self, generation: int, hello: pb.FollowerHello
+    ) -> AsyncIterator[pb.FollowerFrame]:
+        yield pb.FollowerFrame(hello=hello)
+        while True:
+            while not self.frames or generation != self._generation:
+                if generation != self._generation:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+            frames, self.frames = self.frames, []
+            merged = pb.FollowerFrame()
+            for frame in frames:
+                merged.acks.extend(frame.acks)
+                merged.needs.extend(frame.needs)
+            yield merged
+
+    async def _run(self) -> None:
+        core = self.driver.core
+        backoff = 0.05
+        while True:
+            try:
+                async with grpc.aio.insecure_channel(self.target, options=PEER_OPTIONS) as channel:
+                    await asyncio.wait_for(channel.channel_ready(), timeout=5.0)
+                    stub = pb_grpc.PartitionServiceStub(channel)
+                    self._generation += 1
+                    self.frames = []
+                    hello = pb.FollowerHello(
+                        node_id=core.node_id, positions=core.link_open(self.master)
+                    )
+                    call = stub.Replicate(self._outgoing(self._generation, hello))
+                    log.info("replicating from %s (%s)", self.master, self.target)
+                    backoff = 0.05
+                    async for frame in call:
+                        core.step_items(self.master, frame.items)
+                        self.driver.process()
+                    why = "stream ended"
+            except TimeoutError:
+                why = "not reachable"
+            except grpc.aio.AioRpcError as exc:
+                why = f"{exc.code().name}: {exc.details()}"
+            if self.master in core.links:
+                log.warning("replication stream from %s lost (%s)", self.master, why)
+            core.link_closed(self.master)
+            self._generation += 1
+            self._wake.set()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
+
+
+class ReplicationDriver:
+    def __init__(
+        self,
+        core: Replicator,
+        store: RedisStore,
+        commit: GroupCommit,
+        on_failure: Callable[[BaseException], None],
+        *,
+        tick_s: float = 0.1,
+    ) -> None:
+        self.core = core
+        self.store = store
+        self.tick_s = tick_s
+        self._on_failure = on_failure
+        self._commit = commit
+        commit.on_durable = self._master_durable
+        self._peers: dict[str, str] = {}
+        self._links: dict[str, MasterLink] = {}
+        self._feeds: dict[str, Outbox] = {}
+        self._persist: list[Persist] = []
+        self._persist_wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._reads: set[asyncio.Task[None]] = set()
+        self.snapshots_sent = 0
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._write_loop(), name="replica-writer"),
+            asyncio.create_task(self._tick_loop(), name="replica-ticker"),
+        ]
+
+    async def stop(self) -> None:
+        for link in self._links.values():
+            await link.stop()
+        for outbox in self._feeds.values():
+            outbox.close()
+        for task in [*self._tasks, *self._reads]:
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._reads, return_exceptions=True)
+
+    async def apply_view(self, view: mpb.View) -> None:
+        core = self.core
+        self._peers = {m.node_id: m.partition_addr for m in view.members}
+        assignments = {a.partition: Assignment(a.epoch, tuple(a.replicas)) for a in view.partitions}
+        mine = [p for p, a in assignments.items() if core.node_id in a.replicas]
+        positions = await self.store.load_positions(mine)
+        core.set_roles(assignments, positions)
+        wanted = core.masters_followed()
+        for master in sorted(wanted - set(self._links)):
+            link = MasterLink(self, master, self._peers[master])
+            self._links[master] = link
+            link.start()
+        for master in sorted(set(self._links) - wanted):
+            await self._links.pop(master).stop()
+            core.link_closed(master)
+        self.process()
+
+    def _master_durable(self, entries: list[Entry], token: object) -> None:
+        self.core.master_durable(entries, token)
+        self.process()
+
+    def process(self) -> None:
+        """Carry out what the state machine has decided."""
+        ready = self.core.ready()
+        if not ready:
+            return
+        if ready.committed:
+            self._commit.release(ready.committed)
+        for follower, items in ready.to_followers.items():
+            outbox = self._feeds.get(follower)
+            if outbox is not None:
+                outbox.push(items)
+        for master, frame in ready.to_masters.items():
+            link = self._links.get(master)
+            if link is not None:
+                link.push(frame)
+        if ready.persist:
+            self._persist.extend(ready.persist)
+            self._persist_wake.set()
+        for read in ready.snapshot_reads:
+            task = asyncio.create_task(self._read_snapshot(read), name="snapshot-read")
+            self._reads.add(task)
+            task.add_done_callback(self._reads.discard)
+
+    # ----- master side -------------------------------------------------------------------
+
+    async def serve_feed(
+        self, requests: AsyncIterator[pb.FollowerFrame], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.MasterFrame]:
+        first = await anext(aiter(requests), None)
+        if first is None or not first.HasField("hello"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first frame must carry hello")
+            return
+        follower = first.hello.node_id
+        core = self.core
+        old = self._feeds.pop(follower, None)
+        if old is not None:
+            old.close()
+            core.feed_closed(follower)
+        outbox = Outbox()
+        self._feeds[follower] = outbox
+        core.feed_open(
+            follower, {pos.partition: (pos.epoch, pos.seq) for pos in first.hello.positions}
+        )
+        log.info("follower %s connected", follower)
+        self.process()
+        reader = asyncio.create_task(self._read_feed(follower, outbox, requests))
+        try:
+            async for frame in outbox.frames():
+                yield frame
+        finally:
+            reader.cancel()
+            outbox.close()
+            if self._feeds.get(follower) is outbox:
+                del self._feeds[follower]
+                core.feed_closed(follower)
+                log.warning("follower %s disconnected", follower)
+                self.process()
+
+    async def _read_feed(
+        self, follower: str, outbox: Outbox, requests: AsyncIterator[pb.FollowerFrame]
+    ) -> None:
+        core = self.core
+        try:
+            async for frame in requests:
+                if outbox.closed:
+                    break
+                if frame.acks:
+                    core.step_acks(follower, frame.acks)
+                if frame.needs:
+                    core.step_needs(follower, frame.needs)
+                self.process()
+        except grpc.aio.AioRpcError:
+            pass
+        except Exception:
+            log.exception("follower %s: replication stream failed", follower)
+        finally:
+            outbox.close()
+
+    async def _read_snapshot(self, read: SnapshotRead) -> None:
+        sent = 0
+        try:
+            previous: list[tuple[int, str, bytes, bytes]] | None = None
+            async for chunk in self.store.snapshot_chunks(read.partition, SNAPSHOT_CHUNK_OPS):
+                if previous is not None:
+                    if not await self._send_chunk(read, previous, last=False):
+                        return
+                    sent += len(previous)
+                previous = chunk
+            await self._send_chunk(read, previous or [], last=True)
+            sent += len(previous or [])
+            self.snapshots_sent += 1
+            log.info(
+                "snapshot of partition %d at %s sent to %s (%d writes)",
+                read.partition,
+                read.at,
+                read.follower,
+                sent,
+            )
+        except (redis.RedisError, OSError) as exc:
+            self._on_failure(StorageFailed(f"redis read for a snapshot failed: {exc}"))
+
+    async def _send_chunk(
+        self, read: SnapshotRead, ops: list[tuple[int, str, bytes, bytes]], *, last: bool
+    ) -> bool:
+        outbox = self._feeds.get(read.follower)
+        if outbox is None:
+            return False
+        await outbox.below(SNAPSHOT_BACKLOG)
+        if not self.core.snapshot_chunk(read.follower, read.partition, read.at, ops, last):
+            return False
+        self.process()
+        return True
+
+    # ----- follower side -----------------------------------------------------------------
+
+    async def _write_loop(self) -> None:
+        client = self.store.client
+        core = self.core
+        while True:
+            await self._persist_wake.wait()
+            self._persist_wake.clear()
+            batches, self._persist = self._persist, []
+            if not batches:
+                continue
+            pipe = client.pipeline(transaction=True)
+            try:
+                for persist in batches:
+                    if persist.clear and len(pipe):
+                        # Read what to drop only after the writes before it are in.
+                        await pipe.execute()
+                        pipe = client.pipeline(transaction=True)
+                    for p in persist.clear:
+                        pipe.delete(*await self.store.partition_keys(p))
+                    apply_ops(pipe, persist.ops)
+                    for p, pos in persist.positions.items():
+                        put_position(pipe, p, pos)
+                await pipe.execute()
+            except (redis.RedisError, OSError) as exc:
+                self._on_failure(StorageFailed(f"redis write of replicated entries failed: {exc}"))
+                return
+            for persist in batches:
+                core.follower_durable(persist.id)
+            self.process()
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_s)
+            self.core.tick()
+            self.process()

@@ -1,0 +1,290 @@
+"""Replication across real nodes: every partition's followers hold what its master holds, a
+follower that was down catches up (from the master's log, or by a snapshot when the log no longer
+reaches back), and sessions and queued messages survive `hexmq cluster kill` + `start` of any node
+with RF 2 and 3."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+import redis
+
+from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
+from hexmq.hashring import assign, partition_of
+from hexmq.mqtt import Disconnect, PingReq, PingResp, Properties, PubAck, Publish
+from tests.support.rawclient import RawClient
+
+PARTITIONS = 32
+NODES = ("n1", "n2", "n3")
+PERSISTENT = Properties(session_expiry_interval=3600)
+
+
+def uid() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+def client_id_where(prefix: str, rf: int, *, master: str, excluding: str | None = None) -> str:
+    """A client id whose session partition is mastered by `master` (and not held by
+    `excluding`, or held by it as a follower when excluding is None)."""
+    table = assign(NODES, PARTITIONS, rf)
+    for _ in range(10_000):
+        cid = f"{prefix}-{uid()}"
+        replicas = table[partition_of(cid, PARTITIONS)]
+        if replicas[0] == master and (excluding is None or excluding not in replicas):
+            return cid
+    raise AssertionError("no client id found")
+
+
+def partition_dump(port: int, p: int) -> dict[str, dict[bytes, bytes]]:
+    """Every key of partition p in the Redis at `port`, as {key: hash}."""
+    client = redis.Redis(port=port)
+    try:
+        return {
+            key.decode(): client.hgetall(key)  # type: ignore[misc]
+            for key in client.scan_iter(match=f"hx:{p}:*")
+        }
+    finally:
+        client.close()
+
+
+def replication_rows(cluster: Any) -> list[dict[str, Any]]:
+    rows = []
+    for node in cluster.status()["nodes"]:
+        parts = node.get("partitions") or {}
+        for follower, row in parts.get("followers", {}).items():
+            rows.append({"master": node["node_id"], "follower": follower, **row})
+    return rows
+
+
+async def wait_in_sync(cluster: Any, timeout: float = 60.0) -> list[dict[str, Any]]:
+    """Poll `hexmq cluster status` until every follower of every partition is in sync with no
+    lag; returns the rows seen on the way (for asserting that lag was there and fell)."""
+    seen = []
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = replication_rows(cluster)
+        seen.append(rows)
+        if rows and all(r["lag"] == 0 and r["in_sync"] == r["partitions"] for r in rows):
+            return seen
+        assert time.monotonic() < deadline, f"followers not in sync after {timeout}s: {rows}"
+        await asyncio.sleep(0.3)
+
+
+def assert_converged(cluster: Any, rf: int) -> None:
+    """Every follower's Redis holds exactly its master's copy of every partition."""
+    table = assign(NODES, PARTITIONS, rf)
+    ports = {f"n{i}": cluster.node(i)["redis_port"] for i in (1, 2, 3)}
+    for p, replicas in enumerate(table):
+        master = partition_dump(ports[replicas[0]], p)
+        assert f"hx:{p}:meta" in master or not master, p
+        for follower in replicas[1:]:
+            assert partition_dump(ports[follower], p) == master, f"partition {p} on {follower}"
+
+
+async def publish_many(port: int, client_id: str, topic: str, count: int) -> None:
+    """`count` QoS 1 messages (payload = index), up to 200 in flight; every one acknowledged."""
+    client, connack = await RawClient.connect(port, client_id, version=5)
+    assert connack.reason_code == 0
+    sent = 0
+    while sent < count:
+        window = range(sent, min(sent + 200, count))
+        for i in window:
+            await client.send(Publish(topic, str(i).encode(), qos=1, packet_id=i % 65535 + 1))
+        for _ in window:
+            ack = await client.expect(PubAck, timeout=30)
+            assert ack.reason_code == 0, ack
+        sent = window.stop
+    await client.close()
+
+
+async def receive_all(port: int, client_id: str, count: int) -> list[bytes]:
+    client, connack = await RawClient.connect(
+        port, client_id, version=5, clean_start=False, properties=PERSISTENT
+    )
+    assert connack.session_present is True
+    payloads = []
+    for _ in range(count):
+        packet = await client.expect(Publish, timeout=30)
+        payloads.append(packet.payload)
+        assert packet.packet_id is not None
+        await client.send(PubAck(packet.packet_id))
+    await client.close()
+    return payloads
+
+
+async def park_subscriber(port: int, client_id: str, topic: str) -> None:
+    """A persistent session subscribed to `topic`, then disconnected (its messages queue)."""
+    client, _ = await RawClient.connect(
+        port, client_id, version=5, clean_start=False, properties=PERSISTENT
+    )
+    assert (await client.subscribe(topic, qos=1)).reason_codes == (1,)
+    await client.close()
+
+
+@pytest.fixture(scope="module")
+def rf3(hexmq_cluster_module):  # type: ignore[no-untyped-def]
+    return hexmq_cluster_module(nodes=3, partitions=PARTITIONS, extra=["--rf", "3"])
+
+
+async def test_roaming_subscriber_gets_1000_messages_in_order_on_a_third_node(rf3) -> None:  # type: ignore[no-untyped-def]
+    topic = f"roam/{uid()}"
+    sub_id = f"roam-{uid()}"
+    await park_subscriber(rf3.mqtt_port(1), sub_id, topic)
+    await publish_many(rf3.mqtt_port(2), f"pub-{uid()}", topic, 1000)
+    payloads = await receive_all(rf3.mqtt_port(3), sub_id, 1000)
+    assert payloads == [str(i).encode() for i in range(1000)]
+
+
+async def test_followers_hold_exactly_what_their_master_holds(rf3) -> None:  # type: ignore[no-untyped-def]
+    topic = f"conv/{uid()}"
+    subs = [f"conv-{i}-{uid()}" for i in range(6)]
+    for i, cid in enumerate(subs):
+        await park_subscriber(rf3.mqtt_port(i % 3 + 1), cid, f"{topic}/#")
+    await publish_many(rf3.mqtt_port(1), f"pub-{uid()}", f"{topic}/a", 300)
+    # Half the subscribers take their messages (acknowledgements delete them everywhere).
+    for cid in subs[:3]:
+        assert len(await receive_all(rf3.mqtt_port(2), cid, 300)) == 300
+    await wait_in_sync(rf3)
+    assert_converged(rf3, 3)
+    status = rf3.status()
+    for node in status["nodes"]:
+        assert node["partitions"]["roles"] == {
+            "master": sum(1 for r in assign(NODES, PARTITIONS, 3) if r[0] == node["node_id"]),
+            "follower": sum(1 for r in assign(NODES, PARTITIONS, 3) if node["node_id"] in r[1:]),
+        }
+
+
+@pytest.mark.parametrize(
+    ("rf", "catch_up"),
+    [(2, "log"), (3, "log"), (3, "snapshot")],
+)
+async def test_follower_down_during_10000_writes_catches_up(  # type: ignore[no-untyped-def]
+    hexmq_cluster, rf: int, catch_up: str
+) -> None:
+    extra = ["--rf", str(rf)]
+    if catch_up == "snapshot":
+        # The master keeps only 50 entries per partition: the follower is further behind.
+        extra += ["--partition-arg=--replication-log-entries=50"]
+    cluster = hexmq_cluster(nodes=3, partitions=PARTITIONS, extra=extra)
+    table = assign(NODES, PARTITIONS, rf)
+    # The subscriber's session is mastered by n1 and followed by n3 (the node we stop); the
+    # publisher's session lives away from n3, so writing goes on while n3 is down.
+    sub_id = next(
+        cid
+        for cid in (f"catch-{uid()}" for _ in range(10_000))
+        if table[partition_of(cid, PARTITIONS)][0] == "n1"
+        and "n3" in table[partition_of(cid, PARTITIONS)]
+    )
+    pub_id = client_id_where("pub", rf, master="n2", excluding="n3" if rf == 2 else None)
+    topic = f"catch/{uid()}"
+    await park_subscriber(cluster.mqtt_port(1), sub_id, topic)
+    await wait_in_sync(cluster)
+
+    cluster.kill(3)
+    await publish_many(cluster.mqtt_port(1), pub_id, topic, 10_000)
+    sub_partition = partition_of(sub_id, PARTITIONS)
+    behind = [r for r in replication_rows(cluster) if r["follower"] == "n3"]
+    assert any(r["lag"] > 0 and r["states"] == {"down": r["partitions"]} for r in behind), behind
+
+    cluster.start(3)
+    await wait_in_sync(cluster)
+    assert_converged(cluster, rf)
+    master_log = (cluster.dir / "node1" / "partition.log").read_text()
+    snapshotted = f"snapshot of partition {sub_partition} at" in master_log
+    assert snapshotted == (catch_up == "snapshot"), master_log[-2000:]
+    # The caught-up copy is the real thing: n3's own edge serves the whole queue in order.
+    payloads = await receive_all(cluster.mqtt_port(3), sub_id, 10_000)
+    assert payloads == [str(i).encode() for i in range(10_000)]
+
+
+async def link_command(port: int, cmd: pb.EdgeCommand) -> pb.Result:
+    """Send one command over a fresh edge link to the partition service at `port`."""
+
+    async def frames() -> AsyncIterator[pb.EdgeFrame]:
+        yield pb.EdgeFrame(hello=pb.Hello(edge_id=f"probe-{uid()}", edge_incarnation=1))
+        yield pb.EdgeFrame(commands=[cmd])
+        await asyncio.sleep(30)  # keep the stream open until the answer is read
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = pb_grpc.PartitionServiceStub(channel).Link(frames())
+        async with asyncio.timeout(10):
+            async for frame in call:
+                for event in frame.events:
+                    if event.HasField("result") and event.result.request_id == cmd.request_id:
+                        call.cancel()
+                        return event.result
+                if cmd.request_id in frame.ok_request_ids:
+                    call.cancel()
+                    return pb.Result(request_id=cmd.request_id)
+    raise AssertionError("no result")
+
+
+async def test_misrouted_writes_are_refused_naming_the_master_and_never_applied(rf3) -> None:  # type: ignore[no-untyped-def]
+    cid = f"fence-{uid()}"
+    p = partition_of(cid, PARTITIONS)
+    master = assign(NODES, PARTITIONS, 3)[p][0]
+    other = next(n for n in NODES if n != master)
+
+    def open_session(epoch: int) -> pb.EdgeCommand:
+        return pb.EdgeCommand(
+            request_id=7,
+            partition=p,
+            partition_epoch=epoch,
+            open_session=pb.OpenSession(
+                client_id=cid, connection_id="probe-1", session_expiry_s=600
+            ),
+        )
+
+    def port_of(node_id: str) -> int:
+        return int(rf3.node(int(node_id[1:]))["partition_port"])
+
+    wrong = await link_command(port_of(other), open_session(1))
+    assert wrong.status == pb.StatusCode.STATUS_CODE_WRONG_MASTER
+    assert wrong.current_master == master
+    assert f"partition {p}" in wrong.message
+    stale = await link_command(port_of(master), open_session(99))
+    assert stale.status == pb.StatusCode.STATUS_CODE_STALE_EPOCH
+    assert stale.current_master == master
+    # Neither created the session.
+    client, connack = await RawClient.connect(
+        rf3.mqtt_port(1), cid, version=5, clean_start=False, properties=PERSISTENT
+    )
+    assert connack.reason_code == 0
+    assert connack.session_present is False
+    await client.close()
+
+
+async def test_racing_connects_on_two_nodes_leave_one_live_connection(rf3) -> None:  # type: ignore[no-untyped-def]
+    for _ in range(10):
+        cid = f"race-{uid()}"
+        (a, ack_a), (b, ack_b) = await asyncio.gather(
+            RawClient.connect(rf3.mqtt_port(1), cid, version=5),
+            RawClient.connect(rf3.mqtt_port(2), cid, version=5),
+        )
+        # The loser's kick leaves its master with the winner's CONNACK; let it arrive.
+        await asyncio.sleep(0.5)
+        closed = []
+        alive = []
+        for client, ack in ((a, ack_a), (b, ack_b)):
+            if ack.reason_code != 0:
+                closed.append(client)
+                continue
+            await client.send(PingReq())
+            packet = await client.recv(timeout=5)
+            if isinstance(packet, PingResp):
+                alive.append(client)
+            else:
+                assert packet is None or (
+                    isinstance(packet, Disconnect) and packet.reason_code == 0x8E
+                )
+                closed.append(client)
+        assert len(alive) == 1, (ack_a, ack_b)
+        for client in (a, b):
+            await client.close()
