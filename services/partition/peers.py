@@ -332,7 +332,7 @@ class ReplicationDriver:
         if outbox is None:
             return False
         await outbox.below(SNAPSHOT_BACKLOG)
-        if not self.core.snapshot_chunk(read.follower, read.partition, read.at, ops, last):
+        if not self.core.snapshot_chunk(read, ops, last):
             return False
         self.process()
         return True

@@ -19,7 +19,7 @@ them converges). The log is pinned while a snapshot is on its way. A follower is
 has acknowledged everything the master had made durable; it drops out when its stream is gone or
 it stays behind for longer than the lag limit.
 
-The adapters (services/partition/replicator.py) feed inputs in and carry `ready()` out: gRPC
+The adapters (services/partition/peers.py) feed inputs in and carry `ready()` out: gRPC
 streams between nodes, the follower's Redis writes and the master's snapshot reads. Tests drive
 this class directly over an in-memory network (tests/unit/test_replication_scenarios.py).
 """
@@ -111,7 +111,10 @@ class FollowerProgress:
     in_sync: bool = False
     # The last tick at which the follower had acknowledged all the master had made durable.
     caught_up_at: int = 0
-    # SNAPSHOT: the position the snapshot stands for, and whether its first chunk went out.
+    # SNAPSHOT: which snapshot (ids are unique per Replicator, so a reader of an abandoned one
+    # is told to stop even when the new one stands at the same position), the position it
+    # stands for, and whether its first chunk went out.
+    snapshot_id: int = 0
     snapshot_at: Position = NOWHERE
     snapshot_started: bool = False
 
@@ -147,8 +150,10 @@ class FollowedPartition:
     partition: int
     master: str
     epoch: int
-    # What this follower has accepted in order (durable, or queued for its store in order).
+    # What this follower has accepted in order (durable, or queued for its store in order),
+    # and what of it is durable (what a hello may claim).
     received: Position = NOWHERE
+    durable: Position = NOWHERE
     # A snapshot is being written: the partition's state is partial until its last chunk.
     loading: bool = False
     # The seq asked for after a gap (0: none), and when.
@@ -171,11 +176,12 @@ class Persist:
 @dataclass(frozen=True, slots=True)
 class SnapshotRead:
     """Read partition's stored state (at or after `at`) in chunks and hand each to
-    `Replicator.snapshot_chunk(follower, partition, at, ops, last)`."""
+    `Replicator.snapshot_chunk(read, ops, last)`."""
 
     follower: str
     partition: int
     at: Position
+    id: int
 
 
 @dataclass(slots=True)
@@ -216,6 +222,7 @@ class Replicator:
         # Master batches waiting for followers: (token, [(partition, follower, seq)]).
         self._pending: deque[tuple[object, list[tuple[int, str, int]]]] = deque()
         self._persist_seq = 0
+        self._snapshot_ids = 0
         self._persisting: dict[int, Persist] = {}
         self._ready = Ready()
 
@@ -249,7 +256,9 @@ class Replicator:
                 if fp is not None and fp.master == a.replicas[0] and fp.epoch == a.epoch:
                     continue
                 self.mastered.pop(p, None)
-                self.followed[p] = FollowedPartition(p, a.replicas[0], a.epoch, received=pos)
+                self.followed[p] = FollowedPartition(
+                    p, a.replicas[0], a.epoch, received=pos, durable=pos
+                )
             else:
                 self.mastered.pop(p, None)
                 self.followed.pop(p, None)
@@ -368,14 +377,13 @@ class Replicator:
                 self._start_snapshot(m, fp)
         self._advance()
 
-    def snapshot_chunk(
-        self, follower: str, p: int, at: Position, ops: list[Op], last: bool
-    ) -> bool:
+    def snapshot_chunk(self, read: SnapshotRead, ops: list[Op], last: bool) -> bool:
         """One chunk of a snapshot read; False if that snapshot is no longer wanted (the stream
         broke or a newer one started): the reader stops."""
+        follower, p, at = read.follower, read.partition, read.at
         m = self.mastered.get(p)
         fp = m.followers.get(follower) if m is not None else None
-        if m is None or fp is None or fp.state != SNAPSHOT or fp.snapshot_at != at:
+        if m is None or fp is None or fp.state != SNAPSHOT or fp.snapshot_id != read.id:
             return False
         chunk = pb.SnapshotChunk(
             partition=p,
@@ -398,7 +406,11 @@ class Replicator:
         fp.snapshot_started = False
         fp.snapshot_at = (m.durable_epoch, m.durable)
         fp.acked = 0
-        self._ready.snapshot_reads.append(SnapshotRead(fp.node, m.partition, fp.snapshot_at))
+        self._snapshot_ids += 1
+        fp.snapshot_id = self._snapshot_ids
+        self._ready.snapshot_reads.append(
+            SnapshotRead(fp.node, m.partition, fp.snapshot_at, fp.snapshot_id)
+        )
 
     def _send(self, m: MasteredPartition, fp: FollowerProgress) -> None:
         if fp.next <= m.durable and fp.next < m.log_start:
@@ -458,7 +470,15 @@ class Replicator:
             if fp.master != master:
                 continue
             fp.need = 0
-            epoch, seq = NOWHERE if fp.loading else fp.received
+            if fp.loading:
+                # Cut off mid-snapshot: what is stored of the partition is partial (and its
+                # stored position says so); start over from nothing.
+                fp.loading = False
+                fp.received = NOWHERE
+                epoch, seq = NOWHERE
+            else:
+                # Only what is durable: the master counts the hello's position as acknowledged.
+                epoch, seq = fp.durable
             positions.append(pb.PartitionPosition(partition=fp.partition, epoch=epoch, seq=seq))
         return positions
 
@@ -516,8 +536,9 @@ class Replicator:
         persist = self._persisting.pop(persist_id)
         for p, (epoch, seq) in persist.positions.items():
             fp = self.followed.get(p)
-            if fp is None or not seq:
+            if fp is None:
                 continue
+            fp.durable = (epoch, seq)
             frame = self._to_master(fp.master)
             frame.acks.append(pb.PartitionPosition(partition=p, epoch=epoch, seq=seq))
 
