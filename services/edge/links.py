@@ -48,6 +48,7 @@ class LinkListener(Protocol):
     def on_delivery(self, delivery: pb.Delivery) -> None: ...
     def on_kick(self, kick: pb.Kick) -> None: ...
     def on_index_update(self, link: PartitionLink, update: pb.IndexUpdate) -> None: ...
+    def on_publish_will(self, will: pb.PublishWill) -> None: ...
 
 
 # Shared by every plain OK answer; callbacks only read it.
@@ -242,6 +243,8 @@ class PartitionLink:
                 listener.on_delivery(event.delivery)
             elif kind == "kick":
                 listener.on_kick(event.kick)
+            elif kind == "publish_will":
+                listener.on_publish_will(event.publish_will)
             elif kind == "index_update":
                 update = event.index_update
                 listener.on_index_update(self, update)

@@ -21,7 +21,7 @@ from services.edge.listeners import start_listeners
 from services.edge.router import Router
 from services.edge.stats import EdgeStats, publish_sys_topics
 from services.edge.tracing import EdgeTracer
-from services.edge.translate import fill_message
+from services.edge.translate import fill_message, message_commands
 from services.membership.client import ViewWatcher
 
 log = logging.getLogger("hexmq.edge")
@@ -130,6 +130,38 @@ class Edge:
             fill_message(cmd.publish.message, publisher, topic, payload, 0, False, NO_PROPERTIES)
             cmd.publish.targets.extend(targets)
             link.send(cmd)
+
+    def on_publish_will(self, will: pb.PublishWill) -> None:
+        """A partition hands over a due will: route it like a PUBLISH from its client and, once
+        every target partition has it, say so (the partition hands it out again otherwise)."""
+        if self.router.view is None:
+            return
+        msg = will.message
+        route = self.router.route_publish(msg.topic)
+        if not route.complete:
+            return
+        retained = self.router.retained_route(msg.topic) if msg.retain else None
+        commands = message_commands(lambda m: m.CopyFrom(msg), route.targets, retained)
+        confirm = pb.EdgeCommand(
+            will_published=pb.WillPublished(client_id=will.client_id, will_id=will.will_id)
+        )
+        session = self.router.session_route(will.client_id)
+        confirm.partition, confirm.partition_epoch = session.partition, session.epoch
+        remaining = len(commands)
+        failed = False
+
+        def done(result: pb.Result) -> None:
+            nonlocal remaining, failed
+            remaining -= 1
+            failed = failed or result.status != pb.StatusCode.STATUS_CODE_OK
+            if remaining == 0 and not failed:
+                session.link.send(confirm)
+
+        if not commands:
+            session.link.send(confirm)
+        for link, cmd in commands:
+            link.request(cmd, done)
+        log.info("publishing the will of a session of partition %d", session.partition)
 
     def link_backlog(self) -> int:
         return sum(link.backlog for link in self.router.links.values())

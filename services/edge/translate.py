@@ -4,7 +4,8 @@ messages, in both directions, plus the reason-code tables the edge answers with.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeAlias
 
 from hexmq.api.common.v1 import common_pb2 as cpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
@@ -55,15 +56,40 @@ def fill_message(
         m.user_properties.add(key=key, value=value)
 
 
+# What Router.route_publish gives: per master node, the partitions a message goes to.
+Targets: TypeAlias = "tuple[tuple[PartitionLink, tuple[pb.PartitionTarget, ...]], ...]"
+
+
 def publish_commands(
     publisher_id: str,
     packet: Publish,
-    targets: tuple[tuple[PartitionLink, tuple[pb.PartitionTarget, ...]], ...],
+    targets: Targets,
     retained: tuple[PartitionLink, pb.PartitionTarget] | None = None,
 ) -> list[tuple[PartitionLink, pb.EdgeCommand]]:
     """One Publish command per master node (plus, for RETAIN, the node mastering the topic's
     partition, if it is not one of them). The message is built in place in the first command
     and copied for the rest."""
+
+    def fill(message: cpb.Message) -> None:
+        fill_message(
+            message,
+            publisher_id,
+            packet.topic,
+            packet.payload,
+            packet.qos,
+            packet.retain,
+            packet.properties,
+        )
+
+    return message_commands(fill, targets, retained)
+
+
+def message_commands(
+    fill: Callable[[cpb.Message], None],
+    targets: Targets,
+    retained: tuple[PartitionLink, pb.PartitionTarget] | None = None,
+) -> list[tuple[PartitionLink, pb.EdgeCommand]]:
+    """publish_commands for a message that `fill` writes (e.g. a will, already built)."""
     out: list[tuple[PartitionLink, pb.EdgeCommand]] = []
     plan = list(targets)
     if retained is not None and all(link is not retained[0] for link, _ in plan):
@@ -73,15 +99,7 @@ def publish_commands(
         if out:
             cmd.publish.message.CopyFrom(out[0][1].publish.message)
         else:
-            fill_message(
-                cmd.publish.message,
-                publisher_id,
-                packet.topic,
-                packet.payload,
-                packet.qos,
-                packet.retain,
-                packet.properties,
-            )
+            fill(cmd.publish.message)
         cmd.publish.targets.extend(node_targets)
         if retained is not None and link is retained[0]:
             cmd.publish.retained.CopyFrom(retained[1])

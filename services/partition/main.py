@@ -182,6 +182,7 @@ async def _sweep(node: PartitionNode) -> None:
     while True:
         await asyncio.sleep(1.0)
         expired = node.expire_sessions(LINK_GRACE_MS)
+        node.hand_out_wills()
         if expired:
             log.info("expired %d sessions", expired)
 

@@ -25,6 +25,7 @@ from services.partition.links import EdgeLink
 from services.partition.replication import Replicator
 from services.partition.sessions import NEVER_EXPIRES, LiveConnection, Session
 from services.partition.store import GroupCommit, RedisStore, WriteBatch
+from services.partition.wills import WillBoard
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,9 @@ SC = pb.StatusCode
 MAX_QOS = 1
 DEFAULT_RECEIVE_MAXIMUM = 65535
 DEFAULT_MAX_QUEUED = 100_000
+# A connection lost with its edge link may yet be re-attached by that edge: its will waits this
+# much longer than its delay, so a brief link outage does not publish the wills of live clients.
+WILL_LINK_GRACE_MS = 5_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +84,7 @@ class PartitionNode:
         # topic -> (partition, message): the retained messages of the partitions mastered here.
         self.retained: dict[str, tuple[int, common_pb.Message]] = {}
         self.links: dict[str, EdgeLink] = {}
+        self.wills = WillBoard(node_id)
         # Every subscription of every session here: filter -> client id -> spec.
         self.trie: TopicTrie[str, pb.SubscriptionSpec] = TopicTrie()
         # How many sessions of a partition use a filter; 0 <-> 1 changes go to every edge.
@@ -117,9 +122,15 @@ class PartitionNode:
                     session.durable_mid = max(session.durable_mid, qm.message_id)
                     # Unknown whether it was sent before the restart: resend as a duplicate.
                     session.ever_sent.add(qm.message_id)
-                if not session.record.disconnected_at_ms:
+                rec = session.record
+                if rec.will_due_at_ms:
+                    self.wills.schedule(rec.client_id, rec.will_due_at_ms)
+                if not rec.disconnected_at_ms:
                     # Its connection was lost with the old process; edges re-attach live ones.
-                    session.record.disconnected_at_ms = now_ms()
+                    rec.disconnected_at_ms = now_ms()
+                    if rec.HasField("will"):
+                        due = rec.disconnected_at_ms + WILL_LINK_GRACE_MS
+                        self.wills.schedule(rec.client_id, due + rec.will.delay_interval_s * 1000)
                 self.sessions[session.client_id] = session
             for msg in await self.store.load_retained(p):
                 self.retained[msg.topic] = (p, msg)
@@ -162,6 +173,9 @@ class PartitionNode:
         for session in self.sessions.values():
             if session.connection is not None and session.connection.link is link:
                 session.detach(stamp)
+                self._connection_lost(session, stamp, grace_ms=WILL_LINK_GRACE_MS)
+                if session.record.will_due_at_ms:
+                    self.store.put_session(self.commit.batch, session.partition, session.record)
                 detached += 1
         log.info("edge %s unlinked; %d sessions detached", link.edge_id, detached)
 
@@ -230,12 +244,20 @@ class PartitionNode:
         if not self._check_owner(link, cmd, p, cmd.partition_epoch):
             return
         batch = self.commit.batch
+        stamp = now_ms()
         session = self.sessions.get(req.client_id)
         if session is not None and session.connection is not None:
             self._kick(session, reason_code=0x8E)
+            self._connection_lost(session, stamp)
         if session is not None and req.clean_start:
             self._delete_session(session)
             session = None
+        elif session is not None and session.record.will_due_at_ms:
+            # A new connection before the will's delay passed: the will is not sent
+            # [MQTT-3.1.3-9]; one already due goes out.
+            if session.record.will_due_at_ms <= stamp:
+                self._publish_will_now(session)
+            self._clear_will(session)
         present = session is not None
         if session is None:
             session = Session(p, pb.SessionRecord(client_id=req.client_id, created_at_ms=now_ms()))
@@ -267,6 +289,10 @@ class PartitionNode:
         session.attach(
             LiveConnection(link, req.connection_id, req.receive_maximum or DEFAULT_RECEIVE_MAXIMUM)
         )
+        if session.record.will_due_at_ms:
+            # The connection lives on (its edge re-linked): its will is not due after all.
+            session.record.will_due_at_ms = 0
+            self.wills.cancel(session.client_id)
         self.store.put_session(self.commit.batch, session.partition, session.record)
         self._reply(link, cmd)
         self._schedule_pump(session)
@@ -278,7 +304,12 @@ class PartitionNode:
             return
         if req.HasField("session_expiry_s"):
             session.record.session_expiry_s = req.session_expiry_s
-        session.detach(now_ms())
+        stamp = now_ms()
+        session.detach(stamp)
+        if req.graceful and not req.send_will:
+            self._clear_will(session)  # a normal DISCONNECT discards the will [MQTT-3.1.2-8]
+        else:
+            self._connection_lost(session, stamp)
         if session.record.session_expiry_s == 0:
             self._delete_session(session)
         else:
@@ -520,6 +551,16 @@ class PartitionNode:
         # for this batch (whose only news is that acknowledged messages are gone).
         self._pump(session)
 
+    def _will_published(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+        req = cmd.will_published
+        if not self.wills.confirmed(req.client_id, req.will_id):
+            return
+        session = self.sessions.get(req.client_id)
+        if session is not None:
+            session.record.ClearField("will")
+            session.record.will_due_at_ms = 0
+            self.store.put_session(self.commit.batch, session.partition, session.record)
+
     _handlers: dict[str, Callable[[PartitionNode, EdgeLink, pb.EdgeCommand], None]] = {
         "open_session": _open_session,
         "attach_session": _attach_session,
@@ -530,6 +571,7 @@ class PartitionNode:
         "delivery_ack": _delivery_ack,
         "retained_query": _retained_query,
         "enqueue_retained": _enqueue_retained,
+        "will_published": _will_published,
     }
 
     # ----- helpers ----------------------------------------------------------------------
@@ -609,6 +651,9 @@ class PartitionNode:
                 link.send(event)
 
     def _delete_session(self, session: Session) -> None:
+        if session.record.will_due_at_ms:
+            self._publish_will_now(session)  # the session ends before the will's delay
+        self.wills.cancel(session.client_id)
         for filt in list(session.subscriptions):
             self._remove_subscription(session, filt)
         if self.sessions.get(session.client_id) is session:
@@ -620,6 +665,40 @@ class PartitionNode:
             if self.sessions.get(cid) is session:
                 self.store.put_session(batch, session.partition, session.record)
         self._dirty.clear()
+
+    # ----- wills ------------------------------------------------------------------------
+
+    def _connection_lost(self, session: Session, stamp: int, grace_ms: int = 0) -> None:
+        """The connection ended without a normal DISCONNECT: the will is due after the Will
+        Delay Interval, or when the session ends if that is sooner [MQTT-3.1.2-8, 3.1.3-9];
+        `grace_ms` more when the edge may yet re-attach the connection. The caller stores the
+        record."""
+        rec = session.record
+        if not rec.HasField("will"):
+            return
+        delay_s = min(rec.will.delay_interval_s, rec.session_expiry_s)
+        rec.will_due_at_ms = stamp + delay_s * 1000 + grace_ms
+        self.wills.schedule(rec.client_id, rec.will_due_at_ms)
+        if rec.will_due_at_ms <= stamp:
+            self.commit.after(self.hand_out_wills)
+
+    def _clear_will(self, session: Session) -> None:
+        session.record.ClearField("will")
+        session.record.will_due_at_ms = 0
+        self.wills.cancel(session.client_id)
+
+    def _publish_will_now(self, session: Session) -> None:
+        """Hand the session's will out at once, from memory (the record is about to lose it)."""
+        self.wills.orphan(session.client_id, session.record.will.message)
+        self.commit.after(self.hand_out_wills)
+
+    def hand_out_wills(self) -> None:
+        """Give every due will to an edge to publish (again, if one went unanswered)."""
+        sessions = self.sessions
+        messages = {
+            cid: sessions[cid].record.will.message for cid in self.wills.due if cid in sessions
+        }
+        self.wills.hand_out(now_ms(), self.links, messages)
 
     # ----- housekeeping -----------------------------------------------------------------
 

@@ -123,6 +123,7 @@ class EdgeCommand(_message.Message):
     ATTACH_SESSION_FIELD_NUMBER: _builtins.int
     RETAINED_QUERY_FIELD_NUMBER: _builtins.int
     ENQUEUE_RETAINED_FIELD_NUMBER: _builtins.int
+    WILL_PUBLISHED_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     """0: the edge wants no Result (QoS 0 publish, delivery acknowledgements)."""
     partition: _builtins.int
@@ -148,6 +149,8 @@ class EdgeCommand(_message.Message):
     def retained_query(self) -> Global___RetainedQuery: ...
     @_builtins.property
     def enqueue_retained(self) -> Global___EnqueueRetained: ...
+    @_builtins.property
+    def will_published(self) -> Global___WillPublished: ...
     def __init__(
         self,
         *,
@@ -164,12 +167,13 @@ class EdgeCommand(_message.Message):
         attach_session: Global___AttachSession | None = ...,
         retained_query: Global___RetainedQuery | None = ...,
         enqueue_retained: Global___EnqueueRetained | None = ...,
+        will_published: Global___WillPublished | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "delivery_ack", b"delivery_ack", "enqueue_retained", b"enqueue_retained", "open_session", b"open_session", "publish", b"publish", "retained_query", b"retained_query", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "delivery_ack", b"delivery_ack", "enqueue_retained", b"enqueue_retained", "open_session", b"open_session", "publish", b"publish", "retained_query", b"retained_query", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe", "will_published", b"will_published"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "delivery_ack", b"delivery_ack", "enqueue_retained", b"enqueue_retained", "open_session", b"open_session", "partition", b"partition", "partition_epoch", b"partition_epoch", "publish", b"publish", "request_id", b"request_id", "retained_query", b"retained_query", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "delivery_ack", b"delivery_ack", "enqueue_retained", b"enqueue_retained", "open_session", b"open_session", "partition", b"partition", "partition_epoch", b"partition_epoch", "publish", b"publish", "request_id", b"request_id", "retained_query", b"retained_query", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe", "will_published", b"will_published"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["open_session", "close_session", "subscribe", "unsubscribe", "publish", "delivery_ack", "attach_session", "retained_query", "enqueue_retained"]  # noqa: Y015
+    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["open_session", "close_session", "subscribe", "unsubscribe", "publish", "delivery_ack", "attach_session", "retained_query", "enqueue_retained", "will_published"]  # noqa: Y015
     _WhichOneofArgType_command: _TypeAlias = _typing.Literal["command", b"command"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_command) -> _WhichOneofReturnType_command | None: ...
 
@@ -513,6 +517,32 @@ class EnqueueRetained(_message.Message):
 Global___EnqueueRetained: _TypeAlias = EnqueueRetained  # noqa: Y015
 
 @_typing.final
+class WillPublished(_message.Message):
+    """The edge published a will handed to it by PublishWill (every target partition accepted it):
+    the session's partition forgets the will.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    WILL_ID_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    will_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+        will_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "will_id", b"will_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WillPublished: _TypeAlias = WillPublished  # noqa: Y015
+
+@_typing.final
 class DeliveryAck(_message.Message):
     """The client acknowledged these deliveries (PUBACK for QoS 1)."""
 
@@ -576,6 +606,7 @@ class PartitionEvent(_message.Message):
     DELIVERY_FIELD_NUMBER: _builtins.int
     KICK_FIELD_NUMBER: _builtins.int
     INDEX_UPDATE_FIELD_NUMBER: _builtins.int
+    PUBLISH_WILL_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def result(self) -> Global___Result: ...
     @_builtins.property
@@ -584,6 +615,8 @@ class PartitionEvent(_message.Message):
     def kick(self) -> Global___Kick: ...
     @_builtins.property
     def index_update(self) -> Global___IndexUpdate: ...
+    @_builtins.property
+    def publish_will(self) -> Global___PublishWill: ...
     def __init__(
         self,
         *,
@@ -591,12 +624,13 @@ class PartitionEvent(_message.Message):
         delivery: Global___Delivery | None = ...,
         kick: Global___Kick | None = ...,
         index_update: Global___IndexUpdate | None = ...,
+        publish_will: Global___PublishWill | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["delivery", b"delivery", "event", b"event", "index_update", b"index_update", "kick", b"kick", "result", b"result"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["delivery", b"delivery", "event", b"event", "index_update", b"index_update", "kick", b"kick", "publish_will", b"publish_will", "result", b"result"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivery", b"delivery", "event", b"event", "index_update", b"index_update", "kick", b"kick", "result", b"result"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivery", b"delivery", "event", b"event", "index_update", b"index_update", "kick", b"kick", "publish_will", b"publish_will", "result", b"result"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["result", "delivery", "kick", "index_update"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["result", "delivery", "kick", "index_update", "publish_will"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 
@@ -746,6 +780,37 @@ class Kick(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Kick: _TypeAlias = Kick  # noqa: Y015
+
+@_typing.final
+class PublishWill(_message.Message):
+    """A will is due (its connection ended without a normal DISCONNECT and its delay passed, or its
+    session ended): the partition hands it to one edge, which routes it like any PUBLISH and
+    answers WillPublished. Handed out again if no answer comes, so a will is sent at least once.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    WILL_ID_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    will_id: _builtins.int
+    @_builtins.property
+    def message(self) -> _common_pb2.Message: ...
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+        will_id: _builtins.int = ...,
+        message: _common_pb2.Message | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "message", b"message", "will_id", b"will_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PublishWill: _TypeAlias = PublishWill  # noqa: Y015
 
 @_typing.final
 class IndexEntry(_message.Message):
@@ -949,6 +1014,7 @@ class SessionRecord(_message.Message):
     WILL_FIELD_NUMBER: _builtins.int
     DISCONNECTED_AT_MS_FIELD_NUMBER: _builtins.int
     CREATED_AT_MS_FIELD_NUMBER: _builtins.int
+    WILL_DUE_AT_MS_FIELD_NUMBER: _builtins.int
     client_id: _builtins.str
     session_expiry_s: _builtins.int
     protocol_version: _builtins.int
@@ -957,6 +1023,8 @@ class SessionRecord(_message.Message):
     disconnected_at_ms: _builtins.int
     """0 while a connection holds the session."""
     created_at_ms: _builtins.int
+    will_due_at_ms: _builtins.int
+    """When the will is due (unix ms; 0: not scheduled). Set when the connection ends."""
     @_builtins.property
     def will(self) -> Global___Will: ...
     def __init__(
@@ -969,10 +1037,11 @@ class SessionRecord(_message.Message):
         will: Global___Will | None = ...,
         disconnected_at_ms: _builtins.int = ...,
         created_at_ms: _builtins.int = ...,
+        will_due_at_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["will", b"will"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "created_at_ms", b"created_at_ms", "disconnected_at_ms", b"disconnected_at_ms", "next_message_id", b"next_message_id", "protocol_version", b"protocol_version", "session_expiry_s", b"session_expiry_s", "will", b"will"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "created_at_ms", b"created_at_ms", "disconnected_at_ms", b"disconnected_at_ms", "next_message_id", b"next_message_id", "protocol_version", b"protocol_version", "session_expiry_s", b"session_expiry_s", "will", b"will", "will_due_at_ms", b"will_due_at_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

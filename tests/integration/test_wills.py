@@ -1,0 +1,197 @@
+"""Wills cluster-wide (RF 2): kept in the session's partition, published like any message to
+subscribers on every node, after the Will Delay Interval, not after a normal DISCONNECT or a
+reconnect within the delay, retained when asked, and published even when the node that held
+the client's connection dies."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import pytest
+
+from hexmq.hashring import assign, partition_of
+from hexmq.mqtt import ConnAck, Connect, Disconnect, Properties, Publish, Will
+from tests.support.rawclient import RawClient
+
+PARTITIONS = 32
+
+
+def uid() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture(scope="module")
+def trio(hexmq_cluster_module):  # type: ignore[no-untyped-def]
+    return hexmq_cluster_module(nodes=3, partitions=PARTITIONS, extra=["--rf", "2"])
+
+
+async def connect_with_will(
+    port: int,
+    client_id: str,
+    will: Will,
+    *,
+    version: int = 5,
+    clean_start: bool = True,
+    expiry: int = 0,
+) -> RawClient:
+    client = await RawClient.open(port, version)
+    props = Properties(session_expiry_interval=expiry) if version == 5 and expiry else Properties()
+    await client.send(
+        Connect(
+            client_id=client_id,
+            protocol_version=version,
+            clean_start=clean_start,
+            keepalive=60,
+            will=will,
+            properties=props,
+        )
+    )
+    connack = await client.expect(ConnAck)
+    assert connack.reason_code == 0
+    return client
+
+
+async def watcher(port: int, topic: str) -> RawClient:
+    client, _ = await RawClient.connect(port, f"watch-{uid()}", version=5)
+    await client.subscribe(topic, qos=1)
+    return client
+
+
+async def nothing_within(client: RawClient, seconds: float) -> None:
+    with pytest.raises(TimeoutError):
+        await client.recv(timeout=seconds)
+
+
+async def drop(client: RawClient) -> None:
+    """Close the socket without DISCONNECT (a lost connection)."""
+    client.writer.transport.abort()
+    await client.close()
+
+
+@pytest.mark.parametrize("version", [4, 5])
+async def test_a_lost_connection_publishes_the_will_on_every_node(trio, version: int) -> None:  # type: ignore[no-untyped-def]
+    topic = f"will/{uid()}"
+    watchers = [await watcher(trio.mqtt_port(i), topic) for i in (1, 2, 3)]
+    client = await connect_with_will(
+        trio.mqtt_port(1), f"dying-{uid()}", Will(topic, b"gone", qos=1), version=version
+    )
+    await drop(client)
+    for w in watchers:
+        packet = await w.expect(Publish, timeout=10)
+        assert (packet.topic, packet.payload, packet.qos) == (topic, b"gone", 1)
+        await w.close()
+
+
+async def test_a_normal_disconnect_discards_the_will(trio) -> None:  # type: ignore[no-untyped-def]
+    topic = f"will/{uid()}"
+    w = await watcher(trio.mqtt_port(2), topic)
+    client = await connect_with_will(trio.mqtt_port(1), f"polite-{uid()}", Will(topic, b"x"))
+    await client.send(Disconnect())
+    await client.close()
+    await nothing_within(w, 2.5)
+    await w.close()
+
+
+async def test_disconnect_with_will_message_sends_it(trio) -> None:  # type: ignore[no-untyped-def]
+    topic = f"will/{uid()}"
+    w = await watcher(trio.mqtt_port(3), topic)
+    client = await connect_with_will(trio.mqtt_port(1), f"leaving-{uid()}", Will(topic, b"bye"))
+    await client.send(Disconnect(0x04))
+    await client.close()
+    assert (await w.expect(Publish, timeout=10)).payload == b"bye"
+    await w.close()
+
+
+async def test_will_delay_is_waited_for(trio) -> None:  # type: ignore[no-untyped-def]
+    topic = f"will/{uid()}"
+    w = await watcher(trio.mqtt_port(2), topic)
+    will = Will(topic, b"late", properties=Properties(will_delay_interval=2))
+    client = await connect_with_will(trio.mqtt_port(1), f"slow-{uid()}", will, expiry=60)
+    lost_at = time.monotonic()
+    await drop(client)
+    packet = await w.expect(Publish, timeout=10)
+    assert packet.payload == b"late"
+    assert time.monotonic() - lost_at >= 1.9
+    await w.close()
+
+
+async def test_a_reconnect_within_the_delay_cancels_the_will(trio) -> None:  # type: ignore[no-untyped-def]
+    topic = f"will/{uid()}"
+    cid = f"back-{uid()}"
+    w = await watcher(trio.mqtt_port(2), topic)
+    will = Will(topic, b"never", properties=Properties(will_delay_interval=2))
+    client = await connect_with_will(trio.mqtt_port(1), cid, will, expiry=60)
+    await drop(client)
+    again, connack = await RawClient.connect(
+        trio.mqtt_port(3),
+        cid,
+        version=5,
+        clean_start=False,
+        properties=Properties(session_expiry_interval=60),
+    )
+    assert connack.session_present is True
+    await nothing_within(w, 3.5)
+    for c in (again, w):
+        await c.close()
+
+
+async def test_a_takeover_publishes_the_old_connections_will(trio) -> None:  # type: ignore[no-untyped-def]
+    topic = f"will/{uid()}"
+    cid = f"taken-{uid()}"
+    w = await watcher(trio.mqtt_port(3), topic)
+    first = await connect_with_will(trio.mqtt_port(1), cid, Will(topic, b"old"), expiry=60)
+    second, _ = await RawClient.connect(
+        trio.mqtt_port(2),
+        cid,
+        version=5,
+        clean_start=False,
+        properties=Properties(session_expiry_interval=60),
+    )
+    assert (await w.expect(Publish, timeout=10)).payload == b"old"
+    await nothing_within(w, 1.5)  # once
+    for c in (first, second, w):
+        await c.close()
+
+
+async def test_a_retained_will_is_kept_for_later_subscribers(trio) -> None:  # type: ignore[no-untyped-def]
+    topic = f"will/{uid()}"
+    client = await connect_with_will(
+        trio.mqtt_port(1), f"status-{uid()}", Will(topic, b"offline", qos=1, retain=True)
+    )
+    await drop(client)
+    deadline = time.monotonic() + 10
+    while True:
+        late, _ = await RawClient.connect(trio.mqtt_port(3), f"late-{uid()}", version=5)
+        await late.subscribe(topic, qos=1)
+        try:
+            packet = await late.expect(Publish, timeout=1)
+        except TimeoutError:
+            await late.close()
+            assert time.monotonic() < deadline, "the retained will never arrived"
+            continue
+        assert (packet.payload, packet.retain) == (b"offline", True)
+        await late.close()
+        break
+
+
+async def test_the_will_is_published_when_the_node_holding_the_connection_dies(  # type: ignore[no-untyped-def]
+    hexmq_cluster,
+) -> None:
+    cluster = hexmq_cluster(nodes=3, partitions=PARTITIONS, extra=["--rf", "2"])
+    table = assign(["n1", "n2", "n3"], PARTITIONS, 2)
+    # The session lives on n2 and n3; the connection is on node 1, which dies.
+    cid = next(
+        c
+        for c in (f"held-{uid()}" for _ in range(10_000))
+        if "n1" not in table[partition_of(c, PARTITIONS)]
+    )
+    topic = f"will/{uid()}"
+    w = await watcher(cluster.mqtt_port(3), topic)
+    client = await connect_with_will(cluster.mqtt_port(1), cid, Will(topic, b"node lost", qos=1))
+    await asyncio.to_thread(cluster.kill, 1)
+    packet = await w.expect(Publish, timeout=20)
+    assert packet.payload == b"node lost"
+    await client.close()
+    await w.close()
