@@ -14,4 +14,9 @@ LINK_OPTIONS: list[tuple[str, int]] = [
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+    # The serving side must accept those pings on an idle stream: its default (one per 5 min,
+    # 2 strikes) answers our 10 s pings with GOAWAY "too_many_pings" after about 30 idle
+    # seconds, which dropped every idle link and replication stream.
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_ping_strikes", 0),
 ]

@@ -268,12 +268,13 @@ class PartitionNode:
             session.record.will.CopyFrom(req.will)
         else:
             session.record.ClearField("will")
-        session.attach(
-            LiveConnection(link, req.connection_id, req.receive_maximum or DEFAULT_RECEIVE_MAXIMUM)
+        conn = LiveConnection(
+            link, req.connection_id, req.receive_maximum or DEFAULT_RECEIVE_MAXIMUM
         )
+        session.attach(conn)
         self.store.put_session(batch, p, session.record)
         self._reply(link, cmd, session_present=present)
-        self._schedule_pump(session)
+        self.commit.after(functools.partial(self._connection_ready, session, conn))
 
     def _attach_session(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
         req = cmd.attach_session
@@ -286,16 +287,17 @@ class PartitionNode:
         if session.connection is not None and session.connection.connection_id != req.connection_id:
             self._reply(link, cmd, SC.STATUS_CODE_TAKEN_OVER, message="connection replaced")
             return
-        session.attach(
-            LiveConnection(link, req.connection_id, req.receive_maximum or DEFAULT_RECEIVE_MAXIMUM)
+        conn = LiveConnection(
+            link, req.connection_id, req.receive_maximum or DEFAULT_RECEIVE_MAXIMUM
         )
+        session.attach(conn)
         if session.record.will_due_at_ms:
             # The connection lives on (its edge re-linked): its will is not due after all.
             session.record.will_due_at_ms = 0
             self.wills.cancel(session.client_id)
         self.store.put_session(self.commit.batch, session.partition, session.record)
         self._reply(link, cmd)
-        self._schedule_pump(session)
+        self.commit.after(functools.partial(self._connection_ready, session, conn))
 
     def _close_session(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
         req = cmd.close_session
@@ -595,6 +597,11 @@ class PartitionNode:
     def _durable(self, session: Session, message_id: int) -> None:
         if message_id > session.durable_mid:
             session.durable_mid = message_id
+        self._pump(session)
+
+    def _connection_ready(self, session: Session, conn: LiveConnection) -> None:
+        """The edge has (or, in this frame, will have) the answer that accepts `conn`."""
+        conn.ready = True
         self._pump(session)
 
     def _schedule_pump(self, session: Session) -> None:

@@ -28,6 +28,10 @@ class LiveConnection:
     link: EdgeLink
     connection_id: str
     receive_maximum: int
+    # False until the edge has been told the connection holds the session (its CONNACK or
+    # re-attach result went out): deliveries must not overtake that answer, or the edge would
+    # meet them for a connection it has not accepted yet.
+    ready: bool = False
 
 
 @dataclass(slots=True)
@@ -103,7 +107,7 @@ class Session:
     def pump(self) -> list[pb.QueuedMessage]:
         """The messages the window allows to send now, marked as sent."""
         conn = self.connection
-        if conn is None or not self.unsent:
+        if conn is None or not conn.ready or not self.unsent:
             return []
         out: list[pb.QueuedMessage] = []
         oldest = next(iter(self.queue), 0)

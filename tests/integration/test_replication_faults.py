@@ -167,7 +167,9 @@ async def test_no_acknowledged_message_lost_across_kill_and_start(hexmq_cluster,
             sub: {pub: sorted(set(w) - set(g))[:5] for pub, w in want.items()}
             for sub, g in got.items()
         }
-        pytest.fail(f"acknowledged messages missing: {missing}")
+        status = await asyncio.to_thread(cluster.status)
+        queued = {n["node_id"]: n.get("partitions") for n in status["nodes"]}
+        pytest.fail(f"acknowledged messages missing: {missing}; cluster: {queued}; dir {cluster.dir}")
     for task in subs:
         task.cancel()
     await asyncio.gather(*subs, return_exceptions=True)
