@@ -5,7 +5,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PROTOS := $(shell find protos -name '*.proto' | sort)
 RUN_DIR ?= .hexmq/run
-NODES  ?= 1
+NODES  ?= 3
+RF     ?= 2
 PYTEST_ARGS ?=
 
 .PHONY: system-deps venv proto proto-check lint typecheck test test-unit test-fault bench run clean
@@ -59,7 +60,7 @@ bench: $(STAMP) system-deps
 
 # A local cluster in the foreground on the embedded defaults, until Ctrl-C.
 run: $(STAMP) system-deps
-	$(BIN)/hexmq cluster run --nodes $(NODES) --dir $(RUN_DIR)
+	$(BIN)/hexmq cluster run --nodes $(NODES) --rf $(RF) --dir $(RUN_DIR)
 
 clean:
 	rm -rf $(VENV) .hexmq .pytest_cache .mypy_cache .ruff_cache
