@@ -44,7 +44,7 @@ from hexmq.mqtt import (
     encode,
 )
 from hexmq.mqtt.reason_codes import ConnectReturnCode, ReasonCode
-from hexmq.topics import validate_topic_filter
+from hexmq.topics import split_shared, validate_topic_filter
 from services.edge import retained
 from services.edge.acl import ClientAcl
 from services.edge.limits import Admission
@@ -281,7 +281,7 @@ class ClientConnection(asyncio.Protocol):
                 receive_maximum=self.config.receive_maximum,
                 topic_alias_maximum=self.config.topic_alias_maximum,
                 maximum_qos=1,
-                shared_subscription_available=False,
+                shared_subscription_available=True,
                 maximum_packet_size=self.config.max_packet_size,
             )
         self._write(
@@ -447,14 +447,16 @@ class ClientConnection(asyncio.Protocol):
         sub_id = packet.properties.subscription_identifiers
         for sub in packet.subscriptions:
             try:
+                # Also the share name of a $share/{ShareName}/{filter} (0x8F; the codec has
+                # already refused No Local on one with a Protocol Error, MQTT-3.8.3-4).
                 validate_topic_filter(sub.topic_filter)
             except MQTTError as exc:
                 codes.append(exc.reason_code if self.version == V5 else 0x80)
                 continue
-            if sub.topic_filter.startswith("$share/"):
-                codes.append(RC.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED if self.version == V5 else 0x80)
-                continue
-            if self.acl is not None and not self.acl.may_subscribe(sub.topic_filter):
+            # A shared subscription is authorized by its inner filter, as mosquitto does.
+            if self.acl is not None and not self.acl.may_subscribe(
+                split_shared(sub.topic_filter)[1]
+            ):
                 self.stats.rejected["subscribe", RC.NOT_AUTHORIZED] += 1
                 codes.append(RC.NOT_AUTHORIZED if self.version == V5 else 0x80)
                 continue

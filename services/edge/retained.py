@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 from hexmq.api.common.v1 import common_pb2 as cpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
-from hexmq.topics import topic_matches
+from hexmq.topics import SHARED_PREFIX, topic_matches
 from services.edge.links import PartitionLink
 
 log = logging.getLogger(__name__)
@@ -21,11 +21,15 @@ def wanted(
     specs: Sequence[pb.SubscriptionSpec], granted: Sequence[int], existed: Sequence[bool]
 ) -> list[tuple[pb.SubscriptionSpec, int]]:
     """(subscription, granted QoS) pairs that get retained messages now. Retain Handling: 0
-    always, 1 only for a new subscription, 2 never (MQTT-3.3.1-10/11); refused ones never."""
+    always, 1 only for a new subscription, 2 never (MQTT-3.3.1-10/11); refused ones never, nor
+    shared subscriptions (retained messages go to new Non-shared Subscriptions only: MQTT 5.0
+    3.3.1.3, 4.8.2)."""
     return [
         (spec, qos)
         for spec, qos, had in zip(specs, granted, existed, strict=False)
-        if qos < 0x80 and (spec.retain_handling == 0 or (spec.retain_handling == 1 and not had))
+        if qos < 0x80
+        and (spec.retain_handling == 0 or (spec.retain_handling == 1 and not had))
+        and not spec.filter.startswith(SHARED_PREFIX)
     ]
 
 

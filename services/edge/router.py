@@ -3,6 +3,13 @@
 The subscription index (filter -> partitions with subscribers) is fed by every partition node
 over its link; a publish goes only to the partitions whose filters match, one command per master
 node carrying all of that node's target partitions.
+
+Shared subscriptions are in the index under their full "$share/{ShareName}/{filter}" text,
+matched by their inner filter, with whether the partition has an online member of the group.
+A route keeps, per matching group, the partitions holding members (its candidates); each
+message then goes to one candidate per group, in turn (online members first), which is told in
+its PartitionTarget to serve the group. Routes are cached per topic with their candidates, so a
+cached route never pins a group's messages to one partition.
 """
 
 from __future__ import annotations
@@ -12,10 +19,12 @@ from dataclasses import dataclass
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.hashring import partition_of
-from hexmq.topics import TopicTrie
+from hexmq.topics import SHARED_PREFIX, TopicTrie
 from services.edge.links import PartitionLink
 
 ROUTE_CACHE_LIMIT = 100_000
+# Round-robin positions kept for this many shared groups at most (then they start over).
+SHARED_TURNS_LIMIT = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +32,27 @@ class SessionRoute:
     partition: int
     epoch: int
     link: PartitionLink
+
+
+@dataclass(frozen=True, slots=True)
+class SharedCandidate:
+    """A partition holding members of a shared group, as a route keeps it."""
+
+    partition: int
+    epoch: int
+    node_id: str
+    link: PartitionLink
+    # Some member of the group in this partition is connected.
+    online: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SharedRoute:
+    """A shared group matching the topic, and the partitions holding its members (by
+    partition number)."""
+
+    group: str
+    candidates: tuple[SharedCandidate, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,17 +64,24 @@ class PublishRoute:
     # be missed. A node whose link went down keeps its last index: a publish it matches fails
     # (its link refuses at once) while publishes for other nodes' partitions go on.
     complete: bool
+    # Cached routes only: the shared groups still to be placed (one partition each, chosen per
+    # message by Router.route_publish). The routes route_publish returns have none left.
+    shared: tuple[SharedRoute, ...] = ()
 
 
 class Router:
     def __init__(self) -> None:
         self.view: mpb.View | None = None
         self.links: dict[str, PartitionLink] = {}
-        self._index: TopicTrie[int, None] = TopicTrie()
+        # (filter, partition) -> for shared filters, whether the partition has an online
+        # member of the group (False for the others).
+        self._index: TopicTrie[int, bool] = TopicTrie()
         self._index_by_node: dict[str, set[tuple[int, str]]] = {}
         # Nodes whose full index snapshot has arrived at least once.
         self._indexed: set[str] = set()
         self._cache: dict[str, PublishRoute] = {}
+        # Shared group -> where its next round-robin turn starts among its candidates.
+        self._turns: dict[str, int] = {}
 
     def set_view(self, view: mpb.View) -> None:
         self.view = view
@@ -63,14 +100,35 @@ class Router:
         return route.link, pb.PartitionTarget(partition=route.partition, epoch=route.epoch)
 
     def route_publish(self, topic: str) -> PublishRoute:
+        """Where one message for `topic` goes. With shared groups matching, every call places
+        each group anew (so call it once per message)."""
         route = self._cache.get(topic)
-        if route is not None:
-            return route
+        if route is None:
+            route = self._route(topic)
+            if route.complete:
+                if len(self._cache) >= ROUTE_CACHE_LIMIT:
+                    self._cache.clear()
+                self._cache[topic] = route
+        if route.shared:
+            return self._place_shared(route)
+        return route
+
+    def _route(self, topic: str) -> PublishRoute:
         view = self.view
         assert view is not None
         by_node: dict[str, list[pb.PartitionTarget]] = {}
         seen: set[int] = set()
-        for _filter, p, _ in self._index.match(topic):
+        groups: dict[str, list[SharedCandidate]] | None = None
+        for filt, p, online in self._index.match(topic):
+            if filt.startswith(SHARED_PREFIX):
+                if groups is None:
+                    groups = {}
+                assignment = view.partitions[p]
+                master = assignment.replicas[0]
+                groups.setdefault(filt, []).append(
+                    SharedCandidate(p, assignment.epoch, master, self.links[master], online)
+                )
+                continue
             if p in seen:
                 continue
             seen.add(p)
@@ -78,15 +136,69 @@ class Router:
             by_node.setdefault(assignment.replicas[0], []).append(
                 pb.PartitionTarget(partition=p, epoch=assignment.epoch)
             )
-        route = PublishRoute(
+        shared: tuple[SharedRoute, ...] = ()
+        if groups:
+            shared = tuple(
+                SharedRoute(group, tuple(sorted(cands, key=lambda c: c.partition)))
+                for group, cands in sorted(groups.items())
+            )
+        return PublishRoute(
             targets=tuple((self.links[n], tuple(t)) for n, t in sorted(by_node.items())),
             complete=all(n in self._indexed for n in self.links),
+            shared=shared,
         )
-        if route.complete:
-            if len(self._cache) >= ROUTE_CACHE_LIMIT:
-                self._cache.clear()
-            self._cache[topic] = route
-        return route
+
+    def _place_shared(self, route: PublishRoute) -> PublishRoute:
+        """One partition per shared group for this message, named in its PartitionTarget."""
+        chosen: dict[int, tuple[SharedCandidate, list[str]]] = {}
+        for shared in route.shared:
+            candidate = self._pick(shared)
+            entry = chosen.get(candidate.partition)
+            if entry is None:
+                chosen[candidate.partition] = (candidate, [shared.group])
+            else:
+                entry[1].append(shared.group)
+        by_node: dict[str, tuple[PartitionLink, list[pb.PartitionTarget]]] = {
+            link.node_id: (link, list(targets)) for link, targets in route.targets
+        }
+        for candidate, groups in chosen.values():
+            _, targets = by_node.setdefault(candidate.node_id, (candidate.link, []))
+            target = pb.PartitionTarget(
+                partition=candidate.partition, epoch=candidate.epoch, shared=groups
+            )
+            for i, existing in enumerate(targets):
+                if existing.partition == candidate.partition:
+                    targets[i] = target  # the cached target is shared by every message: replaced
+                    break
+            else:
+                targets.append(target)
+        return PublishRoute(
+            targets=tuple((link, tuple(t)) for _, (link, t) in sorted(by_node.items())),
+            complete=route.complete,
+        )
+
+    def _pick(self, shared: SharedRoute) -> SharedCandidate:
+        """Round robin over the group's partitions that have an online member and a working
+        link to their master; else over those with a working link (the message is queued for
+        an offline member there); else the next one (whose link refuses the publish)."""
+        candidates = shared.candidates
+        n = len(candidates)
+        start = self._turns.get(shared.group, 0) % n
+        reachable = -1
+        for k in range(n):
+            i = (start + k) % n
+            candidate = candidates[i]
+            if candidate.link.connected:
+                if candidate.online:
+                    break
+                if reachable < 0:
+                    reachable = i
+        else:
+            i = reachable if reachable >= 0 else start
+        if len(self._turns) >= SHARED_TURNS_LIMIT and shared.group not in self._turns:
+            self._turns.clear()
+        self._turns[shared.group] = i + 1
+        return candidates[i]
 
     def apply_index_update(self, node_id: str, update: pb.IndexUpdate) -> None:
         self._cache.clear()
@@ -98,7 +210,7 @@ class Router:
             key = (entry.partition, entry.filter)
             if entry.present:
                 mine.add(key)
-                self._index.add(entry.filter, entry.partition, None)
+                self._index.add(entry.filter, entry.partition, entry.online)
             elif key in mine:
                 mine.discard(key)
                 self._index.remove(entry.filter, entry.partition)

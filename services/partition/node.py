@@ -20,10 +20,11 @@ from hexmq import telemetry
 from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
-from hexmq.topics import TopicTrie, topic_matches
+from hexmq.topics import SHARED_PREFIX, TopicTrie, topic_matches
 from services.partition.links import EdgeLink
 from services.partition.replication import Replicator
 from services.partition.sessions import NEVER_EXPIRES, LiveConnection, Session
+from services.partition.shared import SharedGroups
 from services.partition.store import GroupCommit, RedisStore, WriteBatch
 from services.partition.wills import WillBoard
 
@@ -85,10 +86,14 @@ class PartitionNode:
         self.retained: dict[str, tuple[int, common_pb.Message]] = {}
         self.links: dict[str, EdgeLink] = {}
         self.wills = WillBoard(node_id)
-        # Every subscription of every session here: filter -> client id -> spec.
+        # Every non-shared subscription of every session here: filter -> client id -> spec.
         self.trie: TopicTrie[str, pb.SubscriptionSpec] = TopicTrie()
-        # How many sessions of a partition use a filter; 0 <-> 1 changes go to every edge.
+        # How many sessions of a partition use a (non-shared) filter; 0 <-> 1 changes go to
+        # every edge.
         self.index_refs: dict[tuple[int, str], int] = {}
+        # Shared subscriptions: the members of each group per partition (not in the trie: the
+        # edge names the groups a partition serves for each message).
+        self.shared = SharedGroups()
         # Sessions whose record changed in the batch being gathered (written once per batch).
         self._dirty: dict[str, Session] = {}
         commit.add_finisher(self._write_dirty)
@@ -152,6 +157,7 @@ class PartitionNode:
         self.links[hello.edge_id] = link
         # The edge's routing index for this node: reset, snapshot, done.
         entries = [pb.IndexEntry(partition=p, filter=f, present=True) for (p, f) in self.index_refs]
+        entries += self.shared.entries()
         chunk = 4096
         link.send(pb.PartitionEvent(index_update=pb.IndexUpdate(reset=True)))
         for i in range(0, len(entries), chunk):
@@ -176,6 +182,7 @@ class PartitionNode:
                 self._connection_lost(session, stamp, grace_ms=WILL_LINK_GRACE_MS)
                 if session.record.will_due_at_ms:
                     self.store.put_session(self.commit.batch, session.partition, session.record)
+                self._presence(session)
                 detached += 1
         log.info("edge %s unlinked; %d sessions detached", link.edge_id, detached)
 
@@ -272,6 +279,7 @@ class PartitionNode:
             link, req.connection_id, req.receive_maximum or DEFAULT_RECEIVE_MAXIMUM
         )
         session.attach(conn)
+        self._presence(session)
         self.store.put_session(batch, p, session.record)
         self._reply(link, cmd, session_present=present)
         self.commit.after(functools.partial(self._connection_ready, session, conn))
@@ -291,6 +299,7 @@ class PartitionNode:
             link, req.connection_id, req.receive_maximum or DEFAULT_RECEIVE_MAXIMUM
         )
         session.attach(conn)
+        self._presence(session)
         if session.record.will_due_at_ms:
             # The connection lives on (its edge re-linked): its will is not due after all.
             session.record.will_due_at_ms = 0
@@ -312,6 +321,7 @@ class PartitionNode:
             self._clear_will(session)  # a normal DISCONNECT discards the will [MQTT-3.1.2-8]
         else:
             self._connection_lost(session, stamp)
+        self._presence(session)
         if session.record.session_expiry_s == 0:
             self._delete_session(session)
         else:
@@ -357,10 +367,13 @@ class PartitionNode:
     def _publish(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
         req = cmd.publish
         targets = set()
+        shared: list[pb.PartitionTarget] = []
         for target in req.targets:
             if not self._check_owner(link, cmd, target.partition, target.epoch):
                 return
             targets.add(target.partition)
+            if target.shared:
+                shared.append(target)
         has_retained = req.HasField("retained")
         if has_retained and not self._check_owner(
             link, cmd, req.retained.partition, req.retained.epoch
@@ -384,6 +397,8 @@ class PartitionNode:
             if spec.subscription_id:
                 ids.append(spec.subscription_id)
             matched[cid] = (max(qos, spec.qos), ids, retain or spec.retain_as_published)
+        if shared:
+            self._match_shared(shared, msg.topic, matched)
         for cid, (sub_qos, ids, rap) in matched.items():
             session = self.sessions[cid]
             if session.partition not in targets:
@@ -408,6 +423,29 @@ class PartitionNode:
             if self._enqueue(session, qm) and carriers:
                 fanout[session.partition] = fanout.get(session.partition, 0) + 1
         self._reply(link, cmd)
+
+    def _match_shared(
+        self,
+        targets: list[pb.PartitionTarget],
+        topic: str,
+        matched: dict[str, tuple[int, list[int], bool]],
+    ) -> None:
+        """Add to `matched` the one member of each shared group that the edge named for these
+        partitions (a session chosen for a group that also has other matching subscriptions
+        gets one delivery for all of them, as for overlapping subscriptions)."""
+        for target in targets:
+            for filt in target.shared:
+                if not topic_matches(filt, topic):
+                    continue
+                session = self.shared.pick(target.partition, filt)
+                if session is None:
+                    continue  # the group left this partition after the edge routed the message
+                spec = session.subscriptions[filt]
+                cid = session.client_id
+                qos, ids, retain = matched.get(cid, (-1, [], False))
+                if spec.subscription_id:
+                    ids.append(spec.subscription_id)
+                matched[cid] = (max(qos, spec.qos), ids, retain or spec.retain_as_published)
 
     def _enqueue(self, session: Session, qm: pb.QueuedMessage) -> bool:
         """Queue a QoS >= 1 message for `session` (its message id is assigned here), durably,
@@ -593,6 +631,7 @@ class PartitionNode:
         link = conn.link
         self.commit.after(lambda: link.send(event))
         session.detach(now_ms())
+        self._presence(session)
 
     def _durable(self, session: Session, message_id: int) -> None:
         if message_id > session.durable_mid:
@@ -627,17 +666,44 @@ class PartitionNode:
     def _add_subscription(
         self, session: Session, spec: pb.SubscriptionSpec, *, announce: bool
     ) -> None:
-        if spec.filter not in session.subscriptions:
-            self._index_ref(session.partition, spec.filter, +1, announce)
-        session.subscriptions[spec.filter] = spec
-        self.trie.add(spec.filter, session.client_id, spec)
+        filt = spec.filter
+        new = filt not in session.subscriptions
+        session.subscriptions[filt] = spec
+        if filt.startswith(SHARED_PREFIX):
+            entry = self.shared.join(session, filt)
+            if entry is not None and announce:
+                self._announce([entry])
+            return
+        if new:
+            self._index_ref(session.partition, filt, +1, announce)
+        self.trie.add(filt, session.client_id, spec)
 
     def _remove_subscription(self, session: Session, filt: str) -> bool:
         if session.subscriptions.pop(filt, None) is None:
             return False
+        if filt.startswith(SHARED_PREFIX):
+            entry = self.shared.leave(session, filt)
+            if entry is not None:
+                self._announce([entry])
+            return True
         self.trie.remove(filt, session.client_id)
         self._index_ref(session.partition, filt, -1, True)
         return True
+
+    def _presence(self, session: Session) -> None:
+        """After a session's connection came or went: edges hear which partitions now have
+        (or no longer have) online members of its shared subscription groups."""
+        if session.shared:
+            entries = self.shared.presence(session)
+            if entries:
+                self._announce(entries)
+
+    def _announce(self, entries: list[pb.IndexEntry]) -> None:
+        """Sent to every edge right away, ahead of the SUBACK that follows the commit, so the
+        subscriber's own edge routes by it before its client hears the subscription holds."""
+        event = pb.PartitionEvent(index_update=pb.IndexUpdate(entries=entries))
+        for link in self.links.values():
+            link.send(event)
 
     def _index_ref(self, p: int, filt: str, delta: int, announce: bool) -> None:
         key = (p, filt)
@@ -647,15 +713,7 @@ class PartitionNode:
         else:
             self.index_refs.pop(key, None)
         if announce and (count == 0 or (count == 1 and delta > 0)):
-            event = pb.PartitionEvent(
-                index_update=pb.IndexUpdate(
-                    entries=[pb.IndexEntry(partition=p, filter=filt, present=count > 0)]
-                )
-            )
-            # Sent to every edge right away, ahead of the SUBACK that follows the commit, so the
-            # subscriber's own edge routes by it before its client hears the subscription holds.
-            for link in self.links.values():
-                link.send(event)
+            self._announce([pb.IndexEntry(partition=p, filter=filt, present=count > 0)])
 
     def _delete_session(self, session: Session) -> None:
         if session.record.will_due_at_ms:

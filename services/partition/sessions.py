@@ -39,6 +39,8 @@ class Session:
     partition: int
     record: pb.SessionRecord
     subscriptions: dict[str, pb.SubscriptionSpec] = field(default_factory=dict)
+    # The shared filters ("$share/{ShareName}/{filter}") among `subscriptions`.
+    shared: set[str] = field(default_factory=set)
     # Every queued (QoS >= 1) message not yet acknowledged, in message id order.
     queue: OrderedDict[int, pb.QueuedMessage] = field(default_factory=OrderedDict)
     connection: LiveConnection | None = None

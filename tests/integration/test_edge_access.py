@@ -172,6 +172,9 @@ async def test_denied_subscribe_fails_only_that_filter(port: int, version: int, 
     bob, _ = await login(port, version, "bob", "bob-pw")
     suback = await bob.subscribe("sensors/+/temp", "sensors/#", "clients/bob/#", "other", qos=1)
     assert suback.reason_codes == (1, code, 1, code)
+    # A shared subscription is authorized by its inner filter.
+    suback = await bob.subscribe("$share/g/sensors/+/temp", "$share/g/sensors/#", qos=1)
+    assert suback.reason_codes == (1, code)
     assert await still_connected(bob)
     await bob.close()
 

@@ -410,17 +410,27 @@ class PartitionTarget(_message.Message):
 
     PARTITION_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
+    SHARED_FIELD_NUMBER: _builtins.int
     partition: _builtins.int
     epoch: _builtins.int
+    @_builtins.property
+    def shared(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Shared subscription groups (full "$share/{ShareName}/{filter}" text) that this partition
+        serves for this message, chosen by the edge among the partitions holding members of each:
+        the partition delivers it to exactly one of its sessions in each group. A partition
+        delivers to no shared subscription that is not named here.
+        """
+
     def __init__(
         self,
         *,
         partition: _builtins.int = ...,
         epoch: _builtins.int = ...,
+        shared: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "partition", b"partition"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "partition", b"partition", "shared", b"shared"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -819,20 +829,27 @@ class IndexEntry(_message.Message):
     PARTITION_FIELD_NUMBER: _builtins.int
     FILTER_FIELD_NUMBER: _builtins.int
     PRESENT_FIELD_NUMBER: _builtins.int
+    ONLINE_FIELD_NUMBER: _builtins.int
     partition: _builtins.int
     filter: _builtins.str
     present: _builtins.bool
     """true: the partition has at least one subscription with this filter; false: none left."""
+    online: _builtins.bool
+    """Shared filters ("$share/{ShareName}/{filter}") only: at least one session of the group in
+    this partition has a live connection. Sent again (present = true) whenever it changes, so
+    that edges send the group's messages to partitions with online members first.
+    """
     def __init__(
         self,
         *,
         partition: _builtins.int = ...,
         filter: _builtins.str = ...,
         present: _builtins.bool = ...,
+        online: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter", "partition", b"partition", "present", b"present"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter", "online", b"online", "partition", b"partition", "present", b"present"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -840,7 +857,8 @@ Global___IndexEntry: _TypeAlias = IndexEntry  # noqa: Y015
 
 @_typing.final
 class IndexUpdate(_message.Message):
-    """The edge's subscription index: which partitions hold subscribers for which filters.
+    """The edge's subscription index: which partitions hold subscribers for which filters (shared
+    subscriptions under their full "$share/{ShareName}/{filter}" text).
     reset: drop what this partition node told before (the snapshot follows in this and later
     updates, ending with snapshot_done).
     """

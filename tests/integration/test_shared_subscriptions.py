@@ -1,0 +1,293 @@
+"""Shared subscriptions ($share/{ShareName}/{filter}), cluster-wide: members on every node, each
+message to exactly one member per group (besides every non-shared subscriber), online members
+first, queued at an offline member when none is online, no retained messages on subscribe, and
+the 5.0 and 3.1.1 rules for bad share names and No Local."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+from collections.abc import Iterable
+
+import pytest
+
+from hexmq.hashring import partition_of
+from hexmq.mqtt import (
+    Disconnect,
+    Properties,
+    PubAck,
+    Publish,
+    Subscribe,
+    Subscription,
+    Unsubscribe,
+    encode,
+)
+from tests.support.rawclient import RawClient
+
+PARTITIONS = 32
+PERSISTENT = Properties(session_expiry_interval=600)
+
+
+def uid() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+def client_ids(prefix: str, count: int) -> list[str]:
+    """Client ids whose sessions live in `count` different partitions."""
+    out: list[str] = []
+    used: set[int] = set()
+    while len(out) < count:
+        cid = f"{prefix}-{uid()}"
+        p = partition_of(cid, PARTITIONS)
+        if p not in used:
+            used.add(p)
+            out.append(cid)
+    return out
+
+
+@pytest.fixture(scope="module")
+def trio(hexmq_cluster_module):  # type: ignore[no-untyped-def]
+    return hexmq_cluster_module(nodes=3, partitions=PARTITIONS, extra=["--rf", "2"])
+
+
+class Collector:
+    """Reads a subscribed client's PUBLISHes in the background, acknowledging QoS 1 ones."""
+
+    def __init__(self, client: RawClient) -> None:
+        self.client = client
+        self.got: list[Publish] = []
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                packet = await self.client.recv(timeout=60)
+            except TimeoutError:
+                continue
+            if packet is None:
+                return
+            if isinstance(packet, Publish):
+                self.got.append(packet)
+                if packet.qos:
+                    assert packet.packet_id is not None
+                    await self.client.send(PubAck(packet.packet_id))
+
+    @property
+    def payloads(self) -> list[bytes]:
+        return [p.payload for p in self.got]
+
+    async def close(self) -> None:
+        self._task.cancel()
+        await self.client.close()
+
+
+async def member(
+    port: int, client_id: str, *filters: str, version: int = 5, qos: int = 1, **kw: object
+) -> Collector:
+    client, connack = await RawClient.connect(port, client_id, version=version, **kw)  # type: ignore[arg-type]
+    assert connack.reason_code == 0
+    if filters:
+        suback = await client.subscribe(*filters, qos=qos)
+        assert suback.reason_codes == (qos,) * len(filters)
+    return Collector(client)
+
+
+async def publish_all(
+    port: int, topics: Iterable[str], *, qos: int = 1, start: int = 0
+) -> list[bytes]:
+    """Publish one message per topic (payload: its number, from `start`), each acknowledged."""
+    pub, _ = await RawClient.connect(port, f"pub-{uid()}", version=5)
+    payloads = []
+    for i, topic in enumerate(topics, start):
+        payload = f"{i}".encode()
+        ack = await pub.publish(topic, payload, qos=qos)
+        if qos:
+            assert ack is not None
+            assert ack.reason_code == 0
+        payloads.append(payload)
+    await pub.close()
+    return payloads
+
+
+async def settle(collectors: Iterable[Collector], total: int, timeout: float = 20) -> None:
+    """Until the collectors together hold `total` messages, then a moment for any extras."""
+    collectors = list(collectors)
+    async with asyncio.timeout(timeout):
+        while sum(len(c.got) for c in collectors) < total:  # noqa: ASYNC110 - polls readers
+            await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
+
+
+def exactly_once(groups: Iterable[Collector], payloads: list[bytes]) -> Counter[bytes]:
+    seen = Counter(p for c in groups for p in c.payloads)
+    assert sorted(seen) == sorted(payloads)
+    assert set(seen.values()) == {1}, [p for p, n in seen.items() if n > 1]
+    return seen
+
+
+def in_order(payloads: list[bytes]) -> bool:
+    numbers = [int(p) for p in payloads]
+    return numbers == sorted(numbers)
+
+
+async def test_one_member_per_message_across_nodes(trio) -> None:  # type: ignore[no-untyped-def]
+    topic = f"sh/{uid()}/t"
+    ids = client_ids("m", 3)
+    members = [
+        await member(trio.mqtt_port(i + 1), cid, f"$share/g/{topic}") for i, cid in enumerate(ids)
+    ]
+    plain = await member(trio.mqtt_port(2), f"plain-{uid()}", topic)
+    payloads = await publish_all(trio.mqtt_port(1), [topic] * 300)
+    await settle([*members, plain], 600)
+    exactly_once(members, payloads)
+    assert all(m.got for m in members), [len(m.got) for m in members]  # spread over the group
+    assert all(in_order(m.payloads) for m in members)
+    assert plain.payloads == payloads  # the non-shared subscriber gets every one, in order
+    assert all(p.qos == 1 and not p.retain for m in members for p in m.got)
+    for c in (*members, plain):
+        await c.close()
+
+
+async def test_each_group_gets_every_message_once(trio) -> None:  # type: ignore[no-untyped-def]
+    topic = f"sh/{uid()}/t"
+    ids = client_ids("g", 4)
+    g = [
+        await member(trio.mqtt_port(n), cid, f"$share/g/{topic}")
+        for n, cid in zip((1, 2), ids[:2], strict=True)
+    ]
+    # Group h at subscription QoS 0: its members get QoS 0 (min of message and subscription).
+    h = [
+        await member(trio.mqtt_port(n), cid, f"$share/h/{topic}", qos=0)
+        for n, cid in zip((2, 3), ids[2:], strict=True)
+    ]
+    payloads = await publish_all(trio.mqtt_port(3), [topic] * 100)
+    await settle([*g, *h], 200)
+    exactly_once(g, payloads)
+    exactly_once(h, payloads)
+    assert {p.qos for c in g for p in c.got} == {1}
+    assert {p.qos for c in h for p in c.got} == {0}
+    # A member that leaves the group (UNSUBSCRIBE) gets no more; the other gets them all.
+    leaver, stayer = g
+    before, other = len(leaver.got), len(stayer.got)
+    await leaver.client.send(Unsubscribe(leaver.client.next_packet_id(), (f"$share/g/{topic}",)))
+    await asyncio.sleep(0.5)
+    more = await publish_all(trio.mqtt_port(1), [topic] * 20, start=100)
+    await settle([stayer], other + 20)
+    assert len(leaver.got) == before
+    assert stayer.payloads[other:] == more
+    for c in (*g, *h):
+        await c.close()
+
+
+async def test_wildcard_shared_filters(trio) -> None:  # type: ignore[no-untyped-def]
+    base = f"sh/{uid()}"
+    ids = client_ids("w", 4)
+    plus = [
+        await member(trio.mqtt_port(n), cid, f"$share/w/{base}/+/x")
+        for n, cid in zip((1, 2), ids[:2], strict=True)
+    ]
+    hash_ = [
+        await member(trio.mqtt_port(n), cid, f"$share/w/{base}/#")
+        for n, cid in zip((3, 1), ids[2:], strict=True)
+    ]
+    topics = [f"{base}/{i % 3}/{'x' if i % 2 else 'y'}" for i in range(60)]
+    payloads = await publish_all(trio.mqtt_port(2), topics)
+    x_payloads = [p for p, t in zip(payloads, topics, strict=True) if t.endswith("/x")]
+    await settle([*plus, *hash_], len(payloads) + len(x_payloads))
+    # "$share/w/a/+/x" and "$share/w/a/#" are two groups (a group is the whole filter).
+    exactly_once(plus, x_payloads)
+    exactly_once(hash_, payloads)
+    assert {p.topic for c in plus for p in c.got} == {t for t in topics if t.endswith("/x")}
+    for c in (*plus, *hash_):
+        await c.close()
+
+
+async def test_no_retained_messages_on_shared_subscribe(trio) -> None:  # type: ignore[no-untyped-def]
+    topic = f"sh/{uid()}/r"
+    pub, _ = await RawClient.connect(trio.mqtt_port(1), f"pub-{uid()}")
+    await pub.send(Publish(topic, b"kept", qos=1, retain=True, packet_id=1))
+    await pub.expect(PubAck)
+    shared = await member(trio.mqtt_port(2), f"s-{uid()}", f"$share/g/{topic}")
+    shared11 = await member(trio.mqtt_port(3), f"s-{uid()}", f"$share/h/{topic}", version=4)
+    plain = await member(trio.mqtt_port(3), f"p-{uid()}", topic)
+    await settle([plain], 1)
+    assert [(p.payload, p.retain) for p in plain.got] == [(b"kept", True)]
+    assert shared.got == []
+    assert shared11.got == []
+    # Live messages reach the groups as usual.
+    await pub.send(Publish(topic, b"live", qos=1, packet_id=2))
+    await pub.expect(PubAck)
+    await settle([shared, shared11], 2)
+    assert [(p.payload, p.retain) for p in (*shared.got, *shared11.got)] == [(b"live", False)] * 2
+    await pub.close()
+    for c in (shared, shared11, plain):
+        await c.close()
+
+
+async def test_bad_share_names_and_no_local(trio) -> None:  # type: ignore[no-untyped-def]
+    client, connack = await RawClient.connect(trio.mqtt_port(1), f"v5-{uid()}", version=5)
+    assert connack.properties.shared_subscription_available is True
+    bad = ("$share//t", "$share/g+/t", "$share/#/t", "$share/g", "$share/g/")
+    suback = await client.subscribe(*bad, f"$share/ok/{uid()}")
+    assert suback.reason_codes == (0x8F,) * len(bad) + (1,)  # Topic Filter invalid
+
+    old, _ = await RawClient.connect(trio.mqtt_port(2), f"v4-{uid()}", version=4)
+    suback = await old.subscribe(*bad, f"$share/ok/{uid()}")
+    assert suback.reason_codes == (0x80,) * len(bad) + (1,)  # Failure
+    await old.close()
+
+    # No Local on a shared subscription is a Protocol Error (MQTT-3.8.3-4). Our codec will not
+    # encode it, so the options byte is set by hand.
+    data = encode(Subscribe(client.next_packet_id(), (Subscription("$share/g/t", 1),)), 5)
+    assert data[-1] == 0x01
+    await client.send_bytes(data[:-1] + bytes((0x05,)))
+    seen = await client.wait_closed()
+    assert [(type(p), p.reason_code) for p in seen] == [(Disconnect, 0x82)]  # type: ignore[union-attr]
+    await client.close()
+
+
+async def test_v311_members(trio) -> None:  # type: ignore[no-untyped-def]
+    topic = f"sh/{uid()}/t"
+    ids = client_ids("v", 3)
+    members = [
+        await member(trio.mqtt_port(1), ids[0], f"$share/g/{topic}", version=4),
+        await member(trio.mqtt_port(2), ids[1], f"$share/g/{topic}", version=4),
+        await member(trio.mqtt_port(3), ids[2], f"$share/g/{topic}", version=5),
+    ]
+    payloads = await publish_all(trio.mqtt_port(2), [topic] * 90)
+    await settle(members, 90)
+    exactly_once(members, payloads)
+    assert all(m.got for m in members)
+    for c in members:
+        await c.close()
+
+
+async def test_offline_members_get_messages_only_when_none_is_online(trio) -> None:  # type: ignore[no-untyped-def]
+    topic = f"sh/{uid()}/t"
+    flt = f"$share/g/{topic}"
+    a_id, b_id = client_ids("o", 2)
+    a = await member(trio.mqtt_port(1), a_id, flt, clean_start=False, properties=PERSISTENT)
+    b = await member(trio.mqtt_port(2), b_id, flt, version=4, clean_start=False)
+    # a leaves (its session stays): b, online, gets every message.
+    await a.client.send(Disconnect())
+    await a.close()
+    await asyncio.sleep(0.5)  # the index update (no online member in a's partition) spreads
+    first = await publish_all(trio.mqtt_port(3), [topic] * 50)
+    await settle([b], 50)
+    assert b.payloads == first
+    # b leaves too: with every member offline, each message is queued at one of them.
+    await b.client.send(Disconnect())
+    await b.close()
+    await asyncio.sleep(0.5)
+    second = await publish_all(trio.mqtt_port(3), [topic] * 20, start=100)
+    a = await member(trio.mqtt_port(2), a_id, clean_start=False, properties=PERSISTENT)
+    b = await member(trio.mqtt_port(3), b_id, version=4, clean_start=False)
+    await settle([a, b], 20)
+    exactly_once([a, b], second)  # nothing of the first 50 reached a
+    assert a.got
+    assert b.got
+    assert in_order(a.payloads)
+    assert in_order(b.payloads)
+    for c in (a, b):
+        await c.close()
