@@ -1,6 +1,6 @@
-"""Three nodes with RF 1 and static membership already act as one broker: sessions live in
-their partition wherever the client connects, publishes reach subscribers on every node, and a
-client id has one live connection in the whole cluster."""
+"""Three nodes (RF 2, static membership) act as one broker: sessions live in their partition
+wherever the client connects, publishes reach subscribers on every node, and a client id has one
+live connection in the whole cluster."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def uid() -> str:
 
 @pytest.fixture(scope="module")
 def trio(hexmq_cluster_module):  # type: ignore[no-untyped-def]
-    return hexmq_cluster_module(nodes=3)
+    return hexmq_cluster_module(nodes=3, extra=["--rf", "2"])
 
 
 async def test_session_follows_the_client_across_nodes(trio) -> None:  # type: ignore[no-untyped-def]

@@ -169,7 +169,7 @@ async def test_no_acknowledged_message_lost_across_kill_and_start(hexmq_cluster,
         }
         status = await asyncio.to_thread(cluster.status)
         queued = {n["node_id"]: n.get("partitions") for n in status["nodes"]}
-        pytest.fail(f"acknowledged messages missing: {missing}; cluster: {queued}; dir {cluster.dir}")
+        pytest.fail(f"acknowledged messages missing: {missing}; {queued}; in {cluster.dir}")
     for task in subs:
         task.cancel()
     await asyncio.gather(*subs, return_exceptions=True)

@@ -53,8 +53,8 @@ async def connect_with_will(
     return client
 
 
-async def watcher(port: int, topic: str) -> RawClient:
-    client, _ = await RawClient.connect(port, f"watch-{uid()}", version=5)
+async def watcher(port: int, topic: str, client_id: str | None = None) -> RawClient:
+    client, _ = await RawClient.connect(port, client_id or f"watch-{uid()}", version=5)
     await client.subscribe(topic, qos=1)
     return client
 
@@ -181,14 +181,19 @@ async def test_the_will_is_published_when_the_node_holding_the_connection_dies( 
 ) -> None:
     cluster = hexmq_cluster(nodes=3, partitions=PARTITIONS, extra=["--rf", "2"])
     table = assign(["n1", "n2", "n3"], PARTITIONS, 2)
-    # The session lives on n2 and n3; the connection is on node 1, which dies.
-    cid = next(
-        c
-        for c in (f"held-{uid()}" for _ in range(10_000))
-        if "n1" not in table[partition_of(c, PARTITIONS)]
-    )
+
+    def away_from_n1(prefix: str) -> str:
+        return next(
+            c
+            for c in (f"{prefix}-{uid()}" for _ in range(10_000))
+            if "n1" not in table[partition_of(c, PARTITIONS)]
+        )
+
+    # The session lives on n2 and n3; the connection is on node 1, which dies. (So does the
+    # watcher's session: node 1's partitions are unavailable once it is gone.)
+    cid = away_from_n1("held")
     topic = f"will/{uid()}"
-    w = await watcher(cluster.mqtt_port(3), topic)
+    w = await watcher(cluster.mqtt_port(3), topic, away_from_n1("watch"))
     client = await connect_with_will(cluster.mqtt_port(1), cid, Will(topic, b"node lost", qos=1))
     await asyncio.to_thread(cluster.kill, 1)
     packet = await w.expect(Publish, timeout=20)
