@@ -201,3 +201,6 @@ class Edge:
 
     def on_index_update(self, link: PartitionLink, update: pb.IndexUpdate) -> None:
         self.router.apply_index_update(link.node_id, update)
+        if update.seq:
+            # Applied: the partition may now answer the SUBSCRIBE that caused it.
+            link.send(pb.EdgeCommand(index_ack=pb.IndexAck(seq=update.seq)), urgent=True)

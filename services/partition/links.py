@@ -18,6 +18,8 @@ class EdgeLink:
         self._ok_ids: list[int] = []
         self._wake = asyncio.Event()
         self.closed = False
+        # The highest index update seq this edge has applied (IndexAck).
+        self.index_acked = 0
 
     def __repr__(self) -> str:
         return f"EdgeLink({self.edge_id}#{self.incarnation})"

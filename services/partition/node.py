@@ -21,6 +21,7 @@ from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.topics import SHARED_PREFIX, TopicTrie, topic_matches
+from services.partition.index_barrier import IndexBarrier
 from services.partition.links import EdgeLink
 from services.partition.replication import Replicator
 from services.partition.sessions import NEVER_EXPIRES, LiveConnection, Session
@@ -86,6 +87,7 @@ class PartitionNode:
         self.retained: dict[str, tuple[int, common_pb.Message]] = {}
         self.links: dict[str, EdgeLink] = {}
         self.wills = WillBoard(node_id)
+        self.index_barrier = IndexBarrier()
         # Every non-shared subscription of every session here: filter -> client id -> spec.
         self.trie: TopicTrie[str, pb.SubscriptionSpec] = TopicTrie()
         # How many sessions of a partition use a (non-shared) filter; 0 <-> 1 changes go to
@@ -164,7 +166,11 @@ class PartitionNode:
             link.send(
                 pb.PartitionEvent(index_update=pb.IndexUpdate(entries=entries[i : i + chunk]))
             )
-        link.send(pb.PartitionEvent(index_update=pb.IndexUpdate(snapshot_done=True)))
+        link.send(
+            pb.PartitionEvent(
+                index_update=pb.IndexUpdate(snapshot_done=True, seq=self.index_barrier.seq)
+            )
+        )
         log.info("edge %s linked (incarnation %d)", hello.edge_id, hello.edge_incarnation)
         return link
 
@@ -172,6 +178,7 @@ class PartitionNode:
         """The edge went away: its connections no longer hold their sessions. A session whose
         link dropped is kept until its expiry (plus a grace for the edge to re-attach)."""
         link.close()
+        self.index_barrier.link_closed(link)
         if self.links.get(link.edge_id) is link:
             del self.links[link.edge_id]
         detached = 0
@@ -336,6 +343,7 @@ class PartitionNode:
         batch = self.commit.batch
         codes = []
         existed = []
+        announced = self.index_barrier.seq
         for spec in req.subscriptions:
             existed.append(spec.filter in session.subscriptions)
             granted = pb.SubscriptionSpec()
@@ -344,7 +352,18 @@ class PartitionNode:
             self._add_subscription(session, granted, announce=True)
             self.store.put_subscription(batch, session.partition, session.client_id, granted)
             codes.append(granted.qos)
-        self._reply(link, cmd, reason_codes=codes, existed=existed)
+        if self.index_barrier.seq == announced:
+            self._reply(link, cmd, reason_codes=codes, existed=existed)
+            return
+        # A filter new to the edges' index: SUBACK once every edge routes by it.
+        event = _result(cmd.request_id, reason_codes=codes, existed=existed)
+        seq, links = self.index_barrier.seq, self.links
+        self.commit.after(
+            lambda: self.index_barrier.wait(seq, list(links.values()), lambda: link.send(event))
+        )
+
+    def _index_ack(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+        self.index_barrier.acked(link, cmd.index_ack.seq)
 
     def _unsubscribe(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
         req = cmd.unsubscribe
@@ -612,6 +631,7 @@ class PartitionNode:
         "retained_query": _retained_query,
         "enqueue_retained": _enqueue_retained,
         "will_published": _will_published,
+        "index_ack": _index_ack,
     }
 
     # ----- helpers ----------------------------------------------------------------------
@@ -701,7 +721,8 @@ class PartitionNode:
     def _announce(self, entries: list[pb.IndexEntry]) -> None:
         """Sent to every edge right away, ahead of the SUBACK that follows the commit, so the
         subscriber's own edge routes by it before its client hears the subscription holds."""
-        event = pb.PartitionEvent(index_update=pb.IndexUpdate(entries=entries))
+        seq = self.index_barrier.next_seq()
+        event = pb.PartitionEvent(index_update=pb.IndexUpdate(entries=entries, seq=seq))
         for link in self.links.values():
             link.send(event)
 

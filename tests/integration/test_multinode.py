@@ -78,3 +78,21 @@ async def test_takeover_across_nodes(trio) -> None:  # type: ignore[no-untyped-d
     assert [(type(p), p.reason_code) for p in seen] == [(Disconnect, 0x8E)]  # type: ignore[union-attr]
     for client in (first, second):
         await client.close()
+
+
+async def test_a_publish_on_another_node_right_after_suback_reaches_the_subscriber(trio) -> None:  # type: ignore[no-untyped-def]
+    # SUBACK waits until every edge routes by the new filter, so no node can miss it.
+    pub, _ = await RawClient.connect(trio.mqtt_port(1), f"pub-{uid()}", version=5)
+    sub, _ = await RawClient.connect(trio.mqtt_port(2), f"sub-{uid()}", version=5)
+    for i in range(30):
+        topic = f"race/{uid()}/{i}"
+        await sub.subscribe(topic, qos=1)
+        ack = await pub.publish(topic, b"right after")
+        assert ack is not None
+        assert ack.reason_code == 0, (i, ack)  # not 0x10 (no matching subscribers)
+        packet = await sub.expect(Publish)
+        assert packet.topic == topic
+        assert packet.packet_id is not None
+        await sub.send(PubAck(packet.packet_id))
+    for client in (pub, sub):
+        await client.close()

@@ -124,6 +124,7 @@ class EdgeCommand(_message.Message):
     RETAINED_QUERY_FIELD_NUMBER: _builtins.int
     ENQUEUE_RETAINED_FIELD_NUMBER: _builtins.int
     WILL_PUBLISHED_FIELD_NUMBER: _builtins.int
+    INDEX_ACK_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     """0: the edge wants no Result (QoS 0 publish, delivery acknowledgements)."""
     partition: _builtins.int
@@ -151,6 +152,8 @@ class EdgeCommand(_message.Message):
     def enqueue_retained(self) -> Global___EnqueueRetained: ...
     @_builtins.property
     def will_published(self) -> Global___WillPublished: ...
+    @_builtins.property
+    def index_ack(self) -> Global___IndexAck: ...
     def __init__(
         self,
         *,
@@ -168,12 +171,13 @@ class EdgeCommand(_message.Message):
         retained_query: Global___RetainedQuery | None = ...,
         enqueue_retained: Global___EnqueueRetained | None = ...,
         will_published: Global___WillPublished | None = ...,
+        index_ack: Global___IndexAck | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "delivery_ack", b"delivery_ack", "enqueue_retained", b"enqueue_retained", "open_session", b"open_session", "publish", b"publish", "retained_query", b"retained_query", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe", "will_published", b"will_published"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "delivery_ack", b"delivery_ack", "enqueue_retained", b"enqueue_retained", "index_ack", b"index_ack", "open_session", b"open_session", "publish", b"publish", "retained_query", b"retained_query", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe", "will_published", b"will_published"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "delivery_ack", b"delivery_ack", "enqueue_retained", b"enqueue_retained", "open_session", b"open_session", "partition", b"partition", "partition_epoch", b"partition_epoch", "publish", b"publish", "request_id", b"request_id", "retained_query", b"retained_query", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe", "will_published", b"will_published"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "delivery_ack", b"delivery_ack", "enqueue_retained", b"enqueue_retained", "index_ack", b"index_ack", "open_session", b"open_session", "partition", b"partition", "partition_epoch", b"partition_epoch", "publish", b"publish", "request_id", b"request_id", "retained_query", b"retained_query", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe", "will_published", b"will_published"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["open_session", "close_session", "subscribe", "unsubscribe", "publish", "delivery_ack", "attach_session", "retained_query", "enqueue_retained", "will_published"]  # noqa: Y015
+    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["open_session", "close_session", "subscribe", "unsubscribe", "publish", "delivery_ack", "attach_session", "retained_query", "enqueue_retained", "will_published", "index_ack"]  # noqa: Y015
     _WhichOneofArgType_command: _TypeAlias = _typing.Literal["command", b"command"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_command) -> _WhichOneofReturnType_command | None: ...
 
@@ -553,6 +557,27 @@ class WillPublished(_message.Message):
 Global___WillPublished: _TypeAlias = WillPublished  # noqa: Y015
 
 @_typing.final
+class IndexAck(_message.Message):
+    """The edge applied the IndexUpdate with this seq (and every one before it) to its routing."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQ_FIELD_NUMBER: _builtins.int
+    seq: _builtins.int
+    def __init__(
+        self,
+        *,
+        seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["seq", b"seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IndexAck: _TypeAlias = IndexAck  # noqa: Y015
+
+@_typing.final
 class DeliveryAck(_message.Message):
     """The client acknowledged these deliveries (PUBACK for QoS 1)."""
 
@@ -868,8 +893,13 @@ class IndexUpdate(_message.Message):
     RESET_FIELD_NUMBER: _builtins.int
     ENTRIES_FIELD_NUMBER: _builtins.int
     SNAPSHOT_DONE_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
     reset: _builtins.bool
     snapshot_done: _builtins.bool
+    seq: _builtins.int
+    """Nonzero: answer with IndexAck once applied. A SUBACK that added a filter waits for every
+    linked edge's ack of its update, so no edge routes a later publish by an index without it.
+    """
     @_builtins.property
     def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___IndexEntry]: ...
     def __init__(
@@ -878,10 +908,11 @@ class IndexUpdate(_message.Message):
         reset: _builtins.bool = ...,
         entries: _abc.Iterable[Global___IndexEntry] | None = ...,
         snapshot_done: _builtins.bool = ...,
+        seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "reset", b"reset", "snapshot_done", b"snapshot_done"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "reset", b"reset", "seq", b"seq", "snapshot_done", b"snapshot_done"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
