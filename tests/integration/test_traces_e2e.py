@@ -1,6 +1,6 @@
-"""End to end: a real 3-node cluster writes OTLP JSON trace files (`--trace-dir`), known
+"""End to end: a real 3-node cluster (RF 2) writes OTLP JSON trace files (`--trace-dir`), known
 messages flow across nodes, and the Spark job (`hexmq traces analyze`) audits every one of them
-as delivered exactly once, with the stages it crossed."""
+as delivered exactly once, with the stages it crossed and the replication to followers."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ MESSAGES = 20
 
 async def test_spark_audit_of_a_real_cluster(hexmq_cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     trace_dir = tmp_path / "traces"
-    cluster = hexmq_cluster(nodes=3, extra=["--trace-dir", str(trace_dir)])
+    cluster = hexmq_cluster(nodes=3, extra=["--trace-dir", str(trace_dir), "--rf", "2"])
     topic = f"audit/{uuid.uuid4().hex[:8]}"
     subs = []
     for node in (2, 3):
@@ -57,4 +57,8 @@ async def test_spark_audit_of_a_real_cluster(hexmq_cluster, tmp_path: Path) -> N
     assert summary["deliveries_lost"] == 0
     assert summary["deliveries_duplicated"] == 0
     assert summary["orphan_traces"] == 0
-    assert (out / "report.html").read_text().count("<table") >= 3
+    report = (out / "report.html").read_text()
+    assert report.count("<table") >= 3
+    # Every append waited on its partition's follower: the report names the followers.
+    worst = report.split("Slowest partition/follower pairs", 1)[1].split("</table>", 1)[0]
+    assert any(f"<td>n{i}</td>" in worst for i in (1, 2, 3)), worst[:2000]
