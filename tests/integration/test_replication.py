@@ -148,11 +148,24 @@ async def test_followers_hold_exactly_what_their_master_holds(rf3) -> None:  # t
     for i, cid in enumerate(subs):
         await park_subscriber(rf3.mqtt_port(i % 3 + 1), cid, f"{topic}/#")
     await publish_many(rf3.mqtt_port(1), f"pub-{uid()}", f"{topic}/a", 300)
+    # Retained messages live in partition(topic) and replicate like sessions.
+    retainer, _ = await RawClient.connect(rf3.mqtt_port(3), f"ret-{uid()}", version=5)
+    for i in range(20):
+        await retainer.send(Publish(f"{topic}/r{i}", b"kept", qos=1, retain=True, packet_id=i + 1))
+        assert (await retainer.expect(PubAck)).reason_code in (0, 0x10)
+    await retainer.close()
     # Half the subscribers take their messages (acknowledgements delete them everywhere).
     for cid in subs[:3]:
         assert len(await receive_all(rf3.mqtt_port(2), cid, 300)) == 300
     await wait_in_sync(rf3)
     assert_converged(rf3, 3)
+    retained = [
+        p
+        for p in range(PARTITIONS)
+        for i in (1, 2, 3)
+        if partition_dump(rf3.node(i)["redis_port"], p).get(f"hx:{p}:retained")
+    ]
+    assert len(retained) >= 3 * len({partition_of(f"{topic}/r{i}", PARTITIONS) for i in range(20)})
     status = rf3.status()
     for node in status["nodes"]:
         assert node["partitions"]["roles"] == {

@@ -18,7 +18,7 @@ def uid() -> str:
 
 @pytest.fixture(scope="module")
 def trio(hexmq_cluster_module):  # type: ignore[no-untyped-def]
-    return hexmq_cluster_module(nodes=3)
+    return hexmq_cluster_module(nodes=3, extra=["--rf", "2"])
 
 
 async def publish(
