@@ -34,7 +34,10 @@ from hexmq.mqtt import (
     PingResp,
     Properties,
     PubAck,
+    PubComp,
     Publish,
+    PubRec,
+    PubRel,
     Role,
     SubAck,
     Subscribe,
@@ -59,12 +62,15 @@ from services.edge.translate import (
 
 if TYPE_CHECKING:
     from services.edge.links import PartitionLink
-    from services.edge.router import SessionRoute
+    from services.edge.router import PublishRoute, SessionRoute
     from services.edge.server import Edge
 
 log = logging.getLogger("hexmq.edge.connection")
 
 OK = pb.StatusCode.STATUS_CODE_OK
+UNAVAILABLE = pb.StatusCode.STATUS_CODE_UNAVAILABLE
+# Answers meaning that this connection no longer holds its session (it is being closed).
+GONE = (pb.StatusCode.STATUS_CODE_TAKEN_OVER, pb.StatusCode.STATUS_CODE_NOT_FOUND)
 NEVER_EXPIRES = 0xFFFFFFFF
 V5 = 5
 RC = ReasonCode
@@ -107,7 +113,20 @@ class ClientConnection(asyncio.Protocol):
         self._acks: list[int] = []
         # Deliveries sent to the client and not acknowledged: packet id -> message id.
         self._inflight_out: dict[int, int] = {}
+        # QoS 2 deliveries: PUBLISH sent, awaiting PUBREC (packet id -> message id); PUBREC'd
+        # message ids for the partition (flushed with the acks); PUBREL sent, awaiting PUBCOMP.
+        self._q2_out: dict[int, int] = {}
+        self._recs: list[int] = []
+        self._rel_out: dict[int, int] = {}
+        # Publishes being stored (QoS 1 until PUBACK, QoS 2 until PUBREC).
         self._pending_in = 0
+        # Inbound QoS 2 on this connection: packet ids being claimed and routed; those whose
+        # routing could not be recorded because the session's link dropped (recorded again on
+        # re-attach, then PUBREC: reason code, span); those answered with PUBREC and awaiting
+        # PUBREL (they count against our Receive Maximum until PUBCOMP, MQTT-4.9).
+        self._q2_routing: set[int] = set()
+        self._q2_unrecorded: dict[int, tuple[int, Span | None]] = {}
+        self._q2_received: set[int] = set()
         # Why reading is paused: "connect" (CONNACK pending), "inflight" (too many unacknowledged
         # publishes), "link" (a partition link is congested). Reading resumes when none is left.
         self._paused_for: set[str] = set()
@@ -183,11 +202,16 @@ class ClientConnection(asyncio.Protocol):
             self._on_unsubscribe(packet)
         elif isinstance(packet, Disconnect):
             self._on_disconnect(packet)
+        elif isinstance(packet, PubRec):
+            self._on_pubrec(packet)
+        elif isinstance(packet, PubRel):
+            self._on_pubrel(packet)
+        elif isinstance(packet, PubComp):
+            self._on_pubcomp(packet)
         elif isinstance(packet, Connect):
             self._on_connect(packet)
         else:
-            # PUBREC/PUBREL/PUBCOMP (QoS 2 is not offered: CONNACK says Maximum QoS 1) and AUTH
-            # (no authentication method is configured).
+            # AUTH (no authentication method is configured).
             self._fail(RC.PROTOCOL_ERROR, f"unexpected {type(packet).__name__}")
 
     def _on_connect(self, packet: Connect) -> None:
@@ -280,7 +304,7 @@ class ClientConnection(asyncio.Protocol):
                 assigned_client_identifier=self._assigned_id,
                 receive_maximum=self.config.receive_maximum,
                 topic_alias_maximum=self.config.topic_alias_maximum,
-                maximum_qos=1,
+                # Maximum QoS is left out: QoS 2 is supported (3.2.2.3.4).
                 shared_subscription_available=True,
                 maximum_packet_size=self.config.max_packet_size,
             )
@@ -299,9 +323,6 @@ class ClientConnection(asyncio.Protocol):
 
     def _on_publish(self, packet: Publish) -> None:
         self.stats.messages_in[packet.qos] += 1
-        if packet.qos == 2:
-            self._fail(RC.QOS_NOT_SUPPORTED, "QoS 2 is not offered (Maximum QoS 1)")
-            return
         props = packet.properties
         if props.topic_alias is not None:
             resolved = self._resolve_alias(packet)
@@ -316,7 +337,10 @@ class ClientConnection(asyncio.Protocol):
             self.stats.rejected["publish", RC.NOT_AUTHORIZED] += 1
             if packet.qos and packet.packet_id is not None:
                 reason = RC.NOT_AUTHORIZED if self.version == V5 else 0
-                self._write(self.codec.send(PubAck(packet.packet_id, reason)))
+                # A 5.0 PUBREC with a failure code ends a QoS 2 exchange; a 3.1.1 client goes
+                # on with PUBREL and gets its PUBCOMP (the partition knows no such packet id).
+                ack = PubRec if packet.qos == 2 else PubAck
+                self._write(self.codec.send(ack(packet.packet_id, reason)))
             return
         # The codec has already refused wildcards, bad UTF-8 and U+0000 in the topic name.
         tracer = self.edge.tracer
@@ -339,6 +363,9 @@ class ClientConnection(asyncio.Protocol):
             return
         pid = packet.packet_id
         assert pid is not None
+        if packet.qos == 2:
+            self._on_publish_qos2(packet, pid, route, retained, span)
+            return
         if not route.complete:
             self._publish_refused(pid, "a partition node is unavailable", span)
             return
@@ -351,16 +378,8 @@ class ClientConnection(asyncio.Protocol):
             if span is not None:
                 tracer.finish(span, reason_code=RC.NO_MATCHING_SUBSCRIBERS)
             return
-        self._pending_in += 1
-        if self._pending_in > self.config.receive_maximum and self.version == V5:
-            # MQTT-3.3.4-9: more unacknowledged QoS 1 publishes than we announced.
-            self._fail(
-                RC.RECEIVE_MAXIMUM_EXCEEDED,
-                f"more than {self.config.receive_maximum} unacknowledged QoS 1 publishes",
-            )
+        if not self._count_in():
             return
-        if self._pending_in >= self.config.receive_maximum:
-            self._pause_reading("inflight")
         commands = publish_commands(self.client_id, packet, route.targets, retained)
         done = self._publish_done(pid, len(commands), span)
         if span is not None:
@@ -368,6 +387,226 @@ class ClientConnection(asyncio.Protocol):
         for link, cmd in commands:
             link.request(cmd, done)
             self._throttle(link)
+
+    def _count_in(self) -> bool:
+        """One more publish being stored; False after ending the connection for exceeding
+        our Receive Maximum."""
+        self._pending_in += 1
+        if (
+            self._pending_in + len(self._q2_received) > self.config.receive_maximum
+            and self.version == V5
+        ):
+            # MQTT-3.3.4-9: more unacknowledged QoS 1 and 2 publishes than we announced (a
+            # QoS 2 one counts until its PUBCOMP).
+            self._fail(
+                RC.RECEIVE_MAXIMUM_EXCEEDED,
+                f"more than {self.config.receive_maximum} unacknowledged QoS 1/2 publishes",
+            )
+            return False
+        if self._pending_in >= self.config.receive_maximum:
+            self._pause_reading("inflight")
+        return True
+
+    def _uncount_in(self) -> None:
+        self._pending_in -= 1
+        if self._pending_in <= self.config.receive_maximum // 2:
+            self._resume_reading("inflight")
+
+    # ----- inbound QoS 2 ------------------------------------------------------------------
+    #
+    # 1. Qos2Receive to the session's partition: is this packet id new? (It records a claim.)
+    # 2. NEW: route like QoS 1, then Qos2Routed (recorded as received, durably), then PUBREC.
+    #    DUPLICATE: PUBREC at once, nothing routed.
+    # 3. PUBREL: Qos2Release (forgotten, durably), then PUBCOMP.
+    # See docs/architecture.md (QoS 2) for why the claim comes before the routing.
+
+    def _on_publish_qos2(
+        self,
+        packet: Publish,
+        pid: int,
+        route: PublishRoute,
+        retained: tuple[PartitionLink, pb.PartitionTarget] | None,
+        span: Span | None,
+    ) -> None:
+        if pid in self._q2_received:
+            # Answered before on this connection (MQTT-4.3.3-9): PUBREC again, nothing routed.
+            self._write(self.codec.send(PubRec(pid)))
+            if span is not None:
+                self.edge.tracer.finish(span)
+            return
+        if pid in self._q2_routing or pid in self._q2_unrecorded:
+            if span is not None:
+                self.edge.tracer.finish(span, error="duplicate of a publish being stored")
+            return  # a resend of the one being stored: its PUBREC follows
+        if not route.complete:
+            self._publish_refused(pid, "a partition node is unavailable", span, qos=2)
+            return
+        if not self._count_in():
+            return
+        self._q2_routing.add(pid)
+
+        def on_claim(result: pb.Result) -> None:
+            if result.status != OK:
+                self._q2_settled(pid)
+                if result.status not in GONE and self.state is State.CONNECTED:
+                    self._publish_refused(pid, result.message, span, qos=2)
+                elif span is not None:
+                    self.edge.tracer.finish(span, error=result.message)
+                return
+            if result.qos2_state == pb.QOS2_STATE_NEW:
+                self._route_qos2(packet, pid, route, retained, span)
+                return
+            self._q2_settled(pid)
+            if result.qos2_state == pb.QOS2_STATE_DUPLICATE:
+                self._q2_pubrec(pid, 0, span)
+            elif span is not None:  # IN_PROGRESS: the PUBREC comes from that attempt
+                self.edge.tracer.finish(span, error="duplicate of a publish being stored")
+
+        self._session_request(
+            pb.EdgeCommand(
+                qos2_receive=pb.Qos2Receive(
+                    client_id=self.client_id, connection_id=self.connection_id, packet_id=pid
+                )
+            ),
+            on_claim,
+        )
+
+    def _route_qos2(
+        self,
+        packet: Publish,
+        pid: int,
+        route: PublishRoute,
+        retained: tuple[PartitionLink, pb.PartitionTarget] | None,
+        span: Span | None,
+    ) -> None:
+        """The packet id is claimed: store the message at every target, as for QoS 1. This
+        goes on (and is reported to the session's partition) even if the client leaves."""
+        if not route.targets and retained is None:
+            reason = RC.NO_MATCHING_SUBSCRIBERS if self.version == V5 else 0
+            self._record_qos2(pid, None, reason, span)
+            return
+        commands = publish_commands(self.client_id, packet, route.targets, retained)
+        failures: list[str] = []
+        remaining = len(commands)
+
+        def done(result: pb.Result) -> None:
+            nonlocal remaining
+            remaining -= 1
+            if result.status != OK:
+                failures.append(result.message)
+            if not remaining:
+                self._record_qos2(pid, failures[0] if failures else None, 0, span)
+
+        if span is not None:
+            self.edge.tracer.stamp(span, commands)
+        for link, cmd in commands:
+            link.request(cmd, done)
+            self._throttle(link)
+
+    def _record_qos2(self, pid: int, failure: str | None, reason: int, span: Span | None) -> None:
+        """Tell the session's partition how the routing ended; PUBREC once it is recorded."""
+
+        def on_result(result: pb.Result) -> None:
+            if failure is not None:
+                # Not stored everywhere: refused, and the claim is dropped (or, if that could
+                # not be said, left to be taken over), so that a resend is routed again.
+                self._q2_settled(pid)
+                if self.state is State.CONNECTED:
+                    self._publish_refused(pid, failure, span, qos=2)
+                elif span is not None:
+                    self.edge.tracer.finish(span, error=failure)
+                return
+            if result.status == UNAVAILABLE and self.state is State.CONNECTED:
+                # Stored everywhere but not recorded: say it again once the link is back
+                # (reattach), and only then PUBREC.
+                self._q2_routing.discard(pid)
+                self._q2_unrecorded[pid] = (reason, span)
+                return
+            self._q2_settled(pid)
+            if result.status == OK:
+                self._q2_pubrec(pid, reason, span)
+            elif result.status not in GONE and self.state is State.CONNECTED:
+                self._close(f"QoS 2 PUBLISH {pid} could not be recorded: {result.message}")
+            elif span is not None:
+                self.edge.tracer.finish(span, error=result.message)
+
+        self._session_request(
+            pb.EdgeCommand(
+                qos2_routed=pb.Qos2Routed(
+                    client_id=self.client_id,
+                    connection_id=self.connection_id,
+                    packet_id=pid,
+                    ok=failure is None,
+                )
+            ),
+            on_result,
+        )
+
+    def _q2_settled(self, pid: int) -> None:
+        """The publish is no longer being stored (answered, refused or abandoned)."""
+        self._q2_routing.discard(pid)
+        self._q2_unrecorded.pop(pid, None)
+        self._uncount_in()
+
+    def _q2_pubrec(self, pid: int, reason: int, span: Span | None) -> None:
+        if self.state is not State.CONNECTED:
+            if span is not None:
+                self.edge.tracer.finish(span, error="connection closed before PUBREC")
+            return
+        self._q2_received.add(pid)
+        self._write(self.codec.send(PubRec(pid, reason)))
+        if span is not None:
+            self.edge.tracer.finish(span, reason_code=reason)
+
+    def _on_pubrel(self, packet: PubRel) -> None:
+        pid = packet.packet_id
+
+        def on_result(result: pb.Result) -> None:
+            if self.state is not State.CONNECTED:
+                return
+            if result.status != OK:
+                if result.status not in GONE:
+                    # Unknown whether it was forgotten: no PUBCOMP (the client would reuse the
+                    # packet id while the partition may still hold it); it sends PUBREL again
+                    # when it reconnects (MQTT-4.4.0-1).
+                    self._close(f"PUBREL {pid} could not be recorded: {result.message}")
+                return
+            self._q2_received.discard(pid)
+            found = result.qos2_state == pb.QOS2_STATE_RELEASED
+            reason = RC.PACKET_IDENTIFIER_NOT_FOUND if self.version == V5 and not found else 0
+            self._write(self.codec.send(PubComp(pid, reason)))
+
+        self._session_request(
+            pb.EdgeCommand(
+                qos2_release=pb.Qos2Release(
+                    client_id=self.client_id, connection_id=self.connection_id, packet_id=pid
+                )
+            ),
+            on_result,
+        )
+
+    # ----- outbound QoS 2 -----------------------------------------------------------------
+
+    def _on_pubrec(self, packet: PubRec) -> None:
+        mid = self._q2_out.pop(packet.packet_id, None)
+        if mid is None:
+            return  # not in flight on this connection (e.g. sent before a re-attach)
+        if packet.reason_code >= 0x80:
+            # The client refused it: the exchange ends here (no PUBREL), the message is done.
+            self._acks.append(mid)
+        else:
+            self._recs.append(mid)
+        # The client has the message: its trace ends here (what follows is PUBREL/PUBCOMP,
+        # possibly on a later connection).
+        if self._deliver_spans:
+            span = self._deliver_spans.pop(packet.packet_id, None)
+            if span is not None:
+                self.edge.tracer.client_ack(span, self.client_id)
+
+    def _on_pubcomp(self, packet: PubComp) -> None:
+        mid = self._rel_out.pop(packet.packet_id, None)
+        if mid is not None:
+            self._acks.append(mid)
 
     def _resolve_alias(self, packet: Publish) -> Publish | None:
         """A 5.0 PUBLISH with a Topic Alias: set or use the mapping (MQTT-3.3.2-7..12); None
@@ -403,9 +642,7 @@ class ClientConnection(asyncio.Protocol):
                 failures.append(result.message)
             if remaining:
                 return
-            self._pending_in -= 1
-            if self._pending_in <= self.config.receive_maximum // 2:
-                self._resume_reading("inflight")
+            self._uncount_in()
             if self.state is not State.CONNECTED:
                 if span is not None:
                     self.edge.tracer.finish(span, error="connection closed before PUBACK")
@@ -419,18 +656,20 @@ class ClientConnection(asyncio.Protocol):
 
         return on_result
 
-    def _publish_refused(self, pid: int, why: str, span: Span | None = None) -> None:
-        """Never acknowledge what was not stored: 5.0 gets a failing PUBACK, 3.1.1 (which has
-        none) loses the connection and will resend the unacknowledged message."""
+    def _publish_refused(
+        self, pid: int, why: str, span: Span | None = None, *, qos: int = 1
+    ) -> None:
+        """Never acknowledge what was not stored: 5.0 gets a failing PUBACK (PUBREC for QoS 2,
+        which ends that exchange), 3.1.1 (which has none) loses the connection and will resend
+        the unacknowledged message."""
         self.stats.refused_publishes += 1
         if span is not None:
             self.edge.tracer.finish(span, reason_code=RC.UNSPECIFIED_ERROR, error=why)
         if self.version == V5:
             log.warning("%s: PUBLISH %d refused: %s", self.client_id, pid, why)
+            ack = PubRec if qos == 2 else PubAck
             self._write(
-                self.codec.send(
-                    PubAck(pid, RC.UNSPECIFIED_ERROR, Properties(reason_string=why[:200]))
-                )
+                self.codec.send(ack(pid, RC.UNSPECIFIED_ERROR, Properties(reason_string=why[:200])))
             )
         else:
             self._close(f"PUBLISH {pid} cannot be stored: {why}")
@@ -568,6 +807,13 @@ class ClientConnection(asyncio.Protocol):
         tracer = self.edge.tracer
         acl = self.acl
         for qm in delivery.messages:
+            if qm.released:
+                # QoS 2, PUBREC recorded: PUBREL (again) until PUBCOMP.
+                rel_pid = packet_id_for(qm.message_id)
+                self._q2_out.pop(rel_pid, None)
+                self._rel_out[rel_pid] = qm.message_id
+                self._write(send(PubRel(rel_pid)))
+                continue
             m = qm.message
             if acl is not None and not acl.may_receive(m.topic):
                 # Granted by a broader subscription (or one made under other rules): not for
@@ -583,7 +829,9 @@ class ClientConnection(asyncio.Protocol):
                 # A subscriber that cannot keep up loses QoS 0 messages, not the broker memory.
                 self.stats.dropped_qos0 += 1
                 continue
-            if m.expires_at_ms and m.expires_at_ms <= now:
+            if m.expires_at_ms and m.expires_at_ms <= now and not (qm.dup and qm.qos == 2):
+                # (A QoS 2 message sent before is not dropped: its delivery has started and the
+                # client holds its packet id until PUBREL.)
                 if qm.qos:
                     self._acks.append(qm.message_id)
                 continue
@@ -599,7 +847,7 @@ class ClientConnection(asyncio.Protocol):
                 continue
             span = tracer.start_deliver(qm, self.client_id) if tracer.enabled else None
             if pid is not None:
-                self._inflight_out[pid] = qm.message_id
+                (self._q2_out if qm.qos == 2 else self._inflight_out)[pid] = qm.message_id
                 if span is not None:
                     self._deliver_spans[pid] = span
             elif span is not None:
@@ -636,6 +884,8 @@ class ClientConnection(asyncio.Protocol):
             return
         # The partition resends everything unacknowledged, under the same packet ids.
         self._inflight_out.clear()
+        self._q2_out.clear()
+        self._rel_out.clear()
         self._end_deliver_spans("partition link lost before PUBACK")
 
         def on_result(result: pb.Result) -> None:
@@ -668,6 +918,11 @@ class ClientConnection(asyncio.Protocol):
             ),
             on_result,
         )
+        # QoS 2 publishes stored everywhere whose routing could not be recorded: now it can.
+        unrecorded, self._q2_unrecorded = self._q2_unrecorded, {}
+        for pid, (reason, span) in unrecorded.items():
+            self._q2_routing.add(pid)
+            self._record_qos2(pid, None, reason, span)
 
     # ----- helpers ----------------------------------------------------------------------
 
@@ -699,15 +954,19 @@ class ClientConnection(asyncio.Protocol):
         )
 
     def _flush_acks(self) -> None:
-        if self._acks and self.route is not None:
+        if (self._acks or self._recs) and self.route is not None:
             route = self.route
             acks, self._acks = self._acks, []
+            recs, self._recs = self._recs, []
             route.link.send(
                 pb.EdgeCommand(
                     partition=route.partition,
                     partition_epoch=route.epoch,
                     delivery_ack=pb.DeliveryAck(
-                        client_id=self.client_id, connection_id=self.connection_id, message_ids=acks
+                        client_id=self.client_id,
+                        connection_id=self.connection_id,
+                        message_ids=acks,
+                        received_ids=recs,
                     ),
                 ),
                 urgent=True,

@@ -24,7 +24,7 @@ from hexmq.topics import SHARED_PREFIX, TopicTrie, topic_matches
 from services.partition.index_barrier import IndexBarrier
 from services.partition.links import EdgeLink
 from services.partition.replication import Replicator
-from services.partition.sessions import NEVER_EXPIRES, LiveConnection, Session
+from services.partition.sessions import NEVER_EXPIRES, Claim, LiveConnection, Routed, Session
 from services.partition.shared import SharedGroups
 from services.partition.store import GroupCommit, RedisStore, WriteBatch
 from services.partition.wills import WillBoard
@@ -32,8 +32,7 @@ from services.partition.wills import WillBoard
 log = logging.getLogger(__name__)
 
 SC = pb.StatusCode
-# Until QoS 2 lands (the conformance issue), subscriptions are granted at most QoS 1.
-MAX_QOS = 1
+MAX_QOS = 2
 DEFAULT_RECEIVE_MAXIMUM = 65535
 DEFAULT_MAX_QUEUED = 100_000
 # A connection lost with its edge link may yet be re-attached by that edge: its will waits this
@@ -99,6 +98,12 @@ class PartitionNode:
         # Sessions whose record changed in the batch being gathered (written once per batch).
         self._dirty: dict[str, Session] = {}
         commit.add_finisher(self._write_dirty)
+        # Inbound QoS 2 attempts that are routing now: (client id, packet id) -> the claiming
+        # connection and its edge link; and the Qos2Receive commands of other connections
+        # waiting for such an attempt to report (memory only: an attempt whose link is gone
+        # cannot report, see close_link).
+        self._q2_attempts: dict[tuple[str, int], tuple[str, EdgeLink]] = {}
+        self._q2_waiters: dict[tuple[str, int], list[tuple[EdgeLink, pb.EdgeCommand]]] = {}
         self.messages_in = 0
         self.messages_out = 0
 
@@ -129,6 +134,7 @@ class PartitionNode:
                     session.durable_mid = max(session.durable_mid, qm.message_id)
                     # Unknown whether it was sent before the restart: resend as a duplicate.
                     session.ever_sent.add(qm.message_id)
+                session.q2in = stored.qos2_inbound
                 rec = session.record
                 if rec.will_due_at_ms:
                     self.wills.schedule(rec.client_id, rec.will_due_at_ms)
@@ -191,6 +197,12 @@ class PartitionNode:
                     self.store.put_session(self.commit.batch, session.partition, session.record)
                 self._presence(session)
                 detached += 1
+        # Inbound QoS 2 attempts of that edge can no longer report: whoever waits for one
+        # gets its answer now (the packet id is routed again: see docs/architecture.md).
+        ended = [key for key, (_, owner) in self._q2_attempts.items() if owner is link]
+        for key in ended:
+            del self._q2_attempts[key]
+            self._q2_wake(key)
         log.info("edge %s unlinked; %d sessions detached", link.edge_id, detached)
 
     # ----- commands ---------------------------------------------------------------------
@@ -597,18 +609,125 @@ class PartitionNode:
     def _delivery_ack(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
         req = cmd.delivery_ack
         session = self.sessions.get(req.client_id)
-        if session is None or session.connection is None:
+        if session is None:
             return
-        if session.connection.connection_id != req.connection_id:
-            return
+        # PUBACK / PUBCOMP from an earlier connection of the session (its acknowledgement still
+        # on the way when the client reconnected elsewhere) still counts: the client has the
+        # message, and dropping the ack would only make it come again.
         removed = session.acknowledge(list(req.message_ids))
         if removed:
             self.store.delete_messages(
                 self.commit.batch, session.partition, session.client_id, removed
             )
+        conn = session.connection
+        if conn is None or conn.connection_id != req.connection_id:
+            return
+        if req.received_ids:
+            self._release(session, list(req.received_ids))
         # The window has room again: send at once what is already durable, without waiting
         # for this batch (whose only news is that acknowledged messages are gone).
         self._pump(session)
+
+    def _release(self, session: Session, message_ids: list[int]) -> None:
+        """QoS 2 out: the client sent PUBREC for these messages. Each becomes a released stub,
+        durably; only then is it sent back to the edge, which sends PUBREL (a PUBREL must never
+        be followed by the PUBLISH again, even after a restart)."""
+        stubs = session.release(message_ids)
+        if not stubs:
+            return
+        batch = self.commit.batch
+        for stub in stubs:
+            self.store.put_message(batch, session.partition, session.client_id, stub)
+        conn = session.connection
+        if conn is None:
+            return
+
+        def send() -> None:
+            if session.connection is conn and self.sessions.get(session.client_id) is session:
+                conn.link.send(
+                    pb.PartitionEvent(
+                        delivery=pb.Delivery(
+                            client_id=session.client_id,
+                            connection_id=conn.connection_id,
+                            messages=stubs,
+                        )
+                    )
+                )
+
+        self.commit.after(send)
+
+    # ----- inbound QoS 2 ----------------------------------------------------------------
+
+    def _qos2_receive(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+        req = cmd.qos2_receive
+        session = self._live_session(link, cmd, req.client_id, req.connection_id)
+        if session is None:
+            return
+        key = (req.client_id, req.packet_id)
+        attempt = self._q2_attempts.get(key)
+        claim = session.qos2_receive(
+            req.packet_id, req.connection_id, attempt[0] if attempt is not None else None
+        )
+        if claim is Claim.WAIT:
+            self._q2_waiters.setdefault(key, []).append((link, cmd))
+            return
+        if claim is Claim.NEW:
+            self._q2_attempts[key] = (req.connection_id, link)
+            self.store.put_qos2_inbound(
+                self.commit.batch,
+                session.partition,
+                session.client_id,
+                req.packet_id,
+                session.q2in[req.packet_id],
+            )
+        state = {
+            Claim.NEW: pb.QOS2_STATE_NEW,
+            Claim.DUPLICATE: pb.QOS2_STATE_DUPLICATE,
+            Claim.IN_PROGRESS: pb.QOS2_STATE_IN_PROGRESS,
+        }[claim]
+        self._reply(link, cmd, qos2_state=state)
+
+    def _qos2_routed(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+        req = cmd.qos2_routed
+        if not self._check_owner(link, cmd, cmd.partition, cmd.partition_epoch):
+            return
+        key = (req.client_id, req.packet_id)
+        attempt = self._q2_attempts.get(key)
+        if attempt is not None and attempt[0] == req.connection_id:
+            del self._q2_attempts[key]
+        session = self.sessions.get(req.client_id)
+        if session is None or session.partition != cmd.partition:
+            self._reply(link, cmd, SC.STATUS_CODE_NOT_FOUND, message="session ended")
+        else:
+            change = session.qos2_routed(req.packet_id, req.connection_id, req.ok)
+            p, cid = session.partition, session.client_id
+            if change is Routed.PUT:
+                state = session.q2in[req.packet_id]
+                self.store.put_qos2_inbound(self.commit.batch, p, cid, req.packet_id, state)
+            elif change is Routed.DELETED:
+                self.store.delete_qos2_inbound(self.commit.batch, p, cid, req.packet_id)
+            self._reply(link, cmd)
+        if key not in self._q2_attempts:
+            self._q2_wake(key)
+
+    def _q2_wake(self, key: tuple[str, int]) -> None:
+        """The attempt at a packet id ended: its waiters are answered now, in order."""
+        for link, cmd in self._q2_waiters.pop(key, ()):
+            if self.links.get(link.edge_id) is link:
+                self._qos2_receive(link, cmd)
+
+    def _qos2_release(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+        req = cmd.qos2_release
+        session = self._live_session(link, cmd, req.client_id, req.connection_id)
+        if session is None:
+            return
+        if not session.qos2_release(req.packet_id):
+            self._reply(link, cmd, qos2_state=pb.QOS2_STATE_NOT_FOUND)
+            return
+        self.store.delete_qos2_inbound(
+            self.commit.batch, session.partition, session.client_id, req.packet_id
+        )
+        self._reply(link, cmd, qos2_state=pb.QOS2_STATE_RELEASED)
 
     def _will_published(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
         req = cmd.will_published
@@ -632,6 +751,9 @@ class PartitionNode:
         "enqueue_retained": _enqueue_retained,
         "will_published": _will_published,
         "index_ack": _index_ack,
+        "qos2_receive": _qos2_receive,
+        "qos2_routed": _qos2_routed,
+        "qos2_release": _qos2_release,
     }
 
     # ----- helpers ----------------------------------------------------------------------

@@ -3,6 +3,7 @@ to the one live connection."""
 
 from __future__ import annotations
 
+import enum
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -21,6 +22,27 @@ NEVER_EXPIRES = 0xFFFFFFFF
 # QoS 0 messages waiting behind unacknowledged QoS 1 ones for one connection (memory only);
 # past this, new QoS 0 messages for that connection are dropped (QoS 0 allows it) and counted.
 MAX_TRANSIENT = 10_000
+
+
+class Claim(enum.Enum):
+    """What the session's partition answers to an inbound QoS 2 PUBLISH (Session.qos2_receive)."""
+
+    # First time (or an earlier attempt is known to have ended unreported): route it.
+    NEW = 1
+    # Received before: answer PUBREC and do not route again.
+    DUPLICATE = 2
+    # This same connection is routing it right now.
+    IN_PROGRESS = 3
+    # Another connection's attempt is still routing it: answer once it reports.
+    WAIT = 4
+
+
+class Routed(enum.Enum):
+    """How Session.qos2_routed changed the stored state of a packet id."""
+
+    UNCHANGED = 0
+    PUT = 1
+    DELETED = 2
 
 
 @dataclass(slots=True)
@@ -56,6 +78,8 @@ class Session:
     ever_sent: set[int] = field(default_factory=set)
     # The highest message id known to be in Redis: nothing above it may be sent yet.
     durable_mid: int = 0
+    # Inbound QoS 2: packet id -> its state, from the first PUBLISH until PUBREL.
+    q2in: dict[int, pb.Qos2Inbound] = field(default_factory=dict)
 
     @property
     def client_id(self) -> str:
@@ -106,6 +130,57 @@ class Session:
                 self.ever_sent.discard(mid)
         return removed
 
+    def release(self, message_ids: list[int]) -> list[pb.QueuedMessage]:
+        """The client sent PUBREC for these QoS 2 messages: each becomes a released stub (no
+        payload), which is sent as PUBREL from now on, never as PUBLISH, and stays in flight
+        until PUBCOMP. Returns the stubs, in order (already released ones too: a repeated PUBREC
+        gets PUBREL again); the caller stores them and sends them once that is durable."""
+        stubs = []
+        for mid in message_ids:
+            qm = self.queue.get(mid)
+            if qm is None or qm.qos != 2:
+                continue
+            if not qm.released:
+                qm = pb.QueuedMessage(message_id=mid, qos=2, released=True)
+                self.queue[mid] = qm
+            stubs.append(qm)
+        return stubs
+
+    # ----- inbound QoS 2 ----------------------------------------------------------------
+
+    def qos2_receive(self, packet_id: int, connection_id: str, running: str | None) -> Claim:
+        """PUBLISH QoS 2 with `packet_id` from `connection_id`. `running` is the connection
+        whose attempt at this packet id is still routing (None: no attempt is known to be
+        running). On NEW the packet id is claimed for `connection_id`; the caller stores
+        `q2in[packet_id]`."""
+        state = self.q2in.get(packet_id)
+        if state is not None and state.routed:
+            return Claim.DUPLICATE
+        if running is not None:
+            return Claim.IN_PROGRESS if running == connection_id else Claim.WAIT
+        # Unknown, or claimed by an attempt that ended without a word (its edge or its link
+        # went away mid-routing): route it (again).
+        self.q2in[packet_id] = pb.Qos2Inbound(routed=False, connection_id=connection_id)
+        return Claim.NEW
+
+    def qos2_routed(self, packet_id: int, connection_id: str, ok: bool) -> Routed:
+        """The routing of `packet_id` by `connection_id` ended: stored everywhere (ok) or not."""
+        state = self.q2in.get(packet_id)
+        if state is None or state.routed:
+            return Routed.UNCHANGED  # released meanwhile (a client's PUBREL before PUBREC)
+        if ok:
+            state.routed = True
+            state.connection_id = ""
+            return Routed.PUT
+        if state.connection_id != connection_id:
+            return Routed.UNCHANGED  # another connection has taken the claim over
+        del self.q2in[packet_id]
+        return Routed.DELETED
+
+    def qos2_release(self, packet_id: int) -> bool:
+        """PUBREL: forget the packet id; False if it was not known."""
+        return self.q2in.pop(packet_id, None) is not None
+
     def pump(self) -> list[pb.QueuedMessage]:
         """The messages the window allows to send now, marked as sent."""
         conn = self.connection
@@ -134,7 +209,9 @@ class Session:
                 break
             self.unsent.popleft()
             self.inflight.add(mid)
-            if mid in self.ever_sent:
+            if qm.released:
+                out.append(qm)  # PUBREL again
+            elif mid in self.ever_sent:
                 resend = pb.QueuedMessage()
                 resend.CopyFrom(qm)
                 resend.dup = True

@@ -3,7 +3,10 @@
 Keys (p = partition number, cid = client id):
     hx:{p}:sessions      hash  cid -> SessionRecord
     hx:{p}:subs:{cid}    hash  topic filter -> SubscriptionSpec
-    hx:{p}:q:{cid}       hash  message id (decimal) -> QueuedMessage
+    hx:{p}:q:{cid}       hash  message id (decimal) -> QueuedMessage (a QoS 2 one that the
+                               client has PUBREC'd: a released stub, without the message)
+    hx:{p}:q2in:{cid}    hash  packet id (decimal) -> Qos2Inbound: the session's inbound QoS 2
+                               packet ids, from the first PUBLISH until PUBREL
     hx:{p}:retained      hash  topic -> Message (the topic's retained message; p = partition(topic))
     hx:{p}:meta          hash  epoch, seq: the replication position this node's copy stands at
 Every key of a partition starts with hx:{p}: so a partition can be moved or dropped as a whole.
@@ -57,6 +60,15 @@ def queue_key(p: int, cid: str) -> str:
     return f"hx:{p}:q:{cid}"
 
 
+def qos2_inbound_key(p: int, cid: str) -> str:
+    return f"hx:{p}:q2in:{cid}"
+
+
+def session_keys(p: int, cid: str) -> tuple[str, str, str]:
+    """The keys a session owns besides its record."""
+    return subs_key(p, cid), queue_key(p, cid), qos2_inbound_key(p, cid)
+
+
 def retained_key(p: int) -> str:
     return f"hx:{p}:retained"
 
@@ -70,6 +82,7 @@ class StoredSession:
     record: pb.SessionRecord
     subscriptions: list[pb.SubscriptionSpec]
     queue: list[pb.QueuedMessage] = field(default_factory=list)
+    qos2_inbound: dict[int, pb.Qos2Inbound] = field(default_factory=dict)
 
 
 class StorageFailed(RuntimeError):
@@ -259,8 +272,8 @@ class RedisStore:
     @staticmethod
     def delete_session(batch: WriteBatch, p: int, cid: str) -> None:
         batch.add(p, (HDEL, sessions_key(p), cid.encode(), b""))
-        batch.add(p, (DEL, subs_key(p, cid), b"", b""))
-        batch.add(p, (DEL, queue_key(p, cid), b"", b""))
+        for key in session_keys(p, cid):
+            batch.add(p, (DEL, key, b"", b""))
 
     @staticmethod
     def put_subscription(batch: WriteBatch, p: int, cid: str, spec: pb.SubscriptionSpec) -> None:
@@ -281,6 +294,16 @@ class RedisStore:
         key = queue_key(p, cid)
         for mid in message_ids:
             batch.add(p, (HDEL, key, b"%d" % mid, b""))
+
+    @staticmethod
+    def put_qos2_inbound(
+        batch: WriteBatch, p: int, cid: str, packet_id: int, state: pb.Qos2Inbound
+    ) -> None:
+        batch.add(p, (HSET, qos2_inbound_key(p, cid), b"%d" % packet_id, state.SerializeToString()))
+
+    @staticmethod
+    def delete_qos2_inbound(batch: WriteBatch, p: int, cid: str, packet_id: int) -> None:
+        batch.add(p, (HDEL, qos2_inbound_key(p, cid), b"%d" % packet_id, b""))
 
     @staticmethod
     def put_retained(batch: WriteBatch, p: int, msg: common_pb.Message) -> None:
@@ -310,8 +333,7 @@ class RedisStore:
         cids = cast("list[bytes]", await self.client.hkeys(sessions_key(p)))
         keys = [sessions_key(p), retained_key(p), meta_key(p)]
         for raw in cids:
-            cid = raw.decode()
-            keys += (subs_key(p, cid), queue_key(p, cid))
+            keys += session_keys(p, raw.decode())
         return keys
 
     async def snapshot_chunks(self, p: int, chunk_ops: int) -> AsyncIterator[list[Op]]:
@@ -321,7 +343,7 @@ class RedisStore:
         key = sessions_key(p)
         async for cid, record in self._hscan(key, chunk_ops):
             chunk.append((HSET, key, cid, record))
-            for sub_key in (subs_key(p, cid.decode()), queue_key(p, cid.decode())):
+            for sub_key in session_keys(p, cid.decode()):
                 async for fld, value in self._hscan(sub_key, chunk_ops):
                     chunk.append((HSET, sub_key, fld, value))
                     if len(chunk) >= chunk_ops:
@@ -351,15 +373,17 @@ class RedisStore:
         records = [pb.SessionRecord.FromString(value) for value in raw.values()]
         pipe = self.client.pipeline(transaction=False)
         for record in records:
-            pipe.hgetall(subs_key(p, record.client_id))
-            pipe.hgetall(queue_key(p, record.client_id))
+            for key in session_keys(p, record.client_id):
+                pipe.hgetall(key)
         replies = await pipe.execute()
         loaded = []
         for i, record in enumerate(records):
-            subs = [pb.SubscriptionSpec.FromString(v) for v in replies[2 * i].values()]
+            subs_raw, queue_raw, q2in_raw = replies[3 * i : 3 * i + 3]
+            subs = [pb.SubscriptionSpec.FromString(v) for v in subs_raw.values()]
             queue = sorted(
-                (pb.QueuedMessage.FromString(v) for v in replies[2 * i + 1].values()),
+                (pb.QueuedMessage.FromString(v) for v in queue_raw.values()),
                 key=lambda qm: qm.message_id,
             )
-            loaded.append(StoredSession(record, subs, queue))
+            q2in = {int(k): pb.Qos2Inbound.FromString(v) for k, v in q2in_raw.items()}
+            loaded.append(StoredSession(record, subs, queue, q2in))
         return loaded

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from hexmq.mqtt import ConnAck, Disconnect, Properties, PubAck, Publish
+from hexmq.mqtt import ConnAck, Disconnect, Properties, PubAck, PubComp, Publish, PubRec, PubRel
 from tests.support.rawclient import RawClient
 
 
@@ -44,6 +44,25 @@ async def test_exceeding_receive_maximum_is_0x93(node) -> None:  # type: ignore[
     assert isinstance(seen[-1], Disconnect)
     assert seen[-1].reason_code == 0x93
     await sub.close()
+
+
+async def test_qos2_publishes_count_against_receive_maximum_until_pubcomp(node) -> None:  # type: ignore[no-untyped-def]
+    port = node.mqtt_port(1)
+    topic = f"rm2/{uid()}"
+    pub, _ = await RawClient.connect(port, f"pub-{uid()}", version=5)
+    # Five QoS 2 publishes answered with PUBREC and not yet released: the quota is used up...
+    for pid in range(1, 6):
+        await pub.send(Publish(topic, b"x", qos=2, packet_id=pid))
+        assert (await pub.expect(PubRec)).packet_id == pid
+    # ...until a PUBCOMP gives one back (MQTT-4.9).
+    await pub.send(PubRel(1))
+    assert (await pub.expect(PubComp)).packet_id == 1
+    await pub.send(Publish(topic, b"x", qos=2, packet_id=6))
+    assert (await pub.expect(PubRec)).packet_id == 6
+    await pub.send(Publish(topic, b"x", qos=2, packet_id=7))  # the sixth open one
+    seen = await pub.wait_closed()
+    await pub.close()
+    assert [(type(p), p.reason_code) for p in seen] == [(Disconnect, 0x93)]  # type: ignore[union-attr]
 
 
 async def test_deliveries_larger_than_the_clients_maximum_are_discarded(node) -> None:  # type: ignore[no-untyped-def]

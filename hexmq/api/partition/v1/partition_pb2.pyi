@@ -24,6 +24,29 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _Qos2State:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _Qos2StateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Qos2State.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    QOS2_STATE_UNSPECIFIED: _Qos2State.ValueType  # 0
+    QOS2_STATE_NEW: _Qos2State.ValueType  # 1
+    QOS2_STATE_DUPLICATE: _Qos2State.ValueType  # 2
+    QOS2_STATE_IN_PROGRESS: _Qos2State.ValueType  # 3
+    QOS2_STATE_RELEASED: _Qos2State.ValueType  # 4
+    QOS2_STATE_NOT_FOUND: _Qos2State.ValueType  # 5
+
+class Qos2State(_Qos2State, metaclass=_Qos2StateEnumTypeWrapper): ...
+
+QOS2_STATE_UNSPECIFIED: Qos2State.ValueType  # 0
+QOS2_STATE_NEW: Qos2State.ValueType  # 1
+QOS2_STATE_DUPLICATE: Qos2State.ValueType  # 2
+QOS2_STATE_IN_PROGRESS: Qos2State.ValueType  # 3
+QOS2_STATE_RELEASED: Qos2State.ValueType  # 4
+QOS2_STATE_NOT_FOUND: Qos2State.ValueType  # 5
+Global___Qos2State: _TypeAlias = Qos2State  # noqa: Y015
+
 class _StatusCode:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -125,6 +148,9 @@ class EdgeCommand(_message.Message):
     ENQUEUE_RETAINED_FIELD_NUMBER: _builtins.int
     WILL_PUBLISHED_FIELD_NUMBER: _builtins.int
     INDEX_ACK_FIELD_NUMBER: _builtins.int
+    QOS2_RECEIVE_FIELD_NUMBER: _builtins.int
+    QOS2_ROUTED_FIELD_NUMBER: _builtins.int
+    QOS2_RELEASE_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     """0: the edge wants no Result (QoS 0 publish, delivery acknowledgements)."""
     partition: _builtins.int
@@ -154,6 +180,12 @@ class EdgeCommand(_message.Message):
     def will_published(self) -> Global___WillPublished: ...
     @_builtins.property
     def index_ack(self) -> Global___IndexAck: ...
+    @_builtins.property
+    def qos2_receive(self) -> Global___Qos2Receive: ...
+    @_builtins.property
+    def qos2_routed(self) -> Global___Qos2Routed: ...
+    @_builtins.property
+    def qos2_release(self) -> Global___Qos2Release: ...
     def __init__(
         self,
         *,
@@ -172,12 +204,15 @@ class EdgeCommand(_message.Message):
         enqueue_retained: Global___EnqueueRetained | None = ...,
         will_published: Global___WillPublished | None = ...,
         index_ack: Global___IndexAck | None = ...,
+        qos2_receive: Global___Qos2Receive | None = ...,
+        qos2_routed: Global___Qos2Routed | None = ...,
+        qos2_release: Global___Qos2Release | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "delivery_ack", b"delivery_ack", "enqueue_retained", b"enqueue_retained", "index_ack", b"index_ack", "open_session", b"open_session", "publish", b"publish", "retained_query", b"retained_query", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe", "will_published", b"will_published"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "delivery_ack", b"delivery_ack", "enqueue_retained", b"enqueue_retained", "index_ack", b"index_ack", "open_session", b"open_session", "publish", b"publish", "qos2_receive", b"qos2_receive", "qos2_release", b"qos2_release", "qos2_routed", b"qos2_routed", "retained_query", b"retained_query", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe", "will_published", b"will_published"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "delivery_ack", b"delivery_ack", "enqueue_retained", b"enqueue_retained", "index_ack", b"index_ack", "open_session", b"open_session", "partition", b"partition", "partition_epoch", b"partition_epoch", "publish", b"publish", "request_id", b"request_id", "retained_query", b"retained_query", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe", "will_published", b"will_published"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "delivery_ack", b"delivery_ack", "enqueue_retained", b"enqueue_retained", "index_ack", b"index_ack", "open_session", b"open_session", "partition", b"partition", "partition_epoch", b"partition_epoch", "publish", b"publish", "qos2_receive", b"qos2_receive", "qos2_release", b"qos2_release", "qos2_routed", b"qos2_routed", "request_id", b"request_id", "retained_query", b"retained_query", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe", "will_published", b"will_published"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["open_session", "close_session", "subscribe", "unsubscribe", "publish", "delivery_ack", "attach_session", "retained_query", "enqueue_retained", "will_published", "index_ack"]  # noqa: Y015
+    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["open_session", "close_session", "subscribe", "unsubscribe", "publish", "delivery_ack", "attach_session", "retained_query", "enqueue_retained", "will_published", "index_ack", "qos2_receive", "qos2_routed", "qos2_release"]  # noqa: Y015
     _WhichOneofArgType_command: _TypeAlias = _typing.Literal["command", b"command"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_command) -> _WhichOneofReturnType_command | None: ...
 
@@ -579,31 +614,138 @@ Global___IndexAck: _TypeAlias = IndexAck  # noqa: Y015
 
 @_typing.final
 class DeliveryAck(_message.Message):
-    """The client acknowledged these deliveries (PUBACK for QoS 1)."""
+    """The client acknowledged these deliveries (PUBACK for QoS 1, PUBCOMP for QoS 2, or a PUBREC
+    with a failure reason code, which ends a QoS 2 exchange).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     CONNECTION_ID_FIELD_NUMBER: _builtins.int
     MESSAGE_IDS_FIELD_NUMBER: _builtins.int
+    RECEIVED_IDS_FIELD_NUMBER: _builtins.int
     client_id: _builtins.str
     connection_id: _builtins.str
     @_builtins.property
     def message_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def received_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """QoS 2: the client sent PUBREC (success) for these. The partition marks each one released,
+        durably (from then on it is resent as PUBREL, never as PUBLISH), and then sends it back in a
+        Delivery with QueuedMessage.released set, for the edge to send PUBREL.
+        """
+
     def __init__(
         self,
         *,
         client_id: _builtins.str = ...,
         connection_id: _builtins.str = ...,
         message_ids: _abc.Iterable[_builtins.int] | None = ...,
+        received_ids: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "connection_id", b"connection_id", "message_ids", b"message_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "connection_id", b"connection_id", "message_ids", b"message_ids", "received_ids", b"received_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeliveryAck: _TypeAlias = DeliveryAck  # noqa: Y015
+
+@_typing.final
+class Qos2Receive(_message.Message):
+    """Inbound QoS 2, step 1: the edge got PUBLISH QoS 2 with this packet id and asks the
+    publisher's session partition whether it is the first time (Result.qos2_state). NEW: the
+    partition has recorded a claim on the packet id (durably) and the edge routes the message;
+    DUPLICATE: it was received before (answer PUBREC, do not route); IN_PROGRESS: this same
+    connection is routing it right now. While another connection's attempt at the same packet
+    id is still routing (its edge link is up), the answer waits for that attempt's Qos2Routed.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    CONNECTION_ID_FIELD_NUMBER: _builtins.int
+    PACKET_ID_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    connection_id: _builtins.str
+    packet_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+        connection_id: _builtins.str = ...,
+        packet_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "connection_id", b"connection_id", "packet_id", b"packet_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Qos2Receive: _TypeAlias = Qos2Receive  # noqa: Y015
+
+@_typing.final
+class Qos2Routed(_message.Message):
+    """Inbound QoS 2, step 2: the routing of a claimed packet id ended. ok: every target partition
+    stored it; the packet id is now recorded as received (durably) and the edge sends PUBREC.
+    Not ok: the claim is dropped (if it is still this connection's), so that a resend is routed.
+    Accepted from a connection that is no longer the session's live one (a fact about routing).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    CONNECTION_ID_FIELD_NUMBER: _builtins.int
+    PACKET_ID_FIELD_NUMBER: _builtins.int
+    OK_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    connection_id: _builtins.str
+    packet_id: _builtins.int
+    ok: _builtins.bool
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+        connection_id: _builtins.str = ...,
+        packet_id: _builtins.int = ...,
+        ok: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "connection_id", b"connection_id", "ok", b"ok", "packet_id", b"packet_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Qos2Routed: _TypeAlias = Qos2Routed  # noqa: Y015
+
+@_typing.final
+class Qos2Release(_message.Message):
+    """Inbound QoS 2, step 3: PUBREL. The partition forgets the packet id (durably) and answers
+    RELEASED, or NOT_FOUND if it did not know it; then the edge sends PUBCOMP.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    CONNECTION_ID_FIELD_NUMBER: _builtins.int
+    PACKET_ID_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    connection_id: _builtins.str
+    packet_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+        connection_id: _builtins.str = ...,
+        packet_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "connection_id", b"connection_id", "packet_id", b"packet_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Qos2Release: _TypeAlias = Qos2Release  # noqa: Y015
 
 @_typing.final
 class PartitionFrame(_message.Message):
@@ -683,11 +825,14 @@ class Result(_message.Message):
     REASON_CODES_FIELD_NUMBER: _builtins.int
     RETAINED_FIELD_NUMBER: _builtins.int
     EXISTED_FIELD_NUMBER: _builtins.int
+    QOS2_STATE_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     status: Global___StatusCode.ValueType
     message: _builtins.str
     current_master: _builtins.str
     session_present: _builtins.bool
+    qos2_state: Global___Qos2State.ValueType
+    """Qos2Receive and Qos2Release: what the partition knows of the packet id."""
     @_builtins.property
     def reason_codes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """SUBACK / UNSUBACK reason codes, one per filter in order."""
@@ -713,10 +858,11 @@ class Result(_message.Message):
         reason_codes: _abc.Iterable[_builtins.int] | None = ...,
         retained: _abc.Iterable[_common_pb2.Message] | None = ...,
         existed: _abc.Iterable[_builtins.bool] | None = ...,
+        qos2_state: Global___Qos2State.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["current_master", b"current_master", "existed", b"existed", "message", b"message", "reason_codes", b"reason_codes", "request_id", b"request_id", "retained", b"retained", "session_present", b"session_present", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["current_master", b"current_master", "existed", b"existed", "message", b"message", "qos2_state", b"qos2_state", "reason_codes", b"reason_codes", "request_id", b"request_id", "retained", b"retained", "session_present", b"session_present", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -732,6 +878,7 @@ class QueuedMessage(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     SUBSCRIPTION_IDS_FIELD_NUMBER: _builtins.int
     RETAIN_FIELD_NUMBER: _builtins.int
+    RELEASED_FIELD_NUMBER: _builtins.int
     message_id: _builtins.int
     """Per-session, strictly increasing: the delivery order and the key of the acknowledgement."""
     qos: _builtins.int
@@ -739,6 +886,10 @@ class QueuedMessage(_message.Message):
     """Sent before and not acknowledged: the edge sets DUP."""
     retain: _builtins.bool
     """The RETAIN flag to send (retain-as-published, or a retained message sent on subscribe)."""
+    released: _builtins.bool
+    """QoS 2: the client sent PUBREC; what is left is a stub (message_id, qos, released; no
+    message) that the edge sends as PUBREL until the client answers PUBCOMP.
+    """
     @_builtins.property
     def message(self) -> _common_pb2.Message: ...
     @_builtins.property
@@ -752,10 +903,11 @@ class QueuedMessage(_message.Message):
         message: _common_pb2.Message | None = ...,
         subscription_ids: _abc.Iterable[_builtins.int] | None = ...,
         retain: _builtins.bool = ...,
+        released: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dup", b"dup", "message", b"message", "message_id", b"message_id", "qos", b"qos", "retain", b"retain", "subscription_ids", b"subscription_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dup", b"dup", "message", b"message", "message_id", b"message_id", "qos", b"qos", "released", b"released", "retain", b"retain", "subscription_ids", b"subscription_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1095,6 +1247,35 @@ class SessionRecord(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SessionRecord: _TypeAlias = SessionRecord  # noqa: Y015
+
+@_typing.final
+class Qos2Inbound(_message.Message):
+    """Storage: an inbound QoS 2 packet id of a session (hash hx:{p}:q2in:{cid}, field packet id in
+    decimal), from the first PUBLISH until PUBREL.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROUTED_FIELD_NUMBER: _builtins.int
+    CONNECTION_ID_FIELD_NUMBER: _builtins.int
+    routed: _builtins.bool
+    """false: claimed by connection_id, whose routing has not been reported yet; true: every
+    target partition stored the message (PUBREC may be sent).
+    """
+    connection_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        routed: _builtins.bool = ...,
+        connection_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["connection_id", b"connection_id", "routed", b"routed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Qos2Inbound: _TypeAlias = Qos2Inbound  # noqa: Y015
 
 @_typing.final
 class StorageOp(_message.Message):
