@@ -98,6 +98,8 @@ class ClientConnection(asyncio.Protocol):
         self.peer = "?"
         self.transport: asyncio.Transport | None = None
         self.keepalive = 0
+        # The Session Expiry Interval the client connected with (5.0).
+        self.connect_expiry = 0
         self.last_rx = 0.0
         self.receive_maximum = 0
         # The largest packet the client accepts (5.0 Maximum Packet Size; 0: no limit).
@@ -251,6 +253,7 @@ class ClientConnection(asyncio.Protocol):
             expiry = 0 if packet.clean_start else NEVER_EXPIRES
             self.receive_maximum = self.config.max_inflight_v311
         self._assigned_id = assigned
+        self.connect_expiry = expiry
         self.route = route = self.edge.router.session_route(client_id)
         open_session = pb.OpenSession(
             client_id=client_id,
@@ -789,6 +792,13 @@ class ClientConnection(asyncio.Protocol):
 
     def _on_disconnect(self, packet: Disconnect) -> None:
         expiry = packet.properties.session_expiry_interval
+        if expiry and self.version == V5 and self.connect_expiry == 0:
+            # 3.14.2.2.2: not a valid DISCONNECT (so the will is sent, as for a lost connection).
+            self._fail(
+                RC.PROTOCOL_ERROR,
+                "DISCONNECT sets a Session Expiry Interval on a session connected with 0",
+            )
+            return
         if expiry is not None and self.version == V5:
             self._close_session(graceful=True, expiry=expiry, send_will=packet.reason_code == 0x04)
         else:

@@ -113,9 +113,9 @@ def publish_properties(qm: pb.QueuedMessage, now_ms: float) -> Properties:
     if not (
         m.HasField("payload_format")
         or m.expires_at_ms
-        or m.content_type
+        or m.HasField("content_type")
         or m.response_topic
-        or m.correlation_data
+        or m.HasField("correlation_data")
         or m.user_properties
         or qm.subscription_ids
     ):
@@ -126,9 +126,9 @@ def publish_properties(qm: pb.QueuedMessage, now_ms: float) -> Properties:
     return Properties(
         payload_format_indicator=m.payload_format if m.HasField("payload_format") else None,
         message_expiry_interval=expiry,
-        content_type=m.content_type or None,
+        content_type=m.content_type if m.HasField("content_type") else None,
         response_topic=m.response_topic or None,
-        correlation_data=m.correlation_data or None,
+        correlation_data=m.correlation_data if m.HasField("correlation_data") else None,
         user_properties=tuple((u.key, u.value) for u in m.user_properties),
         subscription_identifiers=tuple(qm.subscription_ids),
     )

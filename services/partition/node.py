@@ -272,6 +272,10 @@ class PartitionNode:
         batch = self.commit.batch
         stamp = now_ms()
         session = self.sessions.get(req.client_id)
+        if session is not None and session.connection is None and _expired(session, stamp):
+            # Past its expiry but not swept yet (the sweep runs once a second): it is gone.
+            self._delete_session(session)
+            session = None
         if session is not None and session.connection is not None:
             self._kick(session, reason_code=0x8E)
             self._connection_lost(session, stamp)
@@ -961,6 +965,15 @@ class PartitionNode:
             messages_in=self.messages_in,
             messages_out=self.messages_out,
         )
+
+
+def _expired(session: Session, stamp: int) -> bool:
+    """Past a (nonzero) Session Expiry Interval. Expiry 0 is left to the sweep, which keeps a
+    session whose edge link dropped for a grace period, for that edge to re-attach it."""
+    rec = session.record
+    if rec.session_expiry_s in (0, NEVER_EXPIRES) or not rec.disconnected_at_ms:
+        return False
+    return stamp >= rec.disconnected_at_ms + rec.session_expiry_s * 1000
 
 
 def _set_carrier(qm: pb.QueuedMessage, carrier: dict[str, str]) -> None:

@@ -114,6 +114,7 @@ class Message(_message.Message):
     expires_at_ms: _builtins.int
     """Absolute expiry in unix milliseconds; 0 means the message never expires."""
     content_type: _builtins.str
+    """optional: a zero-length Content Type or Correlation Data is forwarded as sent."""
     response_topic: _builtins.str
     correlation_data: _builtins.bytes
     publisher_id: _builtins.str
@@ -132,20 +133,29 @@ class Message(_message.Message):
         retain: _builtins.bool = ...,
         payload_format: _builtins.int | None = ...,
         expires_at_ms: _builtins.int = ...,
-        content_type: _builtins.str = ...,
+        content_type: _builtins.str | None = ...,
         response_topic: _builtins.str = ...,
-        correlation_data: _builtins.bytes = ...,
+        correlation_data: _builtins.bytes | None = ...,
         user_properties: _abc.Iterable[Global___UserProperty] | None = ...,
         publisher_id: _builtins.str = ...,
         published_at_ms: _builtins.int = ...,
         trace: Global___TraceContext | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_payload_format", b"_payload_format", "payload_format", b"payload_format", "trace", b"trace"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_content_type", b"_content_type", "_correlation_data", b"_correlation_data", "_payload_format", b"_payload_format", "content_type", b"content_type", "correlation_data", b"correlation_data", "payload_format", b"payload_format", "trace", b"trace"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_payload_format", b"_payload_format", "content_type", b"content_type", "correlation_data", b"correlation_data", "expires_at_ms", b"expires_at_ms", "payload", b"payload", "payload_format", b"payload_format", "published_at_ms", b"published_at_ms", "publisher_id", b"publisher_id", "qos", b"qos", "response_topic", b"response_topic", "retain", b"retain", "topic", b"topic", "trace", b"trace", "user_properties", b"user_properties"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_content_type", b"_content_type", "_correlation_data", b"_correlation_data", "_payload_format", b"_payload_format", "content_type", b"content_type", "correlation_data", b"correlation_data", "expires_at_ms", b"expires_at_ms", "payload", b"payload", "payload_format", b"payload_format", "published_at_ms", b"published_at_ms", "publisher_id", b"publisher_id", "qos", b"qos", "response_topic", b"response_topic", "retain", b"retain", "topic", b"topic", "trace", b"trace", "user_properties", b"user_properties"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__content_type: _TypeAlias = _typing.Literal["content_type"]  # noqa: Y015
+    _WhichOneofArgType__content_type: _TypeAlias = _typing.Literal["_content_type", b"_content_type"]  # noqa: Y015
+    _WhichOneofReturnType__correlation_data: _TypeAlias = _typing.Literal["correlation_data"]  # noqa: Y015
+    _WhichOneofArgType__correlation_data: _TypeAlias = _typing.Literal["_correlation_data", b"_correlation_data"]  # noqa: Y015
     _WhichOneofReturnType__payload_format: _TypeAlias = _typing.Literal["payload_format"]  # noqa: Y015
     _WhichOneofArgType__payload_format: _TypeAlias = _typing.Literal["_payload_format", b"_payload_format"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__content_type) -> _WhichOneofReturnType__content_type | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__correlation_data) -> _WhichOneofReturnType__correlation_data | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__payload_format) -> _WhichOneofReturnType__payload_format | None: ...
 
 Global___Message: _TypeAlias = Message  # noqa: Y015
