@@ -49,7 +49,10 @@ class LinkListener(Protocol):
     def on_kick(self, kick: pb.Kick) -> None: ...
     def on_index_update(self, link: PartitionLink, update: pb.IndexUpdate) -> None: ...
     def on_publish_will(self, will: pb.PublishWill) -> None: ...
+    def reroute(self, cmd: pb.EdgeCommand, result: pb.Result, callback: ResultCallback) -> bool: ...
 
+
+MISROUTED = (pb.StatusCode.STATUS_CODE_WRONG_MASTER, pb.StatusCode.STATUS_CODE_STALE_EPOCH)
 
 # Shared by every plain OK answer; callbacks only read it.
 OK_RESULT = pb.Result(status=pb.StatusCode.STATUS_CODE_OK)
@@ -76,6 +79,9 @@ class PartitionLink:
         self._listener = listener
         self._next_id = 1
         self._pending: dict[int, ResultCallback] = {}
+        # The commands behind _pending, and whether each was re-routed here already: a
+        # WRONG_MASTER / STALE_EPOCH answer re-sends a command once (see Edge.reroute).
+        self._sent: dict[int, tuple[pb.EdgeCommand, bool]] = {}
         self._outgoing: list[pb.EdgeCommand] = []
         # Sent ahead of _outgoing: acknowledgements that free a subscriber's delivery window
         # must not wait behind a backlog of publishes.
@@ -111,7 +117,9 @@ class PartitionLink:
             except asyncio.CancelledError:
                 pass
 
-    def request(self, cmd: pb.EdgeCommand, callback: ResultCallback) -> None:
+    def request(
+        self, cmd: pb.EdgeCommand, callback: ResultCallback, *, rerouted: bool = False
+    ) -> None:
         """Send `cmd`; `callback(result)` runs exactly once (UNAVAILABLE if the link fails)."""
         if not self.connected:
             callback(unavailable(self.node_id, "link down"))
@@ -120,6 +128,7 @@ class PartitionLink:
         self._next_id += 1
         cmd.request_id = request_id
         self._pending[request_id] = callback
+        self._sent[request_id] = (cmd, rerouted)
         self._outgoing.append(cmd)
         self._wake.set()
 
@@ -214,6 +223,7 @@ class PartitionLink:
         self._outgoing = []
         self._urgent = []
         pending, self._pending = self._pending, {}
+        self._sent = {}
         self._probes.clear()
         if was_up:
             log.warning("link to %s lost (%s); %d requests failed", self.node_id, why, len(pending))
@@ -236,9 +246,19 @@ class PartitionLink:
             if kind == "result":
                 if self._probes:
                     self._observe(event.result.request_id)
-                callback = self._pending.pop(event.result.request_id, None)
-                if callback is not None:
-                    callback(event.result)
+                result = event.result
+                callback = self._pending.pop(result.request_id, None)
+                sent = self._sent.pop(result.request_id, None)
+                if callback is None:
+                    continue
+                if (
+                    result.status in MISROUTED
+                    and sent is not None
+                    and not sent[1]
+                    and listener.reroute(sent[0], result, callback)
+                ):
+                    continue
+                callback(result)
             elif kind == "delivery":
                 listener.on_delivery(event.delivery)
             elif kind == "kick":
@@ -257,5 +277,6 @@ class PartitionLink:
                 if self._probes:
                     self._observe(request_id)
                 callback = pending.pop(request_id, None)
+                self._sent.pop(request_id, None)
                 if callback is not None:
                     callback(ok)

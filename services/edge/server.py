@@ -16,7 +16,7 @@ from hexmq.mqtt import NO_PROPERTIES
 from services.edge.auth import AccessControl
 from services.edge.connection import ClientConnection, State
 from services.edge.limits import ConnectionLimit, connection_ceiling
-from services.edge.links import PartitionLink
+from services.edge.links import PartitionLink, ResultCallback
 from services.edge.listeners import start_listeners
 from services.edge.router import Router
 from services.edge.stats import EdgeStats, publish_sys_topics
@@ -82,6 +82,8 @@ class Edge:
         self._counter = itertools.count(1)
         self._watcher = ViewWatcher(config.membership, self._on_view)
         self._servers: list[asyncio.Server] = []
+        # Commands sent again to the master a partition node named (see reroute).
+        self.rerouted = 0
 
     def new_connection_id(self) -> str:
         return f"{self.config.node_id}.{self.incarnation:x}.{next(self._counter)}"
@@ -162,6 +164,31 @@ class Edge:
         for link, cmd in commands:
             link.request(cmd, done)
         log.info("publishing the will of a session of partition %d", session.partition)
+
+    def reroute(self, cmd: pb.EdgeCommand, result: pb.Result, callback: ResultCallback) -> bool:
+        """A partition node answered that the command's partition is mastered by another node,
+        or is at another epoch (this edge's view is behind): send the command once more to the
+        master it named, at the epoch it named. Only commands for a single partition; others
+        fail and the client retries, routed by the view the membership watch brings."""
+        link = self.router.links.get(result.current_master)
+        if link is None or not link.ready or not result.current_epoch:
+            return False
+        if cmd.WhichOneof("command") == "publish":
+            targets = cmd.publish.targets
+            if len(targets) != 1 or cmd.publish.HasField("retained"):
+                return False
+            targets[0].epoch = result.current_epoch
+        cmd.partition_epoch = result.current_epoch
+        self.rerouted += 1
+        log.info(
+            "re-routing a command for partition %d to %s at epoch %d (%s)",
+            cmd.publish.targets[0].partition if cmd.HasField("publish") else cmd.partition,
+            result.current_master,
+            result.current_epoch,
+            result.message,
+        )
+        link.request(cmd, callback, rerouted=True)
+        return True
 
     def link_backlog(self) -> int:
         return sum(link.backlog for link in self.router.links.values())

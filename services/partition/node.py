@@ -230,13 +230,16 @@ class PartitionNode:
         """Fencing: refuse (never half-apply) a command routed by another view."""
         current = self.mastered.get(p)
         if current is None:
-            master = self.master_of(p) if self.view and p < len(self.view.partitions) else ""
+            known = self.view is not None and p < len(self.view.partitions)
+            master = self.master_of(p) if known else ""
+            assert self.view is not None
             self._reply(
                 link,
                 cmd,
                 SC.STATUS_CODE_WRONG_MASTER,
                 message=f"partition {p} is not mastered by {self.node_id}",
                 current_master=master,
+                current_epoch=self.view.partitions[p].epoch if known else 0,
             )
             return False
         if epoch != current:
@@ -246,6 +249,7 @@ class PartitionNode:
                 SC.STATUS_CODE_STALE_EPOCH,
                 message=f"partition {p} is at epoch {current}, not {epoch}",
                 current_master=self.node_id,
+                current_epoch=current,
             )
             return False
         return True

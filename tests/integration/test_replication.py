@@ -260,11 +260,11 @@ async def test_misrouted_writes_are_refused_naming_the_master_and_never_applied(
 
     wrong = await link_command(port_of(other), open_session(1))
     assert wrong.status == pb.StatusCode.STATUS_CODE_WRONG_MASTER
-    assert wrong.current_master == master
+    assert (wrong.current_master, wrong.current_epoch) == (master, 1)
     assert f"partition {p}" in wrong.message
     stale = await link_command(port_of(master), open_session(99))
     assert stale.status == pb.StatusCode.STATUS_CODE_STALE_EPOCH
-    assert stale.current_master == master
+    assert (stale.current_master, stale.current_epoch) == (master, 1)
     # Neither created the session.
     client, connack = await RawClient.connect(
         rf3.mqtt_port(1), cid, version=5, clean_start=False, properties=PERSISTENT

@@ -826,6 +826,7 @@ class Result(_message.Message):
     RETAINED_FIELD_NUMBER: _builtins.int
     EXISTED_FIELD_NUMBER: _builtins.int
     QOS2_STATE_FIELD_NUMBER: _builtins.int
+    CURRENT_EPOCH_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     status: Global___StatusCode.ValueType
     message: _builtins.str
@@ -833,6 +834,10 @@ class Result(_message.Message):
     session_present: _builtins.bool
     qos2_state: Global___Qos2State.ValueType
     """Qos2Receive and Qos2Release: what the partition knows of the packet id."""
+    current_epoch: _builtins.int
+    """WRONG_MASTER / STALE_EPOCH: the partition's epoch as the answering node knows it; with
+    current_master, enough for the edge to re-send the command where it belongs.
+    """
     @_builtins.property
     def reason_codes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """SUBACK / UNSUBACK reason codes, one per filter in order."""
@@ -859,10 +864,11 @@ class Result(_message.Message):
         retained: _abc.Iterable[_common_pb2.Message] | None = ...,
         existed: _abc.Iterable[_builtins.bool] | None = ...,
         qos2_state: Global___Qos2State.ValueType = ...,
+        current_epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["current_master", b"current_master", "existed", b"existed", "message", b"message", "qos2_state", b"qos2_state", "reason_codes", b"reason_codes", "request_id", b"request_id", "retained", b"retained", "session_present", b"session_present", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["current_epoch", b"current_epoch", "current_master", b"current_master", "existed", b"existed", "message", b"message", "qos2_state", b"qos2_state", "reason_codes", b"reason_codes", "request_id", b"request_id", "retained", b"retained", "session_present", b"session_present", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
