@@ -1,5 +1,6 @@
-"""The brokers under test: a one-node hexmq cluster and Debian's mosquitto, each started in a
-throwaway directory on loopback ports, and stopped by what we started (cluster dir, pid).
+"""The brokers under test: hexmq clusters (one node, or several at a replication factor) and
+Debian's mosquitto, each started in a throwaway directory on loopback ports, and stopped by what
+we started (cluster dir, pid).
 """
 
 from __future__ import annotations
@@ -69,8 +70,9 @@ def pid_alive(pid: int) -> bool:
     return Path(f"/proc/{pid}").exists()
 
 
-def log_findings(paths: list[Path], limit: int = 8) -> dict[str, Any]:
-    """Warning/error lines in the given logs: a count and the first few, per file."""
+def log_findings(paths: list[Path], limit: int = 8, root: Path | None = None) -> dict[str, Any]:
+    """Warning/error lines in the given logs: a count and the first few, per file (named by
+    its path under `root`, or its name)."""
     findings: dict[str, Any] = {}
     for path in paths:
         try:
@@ -79,18 +81,28 @@ def log_findings(paths: list[Path], limit: int = 8) -> dict[str, Any]:
             continue
         hits = [line for line in lines if _FINDING.search(line) and not _BENIGN.search(line)]
         if hits:
-            findings[path.name] = {"count": len(hits), "first": hits[:limit]}
+            name = str(path.relative_to(root)) if root is not None else path.name
+            findings[name] = {"count": len(hits), "first": hits[:limit]}
     return findings
 
 
 @dataclass
 class Broker:
     name: str
-    port: int = 0
+    port: int = 0  # the first node's MQTT port
+    # Every node's MQTT port, in node order (one for a single broker).
+    ports: list[int] = field(default_factory=list)
     # Processes to account CPU to, by role ("edge", "partition", "mosquitto", ...).
     pids: dict[str, int] = field(default_factory=dict)
     workdir: Path | None = None
     version: str = ""
+    nodes: int = 1
+    rf: int = 1
+
+    @property
+    def label(self) -> str:
+        """How runs and tables name it: "hexmq", "mosquitto", or "hexmq 3n rf2"."""
+        return self.name if self.nodes == 1 else f"{self.name} {self.nodes}n rf{self.rf}"
 
     def start(self) -> None:
         raise NotImplementedError
@@ -110,10 +122,12 @@ class Broker:
 
 
 class Hexmq(Broker):
-    """`hexmq cluster up --nodes 1` in a temporary directory; `cluster down` to stop."""
+    """`hexmq cluster up --nodes N --rf R` in a temporary directory; `cluster down` to stop."""
 
-    def __init__(self) -> None:
-        super().__init__("hexmq")
+    def __init__(self, nodes: int = 1, rf: int = 1) -> None:
+        super().__init__("hexmq", nodes=nodes, rf=rf)
+        # Per node (in order), its processes by role: what --profile attaches to.
+        self.node_pids: list[dict[str, int]] = []
 
     def _cli(self, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -124,12 +138,13 @@ class Hexmq(Broker):
             check=False,
         )
 
-    @staticmethod
-    def _base_port() -> int:
-        # MQTT on P, internal services on P+1000..P+1010: all must be free.
+    def _base_port(self) -> int:
+        # MQTT on P..P+nodes-1; node i's internal services on P+1000+10*(i-1)+0..5: all free.
         for _ in range(200):
             p = random.randrange(20000, 29000)
-            if all(port_free(q) for q in (p, *range(p + 1000, p + 1011))):
+            wanted = [*range(p, p + self.nodes)]
+            wanted += [p + 1000 + 10 * i + k for i in range(self.nodes) for k in range(6)]
+            if all(port_free(q) for q in wanted):
                 return p
         raise BrokerFailure("no free port range for hexmq")
 
@@ -142,7 +157,9 @@ class Hexmq(Broker):
             "cluster",
             "up",
             "--nodes",
-            "1",
+            str(self.nodes),
+            "--rf",
+            str(self.rf),
             "--dir",
             str(self.workdir),
             "--base-port",
@@ -151,14 +168,53 @@ class Hexmq(Broker):
         )
         if done.returncode != 0:
             raise BrokerFailure(f"hexmq cluster up failed ({done.returncode}): {done.stderr}")
-        node = json.loads(done.stdout)["nodes"][0]
-        self.port = node["mqtt_port"]
-        self.pids = {f"hexmq-{role}": pid for role, pid in node["pids"].items()}
+        nodes = json.loads(done.stdout)["nodes"]
+        self.ports = [node["mqtt_port"] for node in nodes]
+        self.port = self.ports[0]
+        # One node keeps the names of the one-node benchmark; several are told apart by node.
+        self.pids = {
+            (
+                f"hexmq-{role}" if self.nodes == 1 else f"hexmq-rf{self.rf}-n{node['node']}-{role}"
+            ): pid
+            for node in nodes
+            for role, pid in node["pids"].items()
+        }
+        self.node_pids = [dict(node["pids"]) for node in nodes]
+        if self.rf > 1:
+            self._wait_in_sync(timeout=30)
+
+    def _wait_in_sync(self, timeout: float) -> None:
+        """Wait until every follower of every partition is in sync: a run that starts while
+        followers still catch up measures the catching up."""
+        assert self.workdir is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            done = self._cli("cluster", "status", "--dir", str(self.workdir), "--json", timeout=30)
+            behind = None
+            if done.returncode == 0:
+                behind = 0
+                for node in json.loads(done.stdout)["nodes"]:
+                    parts = node.get("partitions") or {}
+                    followers = parts.get("followers")
+                    if "error" in parts or followers is None:
+                        behind = None
+                        break
+                    behind += sum(f["partitions"] - f["in_sync"] for f in followers.values())
+            if behind == 0:
+                return
+            if time.monotonic() > deadline:
+                print(
+                    f"bench: {self.label}: followers not all in sync after {timeout:g} s "
+                    f"({behind if behind is not None else 'unknown'} behind); going on",
+                    file=sys.stderr,
+                )
+                return
+            time.sleep(0.5)
 
     def stop(self) -> None:
         if self.workdir is None or not self.pids:
             return
-        done = self._cli("cluster", "down", "--dir", str(self.workdir), timeout=90)
+        done = self._cli("cluster", "down", "--dir", str(self.workdir), timeout=120)
         if done.returncode != 0:
             print(f"bench: hexmq cluster down failed: {done.stderr}", file=sys.stderr)
         self.pids = {}
@@ -166,7 +222,10 @@ class Hexmq(Broker):
     def findings(self) -> dict[str, Any]:
         if self.workdir is None:
             return {}
-        return log_findings(sorted((self.workdir / "node1").glob("*.log")))
+        if self.nodes == 1:
+            return log_findings(sorted((self.workdir / "node1").glob("*.log")))
+        # Several nodes have logs of the same names: "node2/partition.log".
+        return log_findings(sorted(self.workdir.glob("node*/*.log")), root=self.workdir)
 
 
 class Mosquitto(Broker):
@@ -200,6 +259,7 @@ class Mosquitto(Broker):
                 start_new_session=True,
             )
         self.pids = {"mosquitto": self.process.pid}
+        self.ports = [self.port]
         deadline = time.monotonic() + 10
         while not tcp_accepts(self.port):
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -231,9 +291,9 @@ class Mosquitto(Broker):
         return log_findings([self.workdir / "mosquitto.log"])
 
 
-def make_broker(name: str) -> Broker:
+def make_broker(name: str, nodes: int = 1, rf: int = 1) -> Broker:
     if name == "hexmq":
-        return Hexmq()
+        return Hexmq(nodes, rf)
     if name == "mosquitto":
         return Mosquitto()
     raise ValueError(name)

@@ -17,6 +17,7 @@ import asyncio
 import struct
 import time
 from array import array
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -427,11 +428,14 @@ class SubscriberStats:
     dup_flagged: int = 0  # deliveries with the DUP flag set (redeliveries)
     wrong_qos: int = 0  # deliveries at a QoS other than the subscription's
     foreign: int = 0  # payloads that are not ours (another publisher on the topics?)
+    stray: int = 0  # ours, but from a publisher this subscriber's filter does not match
     latency_ns: array[int] = field(default_factory=lambda: array("q"))
 
 
 class Subscriber(_Client):
-    """The fan-in subscriber: counts by sequence number, timestamps, acks every QoS 1 delivery."""
+    """A subscriber: counts by sequence number per publisher, timestamps, acks every QoS 1
+    delivery. One wildcard subscriber of every publisher is the fan-in; one per publisher topic
+    makes fan-out (many on one topic) and pairs (one each)."""
 
     def __init__(
         self,
@@ -440,9 +444,13 @@ class Subscriber(_Client):
         n_publishers: int,
         qos: int,
         progress: memoryview | None = None,
+        expected: Collection[int] | None = None,
     ) -> None:
         super().__init__(client_id, version)
         self.qos = qos
+        # The publishers whose messages this subscriber's filter matches (default: all of them).
+        # A delivery from any other is a routing error, counted as `stray`.
+        self.expected = sorted(range(n_publishers) if expected is None else expected)
         # Where QoS 0 window publishers (maybe in another process) read how far we got:
         # highest sequence number seen + 1, per publisher.
         self.progress = progress
@@ -452,8 +460,11 @@ class Subscriber(_Client):
         self._in_window = False
         self.stats = SubscriberStats()
         self.n_publishers = n_publishers
-        # One byte per sequence number per publisher: exact loss and duplicate counts, cheaply.
-        self.seen = [bytearray(1 << 16) for _ in range(n_publishers)]
+        # One byte per sequence number per expected publisher: exact loss and duplicate counts,
+        # cheaply (None for the others: 100 pairs must not cost 100 x 100 of these).
+        self.seen: list[bytearray | None] = [None] * n_publishers
+        for i in self.expected:
+            self.seen[i] = bytearray(1 << 16)
         self.unique = [0] * n_publishers
         self.duplicates = [0] * n_publishers
         self.reordered = [0] * n_publishers
@@ -501,6 +512,9 @@ class Subscriber(_Client):
             stats.foreign += 1
             return
         seen = self.seen[publisher]
+        if seen is None:
+            stats.stray += 1
+            return
         if seq >= len(seen):
             seen.extend(bytes(max(len(seen), seq + 1 - len(seen))))
         if seen[seq]:
@@ -527,6 +541,7 @@ class Subscriber(_Client):
     def missing(self, publisher: int, sent: int) -> tuple[int, list[int]]:
         """How many of sequence numbers 0..sent-1 never arrived, and the first few of them."""
         seen = self.seen[publisher]
+        assert seen is not None, f"publisher {publisher} is not expected here"
         if len(seen) < sent:
             seen.extend(bytes(sent - len(seen)))
         window = seen[:sent]
@@ -548,4 +563,5 @@ class Subscriber(_Client):
             "dup_flagged": self.stats.dup_flagged,
             "wrong_qos": self.stats.wrong_qos,
             "foreign": self.stats.foreign,
+            "stray": self.stats.stray,
         }

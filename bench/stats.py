@@ -9,6 +9,9 @@ from typing import Any
 
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# A run in whose window everything else on the machine took more than this (percent of one
+# core, `others_pct`) is disturbed: read it with care, or redo it (--redo-disturbed).
+DISTURBED_PCT = 25.0
 
 
 def percentile(ordered: list[int], pct: float) -> int:

@@ -2,7 +2,8 @@
 
 Driven by the orchestrator over JSON lines (stdin in, stdout out; stderr is for people):
 
-    in:  {spec}                       the run: broker port, QoS, which clients live here, rate
+    in:  {spec}                       the run: QoS, rate, which clients live here and on which
+                                      broker port (and, subscribers, with which filter)
     out: {"event": "ready"}           connected (and subscribed): ready for the clock
     in:  {"cmd": "go", timeline}      absolute monotonic times of start, window and stop
     out: {"event": "published", ...}  (publishers) how many messages each one sent and got acked
@@ -50,10 +51,6 @@ class Control:
         sys.stdout.flush()
 
 
-def topic_of(spec: dict[str, Any], publisher: int) -> str:
-    return f"{spec['topic_prefix']}/p{publisher}"
-
-
 async def _sleep_until(t_ns: int) -> None:
     delay = (t_ns - now_ns()) / 1e9
     if delay > 0:
@@ -80,50 +77,64 @@ async def run(spec: dict[str, Any], control: Control) -> dict[str, Any]:
     version: int = spec["protocol_version"]
     qos: int = spec["qos"]
     n_publishers: int = spec["n_publishers"]
-    host, port = spec["host"], spec["port"]
+    host = spec["host"]
     rate: float | None = spec["rate"]
     tag: str = spec["client_prefix"]
 
     progress_map = map_progress(spec["progress_path"], n_publishers)
     progress = memoryview(progress_map).cast("q")
 
-    subscriber: Subscriber | None = None
-    if spec["subscriber"]:
-        subscriber = Subscriber(f"{tag}-sub", version, n_publishers, qos, progress)
-        await subscriber.open(host, port)
-        await subscriber.subscribe(f"{spec['topic_prefix']}/+")
+    # Subscribers first, and subscribed, before any publisher connects (see bench.shapes).
+    subscribers = [
+        Subscriber(f"{tag}-sub{s['index']}", version, n_publishers, qos, progress, s["publishers"])
+        for s in spec["subscribers"]
+    ]
+    await asyncio.gather(
+        *(
+            sub.open(host, s["port"])
+            for sub, s in zip(subscribers, spec["subscribers"], strict=True)
+        )
+    )
+    await asyncio.gather(
+        *(
+            sub.subscribe(s["filter"])
+            for sub, s in zip(subscribers, spec["subscribers"], strict=True)
+        )
+    )
     publishers = [
         Publisher(
-            i,
-            f"{tag}-pub{i}",
+            p["index"],
+            f"{tag}-pub{p['index']}",
             version,
-            PublishFrames(version, topic_of(spec, i), qos, spec["payload_size"]),
+            PublishFrames(version, p["topic"], qos, spec["payload_size"]),
             mode=spec["mode"],
             inflight=spec["inflight"],
             rate=rate / n_publishers if rate else None,
-            phase=i / n_publishers,
+            phase=p["index"] / n_publishers,
             progress=progress,
         )
-        for i in spec["publishers"]
+        for p in spec["publishers"]
     ]
-    await asyncio.gather(*(p.open(host, port) for p in publishers))
+    await asyncio.gather(
+        *(pub.open(host, p["port"]) for pub, p in zip(publishers, spec["publishers"], strict=True))
+    )
     control.send({"event": "ready"})
 
     go = await control.read()
     timeline = Timeline(go["start"], go["window"], go["window_end"], go["stop"])
     drain_ns = int(spec["drain_timeout"] * 1e9)
-    if subscriber is not None:
-        subscriber.timeline = timeline
+    for sub in subscribers:
+        sub.timeline = timeline
     await _sleep_until(timeline.start)
-    for p in publishers:
-        p.begin(timeline)
+    for pub in publishers:
+        pub.begin(timeline)
 
     result: dict[str, Any] = {"event": "result", "publishers": None, "subscriber": None}
     if publishers:
         await _wait_for(lambda: all(p.done.done() for p in publishers), timeline.stop + drain_ns)
         lags = array("q")
-        for p in publishers:
-            lags.extend(p.stats.lag_ns)
+        for pub in publishers:
+            lags.extend(pub.stats.lag_ns)
         result["publishers"] = {
             str(p.index): {
                 "sent": p.stats.sent,
@@ -145,49 +156,79 @@ async def run(spec: dict[str, Any], control: Control) -> dict[str, Any]:
                 "unacked": {str(p.index): sorted(p.unacked.values()) for p in publishers},
             }
         )
-        for p in publishers:
-            p.close()
+        for pub in publishers:
+            pub.close()
 
-    if subscriber is not None:
+    if subscribers:
         expect = await control.read()
         sent = {int(k): v for k, v in expect["sent"].items()}
         unacked = {int(k): set(v) for k, v in expect["unacked"].items()}
-        waited_from = now_ns()
-        sub = subscriber
-
-        def complete() -> bool:
-            if all(sub.unique[i] >= n for i, n in sent.items()):
-                return True
-            return qos == 0 and now_ns() - max(sub.last_delivery, waited_from) > QOS0_QUIET_S * 1e9
-
-        # `lost` below means "not delivered within the drain timeout": if the wait timed out,
-        # the broker may still be holding them (a backlog), which the report says.
-        drained = await _wait_for(complete, now_ns() + drain_ns)
-        missing: dict[str, Any] = {}
-        lost = 0
-        for i, n in sent.items():
-            count, first = sub.missing(i, n)
-            # A QoS 1 message never acknowledged to its publisher may be lost without breaking
-            # the contract: count it apart.
-            maybe = sum(1 for seq in unacked.get(i, ()) if not sub.seen[i][seq])
-            lost += count - maybe
-            if count:
-                missing[str(i)] = {"count": count, "unacked": maybe, "first": first}
-        result["subscriber"] = {
-            **sub.summary(),
-            "expected": sum(sent.values()),
-            "lost": lost,
-            "missing": missing,
-            "drain_s": round((now_ns() - waited_from) / 1e9, 2),
-            "drain_timed_out": not drained,
-            "latency": latency_summary(sub.stats.latency_ns),
-            "failure": sub.failure,
-        }
-        subscriber.close()
+        result["subscriber"] = await _collect(subscribers, sent, unacked, qos, drain_ns)
+        for sub in subscribers:
+            sub.close()
     await asyncio.sleep(0.05)  # let the DISCONNECTs leave before the loop closes
     progress.release()
     progress_map.close()
     return result
+
+
+# Loss details per (subscriber, publisher) kept in the result: the count is always complete.
+MISSING_DETAIL = 10
+
+
+async def _collect(
+    subscribers: list[Subscriber],
+    sent: dict[int, int],
+    unacked: dict[int, set[int]],
+    qos: int,
+    drain_ns: int,
+) -> dict[str, Any]:
+    """Wait for every subscriber to have what was sent to it, then count, over all of them."""
+    waited_from = now_ns()
+
+    def complete() -> bool:
+        if all(sub.unique[i] >= sent.get(i, 0) for sub in subscribers for i in sub.expected):
+            return True
+        last = max([waited_from, *(sub.last_delivery for sub in subscribers)])
+        return qos == 0 and now_ns() - last > QOS0_QUIET_S * 1e9
+
+    # `lost` below means "not delivered within the drain timeout": if the wait timed out, the
+    # broker may still be holding them (a backlog), which the report says.
+    drained = await _wait_for(complete, now_ns() + drain_ns)
+    missing: dict[str, Any] = {}
+    lost = 0
+    for j, sub in enumerate(subscribers):
+        for i in sub.expected:
+            n = sent.get(i, 0)
+            count, first = sub.missing(i, n)
+            # A QoS 1 message never acknowledged to its publisher may be lost without breaking
+            # the contract: count it apart.
+            seen = sub.seen[i]
+            assert seen is not None
+            maybe = sum(1 for seq in unacked.get(i, ()) if not seen[seq])
+            lost += count - maybe
+            if count and len(missing) < MISSING_DETAIL:
+                key = str(i) if len(subscribers) == 1 else f"sub{j}/pub{i}"
+                missing[key] = {"count": count, "unacked": maybe, "first": first}
+    totals: dict[str, int] = {}
+    for sub in subscribers:
+        for key, value in sub.summary().items():
+            totals[key] = totals.get(key, 0) + value
+    latencies = array("q")
+    for sub in subscribers:
+        latencies.extend(sub.stats.latency_ns)
+    failures = [f"sub{j}: {sub.failure}" for j, sub in enumerate(subscribers) if sub.failure]
+    return {
+        **totals,
+        "subscribers": len(subscribers),
+        "expected": sum(sent.get(i, 0) for sub in subscribers for i in sub.expected),
+        "lost": lost,
+        "missing": missing,
+        "drain_s": round((now_ns() - waited_from) / 1e9, 2),
+        "drain_timed_out": not drained,
+        "latency": latency_summary(latencies),
+        "failure": "; ".join(failures[:5]) if failures else None,
+    }
 
 
 async def _main() -> None:
