@@ -101,7 +101,7 @@ def _add_cluster_shape(p: argparse.ArgumentParser) -> None:
         type=_positive_int,
         default=1,
         metavar="R",
-        help="replication factor; only 1 until the cluster data plane (issue 4)",
+        help="replication factor (at most --nodes; default 1)",
     )
     p.add_argument(
         "--partitions",
