@@ -10,11 +10,8 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
-
-from opentelemetry import trace
-from opentelemetry.trace import Span
 
 from hexmq import telemetry
 from hexmq.api.common.v1 import common_pb2 as common_pb
@@ -27,6 +24,7 @@ from services.partition.replication import Replicator
 from services.partition.sessions import NEVER_EXPIRES, Claim, LiveConnection, Routed, Session
 from services.partition.shared import SharedGroups
 from services.partition.store import GroupCommit, RedisStore, WriteBatch
+from services.partition.tracing import AppendTracer, set_carrier
 from services.partition.wills import WillBoard
 
 log = logging.getLogger(__name__)
@@ -76,6 +74,7 @@ class PartitionNode:
         # QoS >= 1 messages not queued for a session (or pushed out of it) by the limit.
         self.dropped_queue_full = 0
         self.tracing = tracing or telemetry.Tracing.disabled()
+        self.tracer = AppendTracer(node_id, self.tracing, commit, replicator)
         self.store = store
         self.commit = commit
         self.view: mpb.View | None = None
@@ -425,7 +424,7 @@ class PartitionNode:
         # partition -> subscriber sessions it delivers this message to (when traced).
         fanout: dict[int, int] = {}
         # partition -> trace carrier of its append span, when this publish is traced.
-        carriers = self._trace_append(msg, req.targets, fanout) if msg.trace.carrier else None
+        carriers = self.tracer.append(msg, req.targets, fanout) if msg.trace.carrier else None
         # One delivery per session at the highest granted QoS, with every matching
         # subscription identifier (MQTT-3.3.4-3/-4/-5).
         matched: dict[str, tuple[int, list[int], bool]] = {}
@@ -449,7 +448,7 @@ class PartitionNode:
                         qos=0, message=msg, subscription_ids=ids, retain=rap and msg.retain
                     )
                     if carriers:
-                        _set_carrier(transient, carriers[session.partition])
+                        set_carrier(transient, carriers[session.partition])
                         fanout[session.partition] = fanout.get(session.partition, 0) + 1
                     session.enqueue_transient(transient)
                     self._schedule_pump(session)
@@ -458,7 +457,7 @@ class PartitionNode:
                 qos=qos, message=msg, subscription_ids=ids, retain=rap and msg.retain
             )
             if carriers:
-                _set_carrier(qm, carriers[session.partition])
+                set_carrier(qm, carriers[session.partition])
             if self._enqueue(session, qm) and carriers:
                 fanout[session.partition] = fanout.get(session.partition, 0) + 1
         self._reply(link, cmd)
@@ -541,78 +540,6 @@ class PartitionNode:
                 self._enqueue(session, qm)
         self._schedule_pump(session)
         self._reply(link, cmd)
-
-    def _trace_append(
-        self,
-        msg: common_pb.Message,
-        targets: Iterable[pb.PartitionTarget],
-        fanout: dict[int, int],
-    ) -> dict[int, dict[str, str]] | None:
-        """Start a partition.append span per target partition (ended once the batch is
-        durable, with a partition.ack child for QoS >= 1); the carriers continue the trace in
-        deliveries. `fanout` is filled by the caller before the spans end."""
-        tracing = self.tracing
-        if not tracing.enabled:
-            return None
-        parent = telemetry.extract(msg.trace.carrier)
-        tracer = tracing.tracer
-        kind = telemetry.SPAN_KIND[telemetry.SpanName.APPEND]
-        spans: list[tuple[int, Span]] = []
-        carriers: dict[int, dict[str, str]] = {}
-        for target in targets:
-            span = tracer.start_span(telemetry.SpanName.APPEND, context=parent, kind=kind)
-            if span.is_recording():
-                span.set_attributes(
-                    telemetry.partition_attributes(
-                        node=self.node_id, partition=target.partition, epoch=target.epoch
-                    )
-                )
-                span.set_attribute(telemetry.Attr.DESTINATION, msg.topic)
-            carrier: dict[str, str] = {}
-            telemetry.inject(carrier, trace.set_span_in_context(span))
-            carriers[target.partition] = carrier
-            spans.append((target.partition, span))
-
-        def durable() -> None:
-            released = self.commit.releasing
-            for p, span in spans:
-                span.set_attribute(telemetry.Attr.SUBSCRIBERS, fanout.get(p, 0))
-                if released is not None and p in released.seqs:
-                    self._trace_replicate(span, p, released.seqs[p], released.durable_ns)
-                if msg.qos:
-                    tracer.start_span(
-                        telemetry.SpanName.ACK, context=trace.set_span_in_context(span)
-                    ).end()
-                span.end()
-
-        self.commit.after(durable)
-        return carriers
-
-    def _trace_replicate(self, append: Span, p: int, seq: int, durable_ns: int) -> None:
-        """One partition.replicate span per in-sync follower: from the moment the write was
-        durable here (and went to the followers) until every in-sync follower had it (the
-        slowest one decides when the write is acknowledged)."""
-        replicator = self.replicator
-        if replicator is None:
-            return
-        context = trace.set_span_in_context(append)
-        kind = telemetry.SPAN_KIND[telemetry.SpanName.REPLICATE]
-        for fp in replicator.in_sync_followers(p):
-            span = self.tracing.tracer.start_span(
-                telemetry.SpanName.REPLICATE, context=context, kind=kind, start_time=durable_ns
-            )
-            if span.is_recording():
-                span.set_attributes(
-                    telemetry.partition_attributes(
-                        node=self.node_id,
-                        partition=p,
-                        epoch=self.mastered.get(p, 0),
-                        seq=seq,
-                        follower=fp.node,
-                    )
-                )
-                span.set_attribute(telemetry.Attr.REPLICATION_LAG, replicator.lag(p, fp))
-            span.end()
 
     def _delivery_ack(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
         req = cmd.delivery_ack
@@ -935,41 +862,6 @@ class PartitionNode:
             self._delete_session(session)
         return len(expired)
 
-    def status(self, replicator: Replicator) -> pb.StatusReply:
-        per_partition: dict[int, list[Session]] = {p: [] for p in self.mastered}
-        for session in self.sessions.values():
-            per_partition.setdefault(session.partition, []).append(session)
-        partitions = [
-            pb.PartitionStatus(
-                partition=p,
-                epoch=epoch,
-                role="master",
-                sequence=replicator.position(p)[1],
-                sessions=len(per_partition[p]),
-                queued_messages=sum(len(s.queue) for s in per_partition[p]),
-                followers=replicator.follower_status(p),
-            )
-            for p, epoch in sorted(self.mastered.items())
-        ]
-        partitions += [
-            pb.PartitionStatus(
-                partition=p,
-                epoch=fp.epoch,
-                role="follower",
-                sequence=fp.received[1],
-                master=fp.master,
-            )
-            for p, fp in sorted(replicator.followed.items())
-        ]
-        return pb.StatusReply(
-            node_id=self.node_id,
-            partitions=partitions,
-            connected_sessions=sum(1 for s in self.sessions.values() if s.connection),
-            edges=len(self.links),
-            messages_in=self.messages_in,
-            messages_out=self.messages_out,
-        )
-
 
 def _expired(session: Session, stamp: int) -> bool:
     """Past a (nonzero) Session Expiry Interval. Expiry 0 is left to the sweep, which keeps a
@@ -978,9 +870,3 @@ def _expired(session: Session, stamp: int) -> bool:
     if rec.session_expiry_s in (0, NEVER_EXPIRES) or not rec.disconnected_at_ms:
         return False
     return stamp >= rec.disconnected_at_ms + rec.session_expiry_s * 1000
-
-
-def _set_carrier(qm: pb.QueuedMessage, carrier: dict[str, str]) -> None:
-    """Deliveries continue the trace from this partition's append span."""
-    qm.message.trace.carrier.clear()
-    qm.message.trace.carrier.update(carrier)

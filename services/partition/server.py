@@ -13,6 +13,8 @@ from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
 from services.partition.links import EdgeLink
 from services.partition.node import PartitionNode
 from services.partition.peers import ReplicationDriver
+from services.partition.replication import Replicator
+from services.partition.sessions import Session
 
 log = logging.getLogger(__name__)
 
@@ -82,4 +84,41 @@ class PartitionServicer(pb_grpc.PartitionServiceServicer):
         request: pb.StatusRequest,
         context: grpc.aio.ServicerContext,
     ) -> pb.StatusReply:
-        return self._node.status(self._replication.core)
+        return status_reply(self._node, self._replication.core)
+
+
+def status_reply(node: PartitionNode, replicator: Replicator) -> pb.StatusReply:
+    """A node's partitions by role (with each follower's lag), for `hexmq cluster status`."""
+    per_partition: dict[int, list[Session]] = {p: [] for p in node.mastered}
+    for session in node.sessions.values():
+        per_partition.setdefault(session.partition, []).append(session)
+    partitions = [
+        pb.PartitionStatus(
+            partition=p,
+            epoch=epoch,
+            role="master",
+            sequence=replicator.position(p)[1],
+            sessions=len(per_partition[p]),
+            queued_messages=sum(len(s.queue) for s in per_partition[p]),
+            followers=replicator.follower_status(p),
+        )
+        for p, epoch in sorted(node.mastered.items())
+    ]
+    partitions += [
+        pb.PartitionStatus(
+            partition=p,
+            epoch=fp.epoch,
+            role="follower",
+            sequence=fp.received[1],
+            master=fp.master,
+        )
+        for p, fp in sorted(replicator.followed.items())
+    ]
+    return pb.StatusReply(
+        node_id=node.node_id,
+        partitions=partitions,
+        connected_sessions=sum(1 for s in node.sessions.values() if s.connection),
+        edges=len(node.links),
+        messages_in=node.messages_in,
+        messages_out=node.messages_out,
+    )
