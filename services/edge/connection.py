@@ -98,6 +98,8 @@ class ClientConnection(asyncio.Protocol):
         self.peer = "?"
         self.transport: asyncio.Transport | None = None
         self.keepalive = 0
+        # 5.0 Request Problem Information: False means no Reason String on acknowledgements.
+        self.problem_information = True
         # The Session Expiry Interval the client connected with (5.0).
         self.connect_expiry = 0
         self.last_rx = 0.0
@@ -248,6 +250,7 @@ class ClientConnection(asyncio.Protocol):
         if self.version == V5:
             expiry = props.session_expiry_interval or 0
             self.receive_maximum = props.receive_maximum or 65535
+            self.problem_information = props.request_problem_information is not False
             self.client_max_packet = props.maximum_packet_size or 0
         else:
             expiry = 0 if packet.clean_start else NEVER_EXPIRES
@@ -671,9 +674,10 @@ class ClientConnection(asyncio.Protocol):
         if self.version == V5:
             log.warning("%s: PUBLISH %d refused: %s", self.client_id, pid, why)
             ack = PubRec if qos == 2 else PubAck
-            self._write(
-                self.codec.send(ack(pid, RC.UNSPECIFIED_ERROR, Properties(reason_string=why[:200])))
+            props = self._reason(
+                lambda p: ack(pid, RC.UNSPECIFIED_ERROR, p), why, problem_information=True
             )
+            self._write(self.codec.send(ack(pid, RC.UNSPECIFIED_ERROR, props)))
         else:
             self._close(f"PUBLISH {pid} cannot be stored: {why}")
 
@@ -1033,11 +1037,28 @@ class ClientConnection(asyncio.Protocol):
             return
         self._timer = self._loop.call_later(limit - idle, self._on_timer)
 
+    def _reason(
+        self,
+        make: Callable[[Properties], Packet],
+        why: str,
+        *,
+        problem_information: bool = False,
+    ) -> Properties:
+        """A Reason String for a 5.0 packet, unless the client asked for none on such packets
+        (Request Problem Information 0: MQTT-3.1.2-29) or it would make the packet larger than
+        the client's Maximum Packet Size (MQTT-3.2.2-19, 3.4.2-2, 3.14.2-3)."""
+        if problem_information and not self.problem_information:
+            return NO_PROPERTIES
+        props = Properties(reason_string=why[:200])
+        if self.client_max_packet and len(encode(make(props), V5)) > self.client_max_packet:
+            return NO_PROPERTIES
+        return props
+
     def _refuse_connect(self, reason: int, why: str) -> None:
         self._end_session_span(why, reason)
         self.stats.rejected["connect", reason] += 1
         if self.version == V5:
-            props = Properties(reason_string=why[:200])
+            props = self._reason(lambda p: ConnAck(False, reason, p), why)
             self._write(self.codec.send(ConnAck(False, reason, props)))
         else:
             self._write(self.codec.send(ConnAck(False, v311_return_code(reason))))
@@ -1055,7 +1076,9 @@ class ClientConnection(asyncio.Protocol):
             self._close_session(graceful=False)
             if self.version == V5:
                 self._write(
-                    self.codec.send(Disconnect(reason, Properties(reason_string=why[:200])))
+                    self.codec.send(
+                        Disconnect(reason, self._reason(lambda p: Disconnect(reason, p), why))
+                    )
                 )
         self.state = State.CLOSED
         self._close(None)

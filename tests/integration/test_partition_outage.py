@@ -44,6 +44,14 @@ async def test_edge_refuses_while_partition_is_down_and_recovers(hexmq_cluster) 
     await sub.subscribe(topic, qos=1)
     pub5, _ = await RawClient.connect(port, f"pub5-{uid()}", version=5)
     pub4, _ = await RawClient.connect(port, f"pub4-{uid()}", version=4)
+    # Request Problem Information 0 [MQTT-3.1.2-29], and a Maximum Packet Size with no room
+    # for a Reason String [MQTT-3.4.2-2]: both get the failing PUBACK bare.
+    quiet, _ = await RawClient.connect(
+        port, f"quiet-{uid()}", version=5, properties=Properties(request_problem_information=False)
+    )
+    small, _ = await RawClient.connect(
+        port, f"small-{uid()}", version=5, properties=Properties(maximum_packet_size=16)
+    )
     assert (await pub5.publish(topic, b"before", qos=1)).reason_code == 0  # type: ignore[union-attr]
     before = await sub.expect(Publish)
     assert before.payload == b"before"
@@ -60,6 +68,12 @@ async def test_edge_refuses_while_partition_is_down_and_recovers(hexmq_cluster) 
     assert refused.reason_code == 0x80
     assert refused.properties.reason_string
     assert "unavailable" in refused.properties.reason_string
+    for client in (quiet, small):
+        await client.send(Publish(topic, b"during", qos=1, packet_id=9))
+        bare = await client.expect(PubAck)
+        assert (bare.packet_id, bare.reason_code) == (9, 0x80)
+        assert bare.properties.reason_string is None
+        await client.close()
     # 3.1.1 has no failing PUBACK: the connection closes without acknowledging.
     await pub4.send(Publish(topic, b"during", qos=1, packet_id=8))
     assert await pub4.wait_closed() == []
