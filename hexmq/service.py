@@ -18,6 +18,17 @@ from hexmq.netaddr import parse_hostport
 log = logging.getLogger(__name__)
 
 
+async def cancel_and_wait(task: asyncio.Task[None] | None) -> None:
+    """Cancel a service's background task (if it was started) and wait until it has ended."""
+    if task is None:
+        return
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+
+
 def setup_logging(service: str, node_id: str, level: str = "INFO") -> None:
     """Plain lines by default; one JSON object per line when HEXMQ_LOG_FORMAT=json."""
     if telemetry.json_logs_requested():

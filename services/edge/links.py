@@ -20,6 +20,7 @@ from hexmq import telemetry
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
 from hexmq.grpc_options import LINK_OPTIONS
+from hexmq.service import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -110,12 +111,7 @@ class PartitionLink:
         self._task = asyncio.create_task(self._run(), name=f"link-{self.node_id}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)
 
     def request(
         self, cmd: pb.EdgeCommand, callback: ResultCallback, *, rerouted: bool = False

@@ -14,6 +14,7 @@ import grpc
 
 from hexmq.api.membership.v1 import membership_pb2 as pb
 from hexmq.api.membership.v1 import membership_pb2_grpc as pb_grpc
+from hexmq.service import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +39,7 @@ class ViewWatcher:
         return self.view
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)
 
     async def _run(self) -> None:
         backoff = 0.05

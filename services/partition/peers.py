@@ -23,6 +23,7 @@ from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
 from hexmq.grpc_options import LINK_OPTIONS
+from hexmq.service import cancel_and_wait
 from services.partition.replication import Assignment, Entry, Persist, Replicator, SnapshotRead
 from services.partition.store import (
     GroupCommit,
@@ -102,12 +103,7 @@ class MasterLink:
         self._task = asyncio.create_task(self._run(), name=f"replica-link-{self.master}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)
 
     def push(self, frame: pb.FollowerFrame) -> None:
         self.frames.append(frame)

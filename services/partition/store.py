@@ -34,6 +34,7 @@ import redis.asyncio as redis
 
 from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.service import cancel_and_wait
 from services.partition.replication import (
     DEL,
     HDEL,
@@ -212,11 +213,7 @@ class GroupCommit:
     async def stop(self) -> None:
         """Commit what is gathered, then stop."""
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(self._task)
             await self._flush()
 
     async def _run(self) -> None:
