@@ -79,10 +79,9 @@ class PartitionLink:
         self._hello = hello
         self._listener = listener
         self._next_id = 1
-        self._pending: dict[int, ResultCallback] = {}
-        # The commands behind _pending, and whether each was re-routed here already: a
-        # WRONG_MASTER / STALE_EPOCH answer re-sends a command once (see Edge.reroute).
-        self._sent: dict[int, tuple[pb.EdgeCommand, bool]] = {}
+        # request id -> (callback, the command, whether it was re-routed here already: a
+        # WRONG_MASTER / STALE_EPOCH answer re-sends a command once, see Edge.reroute).
+        self._pending: dict[int, tuple[ResultCallback, pb.EdgeCommand, bool]] = {}
         self._outgoing: list[pb.EdgeCommand] = []
         # Sent ahead of _outgoing: acknowledgements that free a subscriber's delivery window
         # must not wait behind a backlog of publishes.
@@ -123,8 +122,7 @@ class PartitionLink:
         request_id = self._next_id
         self._next_id += 1
         cmd.request_id = request_id
-        self._pending[request_id] = callback
-        self._sent[request_id] = (cmd, rerouted)
+        self._pending[request_id] = (callback, cmd, rerouted)
         self._outgoing.append(cmd)
         self._wake.set()
 
@@ -219,13 +217,12 @@ class PartitionLink:
         self._outgoing = []
         self._urgent = []
         pending, self._pending = self._pending, {}
-        self._sent = {}
         self._probes.clear()
         if was_up:
             log.warning("link to %s lost (%s); %d requests failed", self.node_id, why, len(pending))
             self._listener.on_link_down(self)
         result = unavailable(self.node_id, why)
-        for callback in pending.values():
+        for callback, _cmd, _rerouted in pending.values():
             callback(result)
         self._release_waiters()
 
@@ -243,15 +240,14 @@ class PartitionLink:
                 if self._probes:
                     self._observe(event.result.request_id)
                 result = event.result
-                callback = self._pending.pop(result.request_id, None)
-                sent = self._sent.pop(result.request_id, None)
-                if callback is None:
+                entry = pending.pop(result.request_id, None)
+                if entry is None:
                     continue
+                callback, cmd, rerouted = entry
                 if (
                     result.status in MISROUTED
-                    and sent is not None
-                    and not sent[1]
-                    and listener.reroute(sent[0], result, callback)
+                    and not rerouted
+                    and listener.reroute(cmd, result, callback)
                 ):
                     continue
                 callback(result)
@@ -272,7 +268,6 @@ class PartitionLink:
             for request_id in frame.ok_request_ids:
                 if self._probes:
                     self._observe(request_id)
-                callback = pending.pop(request_id, None)
-                self._sent.pop(request_id, None)
-                if callback is not None:
-                    callback(ok)
+                entry = pending.pop(request_id, None)
+                if entry is not None:
+                    entry[0](ok)
