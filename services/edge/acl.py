@@ -34,6 +34,16 @@ _ACCESS = {"read": READ, "write": WRITE, "readwrite": READ | WRITE, "deny": DENY
 _CACHE_SIZE = 4096
 
 
+def read_config_text(path: Path, what: str) -> str:
+    """A UTF-8 configuration file's text; ValueError naming `what` and the path otherwise."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"cannot read {what} {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{what} {path} is not UTF-8 text") from None
+
+
 @dataclass(frozen=True, slots=True)
 class AclRule:
     access: int
@@ -81,13 +91,7 @@ class Acl:
 
     @classmethod
     def load(cls, path: Path) -> Acl:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ValueError(f"cannot read ACL file {path}: {exc.strerror}") from None
-        except UnicodeDecodeError:
-            raise ValueError(f"ACL file {path} is not UTF-8 text") from None
-        return cls.parse(text, str(path))
+        return cls.parse(read_config_text(path, "ACL file"), str(path))
 
     @classmethod
     def parse(cls, text: str, source: str) -> Acl:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hexmq.mqtt.reason_codes import ReasonCode
-from services.edge.acl import Acl
+from services.edge.acl import Acl, read_config_text
 
 # mosquitto_passwd 2.0's defaults, so that both tools write the same kind of line.
 DEFAULT_ITERATIONS = 101
@@ -105,13 +105,7 @@ class PasswordFile:
 
     @classmethod
     def load(cls, path: Path) -> PasswordFile:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ValueError(f"cannot read password file {path}: {exc.strerror}") from None
-        except UnicodeDecodeError:
-            raise ValueError(f"password file {path} is not UTF-8 text") from None
-        return cls.parse(text, str(path))
+        return cls.parse(read_config_text(path, "password file"), str(path))
 
     @classmethod
     def parse(cls, text: str, source: str) -> PasswordFile:
