@@ -30,9 +30,6 @@ from services.partition.store import GroupCommit, RedisStore
 
 log = logging.getLogger("hexmq.partition")
 
-# A session of a connection whose edge link dropped is kept this long for the edge to re-attach
-# even if its expiry interval is 0.
-LINK_GRACE_MS = 30_000
 # The replication state machine's clock (lag detection, gap retries).
 TICK_S = 0.1
 
@@ -181,7 +178,7 @@ async def _wait_for_redis(client: redis.Redis) -> None:
 async def _sweep(node: PartitionNode) -> None:
     while True:
         await asyncio.sleep(1.0)
-        expired = node.expire_sessions(LINK_GRACE_MS)
+        expired = node.expire_sessions()
         node.hand_out_wills()
         if expired:
             log.info("expired %d sessions", expired)

@@ -33,6 +33,9 @@ SC = pb.StatusCode
 MAX_QOS = 2
 DEFAULT_RECEIVE_MAXIMUM = 65535
 DEFAULT_MAX_QUEUED = 100_000
+# A session of a connection whose edge link dropped is kept this long for the edge to re-attach
+# it, even if its expiry interval is 0.
+LINK_GRACE_MS = 30_000
 # A connection lost with its edge link may yet be re-attached by that edge: its will waits this
 # much longer than its delay, so a brief link outage does not publish the wills of live clients.
 WILL_LINK_GRACE_MS = 5_000
@@ -275,7 +278,7 @@ class PartitionNode:
         batch = self.commit.batch
         stamp = now_ms()
         session = self.sessions.get(req.client_id)
-        if session is not None and session.connection is None and _expired(session, stamp):
+        if session is not None and _expired(session, stamp):
             # Past its expiry but not swept yet (the sweep runs once a second): it is gone.
             self._delete_session(session)
             session = None
@@ -845,28 +848,23 @@ class PartitionNode:
 
     # ----- housekeeping -----------------------------------------------------------------
 
-    def expire_sessions(self, link_grace_ms: int) -> int:
+    def expire_sessions(self) -> int:
         """Remove sessions whose expiry interval has passed since their connection ended."""
         stamp = now_ms()
-        expired = []
-        for session in self.sessions.values():
-            rec = session.record
-            if session.connection is not None or rec.session_expiry_s == NEVER_EXPIRES:
-                continue
-            deadline = rec.disconnected_at_ms + rec.session_expiry_s * 1000
-            if rec.session_expiry_s == 0:
-                deadline += link_grace_ms
-            if stamp >= deadline:
-                expired.append(session)
+        expired = [session for session in self.sessions.values() if _expired(session, stamp)]
         for session in expired:
             self._delete_session(session)
         return len(expired)
 
 
 def _expired(session: Session, stamp: int) -> bool:
-    """Past a (nonzero) Session Expiry Interval. Expiry 0 is left to the sweep, which keeps a
-    session whose edge link dropped for a grace period, for that edge to re-attach it."""
+    """Without a connection for longer than its Session Expiry Interval. An interval of 0 waits
+    LINK_GRACE_MS (its connection may have been lost only with its edge's link, and that edge
+    may yet re-attach it; a normal close with interval 0 deletes the session at once)."""
     rec = session.record
-    if rec.session_expiry_s in (0, NEVER_EXPIRES) or not rec.disconnected_at_ms:
+    if session.connection is not None or rec.session_expiry_s == NEVER_EXPIRES:
         return False
-    return stamp >= rec.disconnected_at_ms + rec.session_expiry_s * 1000
+    deadline = rec.disconnected_at_ms + rec.session_expiry_s * 1000
+    if rec.session_expiry_s == 0:
+        deadline += LINK_GRACE_MS
+    return stamp >= deadline
