@@ -135,6 +135,10 @@ class MasteredPartition:
     # Epoch of the entry at log_start - 1 (what a follower standing there must have).
     base_epoch: int = 0
 
+    def lag(self, fp: FollowerProgress) -> int:
+        """Entries durable here that the follower has not acknowledged."""
+        return max(self.durable - fp.acked, 0)
+
     def position_known(self, pos: Position) -> bool:
         """True if the history up to pos is this master's and the log continues from it."""
         epoch, seq = pos
@@ -592,7 +596,7 @@ class Replicator:
             pb.FollowerStatus(
                 node_id=fp.node,
                 acknowledged=fp.acked,
-                lag=max(m.durable - fp.acked, 0),
+                lag=m.lag(fp),
                 in_sync=fp.in_sync,
                 state=fp.state,
             )
@@ -605,14 +609,14 @@ class Replicator:
 
     def lag(self, p: int, fp: FollowerProgress) -> int:
         m = self.mastered.get(p)
-        return max(m.durable - fp.acked, 0) if m is not None else 0
+        return m.lag(fp) if m is not None else 0
 
     def lag_by_follower(self) -> dict[str, int]:
         """Entries each follower node has not acknowledged, over the partitions mastered here."""
         lags: dict[str, int] = {}
         for m in self.mastered.values():
             for fp in m.followers.values():
-                lags[fp.node] = lags.get(fp.node, 0) + max(m.durable - fp.acked, 0)
+                lags[fp.node] = lags.get(fp.node, 0) + m.lag(fp)
         return lags
 
     def position(self, p: int) -> Position:
