@@ -135,6 +135,8 @@ class ClientConnection(asyncio.Protocol):
         # publishes), "link" (a partition link is congested). Reading resumes when none is left.
         self._paused_for: set[str] = set()
         self._assigned_id: str | None = None
+        # Set when --max-keepalive overrides the client's Keep Alive (5.0 Server Keep Alive).
+        self._server_keep_alive: int | None = None
         # Traced deliveries awaiting the client's PUBACK, by packet id.
         self._deliver_spans: dict[int, Span] = {}
         self._session_span: Span | None = None
@@ -227,7 +229,13 @@ class ClientConnection(asyncio.Protocol):
             )
             return
         if self._admission is not Admission.ADMITTED:
-            self._refuse_connect(RC.QUOTA_EXCEEDED, f"over {self.edge.limit.maximum} connections")
+            self._refuse_busy(RC.QUOTA_EXCEEDED, f"over {self.edge.limit.maximum} connections")
+            return
+        rate = self.edge.connect_rate
+        if rate is not None and not rate.allow():
+            self._refuse_busy(
+                RC.CONNECTION_RATE_EXCEEDED, f"over {rate.per_second:g} new connections a second"
+            )
             return
         client_id = packet.client_id
         assigned = None
@@ -246,7 +254,12 @@ class ClientConnection(asyncio.Protocol):
             return
         if self.edge.access.acl is not None:
             self.acl = self.edge.access.acl.for_client(client_id, packet.username)
-        self.keepalive = packet.keepalive
+        if not self._grant_keepalive(packet.keepalive):
+            return
+        will_refusal = packet.will and self.config.topic_limits.refusal(packet.will.topic)
+        if will_refusal:
+            self._refuse_connect(RC.TOPIC_NAME_INVALID, f"will {will_refusal}")
+            return
         if self.version == V5:
             expiry = props.session_expiry_interval or 0
             self.receive_maximum = props.receive_maximum or 65535
@@ -290,6 +303,24 @@ class ClientConnection(asyncio.Protocol):
             self._on_open_result,
         )
 
+    def _grant_keepalive(self, asked: int) -> bool:
+        """The Keep Alive this connection runs on, within --max-keepalive: a 5.0 client asking
+        for more (or for none) is told the maximum as Server Keep Alive [MQTT-3.2.2-21]; a
+        3.1.1 client cannot be told, so it is refused with return code 2, as mosquitto does
+        for max_keepalive. False when the CONNECT was refused."""
+        limit = self.config.max_keepalive
+        self.keepalive = asked
+        if not limit or 0 < asked <= limit:
+            return True
+        if self.version != V5:
+            self._refuse_connect(
+                RC.CLIENT_IDENTIFIER_NOT_VALID,
+                f"keep alive {asked}s is over the maximum of {limit}s (0: none)",
+            )
+            return False
+        self.keepalive = self._server_keep_alive = limit
+        return True
+
     def _on_open_result(self, result: pb.Result) -> None:
         if self.state is not State.CONNECTING:
             if result.status == OK:
@@ -308,6 +339,7 @@ class ClientConnection(asyncio.Protocol):
         if self.version == V5:
             props = Properties(
                 assigned_client_identifier=self._assigned_id,
+                server_keep_alive=self._server_keep_alive,
                 receive_maximum=self.config.receive_maximum,
                 topic_alias_maximum=self.config.topic_alias_maximum,
                 # Maximum QoS is left out: QoS 2 is supported (3.2.2.3.4).
@@ -335,18 +367,24 @@ class ClientConnection(asyncio.Protocol):
             if resolved is None:
                 return
             packet = resolved
-        if packet.topic.startswith("$SYS/") or (
-            self.acl is not None and not self.acl.may_publish(packet.topic)
-        ):
-            # Only the broker publishes under $SYS, and the ACL may deny a topic. 5.0 hears why;
-            # 3.1.1 has no way to be told, so (as mosquitto does) it is acknowledged and dropped.
-            self.stats.rejected["publish", RC.NOT_AUTHORIZED] += 1
+        refusal = self._publish_refusal(packet.topic)
+        if refusal is not None:
+            # 5.0 hears why; 3.1.1 has no way to be told, so (as mosquitto does) it is
+            # acknowledged and dropped.
+            reason, why = refusal
+            self.stats.rejected["publish", reason] += 1
             if packet.qos and packet.packet_id is not None:
-                reason = RC.NOT_AUTHORIZED if self.version == V5 else 0
                 # A 5.0 PUBREC with a failure code ends a QoS 2 exchange; a 3.1.1 client goes
                 # on with PUBREL and gets its PUBCOMP (the partition knows no such packet id).
                 ack = PubRec if packet.qos == 2 else PubAck
-                self._write(self.codec.send(ack(packet.packet_id, reason)))
+                refused_id = packet.packet_id
+                if self.version == V5:
+                    props = self._reason(
+                        lambda p: ack(refused_id, reason, p), why, problem_information=True
+                    )
+                    self._write(self.codec.send(ack(refused_id, reason, props)))
+                else:
+                    self._write(self.codec.send(ack(refused_id, 0)))
             return
         # The codec has already refused wildcards, bad UTF-8 and U+0000 in the topic name.
         tracer = self.edge.tracer
@@ -393,6 +431,18 @@ class ClientConnection(asyncio.Protocol):
         for link, cmd in commands:
             link.request(cmd, done)
             self._throttle(link)
+
+    def _publish_refusal(self, topic: str) -> tuple[int, str] | None:
+        """Why a client may not publish to `topic` (reason code, reason string), or None: only
+        the broker publishes under $SYS, the ACL may deny the topic, and the topic limits."""
+        if topic.startswith("$SYS/"):
+            return RC.NOT_AUTHORIZED, "only the broker publishes under $SYS/"
+        if self.acl is not None and not self.acl.may_publish(topic):
+            return RC.NOT_AUTHORIZED, "the ACL denies publishing to this topic"
+        why = self.config.topic_limits.refusal(topic)
+        if why is not None:
+            return RC.TOPIC_NAME_INVALID, why
+        return None
 
     def _count_in(self) -> bool:
         """One more publish being stored; False after ending the connection for exceeding
@@ -699,12 +749,17 @@ class ClientConnection(asyncio.Protocol):
             except MQTTError as exc:
                 codes.append(exc.reason_code if self.version == V5 else 0x80)
                 continue
-            # A shared subscription is authorized by its inner filter, as mosquitto does.
-            if self.acl is not None and not self.acl.may_subscribe(
-                split_shared(sub.topic_filter)[1]
-            ):
-                self.stats.rejected["subscribe", RC.NOT_AUTHORIZED] += 1
-                codes.append(RC.NOT_AUTHORIZED if self.version == V5 else 0x80)
+            # A shared subscription is limited and authorized by its inner filter, as
+            # mosquitto authorizes it.
+            inner = split_shared(sub.topic_filter)[1]
+            if self.config.topic_limits.refusal(inner) is not None:
+                self.stats.rejected["subscribe", RC.TOPIC_FILTER_INVALID] += 1
+                codes.append(RC.TOPIC_FILTER_INVALID if self.version == V5 else 0x80)
+                continue
+            if self.acl is not None and not self.acl.may_subscribe(inner):
+                deny = self.config.acl_deny_reason_code
+                self.stats.rejected["subscribe", deny] += 1
+                codes.append(deny if self.version == V5 else 0x80)
                 continue
             codes.append(None)
             specs.append(
@@ -886,9 +941,15 @@ class ClientConnection(asyncio.Protocol):
         self._close(None)
 
     def shutdown(self) -> None:
-        """The edge is stopping: tell 5.0 clients (0x8B) and close."""
+        """The edge is stopping: tell 5.0 clients (0x8B, or 0x9C Use another server with the
+        --server-reference) and close."""
         if self.state is State.CONNECTED and self.version == V5:
-            self._write(self.codec.send(Disconnect(RC.SERVER_SHUTTING_DOWN)))
+            ref = self.config.server_reference
+            if ref:
+                packet = Disconnect(RC.USE_ANOTHER_SERVER, Properties(server_reference=ref))
+            else:
+                packet = Disconnect(RC.SERVER_SHUTTING_DOWN)
+            self._write(self.codec.send(packet))
         self._close(None)
 
     def reattach(self) -> None:
@@ -1043,22 +1104,35 @@ class ClientConnection(asyncio.Protocol):
         why: str,
         *,
         problem_information: bool = False,
+        base: Properties = NO_PROPERTIES,
     ) -> Properties:
-        """A Reason String for a 5.0 packet, unless the client asked for none on such packets
-        (Request Problem Information 0: MQTT-3.1.2-29) or it would make the packet larger than
-        the client's Maximum Packet Size (MQTT-3.2.2-19, 3.4.2-2, 3.14.2-3)."""
+        """`base` with a Reason String for a 5.0 packet, unless the client asked for none on
+        such packets (Request Problem Information 0: MQTT-3.1.2-29) or it would make the packet
+        larger than the client's Maximum Packet Size (MQTT-3.2.2-19, 3.4.2-2, 3.14.2-3)."""
         if problem_information and not self.problem_information:
-            return NO_PROPERTIES
-        props = Properties(reason_string=why[:200])
+            return base
+        props = dataclasses.replace(base, reason_string=why[:200])
         if self.client_max_packet and len(encode(make(props), V5)) > self.client_max_packet:
-            return NO_PROPERTIES
+            return base
         return props
 
-    def _refuse_connect(self, reason: int, why: str) -> None:
+    def _refuse_busy(self, reason: int, why: str) -> None:
+        """Refuse a CONNECT because this edge is full or busy: with a --server-reference, a
+        5.0 client is sent there (0x9C Use another server, MQTT 5.0 section 4.11)."""
+        ref = self.config.server_reference
+        if ref and self.version == V5:
+            self._refuse_connect(RC.USE_ANOTHER_SERVER, why, server_reference=ref)
+        else:
+            self._refuse_connect(reason, why)
+
+    def _refuse_connect(
+        self, reason: int, why: str, *, server_reference: str | None = None
+    ) -> None:
         self._end_session_span(why, reason)
         self.stats.rejected["connect", reason] += 1
         if self.version == V5:
-            props = self._reason(lambda p: ConnAck(False, reason, p), why)
+            base = Properties(server_reference=server_reference)
+            props = self._reason(lambda p: ConnAck(False, reason, p), why, base=base)
             self._write(self.codec.send(ConnAck(False, reason, props)))
         else:
             self._write(self.codec.send(ConnAck(False, v311_return_code(reason))))

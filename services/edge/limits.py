@@ -1,5 +1,8 @@
-"""The cap on open client connections (--max-connections), so that one edge process never
-runs out of file descriptors (STACK.md: the open-file limit is 20,000 and cannot be raised).
+"""The edge's limits on clients: open connections, new connections per second, topic length
+and levels.
+
+The cap on open client connections (--max-connections) keeps one edge process from running
+out of file descriptors (STACK.md: the open-file limit is 20,000 and cannot be raised).
 
 Every client socket counts, on every listener, from the moment the ClientConnection starts (for
 TLS: once the handshake is done; handshakes are bounded by the CONNECT timeout). Up to
@@ -14,6 +17,8 @@ import enum
 import logging
 import resource
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 log = logging.getLogger("hexmq.edge")
 
@@ -77,3 +82,42 @@ class ConnectionLimit:
 
     def release(self) -> None:
         self.open -= 1
+
+
+class ConnectionRate:
+    """New CONNECTs per second on this edge (--max-connection-rate): a token bucket holding up
+    to one second's worth, so a burst of that size is served at once and the rate holds after.
+    Over it, a client gets CONNACK 0x9F Connection rate exceeded (5.0) or 3 (3.1.1)."""
+
+    def __init__(self, per_second: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.per_second = per_second
+        self._clock = clock
+        self._tokens = per_second
+        self._stamp = clock()
+
+    def allow(self) -> bool:
+        now = self._clock()
+        self._tokens = min(self.per_second, self._tokens + (now - self._stamp) * self.per_second)
+        self._stamp = now
+        if self._tokens >= 1:
+            self._tokens -= 1
+            return True
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class TopicLimits:
+    """--max-topic-length (bytes of UTF-8) and --max-topic-levels (0: any number), for topic
+    names and filters alike; the MQTT maximum of 65,535 bytes the codec already enforces."""
+
+    max_length: int = 65535
+    max_levels: int = 0
+
+    def refusal(self, topic: str) -> str | None:
+        """Why `topic` is over a limit, or None."""
+        # A character is at most 4 bytes of UTF-8: short topics need no encoding.
+        if len(topic) * 4 > self.max_length and len(topic.encode()) > self.max_length:
+            return f"topic longer than {self.max_length} bytes"
+        if self.max_levels and topic.count("/") >= self.max_levels:
+            return f"topic with more than {self.max_levels} levels"
+        return None

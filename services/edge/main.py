@@ -9,6 +9,7 @@ import ssl
 from pathlib import Path
 
 from hexmq import telemetry
+from hexmq.mqtt.reason_codes import ReasonCode as RC
 from hexmq.netaddr import parse_hostport
 from hexmq.service import (
     add_observability_arguments,
@@ -18,7 +19,7 @@ from hexmq.service import (
 )
 from services.edge.acl import Acl
 from services.edge.auth import AccessControl, PasswordFile
-from services.edge.limits import connection_ceiling
+from services.edge.limits import TopicLimits, connection_ceiling
 from services.edge.listeners import tls_context
 from services.edge.server import (
     DEFAULT_MAX_INFLIGHT_V311,
@@ -102,6 +103,46 @@ def _add_transport_arguments(parser: argparse.ArgumentParser) -> None:
         help="client connections open at once, across listeners; more get CONNACK 0x97 (5.0) "
         "or 3 (3.1.1) (default: what the open-file limit allows)",
     )
+    group.add_argument(
+        "--max-connection-rate",
+        type=float,
+        default=0,
+        metavar="N",
+        help="new connections a second (bursts of N); more get CONNACK 0x9F (5.0) or 3 "
+        "(3.1.1) (default 0: no limit)",
+    )
+    group.add_argument(
+        "--server-reference",
+        metavar="REF",
+        help="where 5.0 clients should go instead when this edge is full or shutting down "
+        "(e.g. another node's or the load balancer's host:port): sent with 0x9C Use another "
+        "server in place of 0x97/0x9F and 0x8B",
+    )
+    group.add_argument(
+        "--max-keepalive",
+        type=int,
+        default=0,
+        metavar="SECONDS",
+        help="longest Keep Alive granted; 5.0 clients asking for more or none are told this "
+        "one (Server Keep Alive), 3.1.1 clients are refused with return code 2 (default 0: "
+        "no maximum)",
+    )
+    group.add_argument(
+        "--max-topic-length",
+        type=int,
+        default=65535,
+        metavar="BYTES",
+        help="longest topic name or filter; longer ones are refused with 0x90 (publish) or "
+        "0x8F (subscribe); 3.1.1: dropped / SUBACK 0x80 (default 65535)",
+    )
+    group.add_argument(
+        "--max-topic-levels",
+        type=int,
+        default=0,
+        metavar="N",
+        help="most levels in a topic name or filter, refused like --max-topic-length "
+        "(default 0: no limit)",
+    )
 
 
 def _add_access_arguments(parser: argparse.ArgumentParser) -> None:
@@ -122,6 +163,30 @@ def _add_access_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--acl-file", type=Path, metavar="FILE", help="topic access rules, in mosquitto's format"
     )
+    group.add_argument(
+        "--acl-deny-reason-code",
+        type=_suback_failure_code,
+        default=RC.NOT_AUTHORIZED,
+        metavar="CODE",
+        help="SUBACK reason code for a subscription the ACL denies, for 5.0 clients "
+        "(0x80, 0x83 or 0x87; default 0x87; 3.1.1 clients always get 0x80)",
+    )
+
+
+# The SUBACK failure codes that say "not allowed" (MQTT 5.0 section 3.9.3).
+_ACL_DENY_CODES = (RC.UNSPECIFIED_ERROR, RC.IMPLEMENTATION_SPECIFIC_ERROR, RC.NOT_AUTHORIZED)
+
+
+def _suback_failure_code(text: str) -> int:
+    try:
+        code = int(text, 0)
+    except ValueError:
+        code = -1
+    if code not in _ACL_DENY_CODES:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not one of {', '.join(f'0x{c:02X}' for c in _ACL_DENY_CODES)}"
+        )
+    return code
 
 
 def _hostport(text: str | None, what: str) -> tuple[str, int] | None:
@@ -177,6 +242,14 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--topic-alias-maximum must be 0-65535")
         if args.receive_maximum > 65535 or args.max_inflight_v311 > 65535:
             raise ValueError("--receive-maximum and --max-inflight-v311 must be at most 65535")
+        if args.max_connection_rate < 0:
+            raise ValueError("--max-connection-rate must be at least 0")
+        if not 0 <= args.max_keepalive <= 65535:
+            raise ValueError("--max-keepalive must be 0-65535")
+        if not 1 <= args.max_topic_length <= 65535:
+            raise ValueError("--max-topic-length must be 1-65535")
+        if args.max_topic_levels < 0:
+            raise ValueError("--max-topic-levels must be at least 0")
         tls = _tls(args)
         access = _access(args)
     except ValueError as exc:
@@ -196,6 +269,11 @@ def run(args: argparse.Namespace) -> int:
         ws_listen=ws_listen,
         wss_listen=wss_listen,
         max_connections=args.max_connections,
+        max_connection_rate=args.max_connection_rate,
+        max_keepalive=args.max_keepalive,
+        topic_limits=TopicLimits(args.max_topic_length, args.max_topic_levels),
+        server_reference=args.server_reference,
+        acl_deny_reason_code=args.acl_deny_reason_code,
     )
 
     async def main(stop: asyncio.Event) -> int:

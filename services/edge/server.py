@@ -7,15 +7,16 @@ import itertools
 import logging
 import ssl
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hexmq import telemetry
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.mqtt import NO_PROPERTIES
+from hexmq.mqtt.reason_codes import ReasonCode as RC
 from services.edge.auth import AccessControl
 from services.edge.connection import ClientConnection, State
-from services.edge.limits import ConnectionLimit, connection_ceiling
+from services.edge.limits import ConnectionLimit, ConnectionRate, TopicLimits, connection_ceiling
 from services.edge.links import PartitionLink, ResultCallback
 from services.edge.listeners import start_listeners
 from services.edge.router import Router
@@ -56,6 +57,17 @@ class EdgeConfig:
     wss_listen: tuple[str, int] | None = None
     # Client sockets open at once, across listeners (0: as many as the open-file limit allows).
     max_connections: int = 0
+    # New CONNECTs per second (0: no limit).
+    max_connection_rate: float = 0
+    # Longest Keep Alive granted, in seconds (0: any, including none); 5.0 clients asking for
+    # more, or for none, are given this one as Server Keep Alive; 3.1.1 clients are refused.
+    max_keepalive: int = 0
+    topic_limits: TopicLimits = field(default_factory=TopicLimits)
+    # Sent to 5.0 clients as the Server Reference with 0x9C Use another server, instead of
+    # 0x97/0x9F when this edge is full, and instead of 0x8B when it shuts down.
+    server_reference: str | None = None
+    # The SUBACK code a 5.0 client gets for a subscription the ACL denies (3.1.1: 0x80).
+    acl_deny_reason_code: int = RC.NOT_AUTHORIZED
 
 
 class Edge:
@@ -72,6 +84,9 @@ class Edge:
         self.config = config
         self.access = access or AccessControl()
         self.limit = ConnectionLimit(config.max_connections or connection_ceiling())
+        self.connect_rate = (
+            ConnectionRate(config.max_connection_rate) if config.max_connection_rate else None
+        )
         self._tls = tls
         self.tracer = EdgeTracer(tracing or telemetry.Tracing.disabled(), config.node_id)
         self.router = Router()

@@ -88,6 +88,14 @@ class RawClient:
                     return None
                 self.codec.receive_data(data)
 
+    async def silent(self, timeout: float = 0.5) -> bool:
+        """True when nothing arrives (and the connection stays open) for `timeout` seconds."""
+        try:
+            packet = await self.recv(timeout)
+        except TimeoutError:
+            return True
+        raise AssertionError(f"expected silence, got {packet!r}")
+
     async def expect(self, kind: type[P], timeout: float = 5.0) -> P:
         packet = await self.recv(timeout)
         assert isinstance(packet, kind), f"expected {kind.__name__}, got {packet!r}"

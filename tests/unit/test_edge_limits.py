@@ -1,4 +1,5 @@
-"""--max-connections: served, refused at CONNECT, closed at accept."""
+"""--max-connections (served, refused at CONNECT, closed at accept), --max-connection-rate and
+the topic limits."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from services.edge.limits import (
     RESERVED_FDS,
     Admission,
     ConnectionLimit,
+    ConnectionRate,
+    TopicLimits,
     connection_ceiling,
 )
 
@@ -31,3 +34,24 @@ def test_ceiling_leaves_room_below_the_open_file_limit() -> None:
     ceiling = connection_ceiling()
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert ceiling + REFUSAL_SLOTS + RESERVED_FDS <= soft
+
+
+def test_connection_rate_allows_a_burst_then_the_rate() -> None:
+    now = [100.0]
+    rate = ConnectionRate(4, clock=lambda: now[0])
+    assert [rate.allow() for _ in range(5)] == [True] * 4 + [False]
+    now[0] += 0.5  # half a second refills two
+    assert [rate.allow() for _ in range(3)] == [True, True, False]
+    now[0] += 60  # never more than one second's worth
+    assert sum(rate.allow() for _ in range(10)) == 4
+
+
+def test_topic_limits_count_utf8_bytes_and_levels() -> None:
+    limits = TopicLimits(max_length=8, max_levels=3)
+    assert limits.refusal("a/b/c") is None
+    assert limits.refusal("12345678") is None
+    assert limits.refusal("123456789") == "topic longer than 8 bytes"
+    assert limits.refusal("éééé") is None  # 8 bytes
+    assert limits.refusal("ééééé") == "topic longer than 8 bytes"  # 10 bytes in 5 characters
+    assert limits.refusal("a/b/c/d") == "topic with more than 3 levels"
+    assert TopicLimits().refusal("a/" * 1000 + "b") is None  # no level limit by default
