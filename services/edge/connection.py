@@ -8,7 +8,6 @@ gRPC frame of results) leave in a single transport.write.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import enum
 import logging
 import time
@@ -51,6 +50,7 @@ from hexmq.topics import split_shared, validate_topic_filter
 from services.edge import retained
 from services.edge.acl import ClientAcl
 from services.edge.limits import Admission
+from services.edge.topic_alias import InboundTopicAliases
 from services.edge.translate import (
     fill_message,
     packet_id_for,
@@ -106,8 +106,8 @@ class ClientConnection(asyncio.Protocol):
         self.receive_maximum = 0
         # The largest packet the client accepts (5.0 Maximum Packet Size; 0: no limit).
         self.client_max_packet = 0
-        # Inbound topic aliases (5.0): alias -> topic, for this connection only.
-        self._aliases: dict[int, str] = {}
+        # Inbound topic aliases (5.0), for this connection only.
+        self._aliases = InboundTopicAliases(edge.config.topic_alias_maximum)
         self._timer: asyncio.TimerHandle | None = None
         self._loop = asyncio.get_running_loop()
         self.stats = edge.stats
@@ -331,10 +331,7 @@ class ClientConnection(asyncio.Protocol):
         self.stats.messages_in[packet.qos] += 1
         props = packet.properties
         if props.topic_alias is not None:
-            resolved = self._resolve_alias(packet)
-            if resolved is None:
-                return
-            packet = resolved
+            packet = self._aliases.resolve(packet)  # a bad alias raises, ending the connection
         if packet.topic.startswith("$SYS/") or (
             self.acl is not None and not self.acl.may_publish(packet.topic)
         ):
@@ -613,29 +610,6 @@ class ClientConnection(asyncio.Protocol):
         mid = self._rel_out.pop(packet.packet_id, None)
         if mid is not None:
             self._acks.append(mid)
-
-    def _resolve_alias(self, packet: Publish) -> Publish | None:
-        """A 5.0 PUBLISH with a Topic Alias: set or use the mapping (MQTT-3.3.2-7..12); None
-        after ending the connection for a bad alias."""
-        alias = packet.properties.topic_alias
-        assert alias is not None
-        if not 0 < alias <= self.config.topic_alias_maximum:
-            self._fail(
-                RC.TOPIC_ALIAS_INVALID,
-                f"topic alias {alias} outside 1..{self.config.topic_alias_maximum}",
-            )
-            return None
-        topic = packet.topic
-        if topic:
-            self._aliases[alias] = topic
-        else:
-            known = self._aliases.get(alias)
-            if known is None:
-                self._fail(RC.PROTOCOL_ERROR, f"topic alias {alias} has no topic yet")
-                return None
-            topic = known
-        props = dataclasses.replace(packet.properties, topic_alias=None)
-        return dataclasses.replace(packet, topic=topic, properties=props)
 
     def _publish_done(self, pid: int, parts: int, span: Span | None) -> Callable[[pb.Result], None]:
         failures: list[str] = []
