@@ -51,6 +51,7 @@ from hexmq.topics import split_shared, validate_topic_filter
 from services.edge import retained
 from services.edge.acl import ClientAcl
 from services.edge.limits import Admission
+from services.edge.topic_alias import InboundTopicAliases, OutboundTopicAliases, outbound_aliases
 from services.edge.translate import (
     fill_message,
     packet_id_for,
@@ -106,8 +107,10 @@ class ClientConnection(asyncio.Protocol):
         self.receive_maximum = 0
         # The largest packet the client accepts (5.0 Maximum Packet Size; 0: no limit).
         self.client_max_packet = 0
-        # Inbound topic aliases (5.0): alias -> topic, for this connection only.
-        self._aliases: dict[int, str] = {}
+        # Topic aliases (5.0), of this connection only: the client's, and ours for deliveries
+        # (None when the client or the edge wants none, and for 3.1.1).
+        self._aliases = InboundTopicAliases(edge.config.topic_alias_maximum)
+        self._out_aliases: OutboundTopicAliases | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._loop = asyncio.get_running_loop()
         self.stats = edge.stats
@@ -265,6 +268,9 @@ class ClientConnection(asyncio.Protocol):
             self.receive_maximum = props.receive_maximum or 65535
             self.problem_information = props.request_problem_information is not False
             self.client_max_packet = props.maximum_packet_size or 0
+            self._out_aliases = outbound_aliases(
+                props.topic_alias_maximum, self.config.max_outbound_topic_aliases
+            )
         else:
             expiry = 0 if packet.clean_start else NEVER_EXPIRES
             self.receive_maximum = self.config.max_inflight_v311
@@ -363,10 +369,7 @@ class ClientConnection(asyncio.Protocol):
         self.stats.messages_in[packet.qos] += 1
         props = packet.properties
         if props.topic_alias is not None:
-            resolved = self._resolve_alias(packet)
-            if resolved is None:
-                return
-            packet = resolved
+            packet = self._aliases.resolve(packet)  # a bad alias raises, ending the connection
         refusal = self._publish_refusal(packet.topic)
         if refusal is not None:
             # 5.0 hears why; 3.1.1 has no way to be told, so (as mosquitto does) it is
@@ -664,29 +667,6 @@ class ClientConnection(asyncio.Protocol):
         if mid is not None:
             self._acks.append(mid)
 
-    def _resolve_alias(self, packet: Publish) -> Publish | None:
-        """A 5.0 PUBLISH with a Topic Alias: set or use the mapping (MQTT-3.3.2-7..12); None
-        after ending the connection for a bad alias."""
-        alias = packet.properties.topic_alias
-        assert alias is not None
-        if not 0 < alias <= self.config.topic_alias_maximum:
-            self._fail(
-                RC.TOPIC_ALIAS_INVALID,
-                f"topic alias {alias} outside 1..{self.config.topic_alias_maximum}",
-            )
-            return None
-        topic = packet.topic
-        if topic:
-            self._aliases[alias] = topic
-        else:
-            known = self._aliases.get(alias)
-            if known is None:
-                self._fail(RC.PROTOCOL_ERROR, f"topic alias {alias} has no topic yet")
-                return None
-            topic = known
-        props = dataclasses.replace(packet.properties, topic_alias=None)
-        return dataclasses.replace(packet, topic=topic, properties=props)
-
     def _publish_done(self, pid: int, parts: int, span: Span | None) -> Callable[[pb.Result], None]:
         failures: list[str] = []
         remaining = parts
@@ -875,6 +855,8 @@ class ClientConnection(asyncio.Protocol):
         transport = self.transport
         tracer = self.edge.tracer
         acl = self.acl
+        out_aliases = self._out_aliases
+        limit = self.client_max_packet
         for qm in delivery.messages:
             if qm.released:
                 # QoS 2, PUBREC recorded: PUBREL (again) until PUBCOMP.
@@ -906,8 +888,13 @@ class ClientConnection(asyncio.Protocol):
                 continue
             pid = packet_id_for(qm.message_id) if qm.qos else None
             props = publish_properties(qm, now) if self.version == V5 else NO_PROPERTIES
-            data = send(Publish(m.topic, m.payload, qm.qos, qm.retain, qm.dup, pid, props))
-            if self.client_max_packet and len(data) > self.client_max_packet:
+            if out_aliases is None:
+                data = send(Publish(m.topic, m.payload, qm.qos, qm.retain, qm.dup, pid, props))
+            else:  # the alias map changes here, in send order, only for what is sent
+                data = out_aliases.encode(
+                    send, m.topic, m.payload, qm.qos, qm.retain, qm.dup, pid, props, limit
+                )
+            if limit and len(data) > limit:
                 # MQTT-3.1.2-25: too large for this client: discard it and behave as if it
                 # had been delivered (the partition forgets it), for this client only.
                 self.stats.dropped_too_large += 1

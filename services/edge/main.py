@@ -23,6 +23,7 @@ from services.edge.limits import TopicLimits, connection_ceiling
 from services.edge.listeners import tls_context
 from services.edge.server import (
     DEFAULT_MAX_INFLIGHT_V311,
+    DEFAULT_MAX_OUTBOUND_TOPIC_ALIASES,
     DEFAULT_MAX_PACKET_SIZE,
     DEFAULT_RECEIVE_MAXIMUM,
     DEFAULT_TOPIC_ALIAS_MAXIMUM,
@@ -60,6 +61,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=DEFAULT_TOPIC_ALIAS_MAXIMUM,
         help="inbound topic aliases a 5.0 client may use (0: none)",
+    )
+    parser.add_argument(
+        "--max-outbound-topic-aliases",
+        type=int,
+        default=DEFAULT_MAX_OUTBOUND_TOPIC_ALIASES,
+        metavar="N",
+        help="topic aliases the edge assigns to deliveries per 5.0 connection, at most the "
+        "client's Topic Alias Maximum; least recently used replaced (0: none)",
     )
     parser.add_argument(
         "--sys-interval",
@@ -240,6 +249,8 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
         if not 0 <= args.topic_alias_maximum <= 65535:
             raise ValueError("--topic-alias-maximum must be 0-65535")
+        if not 0 <= args.max_outbound_topic_aliases <= 65535:
+            raise ValueError("--max-outbound-topic-aliases must be 0-65535")
         if args.receive_maximum > 65535 or args.max_inflight_v311 > 65535:
             raise ValueError("--receive-maximum and --max-inflight-v311 must be at most 65535")
         if args.max_connection_rate < 0:
@@ -265,6 +276,7 @@ def run(args: argparse.Namespace) -> int:
         max_inflight_v311=args.max_inflight_v311,
         sys_interval=args.sys_interval,
         topic_alias_maximum=args.topic_alias_maximum,
+        max_outbound_topic_aliases=args.max_outbound_topic_aliases,
         tls_listen=tls_listen,
         ws_listen=ws_listen,
         wss_listen=wss_listen,

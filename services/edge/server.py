@@ -32,6 +32,7 @@ DEFAULT_MAX_PACKET_SIZE = 1024 * 1024
 DEFAULT_RECEIVE_MAXIMUM = 1024
 DEFAULT_MAX_INFLIGHT_V311 = 256
 DEFAULT_TOPIC_ALIAS_MAXIMUM = 64
+DEFAULT_MAX_OUTBOUND_TOPIC_ALIASES = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,9 @@ class EdgeConfig:
     connect_timeout: float = 10.0
     # Inbound topic aliases a 5.0 client may use (announced in CONNACK).
     topic_alias_maximum: int = DEFAULT_TOPIC_ALIAS_MAXIMUM
+    # Topic aliases the edge assigns to deliveries per 5.0 connection, at most the client's
+    # Topic Alias Maximum (0: none).
+    max_outbound_topic_aliases: int = DEFAULT_MAX_OUTBOUND_TOPIC_ALIASES
     # Seconds between $SYS publications (0: none).
     sys_interval: float = 10.0
     shutdown_grace: float = 2.0
