@@ -23,6 +23,7 @@ from pathlib import Path
 
 from hexmq.mqtt.reason_codes import ReasonCode
 from services.edge.acl import Acl, read_config_text
+from services.edge.enhanced_auth import AuthMethods
 
 # mosquitto_passwd 2.0's defaults, so that both tools write the same kind of line.
 DEFAULT_ITERATIONS = 101
@@ -151,10 +152,13 @@ class AccessControl:
         *,
         allow_anonymous: bool = True,
         acl: Acl | None = None,
+        methods: AuthMethods | None = None,
     ) -> None:
         self.passwords = passwords
         self.allow_anonymous = allow_anonymous
         self.acl = acl
+        # Enhanced authentication methods (MQTT 5.0 4.12) offered to CONNECTs naming one.
+        self.methods = methods if methods is not None else AuthMethods()
 
     def authenticate(self, username: str | None, password: bytes | None) -> tuple[int, str]:
         """(0, "") to let a CONNECT in, else (CONNACK reason code, why for the log).

@@ -24,6 +24,7 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.mqtt import (
     NEED_DATA,
     NO_PROPERTIES,
+    Auth,
     ConnAck,
     Connect,
     Disconnect,
@@ -33,6 +34,7 @@ from hexmq.mqtt import (
     PingReq,
     PingResp,
     Properties,
+    ProtocolError,
     PubAck,
     PubComp,
     Publish,
@@ -50,6 +52,7 @@ from hexmq.mqtt.reason_codes import ConnectReturnCode, ReasonCode
 from hexmq.topics import split_shared, validate_topic_filter
 from services.edge import retained
 from services.edge.acl import ClientAcl
+from services.edge.enhanced_auth import ConnectionAuth, Continue, Step, Success
 from services.edge.limits import Admission
 from services.edge.topic_alias import InboundTopicAliases, OutboundTopicAliases, outbound_aliases
 from services.edge.translate import (
@@ -81,6 +84,7 @@ QOS0_DROP_BUFFER = 4 * 1024 * 1024
 
 class State(enum.Enum):
     AWAITING_CONNECT = 1
+    AUTHENTICATING = 5  # CONNECT named an Authentication Method: AUTH exchange before CONNACK
     CONNECTING = 2  # CONNECT sent to the session's partition, waiting for its answer
     CONNECTED = 3
     CLOSED = 4
@@ -146,6 +150,11 @@ class ClientConnection(asyncio.Protocol):
         # What this client may publish and receive (None: no ACL file, everything).
         self.acl: ClientAcl | None = None
         self._admission = Admission.ADMITTED
+        # Enhanced authentication (5.0, CONNECT with an Authentication Method), and the CONNECT
+        # waiting for its exchange to end.
+        self._auth: ConnectionAuth | None = None
+        self._pending_connect: Connect | None = None
+        self._final_auth_data: bytes | None = None  # for the CONNACK
 
     # ----- asyncio.Protocol -------------------------------------------------------------
 
@@ -183,11 +192,18 @@ class ClientConnection(asyncio.Protocol):
 
     def _process(self) -> None:
         try:
-            while self.state is State.AWAITING_CONNECT or self.state is State.CONNECTED:
+            while (
+                (state := self.state) is State.CONNECTED
+                or state is State.AWAITING_CONNECT
+                or state is State.AUTHENTICATING
+            ):
                 event = self.codec.next_event()
                 if event is NEED_DATA:
                     break
-                self._handle(event)
+                if state is State.AUTHENTICATING:
+                    self._handle_authenticating(event)
+                else:
+                    self._handle(event)
         except MQTTError as exc:
             self._on_protocol_error(exc)
         self._flush_acks()
@@ -219,18 +235,31 @@ class ClientConnection(asyncio.Protocol):
             self._on_pubcomp(packet)
         elif isinstance(packet, Connect):
             self._on_connect(packet)
+        elif isinstance(packet, Auth) and self._auth is not None:
+            # Re-authentication (4.12.1); the codec refuses AUTH after a CONNECT without a
+            # method [MQTT-4.12.0-7].
+            self._on_auth_step(self._auth.receive(packet, connected=True))
         else:
-            # AUTH (no authentication method is configured).
             self._fail(RC.PROTOCOL_ERROR, f"unexpected {type(packet).__name__}")
 
     def _on_connect(self, packet: Connect) -> None:
         self.version = packet.protocol_version
         props = packet.properties
-        if self.version == V5 and props.authentication_method is not None:
-            self._refuse_connect(
-                RC.BAD_AUTHENTICATION_METHOD, "no authentication method is configured"
-            )
-            return
+        method_name = None
+        if self.version == V5:
+            # Known before CONNACK: they shape the AUTH packets and refusals too.
+            self.problem_information = props.request_problem_information is not False
+            self.client_max_packet = props.maximum_packet_size or 0
+            method_name = props.authentication_method
+        method = None
+        if method_name is not None:
+            method = self.edge.access.methods.get(method_name)
+            if method is None:  # [MQTT-4.12.0-1]
+                self._refuse_connect(
+                    RC.BAD_AUTHENTICATION_METHOD,
+                    self.edge.access.methods.why_refused(method_name),
+                )
+                return
         if self._admission is not Admission.ADMITTED:
             self._refuse_busy(RC.QUOTA_EXCEEDED, f"over {self.edge.limit.maximum} connections")
             return
@@ -251,30 +280,76 @@ class ClientConnection(asyncio.Protocol):
                 return
             client_id = assigned = f"hexmq-{uuid.uuid4().hex[:20]}"
         self.client_id = client_id
-        reason, why = self.edge.access.authenticate(packet.username, packet.password)
-        if reason:
-            self._refuse_connect(reason, why)
-            return
-        if self.edge.access.acl is not None:
-            self.acl = self.edge.access.acl.for_client(client_id, packet.username)
+        self._assigned_id = assigned
         if not self._grant_keepalive(packet.keepalive):
             return
         will_refusal = packet.will and self.config.topic_limits.refusal(packet.will.topic)
         if will_refusal:
             self._refuse_connect(RC.TOPIC_NAME_INVALID, f"will {will_refusal}")
             return
+        if method is not None:
+            # The method decides who the client is; CONNECT's User Name and Password are not
+            # checked. Only AUTH (or DISCONNECT) may come until CONNACK [MQTT-3.1.2-30].
+            self._auth = ConnectionAuth(method, client_id=client_id, peer=self.peer)
+            self._pending_connect = packet
+            self.state = State.AUTHENTICATING
+            self._on_auth_step(self._auth.start(props.authentication_data))
+            return
+        reason, why = self.edge.access.authenticate(packet.username, packet.password)
+        if reason:
+            self._refuse_connect(reason, why)
+            return
+        self._open_session(packet, packet.username)
+
+    def _handle_authenticating(self, packet: Packet) -> None:
+        if isinstance(packet, Auth):
+            assert self._auth is not None
+            self._on_auth_step(self._auth.receive(packet, connected=False))
+        elif isinstance(packet, Disconnect):
+            self._close(None)  # the client gave up; there is no session yet
+        else:
+            raise ProtocolError(
+                f"{type(packet).__name__} before CONNACK; a CONNECT with an Authentication "
+                "Method is followed only by AUTH or DISCONNECT [MQTT-3.1.2-30]"
+            )
+
+    def _on_auth_step(self, step: Step) -> None:
+        """Act on an enhanced authentication step, in CONNECT or in a re-authentication."""
+        auth = self._auth
+        assert auth is not None
+        connected = self.state is State.CONNECTED
+        if isinstance(step, Continue):  # [MQTT-4.12.0-2], [MQTT-4.12.0-5]
+            props = Properties(authentication_method=auth.name, authentication_data=step.data)
+            self._write(self.codec.send(Auth(RC.CONTINUE_AUTHENTICATION, props)))
+        elif isinstance(step, Success):
+            if connected:  # re-authenticated (4.12.1)
+                props = Properties(authentication_method=auth.name, authentication_data=step.data)
+                self._write(self.codec.send(Auth(RC.SUCCESS, props)))
+                return
+            packet, self._pending_connect = self._pending_connect, None
+            assert packet is not None
+            self._final_auth_data = step.data
+            self._open_session(packet, step.username)
+        elif connected:  # [MQTT-4.12.1-2]; the session stays, as on any close
+            self._fail(step.reason_code, step.reason)
+        else:  # [MQTT-4.12.0-4]
+            self._refuse_connect(step.reason_code, step.reason, step.data)
+
+    def _open_session(self, packet: Connect, username: str | None) -> None:
+        """The client is authenticated as `username`: open (or take over) its session."""
+        client_id = self.client_id
+        props = packet.properties
+        if self.edge.access.acl is not None:
+            self.acl = self.edge.access.acl.for_client(client_id, username)
         if self.version == V5:
             expiry = props.session_expiry_interval or 0
             self.receive_maximum = props.receive_maximum or 65535
-            self.problem_information = props.request_problem_information is not False
-            self.client_max_packet = props.maximum_packet_size or 0
             self._out_aliases = outbound_aliases(
                 props.topic_alias_maximum, self.config.max_outbound_topic_aliases
             )
         else:
             expiry = 0 if packet.clean_start else NEVER_EXPIRES
             self.receive_maximum = self.config.max_inflight_v311
-        self._assigned_id = assigned
         self.connect_expiry = expiry
         self.route = route = self.edge.router.session_route(client_id)
         open_session = pb.OpenSession(
@@ -343,7 +418,11 @@ class ClientConnection(asyncio.Protocol):
         self._end_session_span(None)
         props = NO_PROPERTIES
         if self.version == V5:
+            auth = self._auth
             props = Properties(
+                # [MQTT-4.12.0-5]: the method of the CONNECT, and the exchange's final data.
+                authentication_method=auth.name if auth is not None else None,
+                authentication_data=self._final_auth_data,
                 assigned_client_identifier=self._assigned_id,
                 server_keep_alive=self._server_keep_alive,
                 receive_maximum=self.config.receive_maximum,
@@ -1072,8 +1151,14 @@ class ClientConnection(asyncio.Protocol):
         self._timer = None
         if self.state is State.CLOSED:
             return
+        if self.state is State.AUTHENTICATING:
+            self._refuse_connect(
+                RC.NOT_AUTHORIZED,
+                f"authentication not completed within {self.config.connect_timeout:g}s",
+            )
+            return
         if self.state is not State.CONNECTED:
-            self._close(f"no CONNECT within {self.config.connect_timeout:.0f}s")
+            self._close(f"no CONNECT within {self.config.connect_timeout:g}s")
             return
         idle = self._loop.time() - self.last_rx
         limit = self.keepalive * 1.5
@@ -1113,12 +1198,22 @@ class ClientConnection(asyncio.Protocol):
             self._refuse_connect(reason, why)
 
     def _refuse_connect(
-        self, reason: int, why: str, *, server_reference: str | None = None
+        self,
+        reason: int,
+        why: str,
+        auth_data: bytes | None = None,
+        *,
+        server_reference: str | None = None,
     ) -> None:
         self._end_session_span(why, reason)
         self.stats.rejected["connect", reason] += 1
         if self.version == V5:
             base = Properties(server_reference=server_reference)
+            if auth_data is not None and self._auth is not None:
+                # The method's last word (e.g. SCRAM's e=invalid-proof), with its method.
+                base = dataclasses.replace(
+                    base, authentication_method=self._auth.name, authentication_data=auth_data
+                )
             props = self._reason(lambda p: ConnAck(False, reason, p), why, base=base)
             self._write(self.codec.send(ConnAck(False, reason, props)))
         else:
@@ -1145,7 +1240,7 @@ class ClientConnection(asyncio.Protocol):
         self._close(None)
 
     def _on_protocol_error(self, exc: MQTTError) -> None:
-        if self.state is State.AWAITING_CONNECT or self.state is State.CONNECTING:
+        if self.state in (State.AWAITING_CONNECT, State.AUTHENTICATING, State.CONNECTING):
             self.stats.rejected["connect", exc.reason_code] += 1
             log.warning(
                 "closing %s: bad CONNECT: %s (0x%02X): %s",

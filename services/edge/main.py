@@ -17,8 +17,10 @@ from hexmq.service import (
     setup_logging,
     start_observability,
 )
+from services.edge import scram
 from services.edge.acl import Acl
 from services.edge.auth import AccessControl, PasswordFile
+from services.edge.enhanced_auth import AuthMethods, MethodFactory, PluginContext
 from services.edge.limits import TopicLimits, connection_ceiling
 from services.edge.listeners import tls_context
 from services.edge.server import (
@@ -32,6 +34,9 @@ from services.edge.server import (
 )
 
 log = logging.getLogger("hexmq.edge")
+
+# Enhanced authentication methods built in (--auth-method); plugins add others (--auth-plugin).
+BUILTIN_AUTH_METHODS: dict[str, MethodFactory] = {scram.NAME: scram.ScramSha512.from_context}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,6 +82,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds between $SYS/broker/nodes/<node>/... publications (0: none)",
     )
     parser.add_argument("--startup-timeout", type=float, default=30.0)
+    parser.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="time from opening a connection to CONNACK: the CONNECT and any enhanced "
+        "authentication exchange (default %(default)s)",
+    )
     _add_transport_arguments(parser)
     _add_access_arguments(parser)
     parser.add_argument("--log-level", default="INFO")
@@ -180,6 +193,22 @@ def _add_access_arguments(parser: argparse.ArgumentParser) -> None:
         help="SUBACK reason code for a subscription the ACL denies, for 5.0 clients "
         "(0x80, 0x83 or 0x87; default 0x87; 3.1.1 clients always get 0x80)",
     )
+    group.add_argument(
+        "--auth-method",
+        action="append",
+        default=[],
+        choices=sorted(BUILTIN_AUTH_METHODS),
+        help="offer this MQTT 5.0 enhanced authentication method (repeatable); SCRAM-SHA-512 "
+        "checks the $7$ entries of --password-file",
+    )
+    group.add_argument(
+        "--auth-plugin",
+        action="append",
+        default=[],
+        metavar="MODULE:FACTORY",
+        help="offer the enhanced authentication method FACTORY(context) returns, from the "
+        "Python module MODULE (repeatable; see docs/operations.md)",
+    )
 
 
 # The SUBACK failure codes that say "not allowed" (MQTT 5.0 section 3.9.3).
@@ -221,13 +250,20 @@ def _access(args: argparse.Namespace) -> AccessControl:
     if not allow_anonymous and passwords is None:
         raise ValueError("--no-allow-anonymous needs --password-file (else no client gets in)")
     acl = Acl.load(args.acl_file) if args.acl_file else None
+    methods = AuthMethods.build(
+        BUILTIN_AUTH_METHODS,
+        args.auth_method,
+        args.auth_plugin,
+        PluginContext(node_id=args.node_id, passwords=passwords),
+    )
     log.info(
-        "authentication: %s; anonymous clients %s; %s",
+        "authentication: %s; anonymous clients %s; %s; enhanced authentication: %s",
         f"{len(passwords.users)} users from {passwords.source}" if passwords else "none",
         "allowed" if allow_anonymous else "refused",
         f"ACL from {acl.source}" if acl else "no ACL",
+        ", ".join(methods.names) or "none",
     )
-    return AccessControl(passwords, allow_anonymous=allow_anonymous, acl=acl)
+    return AccessControl(passwords, allow_anonymous=allow_anonymous, acl=acl, methods=methods)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -247,6 +283,8 @@ def run(args: argparse.Namespace) -> int:
         for name in ("max_packet_size", "receive_maximum", "max_inflight_v311"):
             if getattr(args, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+        if args.connect_timeout <= 0:
+            raise ValueError("--connect-timeout must be more than 0")
         if not 0 <= args.topic_alias_maximum <= 65535:
             raise ValueError("--topic-alias-maximum must be 0-65535")
         if not 0 <= args.max_outbound_topic_aliases <= 65535:
@@ -286,6 +324,7 @@ def run(args: argparse.Namespace) -> int:
         topic_limits=TopicLimits(args.max_topic_length, args.max_topic_levels),
         server_reference=args.server_reference,
         acl_deny_reason_code=args.acl_deny_reason_code,
+        connect_timeout=args.connect_timeout,
     )
 
     async def main(stop: asyncio.Event) -> int:

@@ -13,7 +13,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,10 +64,17 @@ def membership_addr(cluster: Any, node: int = 1) -> str:
 
 @contextlib.contextmanager
 def edge_process(
-    cluster: Any, workdir: Path, args: Sequence[str] = (), *, name: str = "edge", node: int = 1
+    cluster: Any,
+    workdir: Path,
+    args: Sequence[str] = (),
+    *,
+    name: str = "edge",
+    node: int = 1,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[EdgeProcess]:
-    """Start `hexmq edge --node-id NAME` linked to `cluster`'s node, with `args`; yield once it
-    has linked to every partition node; stop it afterwards."""
+    """Start `hexmq edge --node-id NAME` linked to `cluster`'s node, with `args` (and `env`
+    instead of this process's environment); yield once it has linked to every partition node;
+    stop it afterwards."""
     (port,) = free_ports(1)
     log = workdir / f"{name}.log"
     argv = [
@@ -80,7 +87,7 @@ def edge_process(
         *args,
     ]
     with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
     edge = EdgeProcess(proc, port, log)
     try:
         _wait_linked(edge, len(cluster.nodes))

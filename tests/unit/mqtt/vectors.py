@@ -598,6 +598,24 @@ V5: list[Vector] = [
         0x15, 0x00, 0x01, b"M",     # Authentication Method
         0x1F, 0x00, 0x04, b"more",  # Reason String
     ), Auth(0x18, Properties(authentication_method="M", reason_string="more"))),
+    Vector("auth-reauthenticate", 5, C2S, b(
+        0xF0,                  # AUTH
+        0x1F,                  # Remaining Length 31
+        0x19,                  # Re-authenticate (4.12.1)
+        0x1D,                  # Property Length 29
+        0x15, 0x00, 0x0D, b"SCRAM-SHA-512",  # Authentication Method
+        0x16, 0x00, 0x0A, b"n,,n=u,r=x",     # Authentication Data (a client-first-message)
+    ), Auth(0x19, Properties(
+        authentication_method="SCRAM-SHA-512", authentication_data=b"n,,n=u,r=x",
+    ))),
+    Vector("auth-success-with-data", 5, S2C, b(
+        0xF0,                  # AUTH
+        0x0C,                  # Remaining Length 12
+        0x00,                  # Success (the end of a re-authentication)
+        0x0A,                  # Property Length 10
+        0x15, 0x00, 0x01, b"M",    # Authentication Method
+        0x16, 0x00, 0x03, b"v=1",  # Authentication Data (a server-final-message)
+    ), Auth(0x00, Properties(authentication_method="M", authentication_data=b"v=1"))),
 ]
 # fmt: on
 
