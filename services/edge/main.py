@@ -67,6 +67,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds between $SYS/broker/nodes/<node>/... publications (0: none)",
     )
     parser.add_argument("--startup-timeout", type=float, default=30.0)
+    parser.add_argument(
+        "--fault-stall-qos2-routing",
+        default="",
+        metavar="TOPIC_PREFIX",
+        help="FAULT INJECTION, for tests only: a QoS 2 PUBLISH without DUP on a topic starting "
+        "with TOPIC_PREFIX is sent to its first target node only and never answered, as if "
+        "this edge died mid-routing",
+    )
     _add_transport_arguments(parser)
     _add_access_arguments(parser)
     parser.add_argument("--log-level", default="INFO")
@@ -182,6 +190,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         log.error("%s", exc)
         return 2
+    if args.fault_stall_qos2_routing:
+        log.warning(
+            "FAULT INJECTION on: QoS 2 publishes on %r* stall mid-routing",
+            args.fault_stall_qos2_routing,
+        )
     config = EdgeConfig(
         node_id=args.node_id,
         host=host,
@@ -196,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
         ws_listen=ws_listen,
         wss_listen=wss_listen,
         max_connections=args.max_connections,
+        fault_stall_qos2_routing=args.fault_stall_qos2_routing,
     )
 
     async def main(stop: asyncio.Event) -> int:

@@ -18,6 +18,7 @@ from services.edge.connection import ClientConnection, State
 from services.edge.limits import ConnectionLimit, connection_ceiling
 from services.edge.links import PartitionLink, ResultCallback
 from services.edge.listeners import start_listeners
+from services.edge.qos2_origins import OriginForgets
 from services.edge.router import Router
 from services.edge.stats import EdgeStats, publish_sys_topics
 from services.edge.tracing import EdgeTracer
@@ -56,6 +57,9 @@ class EdgeConfig:
     wss_listen: tuple[str, int] | None = None
     # Client sockets open at once, across listeners (0: as many as the open-file limit allows).
     max_connections: int = 0
+    # Fault injection for tests only (services/edge/qos2_origins.py, fault_stall): QoS 2
+    # publishes on topics with this prefix stall after their first target node ("": off).
+    fault_stall_qos2_routing: str = ""
 
 
 class Edge:
@@ -84,6 +88,8 @@ class Edge:
         self._servers: list[asyncio.Server] = []
         # Commands sent again to the master a partition node named (see reroute).
         self.rerouted = 0
+        # Inbound QoS 2: origin ids whose claims are settled, for their targets to forget.
+        self.qos2_forgets = OriginForgets()
 
     def new_connection_id(self) -> str:
         return f"{self.config.node_id}.{self.incarnation:x}.{next(self._counter)}"
