@@ -461,7 +461,7 @@ class ClientConnection(asyncio.Protocol):
                     self.edge.tracer.finish(span, error=result.message)
                 return
             if result.qos2_state == pb.QOS2_STATE_NEW:
-                self._route_qos2(packet, pid, route, retained, span, result.qos2_origin)
+                self._route_qos2(packet, pid, retained, span, result.qos2_origin)
                 return
             self._q2_settled(pid)
             if result.qos2_state == pb.QOS2_STATE_DUPLICATE:
@@ -482,7 +482,6 @@ class ClientConnection(asyncio.Protocol):
         self,
         packet: Publish,
         pid: int,
-        route: PublishRoute,
         retained: tuple[PartitionLink, pb.PartitionTarget] | None,
         span: Span | None,
         origin: bytes,
@@ -490,6 +489,9 @@ class ClientConnection(asyncio.Protocol):
         """The packet id is claimed: store the message at every target, as for QoS 1, with the
         claim's origin id (targets that stored it in an earlier attempt skip it). This goes on
         (and is reported to the session's partition) even if the client leaves."""
+        # Routed now, with shared groups placed by the origin id: a retry of this claim picks
+        # the partitions this attempt picks.
+        route = self.edge.router.route_publish(packet.topic, origin)
         if not route.targets and retained is None:
             reason = RC.NO_MATCHING_SUBSCRIBERS if self.version == V5 else 0
             self._record_qos2(pid, None, reason, span)

@@ -5,17 +5,20 @@ remembered set is written, replicated and snapshotted with the partition's other
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
 from hexmq.api.common.v1 import common_pb2 as cpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
+from services.edge.router import Router
 from services.partition.qos2_seen import SeenOrigins
 from services.partition.replication import HDEL, HSET
 from services.partition.sessions import Claim, Routed, Session
 from services.partition.store import RedisStore, qos2_inbound_key, qos2_seen_key, queue_key
 from tests.support.replication_sim import Sim
 from tests.unit.test_qos2 import EPOCH, Edge, P, connect, make_node, receive, routed
+from tests.unit.test_shared_subscriptions import announce, make_router
 
 # A second partition mastered by the same node (P is the first one).
 P2 = 5
@@ -211,6 +214,33 @@ def test_origin_ids_past_the_retention_are_swept_durably() -> None:
     commit.durable()
     assert commit.written == [(P, (HDEL, qos2_seen_key(P), b"stale", b""))]
     assert node.sweep_qos2_seen() == 0
+
+
+def test_mqtt_4_3_3_10_a_retried_routing_picks_the_same_shared_group_partitions() -> None:
+    """MQTT-4.3.3-10: a repeated PUBLISH before PUBREL must not cause duplicate deliveries."""
+    group = "$share/g/a/#"
+
+    def edge_router() -> Router:
+        router = make_router()
+        for p in (1, 2, 3, 4, 5):
+            announce(router, p, group, online=p != 5)
+        return router
+
+    def picked(router: Router, key: bytes) -> list[int]:
+        route = router.route_publish("a/b", key)
+        return [t.partition for _, targets in route.targets for t in targets if t.shared]
+
+    first_edge, other_edge = edge_router(), edge_router()
+    keys = [bytes([i]) * 16 for i in range(200)]
+    first = [picked(first_edge, key) for key in keys]
+    for _ in range(3):
+        first_edge.route_publish("a/b")  # other messages move the round robin on
+    # The retry, on the same edge or another one, picks what the first attempt picked.
+    assert [picked(first_edge, key) for key in keys] == first
+    assert [picked(other_edge, key) for key in keys] == first
+    # One partition per message, spread over the online members' partitions.
+    assert all(len(p) == 1 for p in first)
+    assert set(Counter(p for (p,) in first)) == {1, 2, 3, 4}
 
 
 # ----- replication and storage -----------------------------------------------------------
