@@ -664,7 +664,15 @@ class PartitionNode:
                 self.store.put_qos2_inbound(self.commit.batch, p, cid, req.packet_id, state)
             elif change is Routed.DELETED:
                 self.store.delete_qos2_inbound(self.commit.batch, p, cid, req.packet_id)
-            self._reply(link, cmd)
+            if req.ok or req.keep_claim or change is Routed.DELETED:
+                self._reply(link, cmd)
+            else:
+                # Asked to drop a claim that is not this attempt's to drop (another attempt
+                # took it over, or routed it): the edge must not answer PUBREC 0x80, which
+                # would make the packet id a new message while the claim stands.
+                self._reply(
+                    link, cmd, SC.STATUS_CODE_TAKEN_OVER, message="claim held by another attempt"
+                )
         if key not in self._q2_attempts:
             self._q2_wake(key)
 

@@ -136,6 +136,13 @@ def test_the_node_answers_new_with_the_origin_id_and_a_takeover_with_the_same() 
     commit.durable()
     answer = new.heard()[0][again]
     assert (answer.qos2_state, answer.qos2_origin) == (pb.QOS2_STATE_NEW, origin)
+    # The old attempt's failure report (its edge re-linked) cannot drop the claim c2 holds, and
+    # says so: that edge must not free the packet id with a PUBREC 0x80.
+    late = Edge(node, "e1")
+    stale = routed(late, "c", "c1", 7, ok=False)
+    commit.durable()
+    assert late.heard()[0][stale].status == pb.STATUS_CODE_TAKEN_OVER
+    assert node.sessions["c"].q2in[7].origin == origin
     # A failed routing that drops the claim (a 5.0 PUBREC 0x80 follows): the next PUBLISH
     # with that packet id is a new message, with a new origin id.
     routed(new, "c", "c2", 7, ok=False)

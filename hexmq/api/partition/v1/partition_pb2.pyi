@@ -701,7 +701,9 @@ Global___Qos2Receive: _TypeAlias = Qos2Receive  # noqa: Y015
 class Qos2Routed(_message.Message):
     """Inbound QoS 2, step 2: the routing of a claimed packet id ended. ok: every target partition
     stored it; the packet id is now recorded as received (durably) and the edge sends PUBREC.
-    Not ok: the claim is dropped (if it is still this connection's), so that a resend is routed.
+    Not ok: the claim is dropped (if it is still this connection's), so that a resend is routed;
+    if it is not (taken over or routed by another attempt) the answer is TAKEN_OVER and the edge
+    must not free the packet id with a PUBREC 0x80.
     Accepted from a connection that is no longer the session's live one (a fact about routing).
     """
 
