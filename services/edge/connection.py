@@ -54,6 +54,7 @@ from services.edge import retained
 from services.edge.acl import ClientAcl
 from services.edge.enhanced_auth import ConnectionAuth, Continue, Step, Success
 from services.edge.limits import Admission
+from services.edge.qos2_origins import RoutedOrigin, carry_origin, fault_stall
 from services.edge.topic_alias import InboundTopicAliases, OutboundTopicAliases, outbound_aliases
 from services.edge.translate import (
     fill_message,
@@ -133,10 +134,10 @@ class ClientConnection(asyncio.Protocol):
         self._pending_in = 0
         # Inbound QoS 2 on this connection: packet ids being claimed and routed; those whose
         # routing could not be recorded because the session's link dropped (recorded again on
-        # re-attach, then PUBREC: reason code, span); those answered with PUBREC and awaiting
-        # PUBREL (they count against our Receive Maximum until PUBCOMP, MQTT-4.9).
+        # re-attach, then PUBREC: reason code, span, origin); those answered with PUBREC and
+        # awaiting PUBREL (they count against our Receive Maximum until PUBCOMP, MQTT-4.9).
         self._q2_routing: set[int] = set()
-        self._q2_unrecorded: dict[int, tuple[int, Span | None]] = {}
+        self._q2_unrecorded: dict[int, tuple[int, Span | None, RoutedOrigin | None]] = {}
         self._q2_received: set[int] = set()
         # Why reading is paused: "connect" (CONNACK pending), "inflight" (too many unacknowledged
         # publishes), "link" (a partition link is congested). Reading resumes when none is left.
@@ -592,7 +593,7 @@ class ClientConnection(asyncio.Protocol):
                     self.edge.tracer.finish(span, error=result.message)
                 return
             if result.qos2_state == pb.QOS2_STATE_NEW:
-                self._route_qos2(packet, pid, route, retained, span)
+                self._route_qos2(packet, pid, retained, span, result.qos2_origin)
                 return
             self._q2_settled(pid)
             if result.qos2_state == pb.QOS2_STATE_DUPLICATE:
@@ -613,17 +614,22 @@ class ClientConnection(asyncio.Protocol):
         self,
         packet: Publish,
         pid: int,
-        route: PublishRoute,
         retained: tuple[PartitionLink, pb.PartitionTarget] | None,
         span: Span | None,
+        origin: bytes,
     ) -> None:
-        """The packet id is claimed: store the message at every target, as for QoS 1. This
-        goes on (and is reported to the session's partition) even if the client leaves."""
+        """The packet id is claimed: store the message at every target, as for QoS 1, with the
+        claim's origin id (targets that stored it in an earlier attempt skip it). This goes on
+        (and is reported to the session's partition) even if the client leaves."""
+        # Routed now, with shared groups placed by the origin id: a retry of this claim picks
+        # the partitions this attempt picks.
+        route = self.edge.router.route_publish(packet.topic, origin)
         if not route.targets and retained is None:
             reason = RC.NO_MATCHING_SUBSCRIBERS if self.version == V5 else 0
             self._record_qos2(pid, None, reason, span)
             return
         commands = publish_commands(self.client_id, packet, route.targets, retained)
+        routed = carry_origin(origin, commands)
         failures: list[str] = []
         remaining = len(commands)
 
@@ -633,24 +639,43 @@ class ClientConnection(asyncio.Protocol):
             if result.status != OK:
                 failures.append(result.message)
             if not remaining:
-                self._record_qos2(pid, failures[0] if failures else None, 0, span)
+                self._record_qos2(pid, failures[0] if failures else None, 0, span, routed)
 
         if span is not None:
             self.edge.tracer.stamp(span, commands)
-        for link, cmd in commands:
+        for link, cmd in fault_stall(self.config.fault_stall_qos2_routing, packet, commands):
             link.request(cmd, done)
             self._throttle(link)
 
-    def _record_qos2(self, pid: int, failure: str | None, reason: int, span: Span | None) -> None:
-        """Tell the session's partition how the routing ended; PUBREC once it is recorded."""
+    def _record_qos2(
+        self,
+        pid: int,
+        failure: str | None,
+        reason: int,
+        span: Span | None,
+        routed: RoutedOrigin | None = None,
+    ) -> None:
+        """Tell the session's partition how the routing ended; PUBREC once it is recorded.
+        Once the claim is settled (routed, or dropped) its targets forget its origin id."""
+        # A failed routing drops the claim only when a 5.0 PUBREC 0x80 is about to end the
+        # exchange (the id is a new message after it, MQTT-4.3.3-9). Otherwise the client
+        # resends this same message (3.1.1 is disconnected; a 5.0 client that left heard
+        # nothing), and the resend takes the kept claim over and routes with its origin id,
+        # so the targets that stored it do not store it twice.
+        keep = failure is not None and not (self.version == V5 and self.state is State.CONNECTED)
+        forgets = self.edge.qos2_forgets
 
         def on_result(result: pb.Result) -> None:
             if failure is not None:
-                # Not stored everywhere: refused, and the claim is dropped (or, if that could
-                # not be said, left to be taken over), so that a resend is routed again.
                 self._q2_settled(pid)
+                dropped = result.status == OK and not keep
+                if dropped and routed is not None:
+                    forgets.forget(routed)
                 if self.state is State.CONNECTED:
-                    self._publish_refused(pid, failure, span, qos=2)
+                    # Not stored everywhere: refused. If the drop of the claim was not
+                    # confirmed, no PUBREC 0x80 (which would free the id while the claim and
+                    # its origin id may stand): the connection closes and the client resends.
+                    self._publish_refused(pid, failure, span, qos=2, close=not dropped)
                 elif span is not None:
                     self.edge.tracer.finish(span, error=failure)
                 return
@@ -658,10 +683,12 @@ class ClientConnection(asyncio.Protocol):
                 # Stored everywhere but not recorded: say it again once the link is back
                 # (reattach), and only then PUBREC.
                 self._q2_routing.discard(pid)
-                self._q2_unrecorded[pid] = (reason, span)
+                self._q2_unrecorded[pid] = (reason, span, routed)
                 return
             self._q2_settled(pid)
             if result.status == OK:
+                if routed is not None:
+                    forgets.forget(routed)
                 self._q2_pubrec(pid, reason, span)
             elif result.status not in GONE and self.state is State.CONNECTED:
                 self._close(f"QoS 2 PUBLISH {pid} could not be recorded: {result.message}")
@@ -675,6 +702,7 @@ class ClientConnection(asyncio.Protocol):
                     connection_id=self.connection_id,
                     packet_id=pid,
                     ok=failure is None,
+                    keep_claim=keep,
                 )
             ),
             on_result,
@@ -772,15 +800,15 @@ class ClientConnection(asyncio.Protocol):
         return on_result
 
     def _publish_refused(
-        self, pid: int, why: str, span: Span | None = None, *, qos: int = 1
+        self, pid: int, why: str, span: Span | None = None, *, qos: int = 1, close: bool = False
     ) -> None:
         """Never acknowledge what was not stored: 5.0 gets a failing PUBACK (PUBREC for QoS 2,
-        which ends that exchange), 3.1.1 (which has none) loses the connection and will resend
-        the unacknowledged message."""
+        which ends that exchange), 3.1.1 (which has none) or `close` loses the connection and
+        the client will resend the unacknowledged message."""
         self.stats.refused_publishes += 1
         if span is not None:
             self.edge.tracer.finish(span, reason_code=RC.UNSPECIFIED_ERROR, error=why)
-        if self.version == V5:
+        if self.version == V5 and not close:
             log.warning("%s: PUBLISH %d refused: %s", self.client_id, pid, why)
             ack = PubRec if qos == 2 else PubAck
             props = self._reason(
@@ -1061,9 +1089,9 @@ class ClientConnection(asyncio.Protocol):
         )
         # QoS 2 publishes stored everywhere whose routing could not be recorded: now it can.
         unrecorded, self._q2_unrecorded = self._q2_unrecorded, {}
-        for pid, (reason, span) in unrecorded.items():
+        for pid, (reason, span, routed) in unrecorded.items():
             self._q2_routing.add(pid)
-            self._record_qos2(pid, None, reason, span)
+            self._record_qos2(pid, None, reason, span, routed)
 
     # ----- helpers ----------------------------------------------------------------------
 

@@ -90,6 +90,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="time from opening a connection to CONNACK: the CONNECT and any enhanced "
         "authentication exchange (default %(default)s)",
     )
+    parser.add_argument(
+        "--fault-stall-qos2-routing",
+        default="",
+        metavar="TOPIC_PREFIX",
+        help="FAULT INJECTION, for tests only: a QoS 2 PUBLISH without DUP on a topic starting "
+        "with TOPIC_PREFIX is sent to its first target node only and never answered, as if "
+        "this edge died mid-routing",
+    )
     _add_transport_arguments(parser)
     _add_access_arguments(parser)
     parser.add_argument("--log-level", default="INFO")
@@ -304,6 +312,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         log.error("%s", exc)
         return 2
+    if args.fault_stall_qos2_routing:
+        log.warning(
+            "FAULT INJECTION on: QoS 2 publishes on %r* stall mid-routing",
+            args.fault_stall_qos2_routing,
+        )
     config = EdgeConfig(
         node_id=args.node_id,
         host=host,
@@ -325,6 +338,7 @@ def run(args: argparse.Namespace) -> int:
         server_reference=args.server_reference,
         acl_deny_reason_code=args.acl_deny_reason_code,
         connect_timeout=args.connect_timeout,
+        fault_stall_qos2_routing=args.fault_stall_qos2_routing,
     )
 
     async def main(stop: asyncio.Event) -> int:

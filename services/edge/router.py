@@ -9,11 +9,14 @@ matched by their inner filter, with whether the partition has an online member o
 A route keeps, per matching group, the partitions holding members (its candidates); each
 message then goes to one candidate per group, in turn (online members first), which is told in
 its PartitionTarget to serve the group. Routes are cached per topic with their candidates, so a
-cached route never pins a group's messages to one partition.
+cached route never pins a group's messages to one partition. A QoS 2 routing places each group
+by its claim's origin id instead of in turn, so that a retried routing of the claim picks the
+partition the first attempt picked (while the group's partitions and their state are the same).
 """
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 from hexmq.api.membership.v1 import membership_pb2 as mpb
@@ -99,9 +102,10 @@ class Router:
         route = self.session_route(topic)  # the same keyed placement, keyed by the topic
         return route.link, pb.PartitionTarget(partition=route.partition, epoch=route.epoch)
 
-    def route_publish(self, topic: str) -> PublishRoute:
+    def route_publish(self, topic: str, key: bytes = b"") -> PublishRoute:
         """Where one message for `topic` goes. With shared groups matching, every call places
-        each group anew (so call it once per message)."""
+        each group anew (so call it once per message): in turn, or by `key` (a QoS 2 claim's
+        origin id) when given, the same for every call with that key."""
         route = self._cache.get(topic)
         if route is None:
             route = self._route(topic)
@@ -110,7 +114,7 @@ class Router:
                     self._cache.clear()
                 self._cache[topic] = route
         if route.shared:
-            return self._place_shared(route)
+            return self._place_shared(route, key)
         return route
 
     def _route(self, topic: str) -> PublishRoute:
@@ -148,11 +152,11 @@ class Router:
             shared=shared,
         )
 
-    def _place_shared(self, route: PublishRoute) -> PublishRoute:
+    def _place_shared(self, route: PublishRoute, key: bytes) -> PublishRoute:
         """One partition per shared group for this message, named in its PartitionTarget."""
         chosen: dict[int, tuple[SharedCandidate, list[str]]] = {}
         for shared in route.shared:
-            candidate = self._pick(shared)
+            candidate = self._pick(shared, key)
             entry = chosen.get(candidate.partition)
             if entry is None:
                 chosen[candidate.partition] = (candidate, [shared.group])
@@ -177,13 +181,18 @@ class Router:
             complete=route.complete,
         )
 
-    def _pick(self, shared: SharedRoute) -> SharedCandidate:
+    def _pick(self, shared: SharedRoute, key: bytes) -> SharedCandidate:
         """Round robin over the group's partitions that have an online member and a working
         link to their master; else over those with a working link (the message is queued for
-        an offline member there); else the next one (whose link refuses the publish)."""
+        an offline member there); else the next one (whose link refuses the publish). With a
+        key the search starts where the key says (a stable hash: every edge agrees) and the
+        turn is left alone."""
         candidates = shared.candidates
         n = len(candidates)
-        start = self._turns.get(shared.group, 0) % n
+        if key:
+            start = (int.from_bytes(key[:8], "big") ^ zlib.crc32(shared.group.encode())) % n
+        else:
+            start = self._turns.get(shared.group, 0) % n
         reachable = -1
         for k in range(n):
             i = (start + k) % n
@@ -195,6 +204,8 @@ class Router:
                     reachable = i
         else:
             i = reachable if reachable >= 0 else start
+        if key:
+            return candidates[i]
         if len(self._turns) >= SHARED_TURNS_LIMIT and shared.group not in self._turns:
             self._turns.clear()
         self._turns[shared.group] = i + 1

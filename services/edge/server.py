@@ -19,6 +19,7 @@ from services.edge.connection import ClientConnection, State
 from services.edge.limits import ConnectionLimit, ConnectionRate, TopicLimits, connection_ceiling
 from services.edge.links import PartitionLink, ResultCallback
 from services.edge.listeners import start_listeners
+from services.edge.qos2_origins import OriginForgets
 from services.edge.router import Router
 from services.edge.stats import EdgeStats, publish_sys_topics
 from services.edge.tracing import EdgeTracer
@@ -72,6 +73,9 @@ class EdgeConfig:
     server_reference: str | None = None
     # The SUBACK code a 5.0 client gets for a subscription the ACL denies (3.1.1: 0x80).
     acl_deny_reason_code: int = RC.NOT_AUTHORIZED
+    # Fault injection for tests only (services/edge/qos2_origins.py, fault_stall): QoS 2
+    # publishes on topics with this prefix stall after their first target node ("": off).
+    fault_stall_qos2_routing: str = ""
 
 
 class Edge:
@@ -103,6 +107,8 @@ class Edge:
         self._servers: list[asyncio.Server] = []
         # Commands sent again to the master a partition node named (see reroute).
         self.rerouted = 0
+        # Inbound QoS 2: origin ids whose claims are settled, for their targets to forget.
+        self.qos2_forgets = OriginForgets()
 
     def new_connection_id(self) -> str:
         return f"{self.config.node_id}.{self.incarnation:x}.{next(self._counter)}"

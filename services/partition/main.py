@@ -24,6 +24,7 @@ from hexmq.service import (
 from services.membership.client import ViewWatcher
 from services.partition.node import DEFAULT_MAX_QUEUED, PartitionNode, QueueLimits
 from services.partition.peers import ReplicationDriver
+from services.partition.qos2_seen import DEFAULT_RETENTION_S, SeenOrigins
 from services.partition.replication import DEFAULT_LOG_ENTRIES, ReplicationLimits, Replicator
 from services.partition.server import PartitionServicer
 from services.partition.store import GroupCommit, RedisStore
@@ -66,6 +67,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=5.0,
         help="seconds an in-sync follower may stay behind before writes stop waiting for it",
     )
+    parser.add_argument(
+        "--qos2-dedupe-retention",
+        type=float,
+        default=DEFAULT_RETENTION_S,
+        metavar="SECONDS",
+        help="how long a target partition remembers a QoS 2 routing whose end it was never told "
+        "of (its edge died); a retry of that routing later than this is stored again "
+        "(default %(default)g: 24 h)",
+    )
     parser.add_argument("--log-level", default="INFO")
     add_observability_arguments(parser)
 
@@ -81,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--replication-log-entries must be at least 1")
         if args.replica_lag_timeout <= 0:
             raise ValueError("--replica-lag-timeout must be positive")
+        if not args.qos2_dedupe_retention > 0:
+            raise ValueError("--qos2-dedupe-retention must be positive")
         if not args.redis.startswith(("redis://", "unix://")):
             raise ValueError(f"--redis must be a redis:// or unix:// URL, got {args.redis!r}")
     except ValueError as exc:
@@ -118,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
         store = RedisStore(client)
         replication = ReplicationDriver(replicator, store, commit, storage_failed, tick_s=TICK_S)
         limits = QueueLimits(args.max_queued_messages, args.queue_overflow == "drop-oldest")
-        node = PartitionNode(args.node_id, store, commit, obs.tracing, limits, replicator)
+        seen = SeenOrigins(int(args.qos2_dedupe_retention * 1000))
+        node = PartitionNode(args.node_id, store, commit, obs.tracing, limits, replicator, seen)
         ready = asyncio.Event()
 
         async def on_view(view: mpb.View) -> None:
@@ -182,6 +195,13 @@ async def _sweep(node: PartitionNode) -> None:
         node.hand_out_wills()
         if expired:
             log.info("expired %d sessions", expired)
+        swept = node.sweep_qos2_seen()
+        if swept:
+            log.info(
+                "forgot %d QoS 2 origin ids after --qos2-dedupe-retention without a forget from "
+                "their edge (a retry of those routings would be stored again)",
+                swept,
+            )
 
 
 async def _report_metrics(node: PartitionNode, commit: GroupCommit, replicator: Replicator) -> None:
@@ -206,4 +226,5 @@ async def _report_metrics(node: PartitionNode, commit: GroupCommit, replicator: 
         )
         m.queue_depth.labels("sessions").set(len(node.sessions))
         m.queue_depth.labels("storage_batch").set(commit.gathering)
+        m.queue_depth.labels("qos2_seen").set(len(node.seen))
         await asyncio.sleep(1.0)

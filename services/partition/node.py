@@ -20,6 +20,7 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.topics import SHARED_PREFIX, TopicTrie, topic_matches
 from services.partition.index_barrier import IndexBarrier
 from services.partition.links import EdgeLink
+from services.partition.qos2_seen import SeenOrigins
 from services.partition.replication import Replicator
 from services.partition.sessions import NEVER_EXPIRES, Claim, LiveConnection, Routed, Session
 from services.partition.shared import SharedGroups
@@ -69,6 +70,7 @@ class PartitionNode:
         tracing: telemetry.Tracing | None = None,
         limits: QueueLimits | None = None,
         replicator: Replicator | None = None,
+        seen: SeenOrigins | None = None,
     ) -> None:
         self.node_id = node_id
         # Read for spans only; writes reach it through the group commit.
@@ -106,6 +108,8 @@ class PartitionNode:
         # cannot report, see close_link).
         self._q2_attempts: dict[tuple[str, int], tuple[str, EdgeLink]] = {}
         self._q2_waiters: dict[tuple[str, int], list[tuple[EdgeLink, pb.EdgeCommand]]] = {}
+        # Inbound QoS 2 as a target: the origin ids of the routings stored here.
+        self.seen = seen or SeenOrigins()
         self.messages_in = 0
         self.messages_out = 0
 
@@ -149,6 +153,7 @@ class PartitionNode:
                 self.sessions[session.client_id] = session
             for msg in await self.store.load_retained(p):
                 self.retained[msg.topic] = (p, msg)
+            self.seen.load(p, await self.store.load_qos2_seen(p))
             self.mastered[p] = epoch
         log.info(
             "view %d: master of %d partitions, %d sessions loaded",
@@ -420,6 +425,21 @@ class PartitionNode:
             link, cmd, req.retained.partition, req.retained.epoch
         ):
             return
+        if req.qos2_origin:
+            # A QoS 2 routing: the partitions that stored this claim's message already (an
+            # earlier attempt at it) store nothing again, and answer success all the same.
+            origin, stamp = req.qos2_origin, now_ms()
+            fresh = self.seen.admit(
+                origin, [*targets, req.retained.partition] if has_retained else targets, stamp
+            )
+            if not fresh:
+                self._reply(link, cmd)
+                return
+            for p in fresh:
+                self.store.put_qos2_seen(self.commit.batch, p, origin, stamp)
+            targets &= fresh
+            shared = [t for t in shared if t.partition in fresh]
+            has_retained = has_retained and req.retained.partition in fresh
         self.messages_in += 1
         msg = req.message
         if has_retained:
@@ -611,19 +631,17 @@ class PartitionNode:
             return
         if claim is Claim.NEW:
             self._q2_attempts[key] = (req.connection_id, link)
+            state = session.q2in[req.packet_id]
             self.store.put_qos2_inbound(
-                self.commit.batch,
-                session.partition,
-                session.client_id,
-                req.packet_id,
-                session.q2in[req.packet_id],
+                self.commit.batch, session.partition, session.client_id, req.packet_id, state
             )
-        state = {
-            Claim.NEW: pb.QOS2_STATE_NEW,
+            self._reply(link, cmd, qos2_state=pb.QOS2_STATE_NEW, qos2_origin=state.origin)
+            return
+        answer = {
             Claim.DUPLICATE: pb.QOS2_STATE_DUPLICATE,
             Claim.IN_PROGRESS: pb.QOS2_STATE_IN_PROGRESS,
         }[claim]
-        self._reply(link, cmd, qos2_state=state)
+        self._reply(link, cmd, qos2_state=answer)
 
     def _qos2_routed(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
         req = cmd.qos2_routed
@@ -637,14 +655,24 @@ class PartitionNode:
         if session is None or session.partition != cmd.partition:
             self._reply(link, cmd, SC.STATUS_CODE_NOT_FOUND, message="session ended")
         else:
-            change = session.qos2_routed(req.packet_id, req.connection_id, req.ok)
+            change = session.qos2_routed(
+                req.packet_id, req.connection_id, req.ok, keep_claim=req.keep_claim
+            )
             p, cid = session.partition, session.client_id
             if change is Routed.PUT:
                 state = session.q2in[req.packet_id]
                 self.store.put_qos2_inbound(self.commit.batch, p, cid, req.packet_id, state)
             elif change is Routed.DELETED:
                 self.store.delete_qos2_inbound(self.commit.batch, p, cid, req.packet_id)
-            self._reply(link, cmd)
+            if req.ok or req.keep_claim or change is Routed.DELETED:
+                self._reply(link, cmd)
+            else:
+                # Asked to drop a claim that is not this attempt's to drop (another attempt
+                # took it over, or routed it): the edge must not answer PUBREC 0x80, which
+                # would make the packet id a new message while the claim stands.
+                self._reply(
+                    link, cmd, SC.STATUS_CODE_TAKEN_OVER, message="claim held by another attempt"
+                )
         if key not in self._q2_attempts:
             self._q2_wake(key)
 
@@ -666,6 +694,21 @@ class PartitionNode:
             self.commit.batch, session.partition, session.client_id, req.packet_id
         )
         self._reply(link, cmd, qos2_state=pb.QOS2_STATE_RELEASED)
+
+    def _qos2_forget(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+        """The claims of these origin ids are settled: their targets here forget them. Entries
+        for partitions not mastered here at that epoch are left to that master's sweep."""
+        for entry in cmd.qos2_forget.origins:
+            p = entry.partition
+            if self.mastered.get(p) == entry.epoch and self.seen.forget(p, entry.origin):
+                self.store.delete_qos2_seen(self.commit.batch, p, entry.origin)
+
+    def sweep_qos2_seen(self) -> int:
+        """Forget the origin ids kept past the retention (their forgets never came)."""
+        gone = self.seen.sweep(now_ms())
+        for p, origin in gone:
+            self.store.delete_qos2_seen(self.commit.batch, p, origin)
+        return len(gone)
 
     def _will_published(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
         req = cmd.will_published
@@ -692,6 +735,7 @@ class PartitionNode:
         "qos2_receive": _qos2_receive,
         "qos2_routed": _qos2_routed,
         "qos2_release": _qos2_release,
+        "qos2_forget": _qos2_forget,
     }
 
     # ----- helpers ----------------------------------------------------------------------

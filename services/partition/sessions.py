@@ -4,6 +4,7 @@ to the one live connection."""
 from __future__ import annotations
 
 import enum
+import os
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -12,6 +13,9 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 
 if TYPE_CHECKING:
     from services.partition.links import EdgeLink
+
+# Bytes of a QoS 2 claim's origin id (random: unique cluster-wide without coordination).
+ORIGIN_BYTES = 16
 
 # MQTT packet identifiers are 16 bit and nonzero. The edge derives a delivery's packet id from
 # its message id ((id - 1) % 65535 + 1), which stays stable across reconnects and restarts
@@ -152,28 +156,42 @@ class Session:
         """PUBLISH QoS 2 with `packet_id` from `connection_id`. `running` is the connection
         whose attempt at this packet id is still routing (None: no attempt is known to be
         running). On NEW the packet id is claimed for `connection_id`; the caller stores
-        `q2in[packet_id]`."""
+        `q2in[packet_id]`, whose origin id the routing carries."""
         state = self.q2in.get(packet_id)
         if state is not None and state.routed:
             return Claim.DUPLICATE
         if running is not None:
             return Claim.IN_PROGRESS if running == connection_id else Claim.WAIT
-        # Unknown, or claimed by an attempt that ended without a word (its edge or its link
-        # went away mid-routing): route it (again).
-        self.q2in[packet_id] = pb.Qos2Inbound(routed=False, connection_id=connection_id)
+        if state is None:
+            self.q2in[packet_id] = pb.Qos2Inbound(
+                connection_id=connection_id, origin=os.urandom(ORIGIN_BYTES)
+            )
+            return Claim.NEW
+        # Claimed by an attempt that ended without a word (its edge or its link went away
+        # mid-routing, or it failed part-way and kept the claim): route it again, with the
+        # same origin id, so the targets that stored it do not store it twice. (A claim stored
+        # before origin ids existed gets one now.)
+        state.connection_id = connection_id
+        if not state.origin:
+            state.origin = os.urandom(ORIGIN_BYTES)
         return Claim.NEW
 
-    def qos2_routed(self, packet_id: int, connection_id: str, ok: bool) -> Routed:
-        """The routing of `packet_id` by `connection_id` ended: stored everywhere (ok) or not."""
+    def qos2_routed(
+        self, packet_id: int, connection_id: str, ok: bool, *, keep_claim: bool = False
+    ) -> Routed:
+        """The routing of `packet_id` by `connection_id` ended: stored everywhere (ok) or not.
+        Not ok, the claim is dropped (a resend is a new message), or with `keep_claim` left
+        for the resend to take over with the same origin id."""
         state = self.q2in.get(packet_id)
         if state is None or state.routed:
             return Routed.UNCHANGED  # released meanwhile (a client's PUBREL before PUBREC)
         if ok:
             state.routed = True
             state.connection_id = ""
+            state.origin = b""  # no routing of it can be retried any more
             return Routed.PUT
-        if state.connection_id != connection_id:
-            return Routed.UNCHANGED  # another connection has taken the claim over
+        if state.connection_id != connection_id or keep_claim:
+            return Routed.UNCHANGED  # taken over by another connection, or kept for the resend
         del self.q2in[packet_id]
         return Routed.DELETED
 

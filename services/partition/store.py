@@ -8,6 +8,8 @@ Keys (p = partition number, cid = client id):
     hx:{p}:q2in:{cid}    hash  packet id (decimal) -> Qos2Inbound: the session's inbound QoS 2
                                packet ids, from the first PUBLISH until PUBREL
     hx:{p}:retained      hash  topic -> Message (the topic's retained message; p = partition(topic))
+    hx:{p}:q2seen        hash  origin id -> unix ms (decimal): the QoS 2 routings this partition
+                               stored as a target, until their claims are routed (qos2_seen.py)
     hx:{p}:meta          hash  epoch, seq: the replication position this node's copy stands at
 Every key of a partition starts with hx:{p}: so a partition can be moved or dropped as a whole.
 
@@ -72,6 +74,10 @@ def session_keys(p: int, cid: str) -> tuple[str, str, str]:
 
 def retained_key(p: int) -> str:
     return f"hx:{p}:retained"
+
+
+def qos2_seen_key(p: int) -> str:
+    return f"hx:{p}:q2seen"
 
 
 def meta_key(p: int) -> str:
@@ -317,6 +323,19 @@ class RedisStore:
         batch.add(p, (HDEL, qos2_inbound_key(p, cid), b"%d" % packet_id, b""))
 
     @staticmethod
+    def put_qos2_seen(batch: WriteBatch, p: int, origin: bytes, stamp_ms: int) -> None:
+        batch.add(p, (HSET, qos2_seen_key(p), origin, b"%d" % stamp_ms))
+
+    @staticmethod
+    def delete_qos2_seen(batch: WriteBatch, p: int, origin: bytes) -> None:
+        batch.add(p, (HDEL, qos2_seen_key(p), origin, b""))
+
+    async def load_qos2_seen(self, p: int) -> list[tuple[bytes, int]]:
+        """The origin ids partition p remembers, oldest first."""
+        raw = cast("dict[bytes, bytes]", await self.client.hgetall(qos2_seen_key(p)))
+        return sorted(((k, int(v)) for k, v in raw.items()), key=lambda item: item[1])
+
+    @staticmethod
     def put_retained(batch: WriteBatch, p: int, msg: common_pb.Message) -> None:
         batch.add(p, (HSET, retained_key(p), msg.topic.encode(), msg.SerializeToString()))
 
@@ -342,7 +361,7 @@ class RedisStore:
     async def partition_keys(self, p: int) -> list[str]:
         """Every key partition p has here."""
         cids = cast("list[bytes]", await self.client.hkeys(sessions_key(p)))
-        keys = [sessions_key(p), retained_key(p), meta_key(p)]
+        keys = [sessions_key(p), retained_key(p), qos2_seen_key(p), meta_key(p)]
         for raw in cids:
             keys += session_keys(p, raw.decode())
         return keys
@@ -363,11 +382,12 @@ class RedisStore:
             if len(chunk) >= chunk_ops:
                 yield chunk
                 chunk = []
-        async for fld, value in self._hscan(retained_key(p), chunk_ops):
-            chunk.append((HSET, retained_key(p), fld, value))
-            if len(chunk) >= chunk_ops:
-                yield chunk
-                chunk = []
+        for key in (retained_key(p), qos2_seen_key(p)):
+            async for fld, value in self._hscan(key, chunk_ops):
+                chunk.append((HSET, key, fld, value))
+                if len(chunk) >= chunk_ops:
+                    yield chunk
+                    chunk = []
         if chunk:
             yield chunk
 

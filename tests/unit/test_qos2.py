@@ -99,7 +99,8 @@ def test_a_message_loaded_after_a_restart_keeps_its_released_state() -> None:
 def test_inbound_packet_id_lifecycle() -> None:
     session = Session(P, pb.SessionRecord(client_id="c"))
     assert session.qos2_receive(9, "a", None) is Claim.NEW
-    assert session.q2in[9] == pb.Qos2Inbound(routed=False, connection_id="a")
+    claim = session.q2in[9]
+    assert (claim.routed, claim.connection_id, len(claim.origin)) == (False, "a", 16)
     assert session.qos2_receive(9, "a", "a") is Claim.IN_PROGRESS
     assert session.qos2_receive(9, "b", "a") is Claim.WAIT
     assert session.qos2_routed(9, "a", ok=True) is Routed.PUT

@@ -151,6 +151,7 @@ class EdgeCommand(_message.Message):
     QOS2_RECEIVE_FIELD_NUMBER: _builtins.int
     QOS2_ROUTED_FIELD_NUMBER: _builtins.int
     QOS2_RELEASE_FIELD_NUMBER: _builtins.int
+    QOS2_FORGET_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     """0: the edge wants no Result (QoS 0 publish, delivery acknowledgements)."""
     partition: _builtins.int
@@ -186,6 +187,8 @@ class EdgeCommand(_message.Message):
     def qos2_routed(self) -> Global___Qos2Routed: ...
     @_builtins.property
     def qos2_release(self) -> Global___Qos2Release: ...
+    @_builtins.property
+    def qos2_forget(self) -> Global___Qos2Forget: ...
     def __init__(
         self,
         *,
@@ -207,12 +210,13 @@ class EdgeCommand(_message.Message):
         qos2_receive: Global___Qos2Receive | None = ...,
         qos2_routed: Global___Qos2Routed | None = ...,
         qos2_release: Global___Qos2Release | None = ...,
+        qos2_forget: Global___Qos2Forget | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "delivery_ack", b"delivery_ack", "enqueue_retained", b"enqueue_retained", "index_ack", b"index_ack", "open_session", b"open_session", "publish", b"publish", "qos2_receive", b"qos2_receive", "qos2_release", b"qos2_release", "qos2_routed", b"qos2_routed", "retained_query", b"retained_query", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe", "will_published", b"will_published"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "delivery_ack", b"delivery_ack", "enqueue_retained", b"enqueue_retained", "index_ack", b"index_ack", "open_session", b"open_session", "publish", b"publish", "qos2_forget", b"qos2_forget", "qos2_receive", b"qos2_receive", "qos2_release", b"qos2_release", "qos2_routed", b"qos2_routed", "retained_query", b"retained_query", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe", "will_published", b"will_published"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "delivery_ack", b"delivery_ack", "enqueue_retained", b"enqueue_retained", "index_ack", b"index_ack", "open_session", b"open_session", "partition", b"partition", "partition_epoch", b"partition_epoch", "publish", b"publish", "qos2_receive", b"qos2_receive", "qos2_release", b"qos2_release", "qos2_routed", b"qos2_routed", "request_id", b"request_id", "retained_query", b"retained_query", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe", "will_published", b"will_published"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "delivery_ack", b"delivery_ack", "enqueue_retained", b"enqueue_retained", "index_ack", b"index_ack", "open_session", b"open_session", "partition", b"partition", "partition_epoch", b"partition_epoch", "publish", b"publish", "qos2_forget", b"qos2_forget", "qos2_receive", b"qos2_receive", "qos2_release", b"qos2_release", "qos2_routed", b"qos2_routed", "request_id", b"request_id", "retained_query", b"retained_query", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe", "will_published", b"will_published"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["open_session", "close_session", "subscribe", "unsubscribe", "publish", "delivery_ack", "attach_session", "retained_query", "enqueue_retained", "will_published", "index_ack", "qos2_receive", "qos2_routed", "qos2_release"]  # noqa: Y015
+    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["open_session", "close_session", "subscribe", "unsubscribe", "publish", "delivery_ack", "attach_session", "retained_query", "enqueue_retained", "will_published", "index_ack", "qos2_receive", "qos2_routed", "qos2_release", "qos2_forget"]  # noqa: Y015
     _WhichOneofArgType_command: _TypeAlias = _typing.Literal["command", b"command"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_command) -> _WhichOneofReturnType_command | None: ...
 
@@ -486,6 +490,13 @@ class Publish(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     TARGETS_FIELD_NUMBER: _builtins.int
     RETAINED_FIELD_NUMBER: _builtins.int
+    QOS2_ORIGIN_FIELD_NUMBER: _builtins.int
+    qos2_origin: _builtins.bytes
+    """QoS 2 only: the origin id of the claim this routing attempt holds (Result.qos2_origin).
+    Each target partition remembers the origin ids it has stored (hx:{p}:q2seen, written with
+    the enqueues); a Publish whose origin a partition remembers is not stored there again, so
+    a retried routing of the same claim reaches every subscriber once. Empty: QoS 0 and 1.
+    """
     @_builtins.property
     def message(self) -> _common_pb2.Message: ...
     @_builtins.property
@@ -502,10 +513,11 @@ class Publish(_message.Message):
         message: _common_pb2.Message | None = ...,
         targets: _abc.Iterable[Global___PartitionTarget] | None = ...,
         retained: Global___PartitionTarget | None = ...,
+        qos2_origin: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "retained", b"retained"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "retained", b"retained", "targets", b"targets"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "qos2_origin", b"qos2_origin", "retained", b"retained", "targets", b"targets"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -655,7 +667,8 @@ Global___DeliveryAck: _TypeAlias = DeliveryAck  # noqa: Y015
 class Qos2Receive(_message.Message):
     """Inbound QoS 2, step 1: the edge got PUBLISH QoS 2 with this packet id and asks the
     publisher's session partition whether it is the first time (Result.qos2_state). NEW: the
-    partition has recorded a claim on the packet id (durably) and the edge routes the message;
+    partition has recorded a claim on the packet id (durably) and the edge routes the message
+    with the claim's origin id (Result.qos2_origin);
     DUPLICATE: it was received before (answer PUBREC, do not route); IN_PROGRESS: this same
     connection is routing it right now. While another connection's attempt at the same packet
     id is still routing (its edge link is up), the answer waits for that attempt's Qos2Routed.
@@ -688,7 +701,9 @@ Global___Qos2Receive: _TypeAlias = Qos2Receive  # noqa: Y015
 class Qos2Routed(_message.Message):
     """Inbound QoS 2, step 2: the routing of a claimed packet id ended. ok: every target partition
     stored it; the packet id is now recorded as received (durably) and the edge sends PUBREC.
-    Not ok: the claim is dropped (if it is still this connection's), so that a resend is routed.
+    Not ok: the claim is dropped (if it is still this connection's), so that a resend is routed;
+    if it is not (taken over or routed by another attempt) the answer is TAKEN_OVER and the edge
+    must not free the packet id with a PUBREC 0x80.
     Accepted from a connection that is no longer the session's live one (a fact about routing).
     """
 
@@ -698,10 +713,17 @@ class Qos2Routed(_message.Message):
     CONNECTION_ID_FIELD_NUMBER: _builtins.int
     PACKET_ID_FIELD_NUMBER: _builtins.int
     OK_FIELD_NUMBER: _builtins.int
+    KEEP_CLAIM_FIELD_NUMBER: _builtins.int
     client_id: _builtins.str
     connection_id: _builtins.str
     packet_id: _builtins.int
     ok: _builtins.bool
+    keep_claim: _builtins.bool
+    """Not ok, and the claim is kept (with its origin id) instead of dropped: no PUBREC with a
+    failure code went to the client (3.1.1 has none; a 5.0 client that left), so the client
+    resends the same message, and the resend takes the claim over and routes with the same
+    origin id (the targets that stored it skip it).
+    """
     def __init__(
         self,
         *,
@@ -709,10 +731,11 @@ class Qos2Routed(_message.Message):
         connection_id: _builtins.str = ...,
         packet_id: _builtins.int = ...,
         ok: _builtins.bool = ...,
+        keep_claim: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "connection_id", b"connection_id", "ok", b"ok", "packet_id", b"packet_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "connection_id", b"connection_id", "keep_claim", b"keep_claim", "ok", b"ok", "packet_id", b"packet_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -746,6 +769,60 @@ class Qos2Release(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Qos2Release: _TypeAlias = Qos2Release  # noqa: Y015
+
+@_typing.final
+class SeenOrigin(_message.Message):
+    """A (partition, origin id) pair a target partition may forget (see Qos2Forget)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITION_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    ORIGIN_FIELD_NUMBER: _builtins.int
+    partition: _builtins.int
+    epoch: _builtins.int
+    """The partition epoch the Publish was routed by; another epoch is ignored."""
+    origin: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        partition: _builtins.int = ...,
+        epoch: _builtins.int = ...,
+        origin: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "origin", b"origin", "partition", b"partition"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SeenOrigin: _TypeAlias = SeenOrigin  # noqa: Y015
+
+@_typing.final
+class Qos2Forget(_message.Message):
+    """Inbound QoS 2, after step 2: the claims of these origin ids are routed (or dropped after a
+    PUBREC with a failure code), so no routing of them can be retried and the target partitions
+    forget them (durably). Fire and forget, batched per partition node; an origin id whose
+    forget is lost is swept after the partition's --qos2-dedupe-retention.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ORIGINS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def origins(self) -> _containers.RepeatedCompositeFieldContainer[Global___SeenOrigin]: ...
+    def __init__(
+        self,
+        *,
+        origins: _abc.Iterable[Global___SeenOrigin] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["origins", b"origins"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Qos2Forget: _TypeAlias = Qos2Forget  # noqa: Y015
 
 @_typing.final
 class PartitionFrame(_message.Message):
@@ -827,6 +904,7 @@ class Result(_message.Message):
     EXISTED_FIELD_NUMBER: _builtins.int
     QOS2_STATE_FIELD_NUMBER: _builtins.int
     CURRENT_EPOCH_FIELD_NUMBER: _builtins.int
+    QOS2_ORIGIN_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     status: Global___StatusCode.ValueType
     message: _builtins.str
@@ -837,6 +915,10 @@ class Result(_message.Message):
     current_epoch: _builtins.int
     """WRONG_MASTER / STALE_EPOCH: the partition's epoch as the answering node knows it; with
     current_master, enough for the edge to re-send the command where it belongs.
+    """
+    qos2_origin: _builtins.bytes
+    """Qos2Receive NEW: the claim's origin id, unique cluster-wide and the same for every attempt
+    that takes the claim over; the edge sends it with the routed publish (Publish.qos2_origin).
     """
     @_builtins.property
     def reason_codes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
@@ -865,10 +947,11 @@ class Result(_message.Message):
         existed: _abc.Iterable[_builtins.bool] | None = ...,
         qos2_state: Global___Qos2State.ValueType = ...,
         current_epoch: _builtins.int = ...,
+        qos2_origin: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["current_epoch", b"current_epoch", "current_master", b"current_master", "existed", b"existed", "message", b"message", "qos2_state", b"qos2_state", "reason_codes", b"reason_codes", "request_id", b"request_id", "retained", b"retained", "session_present", b"session_present", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["current_epoch", b"current_epoch", "current_master", b"current_master", "existed", b"existed", "message", b"message", "qos2_origin", b"qos2_origin", "qos2_state", b"qos2_state", "reason_codes", b"reason_codes", "request_id", b"request_id", "retained", b"retained", "session_present", b"session_present", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1264,20 +1347,26 @@ class Qos2Inbound(_message.Message):
 
     ROUTED_FIELD_NUMBER: _builtins.int
     CONNECTION_ID_FIELD_NUMBER: _builtins.int
+    ORIGIN_FIELD_NUMBER: _builtins.int
     routed: _builtins.bool
     """false: claimed by connection_id, whose routing has not been reported yet; true: every
     target partition stored the message (PUBREC may be sent).
     """
     connection_id: _builtins.str
+    origin: _builtins.bytes
+    """Set when the claim is first created (16 random bytes) and kept when another attempt takes
+    the claim over: every routing of this claim carries it (Publish.qos2_origin).
+    """
     def __init__(
         self,
         *,
         routed: _builtins.bool = ...,
         connection_id: _builtins.str = ...,
+        origin: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["connection_id", b"connection_id", "routed", b"routed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["connection_id", b"connection_id", "origin", b"origin", "routed", b"routed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
