@@ -15,7 +15,7 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.mqtt import NO_PROPERTIES
 from services.edge.auth import AccessControl
 from services.edge.connection import ClientConnection, State
-from services.edge.handoff import publish_will
+from services.edge.handoff import hand_off_shared, publish_will
 from services.edge.limits import ConnectionLimit, connection_ceiling
 from services.edge.links import PartitionLink, ResultCallback
 from services.edge.listeners import start_listeners
@@ -136,6 +136,9 @@ class Edge:
 
     def on_publish_will(self, will: pb.PublishWill) -> None:
         publish_will(self.router, will)
+
+    def on_shared_handoff(self, handoff: pb.SharedHandoff) -> None:
+        hand_off_shared(self.router, handoff)
 
     def reroute(self, cmd: pb.EdgeCommand, result: pb.Result, callback: ResultCallback) -> bool:
         """A partition node answered that the command's partition is mastered by another node,

@@ -8,6 +8,9 @@ Keys (p = partition number, cid = client id):
     hx:{p}:q2in:{cid}    hash  packet id (decimal) -> Qos2Inbound: the session's inbound QoS 2
                                packet ids, from the first PUBLISH until PUBREL
     hx:{p}:retained      hash  topic -> Message (the topic's retained message; p = partition(topic))
+    hx:{p}:handoff       hash  handoff id (decimal) -> SharedHandoff: shared-subscription
+                               messages of a member whose session ended, until another member
+                               has them (services/partition/redelivery.py)
     hx:{p}:meta          hash  epoch, seq: the replication position this node's copy stands at
 Every key of a partition starts with hx:{p}: so a partition can be moved or dropped as a whole.
 
@@ -72,6 +75,10 @@ def session_keys(p: int, cid: str) -> tuple[str, str, str]:
 
 def retained_key(p: int) -> str:
     return f"hx:{p}:retained"
+
+
+def handoff_key(p: int) -> str:
+    return f"hx:{p}:handoff"
 
 
 def meta_key(p: int) -> str:
@@ -324,6 +331,21 @@ class RedisStore:
     def delete_retained(batch: WriteBatch, p: int, topic: str) -> None:
         batch.add(p, (HDEL, retained_key(p), topic.encode(), b""))
 
+    @staticmethod
+    def put_handoff(batch: WriteBatch, p: int, handoff: pb.SharedHandoff) -> None:
+        value = handoff.SerializeToString()
+        batch.add(p, (HSET, handoff_key(p), b"%d" % handoff.handoff_id, value))
+
+    @staticmethod
+    def delete_handoff(batch: WriteBatch, p: int, handoff_id: int) -> None:
+        batch.add(p, (HDEL, handoff_key(p), b"%d" % handoff_id, b""))
+
+    async def load_handoffs(self, p: int) -> list[pb.SharedHandoff]:
+        raw = cast("dict[bytes, bytes]", await self.client.hgetall(handoff_key(p)))
+        return sorted(
+            (pb.SharedHandoff.FromString(v) for v in raw.values()), key=lambda h: h.handoff_id
+        )
+
     async def load_retained(self, p: int) -> list[common_pb.Message]:
         raw = cast("dict[bytes, bytes]", await self.client.hgetall(retained_key(p)))
         return [common_pb.Message.FromString(v) for v in raw.values()]
@@ -342,7 +364,7 @@ class RedisStore:
     async def partition_keys(self, p: int) -> list[str]:
         """Every key partition p has here."""
         cids = cast("list[bytes]", await self.client.hkeys(sessions_key(p)))
-        keys = [sessions_key(p), retained_key(p), meta_key(p)]
+        keys = [sessions_key(p), retained_key(p), handoff_key(p), meta_key(p)]
         for raw in cids:
             keys += session_keys(p, raw.decode())
         return keys
@@ -363,11 +385,12 @@ class RedisStore:
             if len(chunk) >= chunk_ops:
                 yield chunk
                 chunk = []
-        async for fld, value in self._hscan(retained_key(p), chunk_ops):
-            chunk.append((HSET, retained_key(p), fld, value))
-            if len(chunk) >= chunk_ops:
-                yield chunk
-                chunk = []
+        for key in (retained_key(p), handoff_key(p)):
+            async for fld, value in self._hscan(key, chunk_ops):
+                chunk.append((HSET, key, fld, value))
+                if len(chunk) >= chunk_ops:
+                    yield chunk
+                    chunk = []
         if chunk:
             yield chunk
 
