@@ -202,6 +202,15 @@ class TopicTrie(Generic[K, V]):
             node = parent
         return True
 
+    def entries_of(self, topic_filter: str) -> list[tuple[K, V]]:
+        """The ``(key, value)`` entries of exactly this filter."""
+        if topic_filter not in self._filters:
+            return []
+        node = self._root
+        for level in split_shared(topic_filter)[1].split("/"):
+            node = node.children[level]
+        return [(k, v) for (f, k), v in node.entries.items() if f == topic_filter]
+
     def match(self, topic: str) -> Iterator[tuple[str, K, V]]:
         """Every ``(filter, key, value)`` whose filter matches ``topic``, each once.
 

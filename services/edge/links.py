@@ -50,6 +50,7 @@ class LinkListener(Protocol):
     def on_kick(self, kick: pb.Kick) -> None: ...
     def on_index_update(self, link: PartitionLink, update: pb.IndexUpdate) -> None: ...
     def on_publish_will(self, will: pb.PublishWill) -> None: ...
+    def on_shared_handoff(self, handoff: pb.SharedHandoff) -> None: ...
     def reroute(self, cmd: pb.EdgeCommand, result: pb.Result, callback: ResultCallback) -> bool: ...
 
 
@@ -257,6 +258,8 @@ class PartitionLink:
                 listener.on_kick(event.kick)
             elif kind == "publish_will":
                 listener.on_publish_will(event.publish_will)
+            elif kind == "shared_handoff":
+                listener.on_shared_handoff(event.shared_handoff)
             elif kind == "index_update":
                 update = event.index_update
                 listener.on_index_update(self, update)

@@ -93,9 +93,19 @@ class Router:
     def session_route(self, client_id: str) -> SessionRoute:
         view = self.view
         assert view is not None
-        p = partition_of(client_id, view.partition_count)
+        return self.partition_route(partition_of(client_id, view.partition_count))
+
+    def partition_route(self, p: int) -> SessionRoute:
+        """The master of partition p, by the view."""
+        view = self.view
+        assert view is not None
         assignment = view.partitions[p]
         return SessionRoute(p, assignment.epoch, self.links[assignment.replicas[0]])
+
+    @property
+    def index_complete(self) -> bool:
+        """Every partition node's index has arrived at least once (see PublishRoute)."""
+        return all(n in self._indexed for n in self.links)
 
     def retained_route(self, topic: str) -> tuple[PartitionLink, pb.PartitionTarget]:
         """Where the topic's retained message lives: the master of partition(topic)."""
@@ -127,11 +137,7 @@ class Router:
             if filt.startswith(SHARED_PREFIX):
                 if groups is None:
                     groups = {}
-                assignment = view.partitions[p]
-                master = assignment.replicas[0]
-                groups.setdefault(filt, []).append(
-                    SharedCandidate(p, assignment.epoch, master, self.links[master], online)
-                )
+                groups.setdefault(filt, []).append(self._candidate(view, p, online))
                 continue
             if p in seen:
                 continue
@@ -148,9 +154,32 @@ class Router:
             )
         return PublishRoute(
             targets=tuple((self.links[n], tuple(t)) for n, t in sorted(by_node.items())),
-            complete=all(n in self._indexed for n in self.links),
+            complete=self.index_complete,
             shared=shared,
         )
+
+    def _candidate(self, view: mpb.View, p: int, online: bool) -> SharedCandidate:
+        assignment = view.partitions[p]
+        master = assignment.replicas[0]
+        return SharedCandidate(p, assignment.epoch, master, self.links[master], online)
+
+    def shared_candidate(self, group: str, *, exclude: int) -> SharedCandidate | None:
+        """The partition, other than `exclude`, that gets a shared group's messages handed
+        over from a member there (services/edge/handoff.py): chosen as for a publish, in turn,
+        online members and a working link first. None: no other partition holds members."""
+        view = self.view
+        assert view is not None
+        candidates = sorted(
+            (
+                self._candidate(view, p, online)
+                for p, online in self._index.entries_of(group)
+                if p != exclude
+            ),
+            key=lambda c: c.partition,
+        )
+        if not candidates:
+            return None
+        return self._pick(SharedRoute(group, tuple(candidates)), b"")
 
     def _place_shared(self, route: PublishRoute, key: bytes) -> PublishRoute:
         """One partition per shared group for this message, named in its PartitionTarget."""

@@ -16,6 +16,7 @@ from hexmq.mqtt import NO_PROPERTIES
 from hexmq.mqtt.reason_codes import ReasonCode as RC
 from services.edge.auth import AccessControl
 from services.edge.connection import ClientConnection, State
+from services.edge.handoff import hand_off_shared, publish_will
 from services.edge.limits import ConnectionLimit, ConnectionRate, TopicLimits, connection_ceiling
 from services.edge.links import PartitionLink, ResultCallback
 from services.edge.listeners import start_listeners
@@ -23,7 +24,7 @@ from services.edge.qos2_origins import OriginForgets
 from services.edge.router import Router
 from services.edge.stats import EdgeStats, publish_sys_topics
 from services.edge.tracing import EdgeTracer
-from services.edge.translate import fill_message, message_commands
+from services.edge.translate import fill_message
 from services.membership.client import ViewWatcher
 
 log = logging.getLogger("hexmq.edge")
@@ -159,36 +160,10 @@ class Edge:
             link.send(cmd)
 
     def on_publish_will(self, will: pb.PublishWill) -> None:
-        """A partition hands over a due will: route it like a PUBLISH from its client and, once
-        every target partition has it, say so (the partition hands it out again otherwise)."""
-        if self.router.view is None:
-            return
-        msg = will.message
-        route = self.router.route_publish(msg.topic)
-        if not route.complete:
-            return
-        retained = self.router.retained_route(msg.topic) if msg.retain else None
-        commands = message_commands(lambda m: m.CopyFrom(msg), route.targets, retained)
-        confirm = pb.EdgeCommand(
-            will_published=pb.WillPublished(client_id=will.client_id, will_id=will.will_id)
-        )
-        session = self.router.session_route(will.client_id)
-        confirm.partition, confirm.partition_epoch = session.partition, session.epoch
-        remaining = len(commands)
-        failed = False
+        publish_will(self.router, will)
 
-        def done(result: pb.Result) -> None:
-            nonlocal remaining, failed
-            remaining -= 1
-            failed = failed or result.status != pb.StatusCode.STATUS_CODE_OK
-            if remaining == 0 and not failed:
-                session.link.send(confirm)
-
-        if not commands:
-            session.link.send(confirm)
-        for link, cmd in commands:
-            link.request(cmd, done)
-        log.info("publishing the will of a session of partition %d", session.partition)
+    def on_shared_handoff(self, handoff: pb.SharedHandoff) -> None:
+        hand_off_shared(self.router, handoff)
 
     def reroute(self, cmd: pb.EdgeCommand, result: pb.Result, callback: ResultCallback) -> bool:
         """A partition node answered that the command's partition is mastered by another node,

@@ -193,6 +193,7 @@ async def _sweep(node: PartitionNode) -> None:
         await asyncio.sleep(1.0)
         expired = node.expire_sessions()
         node.hand_out_wills()
+        node.hand_out_shared()
         if expired:
             log.info("expired %d sessions", expired)
         swept = node.sweep_qos2_seen()

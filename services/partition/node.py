@@ -21,6 +21,7 @@ from hexmq.topics import SHARED_PREFIX, TopicTrie, topic_matches
 from services.partition.index_barrier import IndexBarrier
 from services.partition.links import EdgeLink
 from services.partition.qos2_seen import SeenOrigins
+from services.partition.redelivery import SharedRedelivery
 from services.partition.replication import Replicator
 from services.partition.sessions import NEVER_EXPIRES, Claim, LiveConnection, Routed, Session
 from services.partition.shared import SharedGroups
@@ -99,6 +100,17 @@ class PartitionNode:
         # Shared subscriptions: the members of each group per partition (not in the trie: the
         # edge names the groups a partition serves for each message).
         self.shared = SharedGroups()
+        # Messages of members whose connection or session ended, for other members.
+        self.redelivery = SharedRedelivery(
+            node_id,
+            store,
+            commit,
+            self.shared,
+            self.sessions,
+            self.links,
+            self._enqueue,
+            self._schedule_pump,
+        )
         # Sessions whose record changed in the batch being gathered (written once per batch).
         self._dirty: dict[str, Session] = {}
         commit.add_finisher(self._write_dirty)
@@ -154,6 +166,7 @@ class PartitionNode:
             for msg in await self.store.load_retained(p):
                 self.retained[msg.topic] = (p, msg)
             self.seen.load(p, await self.store.load_qos2_seen(p))
+            self.redelivery.load(await self.store.load_handoffs(p))
             self.mastered[p] = epoch
         log.info(
             "view %d: master of %d partitions, %d sessions loaded",
@@ -360,6 +373,8 @@ class PartitionNode:
             self._delete_session(session)
         else:
             self.store.put_session(self.commit.batch, session.partition, session.record)
+            if session.shared:
+                self.redelivery.connection_ended(session, stamp)
         self._reply(link, cmd)
 
     def _subscribe(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
@@ -458,8 +473,8 @@ class PartitionNode:
             if spec.subscription_id:
                 ids.append(spec.subscription_id)
             matched[cid] = (max(qos, spec.qos), ids, retain or spec.retain_as_published)
-        if shared:
-            self._match_shared(shared, msg.topic, matched)
+        # Sessions that get this message only as one shared group's member: client id -> group.
+        group_only = self._match_shared(shared, msg.topic, matched) if shared else None
         for cid, (sub_qos, ids, rap) in matched.items():
             session = self.sessions[cid]
             if session.partition not in targets:
@@ -479,6 +494,8 @@ class PartitionNode:
             qm = pb.QueuedMessage(
                 qos=qos, message=msg, subscription_ids=ids, retain=rap and msg.retain
             )
+            if group_only and cid in group_only:
+                qm.shared_group = group_only[cid]
             if carriers:
                 set_carrier(qm, carriers[session.partition])
             if self._enqueue(session, qm) and carriers:
@@ -490,10 +507,12 @@ class PartitionNode:
         targets: list[pb.PartitionTarget],
         topic: str,
         matched: dict[str, tuple[int, list[int], bool]],
-    ) -> None:
+    ) -> dict[str, str]:
         """Add to `matched` the one member of each shared group that the edge named for these
         partitions (a session chosen for a group that also has other matching subscriptions
-        gets one delivery for all of them, as for overlapping subscriptions)."""
+        gets one delivery for all of them, as for overlapping subscriptions). Returns the
+        sessions matched by one group and nothing else, with that group."""
+        group_only: dict[str, str] = {}
         for target in targets:
             for filt in target.shared:
                 if not topic_matches(filt, topic):
@@ -503,10 +522,17 @@ class PartitionNode:
                     continue  # the group left this partition after the edge routed the message
                 spec = session.subscriptions[filt]
                 cid = session.client_id
-                qos, ids, retain = matched.get(cid, (-1, [], False))
+                prior = matched.get(cid)
+                if prior is None:
+                    group_only[cid] = filt
+                    prior = (-1, [], False)
+                else:
+                    group_only.pop(cid, None)
+                qos, ids, retain = prior
                 if spec.subscription_id:
                     ids.append(spec.subscription_id)
                 matched[cid] = (max(qos, spec.qos), ids, retain or spec.retain_as_published)
+        return group_only
 
     def _enqueue(self, session: Session, qm: pb.QueuedMessage) -> bool:
         """Queue a QoS >= 1 message for `session` (its message id is assigned here), durably,
@@ -720,6 +746,25 @@ class PartitionNode:
             session.record.will_due_at_ms = 0
             self.store.put_session(self.commit.batch, session.partition, session.record)
 
+    def _enqueue_shared(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+        req = cmd.enqueue_shared
+        p = cmd.partition
+        if not self._check_owner(link, cmd, p, cmd.partition_epoch):
+            return
+        if self.redelivery.give(p, req.group, list(req.messages), req.online_only):
+            self._reply(link, cmd)
+            return
+        online = "online " if req.online_only else ""
+        self._reply(
+            link,
+            cmd,
+            SC.STATUS_CODE_NOT_FOUND,
+            message=f"no {online}member of {req.group} in partition {p}",
+        )
+
+    def _shared_handoff_done(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+        self.redelivery.answered(cmd.shared_handoff_done)
+
     _handlers: dict[str, Callable[[PartitionNode, EdgeLink, pb.EdgeCommand], None]] = {
         "open_session": _open_session,
         "attach_session": _attach_session,
@@ -736,6 +781,8 @@ class PartitionNode:
         "qos2_routed": _qos2_routed,
         "qos2_release": _qos2_release,
         "qos2_forget": _qos2_forget,
+        "enqueue_shared": _enqueue_shared,
+        "shared_handoff_done": _shared_handoff_done,
     }
 
     # ----- helpers ----------------------------------------------------------------------
@@ -841,6 +888,8 @@ class PartitionNode:
             self._announce([pb.IndexEntry(partition=p, filter=filt, present=count > 0)])
 
     def _delete_session(self, session: Session) -> None:
+        if session.shared:
+            self.redelivery.session_ended(session)
         if session.record.will_due_at_ms:
             self._publish_will_now(session)  # the session ends before the will's delay
         self.wills.cancel(session.client_id)
@@ -889,6 +938,11 @@ class PartitionNode:
             cid: sessions[cid].record.will.message for cid in self.wills.due if cid in sessions
         }
         self.wills.hand_out(now_ms(), self.links, messages)
+
+    def hand_out_shared(self) -> None:
+        """Shared-subscription messages of members that went offline lately, and those being
+        handed over (again, if unanswered), to an edge."""
+        self.redelivery.sweep(now_ms())
 
     # ----- housekeeping -----------------------------------------------------------------
 

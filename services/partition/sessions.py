@@ -84,6 +84,10 @@ class Session:
     durable_mid: int = 0
     # Inbound QoS 2: packet id -> its state, from the first PUBLISH until PUBREL.
     q2in: dict[int, pb.Qos2Inbound] = field(default_factory=dict)
+    # Queued shared-subscription messages being given to another member of their group
+    # (services/partition/redelivery.py): not sent to this session meanwhile; the delivery
+    # order waits at the first one until it is moved (deleted here) or given back.
+    handing: set[int] = field(default_factory=set)
 
     @property
     def client_id(self) -> str:
@@ -132,6 +136,8 @@ class Session:
                 removed.append(mid)
                 self.inflight.discard(mid)
                 self.ever_sent.discard(mid)
+        if self.handing:
+            self.handing.difference_update(removed)
         return removed
 
     def release(self, message_ids: list[int]) -> list[pb.QueuedMessage]:
@@ -207,6 +213,7 @@ class Session:
         out: list[pb.QueuedMessage] = []
         oldest = next(iter(self.queue), 0)
         window = conn.receive_maximum
+        handing = self.handing
         while self.unsent:
             item = self.unsent[0]
             if not isinstance(item, int):
@@ -223,7 +230,7 @@ class Session:
             if qm is None:
                 self.unsent.popleft()
                 continue
-            if mid - oldest >= PACKET_ID_SPAN:
+            if mid - oldest >= PACKET_ID_SPAN or (handing and mid in handing):
                 break
             self.unsent.popleft()
             self.inflight.add(mid)

@@ -10,6 +10,9 @@ Keys (p = partition number, cid = client id):
     hx:{p}:retained      hash  topic -> Message (the topic's retained message; p = partition(topic))
     hx:{p}:q2seen        hash  origin id -> unix ms (decimal): the QoS 2 routings this partition
                                stored as a target, until their claims are routed (qos2_seen.py)
+    hx:{p}:handoff       hash  handoff id (decimal) -> SharedHandoff: shared-subscription
+                               messages of a member whose session ended, until another member
+                               has them (services/partition/redelivery.py)
     hx:{p}:meta          hash  epoch, seq: the replication position this node's copy stands at
 Every key of a partition starts with hx:{p}: so a partition can be moved or dropped as a whole.
 
@@ -78,6 +81,10 @@ def retained_key(p: int) -> str:
 
 def qos2_seen_key(p: int) -> str:
     return f"hx:{p}:q2seen"
+
+
+def handoff_key(p: int) -> str:
+    return f"hx:{p}:handoff"
 
 
 def meta_key(p: int) -> str:
@@ -343,6 +350,21 @@ class RedisStore:
     def delete_retained(batch: WriteBatch, p: int, topic: str) -> None:
         batch.add(p, (HDEL, retained_key(p), topic.encode(), b""))
 
+    @staticmethod
+    def put_handoff(batch: WriteBatch, p: int, handoff: pb.SharedHandoff) -> None:
+        value = handoff.SerializeToString()
+        batch.add(p, (HSET, handoff_key(p), b"%d" % handoff.handoff_id, value))
+
+    @staticmethod
+    def delete_handoff(batch: WriteBatch, p: int, handoff_id: int) -> None:
+        batch.add(p, (HDEL, handoff_key(p), b"%d" % handoff_id, b""))
+
+    async def load_handoffs(self, p: int) -> list[pb.SharedHandoff]:
+        raw = cast("dict[bytes, bytes]", await self.client.hgetall(handoff_key(p)))
+        return sorted(
+            (pb.SharedHandoff.FromString(v) for v in raw.values()), key=lambda h: h.handoff_id
+        )
+
     async def load_retained(self, p: int) -> list[common_pb.Message]:
         raw = cast("dict[bytes, bytes]", await self.client.hgetall(retained_key(p)))
         return [common_pb.Message.FromString(v) for v in raw.values()]
@@ -361,7 +383,7 @@ class RedisStore:
     async def partition_keys(self, p: int) -> list[str]:
         """Every key partition p has here."""
         cids = cast("list[bytes]", await self.client.hkeys(sessions_key(p)))
-        keys = [sessions_key(p), retained_key(p), qos2_seen_key(p), meta_key(p)]
+        keys = [sessions_key(p), retained_key(p), qos2_seen_key(p), handoff_key(p), meta_key(p)]
         for raw in cids:
             keys += session_keys(p, raw.decode())
         return keys
@@ -382,7 +404,7 @@ class RedisStore:
             if len(chunk) >= chunk_ops:
                 yield chunk
                 chunk = []
-        for key in (retained_key(p), qos2_seen_key(p)):
+        for key in (retained_key(p), qos2_seen_key(p), handoff_key(p)):
             async for fld, value in self._hscan(key, chunk_ops):
                 chunk.append((HSET, key, fld, value))
                 if len(chunk) >= chunk_ops:

@@ -7,7 +7,7 @@ DISCONNECT the partition sets the record's will_due_at_ms to the end of the Will
 it. A due will is handed to one edge (this node's own if it is linked) as a PublishWill event;
 the edge routes it like any PUBLISH and answers WillPublished once every target partition took
 it, and only then does the partition forget the will. Without an answer the will is handed out
-again after HAND_OUT_RETRY_MS: at least once, as QoS 1 wants.
+again (services/partition/handout.py): at least once, as QoS 1 wants.
 
 A will whose session ends at once (clean start takeover, expiry 0) is kept here in memory
 until an edge confirms it.
@@ -16,19 +16,11 @@ until an edge confirms it.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 
 from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.partition.v1 import partition_pb2 as pb
+from services.partition.handout import HandOutClock, pick_edge
 from services.partition.links import EdgeLink
-
-HAND_OUT_RETRY_MS = 10_000
-
-
-@dataclass(slots=True)
-class HandedOut:
-    will_id: int
-    at_ms: int
 
 
 class WillBoard:
@@ -36,20 +28,26 @@ class WillBoard:
         self.node_id = node_id
         # client id -> when its session's will is due (sessions of partitions mastered here).
         self.due: dict[str, int] = {}
-        self.handed: dict[str, HandedOut] = {}
+        # client id -> the will id of its will's last hand-out.
+        self.handed: dict[str, int] = {}
+        self._handed_at: HandOutClock[str] = HandOutClock()
         # will id -> (client id, message) of sessions that ended with their will unsent.
         self.orphans: dict[int, tuple[str, common_pb.Message]] = {}
-        self._orphans_handed: dict[int, int] = {}
+        self._orphans_handed: HandOutClock[int] = HandOutClock()
         self._ids = itertools.count(1)
         self.published = 0
 
     def schedule(self, client_id: str, due_ms: int) -> None:
         self.due[client_id] = due_ms
-        self.handed.pop(client_id, None)
+        self._unhand(client_id)
 
     def cancel(self, client_id: str) -> None:
         self.due.pop(client_id, None)
+        self._unhand(client_id)
+
+    def _unhand(self, client_id: str) -> None:
         self.handed.pop(client_id, None)
+        self._handed_at.forget(client_id)
 
     def orphan(self, client_id: str, message: common_pb.Message) -> None:
         """The session ended with this will unsent: publish it now, from memory."""
@@ -65,45 +63,36 @@ class WillBoard:
     ) -> int:
         """Send every due will not handed out recently to an edge; `wills` maps the client ids
         of `due` to their will messages. Returns how many went out."""
-        link = links.get(self.node_id) or next(
-            (links[name] for name in sorted(links) if not links[name].closed), None
-        )
-        if link is None or link.closed:
+        link = pick_edge(self.node_id, links)
+        if link is None:
             return 0
         sent = 0
         for cid, due in self.due.items():
             if due > now_ms:
                 continue
-            handed = self.handed.get(cid)
-            if handed is not None and now_ms - handed.at_ms < HAND_OUT_RETRY_MS:
-                continue
             message = wills.get(cid)
-            if message is None:
+            if message is None or not self._handed_at.due(cid, now_ms):
                 continue
             will_id = next(self._ids)
-            self.handed[cid] = HandedOut(will_id, now_ms)
+            self.handed[cid] = will_id
             link.send(_event(cid, will_id, message, now_ms))
             sent += 1
         for will_id, (cid, message) in self.orphans.items():
-            at = self._orphans_handed.get(will_id)
-            if at is not None and now_ms - at < HAND_OUT_RETRY_MS:
-                continue
-            self._orphans_handed[will_id] = now_ms
-            link.send(_event(cid, will_id, message, now_ms))
-            sent += 1
+            if self._orphans_handed.due(will_id, now_ms):
+                link.send(_event(cid, will_id, message, now_ms))
+                sent += 1
         return sent
 
     def confirmed(self, client_id: str, will_id: int) -> bool:
         """An edge published the will: True if it was the session's current one (the caller
         then clears it from the record)."""
         if self.orphans.pop(will_id, None) is not None:
-            self._orphans_handed.pop(will_id, None)
+            self._orphans_handed.forget(will_id)
             self.published += 1
             return False
-        handed = self.handed.get(client_id)
-        if handed is None or handed.will_id != will_id:
+        if self.handed.get(client_id) != will_id:
             return False
-        del self.handed[client_id]
+        self._unhand(client_id)
         self.due.pop(client_id, None)
         self.published += 1
         return True

@@ -23,8 +23,11 @@ HEADER = "| statement | what it says | status | tests |"
 SEPARATOR = "| --- | --- | --- | --- |"
 SUMMARY_HEADER = "| status | statements |"
 
-#: A 5.0 id, a 3.1.1 id marked as such, a section without a numbered id, or a DESIGN.md guarantee.
-STATEMENT = re.compile(r"MQTT-\d+\.\d+\.\d+-\d+(?: \(3\.1\.1\))?|§\d+(?:\.\d+)*|G[1-7]")
+#: A 5.0 id, a 3.1.1 id marked as such, a section without a numbered id (with a topic in
+#: parentheses when the section has more than one such row), or a DESIGN.md guarantee.
+STATEMENT = re.compile(
+    r"MQTT-\d+\.\d+\.\d+-\d+(?: \(3\.1\.1\))?|§\d+(?:\.\d+)*(?: \([a-z0-9 ]+\))?|G[1-7]"
+)
 TEST_REF = re.compile(r"`(tests/[\w/]+\.py)::(\w+(?:::\w+)?)`")
 STATUSES = ("met", "partly", "untested", "not yet", "not yet (in progress)")
 WITH_TESTS = {"met", "partly"}

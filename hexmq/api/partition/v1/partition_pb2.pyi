@@ -152,6 +152,8 @@ class EdgeCommand(_message.Message):
     QOS2_ROUTED_FIELD_NUMBER: _builtins.int
     QOS2_RELEASE_FIELD_NUMBER: _builtins.int
     QOS2_FORGET_FIELD_NUMBER: _builtins.int
+    ENQUEUE_SHARED_FIELD_NUMBER: _builtins.int
+    SHARED_HANDOFF_DONE_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     """0: the edge wants no Result (QoS 0 publish, delivery acknowledgements)."""
     partition: _builtins.int
@@ -189,6 +191,10 @@ class EdgeCommand(_message.Message):
     def qos2_release(self) -> Global___Qos2Release: ...
     @_builtins.property
     def qos2_forget(self) -> Global___Qos2Forget: ...
+    @_builtins.property
+    def enqueue_shared(self) -> Global___EnqueueShared: ...
+    @_builtins.property
+    def shared_handoff_done(self) -> Global___SharedHandoffDone: ...
     def __init__(
         self,
         *,
@@ -211,12 +217,14 @@ class EdgeCommand(_message.Message):
         qos2_routed: Global___Qos2Routed | None = ...,
         qos2_release: Global___Qos2Release | None = ...,
         qos2_forget: Global___Qos2Forget | None = ...,
+        enqueue_shared: Global___EnqueueShared | None = ...,
+        shared_handoff_done: Global___SharedHandoffDone | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "delivery_ack", b"delivery_ack", "enqueue_retained", b"enqueue_retained", "index_ack", b"index_ack", "open_session", b"open_session", "publish", b"publish", "qos2_forget", b"qos2_forget", "qos2_receive", b"qos2_receive", "qos2_release", b"qos2_release", "qos2_routed", b"qos2_routed", "retained_query", b"retained_query", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe", "will_published", b"will_published"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "delivery_ack", b"delivery_ack", "enqueue_retained", b"enqueue_retained", "enqueue_shared", b"enqueue_shared", "index_ack", b"index_ack", "open_session", b"open_session", "publish", b"publish", "qos2_forget", b"qos2_forget", "qos2_receive", b"qos2_receive", "qos2_release", b"qos2_release", "qos2_routed", b"qos2_routed", "retained_query", b"retained_query", "shared_handoff_done", b"shared_handoff_done", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe", "will_published", b"will_published"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "delivery_ack", b"delivery_ack", "enqueue_retained", b"enqueue_retained", "index_ack", b"index_ack", "open_session", b"open_session", "partition", b"partition", "partition_epoch", b"partition_epoch", "publish", b"publish", "qos2_forget", b"qos2_forget", "qos2_receive", b"qos2_receive", "qos2_release", b"qos2_release", "qos2_routed", b"qos2_routed", "request_id", b"request_id", "retained_query", b"retained_query", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe", "will_published", b"will_published"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "delivery_ack", b"delivery_ack", "enqueue_retained", b"enqueue_retained", "enqueue_shared", b"enqueue_shared", "index_ack", b"index_ack", "open_session", b"open_session", "partition", b"partition", "partition_epoch", b"partition_epoch", "publish", b"publish", "qos2_forget", b"qos2_forget", "qos2_receive", b"qos2_receive", "qos2_release", b"qos2_release", "qos2_routed", b"qos2_routed", "request_id", b"request_id", "retained_query", b"retained_query", "shared_handoff_done", b"shared_handoff_done", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe", "will_published", b"will_published"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["open_session", "close_session", "subscribe", "unsubscribe", "publish", "delivery_ack", "attach_session", "retained_query", "enqueue_retained", "will_published", "index_ack", "qos2_receive", "qos2_routed", "qos2_release", "qos2_forget"]  # noqa: Y015
+    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["open_session", "close_session", "subscribe", "unsubscribe", "publish", "delivery_ack", "attach_session", "retained_query", "enqueue_retained", "will_published", "index_ack", "qos2_receive", "qos2_routed", "qos2_release", "qos2_forget", "enqueue_shared", "shared_handoff_done"]  # noqa: Y015
     _WhichOneofArgType_command: _TypeAlias = _typing.Literal["command", b"command"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_command) -> _WhichOneofReturnType_command | None: ...
 
@@ -604,6 +612,72 @@ class WillPublished(_message.Message):
 Global___WillPublished: _TypeAlias = WillPublished  # noqa: Y015
 
 @_typing.final
+class EnqueueShared(_message.Message):
+    """Give these messages, in order, to members of a shared group in the command's partition
+    (each to one member in turn, online ones first), as if the edge had routed each one to the
+    group alone: no other subscription of the partition gets them. NOT_FOUND when the partition
+    holds no member of the group (or, with online_only, no online one).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    ONLINE_ONLY_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    online_only: _builtins.bool
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]: ...
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        messages: _abc.Iterable[_common_pb2.Message] | None = ...,
+        online_only: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "messages", b"messages", "online_only", b"online_only"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EnqueueShared: _TypeAlias = EnqueueShared  # noqa: Y015
+
+@_typing.final
+class SharedHandoffDone(_message.Message):
+    """The edge's answer to a SharedHandoff. moved: every message is stored at another member;
+    not moved: no other partition holds a member of the group (online_only: an online one). A
+    handoff that failed otherwise gets no answer and is handed out again.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    HANDOFF_ID_FIELD_NUMBER: _builtins.int
+    MOVED_FIELD_NUMBER: _builtins.int
+    ONLINE_ONLY_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    handoff_id: _builtins.int
+    moved: _builtins.bool
+    online_only: _builtins.bool
+    """As in the SharedHandoff answered (an answer to an earlier hand-out of it is ignored)."""
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+        handoff_id: _builtins.int = ...,
+        moved: _builtins.bool = ...,
+        online_only: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "handoff_id", b"handoff_id", "moved", b"moved", "online_only", b"online_only"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SharedHandoffDone: _TypeAlias = SharedHandoffDone  # noqa: Y015
+
+@_typing.final
 class IndexAck(_message.Message):
     """The edge applied the IndexUpdate with this seq (and every one before it) to its routing."""
 
@@ -861,6 +935,7 @@ class PartitionEvent(_message.Message):
     KICK_FIELD_NUMBER: _builtins.int
     INDEX_UPDATE_FIELD_NUMBER: _builtins.int
     PUBLISH_WILL_FIELD_NUMBER: _builtins.int
+    SHARED_HANDOFF_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def result(self) -> Global___Result: ...
     @_builtins.property
@@ -871,6 +946,8 @@ class PartitionEvent(_message.Message):
     def index_update(self) -> Global___IndexUpdate: ...
     @_builtins.property
     def publish_will(self) -> Global___PublishWill: ...
+    @_builtins.property
+    def shared_handoff(self) -> Global___SharedHandoff: ...
     def __init__(
         self,
         *,
@@ -879,12 +956,13 @@ class PartitionEvent(_message.Message):
         kick: Global___Kick | None = ...,
         index_update: Global___IndexUpdate | None = ...,
         publish_will: Global___PublishWill | None = ...,
+        shared_handoff: Global___SharedHandoff | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["delivery", b"delivery", "event", b"event", "index_update", b"index_update", "kick", b"kick", "publish_will", b"publish_will", "result", b"result"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["delivery", b"delivery", "event", b"event", "index_update", b"index_update", "kick", b"kick", "publish_will", b"publish_will", "result", b"result", "shared_handoff", b"shared_handoff"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivery", b"delivery", "event", b"event", "index_update", b"index_update", "kick", b"kick", "publish_will", b"publish_will", "result", b"result"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivery", b"delivery", "event", b"event", "index_update", b"index_update", "kick", b"kick", "publish_will", b"publish_will", "result", b"result", "shared_handoff", b"shared_handoff"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["result", "delivery", "kick", "index_update", "publish_will"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["result", "delivery", "kick", "index_update", "publish_will", "shared_handoff"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 
@@ -968,6 +1046,7 @@ class QueuedMessage(_message.Message):
     SUBSCRIPTION_IDS_FIELD_NUMBER: _builtins.int
     RETAIN_FIELD_NUMBER: _builtins.int
     RELEASED_FIELD_NUMBER: _builtins.int
+    SHARED_GROUP_FIELD_NUMBER: _builtins.int
     message_id: _builtins.int
     """Per-session, strictly increasing: the delivery order and the key of the acknowledgement."""
     qos: _builtins.int
@@ -978,6 +1057,12 @@ class QueuedMessage(_message.Message):
     released: _builtins.bool
     """QoS 2: the client sent PUBREC; what is left is a stub (message_id, qos, released; no
     message) that the edge sends as PUBREL until the client answers PUBCOMP.
+    """
+    shared_group: _builtins.str
+    """Set when the message was queued for this session only as the member chosen by one shared
+    subscription group (the group's full "$share/{ShareName}/{filter}"): no non-shared
+    subscription and no other group of the session matched it. Such a message may go to
+    another member of the group when this member's connection or session ends (MQTT 5.0 4.8.2).
     """
     @_builtins.property
     def message(self) -> _common_pb2.Message: ...
@@ -993,10 +1078,11 @@ class QueuedMessage(_message.Message):
         subscription_ids: _abc.Iterable[_builtins.int] | None = ...,
         retain: _builtins.bool = ...,
         released: _builtins.bool = ...,
+        shared_group: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dup", b"dup", "message", b"message", "message_id", b"message_id", "qos", b"qos", "released", b"released", "retain", b"retain", "subscription_ids", b"subscription_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dup", b"dup", "message", b"message", "message_id", b"message_id", "qos", b"qos", "released", b"released", "retain", b"retain", "shared_group", b"shared_group", "subscription_ids", b"subscription_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1087,6 +1173,51 @@ class PublishWill(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PublishWill: _TypeAlias = PublishWill  # noqa: Y015
+
+@_typing.final
+class SharedHandoff(_message.Message):
+    """Shared-subscription messages of a member whose connection or session ended, for another
+    member of `group` (services/partition/redelivery.py): the edge gives them, in order, to one
+    partition other than `from_partition` holding members of the group (EnqueueShared), and
+    answers SharedHandoffDone to `from_partition`. Handed out again if no answer comes.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    HANDOFF_ID_FIELD_NUMBER: _builtins.int
+    GROUP_FIELD_NUMBER: _builtins.int
+    FROM_PARTITION_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    ONLINE_ONLY_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    """The member they were queued for."""
+    handoff_id: _builtins.int
+    group: _builtins.str
+    from_partition: _builtins.int
+    online_only: _builtins.bool
+    """Only to a partition with an online member of the group (the member's connection ended and
+    its session lives on: with no member online anywhere the messages stay with it).
+    """
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]: ...
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+        handoff_id: _builtins.int = ...,
+        group: _builtins.str = ...,
+        from_partition: _builtins.int = ...,
+        messages: _abc.Iterable[_common_pb2.Message] | None = ...,
+        online_only: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "from_partition", b"from_partition", "group", b"group", "handoff_id", b"handoff_id", "messages", b"messages", "online_only", b"online_only"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SharedHandoff: _TypeAlias = SharedHandoff  # noqa: Y015
 
 @_typing.final
 class IndexEntry(_message.Message):

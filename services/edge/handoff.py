@@ -1,0 +1,125 @@
+"""Work a partition master hands to an edge because it needs the edge's routing
+(services/partition/handout.py): a due will to publish like a PUBLISH of its client, and
+shared-subscription messages of a member whose connection or session ended, for another member
+of their group. The edge answers once every target partition has stored the work; without an
+answer the partition hands it out again (at least once).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from hexmq.api.partition.v1 import partition_pb2 as pb
+from services.edge.links import PartitionLink
+from services.edge.router import Router
+from services.edge.translate import message_commands
+
+log = logging.getLogger("hexmq.edge")
+
+OK = pb.StatusCode.STATUS_CODE_OK
+
+
+def when_stored(
+    commands: Sequence[tuple[PartitionLink, pb.EdgeCommand]], then: Callable[[], None]
+) -> None:
+    """Send every command; call `then` once all of them are answered OK (never if one fails:
+    the partition hands the work out again)."""
+    if not commands:
+        then()
+        return
+    remaining = len(commands)
+    failed = False
+
+    def done(result: pb.Result) -> None:
+        nonlocal remaining, failed
+        remaining -= 1
+        failed = failed or result.status != OK
+        if remaining == 0 and not failed:
+            then()
+
+    for link, cmd in commands:
+        link.request(cmd, done)
+
+
+def publish_will(router: Router, will: pb.PublishWill) -> None:
+    """Route a due will like a PUBLISH from its client; WillPublished once every target
+    partition has it."""
+    if router.view is None:
+        return
+    msg = will.message
+    route = router.route_publish(msg.topic)
+    if not route.complete:
+        return
+    retained = router.retained_route(msg.topic) if msg.retain else None
+    commands = message_commands(lambda m: m.CopyFrom(msg), route.targets, retained)
+    session = router.session_route(will.client_id)
+    confirm = pb.EdgeCommand(
+        partition=session.partition,
+        partition_epoch=session.epoch,
+        will_published=pb.WillPublished(client_id=will.client_id, will_id=will.will_id),
+    )
+
+    def confirmed() -> None:
+        session.link.send(confirm)
+
+    when_stored(commands, confirmed)
+    log.info("publishing the will of a session of partition %d", session.partition)
+
+
+def hand_off_shared(router: Router, handoff: pb.SharedHandoff) -> None:
+    """Give a member's shared-subscription messages to another partition holding members of
+    the group (online ones first), as one EnqueueShared naming only the group; then say so
+    (moved), or that no other partition holds a member (online, if online_only): not moved."""
+    if router.view is None:
+        return
+    source = router.partition_route(handoff.from_partition)
+
+    def answer(moved: bool) -> None:
+        source.link.send(
+            pb.EdgeCommand(
+                partition=source.partition,
+                partition_epoch=source.epoch,
+                shared_handoff_done=pb.SharedHandoffDone(
+                    client_id=handoff.client_id,
+                    handoff_id=handoff.handoff_id,
+                    moved=moved,
+                    online_only=handoff.online_only,
+                ),
+            )
+        )
+
+    target = router.shared_candidate(handoff.group, exclude=handoff.from_partition)
+    if target is None or (handoff.online_only and not (target.online and target.link.connected)):
+        if not handoff.online_only and not router.index_complete:
+            # A member may be where this edge cannot see yet (its node's index has not come):
+            # "nobody else" would drop the messages. Answered on a later hand-out.
+            return
+        answer(False)  # online_only: with no online member in sight they stay with theirs
+        return
+
+    def on_result(result: pb.Result) -> None:
+        if result.status == OK:
+            answer(True)
+        elif result.status == pb.StatusCode.STATUS_CODE_NOT_FOUND and handoff.online_only:
+            answer(False)  # its members went offline (or left) meanwhile: stored nowhere
+
+    target.link.request(
+        pb.EdgeCommand(
+            partition=target.partition,
+            partition_epoch=target.epoch,
+            enqueue_shared=pb.EnqueueShared(
+                group=handoff.group,
+                messages=handoff.messages,
+                online_only=handoff.online_only,
+            ),
+        ),
+        on_result,
+    )
+    log.info(
+        "handing %d messages of shared group %s over from partition %d to partition %d",
+        len(handoff.messages),
+        handoff.group,
+        handoff.from_partition,
+        target.partition,
+    )
