@@ -51,6 +51,7 @@ from hexmq.topics import split_shared, validate_topic_filter
 from services.edge import retained
 from services.edge.acl import ClientAcl
 from services.edge.limits import Admission
+from services.edge.links import unavailable
 from services.edge.translate import (
     fill_message,
     packet_id_for,
@@ -240,6 +241,13 @@ class ClientConnection(asyncio.Protocol):
                 return
             client_id = assigned = f"hexmq-{uuid.uuid4().hex[:20]}"
         self.client_id = client_id
+        route = self.edge.router.session_route(client_id)
+        if not route.link.connected:
+            # Before the credentials, so that a refusal for them also shows that this edge
+            # reaches the session's node (what `hexmq cluster up` probes with an anonymous
+            # CONNECT when a password file is set).
+            self._refuse_connect(RC.SERVER_UNAVAILABLE, unavailable(route.link.node_id).message)
+            return
         reason, why = self.edge.access.authenticate(packet.username, packet.password)
         if reason:
             self._refuse_connect(reason, why)
@@ -257,7 +265,7 @@ class ClientConnection(asyncio.Protocol):
             self.receive_maximum = self.config.max_inflight_v311
         self._assigned_id = assigned
         self.connect_expiry = expiry
-        self.route = route = self.edge.router.session_route(client_id)
+        self.route = route
         open_session = pb.OpenSession(
             client_id=client_id,
             connection_id=self.connection_id,
