@@ -222,6 +222,9 @@ class ClientConnection(asyncio.Protocol):
     def _on_connect(self, packet: Connect) -> None:
         self.version = packet.protocol_version
         props = packet.properties
+        if self.version == V5:
+            # Known before any refusal, whose Reason String must fit in it (MQTT-3.2.2-19).
+            self.client_max_packet = props.maximum_packet_size or 0
         if self.version == V5 and props.authentication_method is not None:
             self._refuse_connect(
                 RC.BAD_AUTHENTICATION_METHOD, "no authentication method is configured"
@@ -259,7 +262,6 @@ class ClientConnection(asyncio.Protocol):
             expiry = props.session_expiry_interval or 0
             self.receive_maximum = props.receive_maximum or 65535
             self.problem_information = props.request_problem_information is not False
-            self.client_max_packet = props.maximum_packet_size or 0
         else:
             expiry = 0 if packet.clean_start else NEVER_EXPIRES
             self.receive_maximum = self.config.max_inflight_v311
