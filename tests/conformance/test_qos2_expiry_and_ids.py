@@ -15,7 +15,6 @@ import pytest
 from hexmq.mqtt import (
     ConnAck,
     Connect,
-    Disconnect,
     Properties,
     PubComp,
     Publish,
@@ -25,7 +24,6 @@ from hexmq.mqtt import (
 from tests.support.placement import client_id_on
 from tests.support.rawclient import RawClient
 
-PERSISTENT = Properties(session_expiry_interval=3600)
 # Everything may be published and received, except publishing under denied/.
 ACL = "topic readwrite #\ntopic deny denied/#\n"
 
@@ -67,7 +65,8 @@ async def publish2(client: RawClient, topic: str, payload: bytes, pid: int, expi
 async def test_mqtt_4_3_3_7_a_qos2_delivery_once_sent_is_not_expired(duo: Any) -> None:
     """MQTT-4.3.3-7: "MUST NOT apply Message expiry if a PUBLISH packet has been sent"."""
     topic, sub_id = f"expiry7/{uid()}", client_id_on("n2", 2, "sub7")
-    sub = await connect5(duo.mqtt_port(2), sub_id)
+    # Receive Maximum 1: the first message holds the window, the second is never sent.
+    sub = await connect5(duo.mqtt_port(2), sub_id, receive_maximum=1)
     await sub.subscribe(topic, qos=2)
     pub = await connect5(duo.mqtt_port(1), client_id_on("n1", 2, "pub7"))
     await publish2(pub, topic, b"sent", 1, expiry=1)
@@ -75,27 +74,24 @@ async def test_mqtt_4_3_3_7_a_qos2_delivery_once_sent_is_not_expired(duo: Any) -
     assert (sent.payload, sent.qos, sent.dup) == (b"sent", 2, False)
     pid = sent.packet_id
     assert pid is not None
-    await sub.close()  # no PUBREC: the delivery has begun
-
-    # A message published now (offline subscriber) is never sent: expiry applies to it.
     await publish2(pub, topic, b"never sent", 2, expiry=1)
+    for done in (1, 2):
+        await pub.send(PubRel(done))
+        await pub.expect(PubComp)
+    await sub.close()  # no PUBREC: the delivery has begun
     await asyncio.sleep(2.2)  # both messages' expiry has passed
 
-    sub = await connect5(duo.mqtt_port(2), sub_id, resume=True)
+    sub = await connect5(duo.mqtt_port(2), sub_id, resume=True, receive_maximum=1)
     again = await sub.expect(Publish)
     assert (again.payload, again.packet_id, again.dup) == (b"sent", pid, True)
     await sub.send(PubRec(pid))
     assert await sub.expect(PubRel) == PubRel(pid)
     await sub.close()  # no PUBCOMP: PUBREL is resent, still past the expiry
 
-    sub = await connect5(duo.mqtt_port(2), sub_id, resume=True)
+    sub = await connect5(duo.mqtt_port(2), sub_id, resume=True, receive_maximum=1)
     assert await sub.expect(PubRel) == PubRel(pid)
     await sub.send(PubComp(pid))
-    # The expired, unsent message is not delivered: the next delivery is the marker.
-    await pub.send(PubRel(1))
-    await pub.expect(PubComp)
-    await pub.send(PubRel(2))
-    await pub.expect(PubComp)
+    # The expired message never sent is not delivered: the next delivery is the marker.
     await pub.send(Publish(topic, b"marker", qos=1, packet_id=3))
     await pub.recv()  # PUBACK
     marker = await sub.expect(Publish)
@@ -106,23 +102,31 @@ async def test_mqtt_4_3_3_7_a_qos2_delivery_once_sent_is_not_expired(duo: Any) -
 
 async def test_mqtt_4_3_3_13_pubrel_gets_pubcomp_though_the_message_expired(duo: Any) -> None:
     """MQTT-4.3.3-13: "MUST continue the QoS 2 acknowledgement sequence" despite message expiry."""
-    topic, sub_id = f"expiry13/{uid()}", client_id_on("n2", 2, "sub13")
-    sub = await connect5(duo.mqtt_port(2), sub_id)
+    topic = f"expiry13/{uid()}"
+    # Receive Maximum 1, held by a first message: the expiring one waits behind it.
+    sub = await connect5(duo.mqtt_port(2), client_id_on("n2", 2, "sub13"), receive_maximum=1)
     await sub.subscribe(topic, qos=2)
-    await sub.send(Disconnect())
-    await sub.close()
     pub = await connect5(duo.mqtt_port(1), client_id_on("n1", 2, "pub13"))
+
+    async def publish_whole(payload: bytes, pid: int) -> None:
+        await publish2(pub, topic, payload, pid, expiry=600)
+        await pub.send(PubRel(pid))
+        await pub.expect(PubComp)
+
+    await publish_whole(b"blocker", 8)
+    blocker = await sub.expect(Publish)
+    assert blocker.packet_id is not None
     await publish2(pub, topic, b"expires", 9, expiry=1)
     await asyncio.sleep(2.2)
     await pub.send(PubRel(9))
     comp = await pub.expect(PubComp)
     assert (comp.packet_id, comp.reason_code) == (9, 0)  # not 0x92: the id was still known
 
-    # Expiry was applied: the subscriber gets the next message, not the expired one.
-    await publish2(pub, topic, b"fresh", 10, expiry=600)
-    await pub.send(PubRel(10))
-    await pub.expect(PubComp)
-    sub = await connect5(duo.mqtt_port(2), sub_id, resume=True)
+    # Expiry was applied: once the window opens, the next delivery is a fresh message.
+    await sub.send(PubRec(blocker.packet_id))
+    await sub.expect(PubRel)
+    await sub.send(PubComp(blocker.packet_id))
+    await publish_whole(b"fresh", 10)
     got = await sub.expect(Publish)
     assert got.payload == b"fresh"
     for client in (sub, pub):
