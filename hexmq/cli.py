@@ -2,6 +2,7 @@
 
     hexmq edge|partition|membership ...     run one service in the foreground
     hexmq cluster up|run|status|stop|kill|start|down ...
+    hexmq passwd FILE USER [PASSWORD]       add or replace a user in a password file
 
 Service modules are imported only when their subcommand runs (gRPC and protobuf imports are
 slow), so `hexmq cluster ...` and `--help` stay fast. Exit codes: 0 success, 1 the command
@@ -214,6 +215,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dir(p)
     _add_grace(p)
 
+    commands.add_parser(
+        "passwd",
+        add_help=False,
+        help="add or replace a user in a mosquitto password file: hexmq passwd FILE USER "
+        "[PASSWORD] (see hexmq passwd --help)",
+    )
+
     traces = commands.add_parser(
         "traces",
         help="analyse OTLP JSON trace exports with Spark",
@@ -252,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         from spark.hexmq_traces import job
 
         return job.main(args_list[2:], prog="hexmq traces analyze")
+    if args_list[:1] == ["passwd"]:
+        return _passwd(args_list[1:])
     parser = build_parser()
     service = _service_subcommand(args_list)
     module: Any = None
@@ -271,6 +281,16 @@ def main(argv: list[str] | None = None) -> int:
         code: int = module.run(args)
         return code
     return _cluster(args)
+
+
+def _passwd(argv: list[str]) -> int:
+    """mosquitto_passwd's job without mosquitto; parses its own options."""
+    from services.edge import passwd
+
+    try:
+        return passwd.main(argv, prog="hexmq passwd")
+    except SystemExit as exc:  # --help, usage errors
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
 
 
 # --- hexmq cluster ---------------------------------------------------------------------------

@@ -47,6 +47,11 @@ DEFAULT_TIMEOUT: Final = 30.0
 DEFAULT_GRACE: Final = 10.0
 # Grace for undoing a failed start: nothing there is worth waiting long for.
 ABORT_GRACE: Final = 5.0
+# CONNACK return codes (3.1.1) showing that an edge serves clients whose session lives on the
+# probed node: accepted (0), or refused for credentials (4 bad user name or password, 5 not
+# authorized: an edge with a password file and no --allow-anonymous), which the edge checks
+# only once it has a link to the session's partition node (it refuses with 3 before that).
+SERVING_CODES: Final = frozenset({0, 4, 5})
 
 
 class StartFailure(ClusterError):
@@ -173,7 +178,7 @@ def _wait_mqtt(
         for edge, master in pending:
             client_id = _client_id_mastered_by(master, table)
             code = last[edge.node, master] = procs.mqtt_connack(edge.ports.mqtt, client_id)
-            if code != 0:
+            if code not in SERVING_CODES:
                 still.append((edge, master))
         pending = still
         if pending and time.monotonic() >= deadline:

@@ -54,6 +54,7 @@ from services.edge import retained
 from services.edge.acl import ClientAcl
 from services.edge.enhanced_auth import ConnectionAuth, Continue, Step, Success
 from services.edge.limits import Admission
+from services.edge.links import unavailable
 from services.edge.qos2_origins import RoutedOrigin, carry_origin, fault_stall
 from services.edge.topic_alias import InboundTopicAliases, OutboundTopicAliases, outbound_aliases
 from services.edge.translate import (
@@ -287,6 +288,13 @@ class ClientConnection(asyncio.Protocol):
         will_refusal = packet.will and self.config.topic_limits.refusal(packet.will.topic)
         if will_refusal:
             self._refuse_connect(RC.TOPIC_NAME_INVALID, f"will {will_refusal}")
+            return
+        route = self.edge.router.session_route(client_id)
+        if not route.link.connected:
+            # Before the credentials, so that a refusal for them also shows that this edge
+            # reaches the session's node (what `hexmq cluster up` probes with an anonymous
+            # CONNECT when a password file is set).
+            self._refuse_connect(RC.SERVER_UNAVAILABLE, unavailable(route.link.node_id).message)
             return
         if method is not None:
             # The method decides who the client is; CONNECT's User Name and Password are not

@@ -60,7 +60,7 @@ MISROUTED = (pb.StatusCode.STATUS_CODE_WRONG_MASTER, pb.StatusCode.STATUS_CODE_S
 OK_RESULT = pb.Result(status=pb.StatusCode.STATUS_CODE_OK)
 
 
-def unavailable(node_id: str, why: str) -> pb.Result:
+def unavailable(node_id: str, why: str = "link down") -> pb.Result:
     return pb.Result(
         status=pb.StatusCode.STATUS_CODE_UNAVAILABLE,
         message=f"partition node {node_id} unavailable: {why}",
@@ -118,7 +118,7 @@ class PartitionLink:
     ) -> None:
         """Send `cmd`; `callback(result)` runs exactly once (UNAVAILABLE if the link fails)."""
         if not self.connected:
-            callback(unavailable(self.node_id, "link down"))
+            callback(unavailable(self.node_id))
             return
         request_id = self._next_id
         self._next_id += 1

@@ -79,7 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sys-interval",
         type=float,
         default=10.0,
-        help="seconds between $SYS/broker/nodes/<node>/... publications (0: none)",
+        help="seconds between $SYS/broker/nodes/<node>/... and $SYS/broker/cluster/... "
+        "publications (0: none, and this node is left out of the cluster totals)",
     )
     parser.add_argument("--startup-timeout", type=float, default=30.0)
     parser.add_argument(

@@ -1,8 +1,10 @@
 """A small mosquitto_passwd for machines without it: add or replace a user in a password file.
 
-    python -m services.edge.passwd FILE USER            # asks for the password
-    python -m services.edge.passwd FILE USER PASSWORD   # batch mode (the password is visible
-                                                        # to other users in `ps`)
+    hexmq passwd FILE USER            # asks for the password
+    hexmq passwd FILE USER PASSWORD   # batch mode (the password is visible to other users in
+                                      # `ps`)
+
+(`python -m services.edge.passwd` is the same command.)
 
 The line is written in mosquitto_passwd's default ``$7$`` (PBKDF2-HMAC-SHA512) form; other lines
 are kept as they are; the file is created if missing (mode 0600).
@@ -32,12 +34,23 @@ def set_password(path: Path, user: str, password: str, iterations: int) -> None:
     tmp.replace(path)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m services.edge.passwd", description=__doc__)
-    parser.add_argument("file", type=Path)
-    parser.add_argument("user")
-    parser.add_argument("password", nargs="?")
-    parser.add_argument("--iterations", type=int, default=DEFAULT_ITERATIONS)
+def main(argv: list[str] | None = None, prog: str = "python -m services.edge.passwd") -> int:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Add or replace a user in a mosquitto password file (created if missing, "
+        "mode 0600), in mosquitto_passwd's default $7$ (PBKDF2-HMAC-SHA512) form.",
+    )
+    parser.add_argument("file", type=Path, help="the password file (--password-file of the edge)")
+    parser.add_argument("user", help="the user name (no ':')")
+    parser.add_argument(
+        "password", nargs="?", help="the password; asked for twice when left out (safer)"
+    )
+    parser.add_argument(
+        "--iterations",
+        type=int,
+        default=DEFAULT_ITERATIONS,
+        help="PBKDF2 iterations (default %(default)s, as mosquitto_passwd)",
+    )
     args = parser.parse_args(argv)
     password = args.password
     if password is None:

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from hexmq import telemetry
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
-from hexmq.mqtt import NO_PROPERTIES
 from hexmq.mqtt.reason_codes import ReasonCode as RC
 from services.edge.auth import AccessControl
 from services.edge.connection import ClientConnection, State
@@ -22,9 +21,9 @@ from services.edge.links import PartitionLink, ResultCallback
 from services.edge.listeners import start_listeners
 from services.edge.qos2_origins import OriginForgets
 from services.edge.router import Router
-from services.edge.stats import EdgeStats, publish_sys_topics
+from services.edge.stats import EdgeStats
+from services.edge.systopics import SysTopics
 from services.edge.tracing import EdgeTracer
-from services.edge.translate import fill_message
 from services.membership.client import ViewWatcher
 
 log = logging.getLogger("hexmq.edge")
@@ -121,14 +120,7 @@ class Edge:
         self._servers = await start_listeners(self, self._tls)
         if self.config.sys_interval > 0:
             self._sys_task = asyncio.create_task(
-                publish_sys_topics(
-                    self.config.node_id,
-                    self.stats,
-                    self.connected_clients,
-                    self.publish_sys,
-                    self.config.sys_interval,
-                ),
-                name="sys-topics",
+                SysTopics(self, self.config.sys_interval).run(), name="sys-topics"
             )
 
     async def stop(self) -> None:
@@ -147,17 +139,6 @@ class Edge:
 
     def connected_clients(self) -> int:
         return sum(1 for c in self.connections.values() if c.state is State.CONNECTED)
-
-    def publish_sys(self, topic: str, payload: bytes) -> None:
-        """A broker-originated QoS 0 message, routed like any publish."""
-        if self.router.view is None:
-            return
-        publisher = f"$SYS/{self.config.node_id}"
-        for link, targets in self.router.route_publish(topic).targets:
-            cmd = pb.EdgeCommand()
-            fill_message(cmd.publish.message, publisher, topic, payload, 0, False, NO_PROPERTIES)
-            cmd.publish.targets.extend(targets)
-            link.send(cmd)
 
     def on_publish_will(self, will: pb.PublishWill) -> None:
         publish_will(self.router, will)

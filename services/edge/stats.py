@@ -1,23 +1,14 @@
-"""EdgeStats: the edge's counters, and the $SYS topics that publish them.
+"""EdgeStats: the edge's counters.
 
 Counters are plain integers bumped on the hot path (no locks, no metric objects); the $SYS
-publisher and the Prometheus collector read them when they report.
+publisher (services/edge/systopics.py) and the Prometheus collector read them when they report.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-
-from hexmq import __version__
-
-log = logging.getLogger(__name__)
-
-SYS_PREFIX = "$SYS/broker/nodes"
 
 
 @dataclass(slots=True)
@@ -38,40 +29,23 @@ class EdgeStats:
     # Connections ended or refused for bad input or a refusal, by (packet kind, reason code).
     rejected: Counter[tuple[str, int]] = field(default_factory=Counter)
 
-    def sys_values(self, connected: int) -> Iterator[tuple[str, str]]:
-        """(subtopic, value) pairs, as mosquitto's $SYS/broker tree names them."""
-        yield "version", f"hexmq {__version__}"
-        yield "uptime", f"{int(time.time() - self.started_at)} seconds"
-        yield "clients/connected", str(connected)
-        yield "clients/total_connects", str(self.connects)
-        yield "messages/received", str(sum(self.messages_in))
-        yield "messages/sent", str(sum(self.messages_out))
+    def counters(self, connected: int) -> dict[str, int]:
+        """The figures $SYS publishes, by subtopic as mosquitto's $SYS/broker tree names them
+        (uptime in seconds)."""
+        values = {
+            "uptime": int(time.time() - self.started_at),
+            "clients/connected": connected,
+            "clients/total_connects": self.connects,
+            "messages/received": sum(self.messages_in),
+            "messages/sent": sum(self.messages_out),
+        }
         for qos in (0, 1, 2):
-            yield f"messages/received/qos{qos}", str(self.messages_in[qos])
-            yield f"messages/sent/qos{qos}", str(self.messages_out[qos])
-        yield "bytes/received", str(self.bytes_in)
-        yield "bytes/sent", str(self.bytes_out)
-        yield "publish/dropped_qos0", str(self.dropped_qos0)
-        yield "publish/dropped_too_large", str(self.dropped_too_large)
-        yield "publish/refused", str(self.refused_publishes)
-        yield "packets/rejected", str(sum(self.rejected.values()))
-
-
-Sender = Callable[[str, bytes], None]
-
-
-async def publish_sys_topics(
-    node_id: str,
-    stats: EdgeStats,
-    connected: Callable[[], int],
-    send: Sender,
-    interval: float,
-) -> None:
-    """Every `interval` seconds, publish this node's counters under $SYS/broker/nodes/<node>/
-    (QoS 0, like mosquitto's $SYS tree; cluster-wide totals need every node's figures and
-    arrive with the conformance work)."""
-    prefix = f"{SYS_PREFIX}/{node_id}"
-    while True:
-        for sub, value in stats.sys_values(connected()):
-            send(f"{prefix}/{sub}", value.encode())
-        await asyncio.sleep(interval)
+            values[f"messages/received/qos{qos}"] = self.messages_in[qos]
+            values[f"messages/sent/qos{qos}"] = self.messages_out[qos]
+        values["bytes/received"] = self.bytes_in
+        values["bytes/sent"] = self.bytes_out
+        values["publish/dropped_qos0"] = self.dropped_qos0
+        values["publish/dropped_too_large"] = self.dropped_too_large
+        values["publish/refused"] = self.refused_publishes
+        values["packets/rejected"] = sum(self.rejected.values())
+        return values

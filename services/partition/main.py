@@ -222,9 +222,7 @@ async def _report_metrics(node: PartitionNode, commit: GroupCommit, replicator: 
         )
         for follower, lag in replicator.lag_by_follower().items():
             m.replication_lag.labels(follower).set(lag)
-        m.queue_depth.labels("queued_messages").set(
-            sum(len(s.queue) for s in node.sessions.values())
-        )
+        m.queue_depth.labels("queued_messages").set(node.queued_messages())
         m.queue_depth.labels("sessions").set(len(node.sessions))
         m.queue_depth.labels("storage_batch").set(commit.gathering)
         m.queue_depth.labels("qos2_seen").set(len(node.seen))

@@ -26,6 +26,7 @@ from services.partition.replication import Replicator
 from services.partition.sessions import NEVER_EXPIRES, Claim, LiveConnection, Routed, Session
 from services.partition.shared import SharedGroups
 from services.partition.store import GroupCommit, RedisStore, WriteBatch
+from services.partition.sysstats import NodeStatsBoard
 from services.partition.tracing import AppendTracer, set_carrier
 from services.partition.wills import WillBoard
 
@@ -91,6 +92,7 @@ class PartitionNode:
         self.retained: dict[str, tuple[int, common_pb.Message]] = {}
         self.links: dict[str, EdgeLink] = {}
         self.wills = WillBoard(node_id)
+        self.sys_stats = NodeStatsBoard(node_id)
         self.index_barrier = IndexBarrier()
         # Every non-shared subscription of every session here: filter -> client id -> spec.
         self.trie: TopicTrie[str, pb.SubscriptionSpec] = TopicTrie()
@@ -205,6 +207,7 @@ class PartitionNode:
         link dropped is kept until its expiry (plus a grace for the edge to re-attach)."""
         link.close()
         self.index_barrier.link_closed(link)
+        self.sys_stats.link_closed(link)
         if self.links.get(link.edge_id) is link:
             del self.links[link.edge_id]
         detached = 0
@@ -736,6 +739,15 @@ class PartitionNode:
             self.store.delete_qos2_seen(self.commit.batch, p, origin)
         return len(gone)
 
+    def _node_stats(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+        own = {
+            "publish/dropped_queue_full": self.dropped_queue_full,
+            "sessions/mastered": len(self.sessions),
+            "messages/queued": self.queued_messages(),
+        }
+        event = _result(cmd.request_id, node_stats=self.sys_stats.answer(link, cmd.node_stats, own))
+        self.commit.after(lambda: link.send(event))
+
     def _will_published(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
         req = cmd.will_published
         if not self.wills.confirmed(req.client_id, req.will_id):
@@ -783,6 +795,7 @@ class PartitionNode:
         "qos2_forget": _qos2_forget,
         "enqueue_shared": _enqueue_shared,
         "shared_handoff_done": _shared_handoff_done,
+        "node_stats": _node_stats,
     }
 
     # ----- helpers ----------------------------------------------------------------------
@@ -945,6 +958,10 @@ class PartitionNode:
         self.redelivery.sweep(now_ms())
 
     # ----- housekeeping -----------------------------------------------------------------
+
+    def queued_messages(self) -> int:
+        """QoS 1/2 messages held by the sessions here (one pass over the sessions)."""
+        return sum(len(s.queue) for s in self.sessions.values())
 
     def expire_sessions(self) -> int:
         """Remove sessions whose expiry interval has passed since their connection ended."""

@@ -17,7 +17,10 @@ import redis
 
 from hexmq import clusterstate
 from hexmq.hashring import assign, partition_of
+from hexmq.mqtt import ConnAck, Connect
+from services.edge.auth import PasswordFile
 from tests.conftest import HEXMQ, HexmqCluster, pick_base_port, run_up, running_processes
+from tests.support.rawclient import RawClient
 
 ClusterFactory = Callable[..., HexmqCluster]
 
@@ -315,3 +318,83 @@ def test_status_reports_each_nodes_partitions(hexmq_cluster) -> None:  # type: i
     after = cluster.status()["nodes"]
     assert after[0]["partitions"]["roles"]["master"] == masters[0]
     assert after[1]["partitions"] is None  # its partition service is not running
+
+
+# ----- hexmq passwd, and clusters with a password file --------------------------------------
+
+
+def hexmq_passwd(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    # A new session has no controlling terminal: asked for, the password is read from stdin.
+    return subprocess.run(
+        [str(HEXMQ), "passwd", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        start_new_session=True,
+    )
+
+
+def test_passwd_adds_and_replaces_users(tmp_path: Path) -> None:
+    path = tmp_path / "passwd"
+    assert hexmq_passwd(str(path), "alice", "first").returncode == 0
+    assert (path.stat().st_mode & 0o777) == 0o600
+    asked = hexmq_passwd(str(path), "bob", stdin="b0b pw\nb0b pw\n")
+    assert asked.returncode == 0, asked.stderr
+    assert hexmq_passwd(str(path), "alice", "second").returncode == 0  # replaces her line
+    lines = path.read_text().splitlines()
+    assert [line.split(":")[0] for line in lines] == ["bob", "alice"]
+    assert all(line.split(":", 1)[1].startswith("$7$101$") for line in lines)
+    users = PasswordFile.load(path)
+    assert users.verify("alice", b"second")
+    assert not users.verify("alice", b"first")
+    assert users.verify("bob", b"b0b pw")
+
+    before = path.read_text()
+    mismatch = hexmq_passwd(str(path), "carol", stdin="one\ntwo\n")
+    assert mismatch.returncode == 1
+    assert "passwords do not match" in mismatch.stderr
+    bad_user = hexmq_passwd(str(path), "ca:rol", "pw")
+    assert bad_user.returncode == 1
+    assert f"{path}: a user name must be non-empty and hold no ':'" in bad_user.stderr
+    assert path.read_text() == before  # nothing lost
+    usage = hexmq_passwd(str(path))
+    assert usage.returncode == 2
+    assert "hexmq passwd: error:" in usage.stderr
+
+
+async def login(port: int, client_id: str, user: str | None, password: str | None) -> int:
+    """The 3.1.1 CONNACK return code for these credentials."""
+    client = await RawClient.open(port)
+    try:
+        secret = None if password is None else password.encode()
+        await client.send(Connect(client_id=client_id, username=user, password=secret))
+        return (await client.expect(ConnAck)).reason_code
+    finally:
+        await client.close()
+
+
+async def test_up_with_a_password_file_needs_no_allow_anonymous(
+    hexmq_cluster: ClusterFactory, tmp_path: Path
+) -> None:
+    """`up` and `start` take a credentials refusal of their anonymous probe as serving."""
+    path = tmp_path / "passwd"
+    assert hexmq_passwd(str(path), "alice", "pw").returncode == 0
+    cluster = hexmq_cluster(nodes=2, extra=[f"--edge-arg=--password-file={path}"])
+    on_n1, on_n2 = client_id_mastered_by("n1"), client_id_mastered_by("n2")
+    for node in (1, 2):
+        port = cluster.mqtt_port(node)
+        assert await login(port, on_n2, "alice", "pw") == 0
+        assert await login(port, on_n1, None, None) == 5  # anonymous: not authorized
+        assert await login(port, on_n1, "alice", "wrong") == 4
+
+    cluster.kill(2)
+    # Node 1's edge cannot reach n2's sessions: it says so before looking at credentials, so
+    # a refusal for credentials (the probe's answer) proves the session's node is reachable.
+    assert await login(cluster.mqtt_port(1), on_n2, None, None) == 3
+    assert await login(cluster.mqtt_port(1), on_n2, "alice", "pw") == 3
+    assert await login(cluster.mqtt_port(1), on_n1, None, None) == 5
+    cluster.start(2)
+    assert await login(cluster.mqtt_port(1), on_n2, "alice", "pw") == 0
+    assert await login(cluster.mqtt_port(2), on_n1, "alice", "pw") == 0

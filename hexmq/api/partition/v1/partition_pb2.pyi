@@ -154,6 +154,7 @@ class EdgeCommand(_message.Message):
     QOS2_FORGET_FIELD_NUMBER: _builtins.int
     ENQUEUE_SHARED_FIELD_NUMBER: _builtins.int
     SHARED_HANDOFF_DONE_FIELD_NUMBER: _builtins.int
+    NODE_STATS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     """0: the edge wants no Result (QoS 0 publish, delivery acknowledgements)."""
     partition: _builtins.int
@@ -195,6 +196,8 @@ class EdgeCommand(_message.Message):
     def enqueue_shared(self) -> Global___EnqueueShared: ...
     @_builtins.property
     def shared_handoff_done(self) -> Global___SharedHandoffDone: ...
+    @_builtins.property
+    def node_stats(self) -> Global___NodeStatsQuery: ...
     def __init__(
         self,
         *,
@@ -219,12 +222,13 @@ class EdgeCommand(_message.Message):
         qos2_forget: Global___Qos2Forget | None = ...,
         enqueue_shared: Global___EnqueueShared | None = ...,
         shared_handoff_done: Global___SharedHandoffDone | None = ...,
+        node_stats: Global___NodeStatsQuery | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "delivery_ack", b"delivery_ack", "enqueue_retained", b"enqueue_retained", "enqueue_shared", b"enqueue_shared", "index_ack", b"index_ack", "open_session", b"open_session", "publish", b"publish", "qos2_forget", b"qos2_forget", "qos2_receive", b"qos2_receive", "qos2_release", b"qos2_release", "qos2_routed", b"qos2_routed", "retained_query", b"retained_query", "shared_handoff_done", b"shared_handoff_done", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe", "will_published", b"will_published"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "delivery_ack", b"delivery_ack", "enqueue_retained", b"enqueue_retained", "enqueue_shared", b"enqueue_shared", "index_ack", b"index_ack", "node_stats", b"node_stats", "open_session", b"open_session", "publish", b"publish", "qos2_forget", b"qos2_forget", "qos2_receive", b"qos2_receive", "qos2_release", b"qos2_release", "qos2_routed", b"qos2_routed", "retained_query", b"retained_query", "shared_handoff_done", b"shared_handoff_done", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe", "will_published", b"will_published"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "delivery_ack", b"delivery_ack", "enqueue_retained", b"enqueue_retained", "enqueue_shared", b"enqueue_shared", "index_ack", b"index_ack", "open_session", b"open_session", "partition", b"partition", "partition_epoch", b"partition_epoch", "publish", b"publish", "qos2_forget", b"qos2_forget", "qos2_receive", b"qos2_receive", "qos2_release", b"qos2_release", "qos2_routed", b"qos2_routed", "request_id", b"request_id", "retained_query", b"retained_query", "shared_handoff_done", b"shared_handoff_done", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe", "will_published", b"will_published"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "delivery_ack", b"delivery_ack", "enqueue_retained", b"enqueue_retained", "enqueue_shared", b"enqueue_shared", "index_ack", b"index_ack", "node_stats", b"node_stats", "open_session", b"open_session", "partition", b"partition", "partition_epoch", b"partition_epoch", "publish", b"publish", "qos2_forget", b"qos2_forget", "qos2_receive", b"qos2_receive", "qos2_release", b"qos2_release", "qos2_routed", b"qos2_routed", "request_id", b"request_id", "retained_query", b"retained_query", "shared_handoff_done", b"shared_handoff_done", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe", "will_published", b"will_published"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["open_session", "close_session", "subscribe", "unsubscribe", "publish", "delivery_ack", "attach_session", "retained_query", "enqueue_retained", "will_published", "index_ack", "qos2_receive", "qos2_routed", "qos2_release", "qos2_forget", "enqueue_shared", "shared_handoff_done"]  # noqa: Y015
+    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["open_session", "close_session", "subscribe", "unsubscribe", "publish", "delivery_ack", "attach_session", "retained_query", "enqueue_retained", "will_published", "index_ack", "qos2_receive", "qos2_routed", "qos2_release", "qos2_forget", "enqueue_shared", "shared_handoff_done", "node_stats"]  # noqa: Y015
     _WhichOneofArgType_command: _TypeAlias = _typing.Literal["command", b"command"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_command) -> _WhichOneofReturnType_command | None: ...
 
@@ -678,6 +682,110 @@ class SharedHandoffDone(_message.Message):
 Global___SharedHandoffDone: _TypeAlias = SharedHandoffDone  # noqa: Y015
 
 @_typing.final
+class NodeStatsQuery(_message.Message):
+    """$SYS: the node's counters (answered in Result.node_stats). A node's own edge sends its
+    counters along every $SYS interval (report), and the partition service keeps the last report
+    while that edge's link is open; the edge publishing the cluster totals asks every node.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class EdgeCountersEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    EDGE_COUNTERS_FIELD_NUMBER: _builtins.int
+    REPORT_FIELD_NUMBER: _builtins.int
+    report: _builtins.bool
+    @_builtins.property
+    def edge_counters(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """The edge's counters by $SYS subtopic ("clients/connected" -> 3); kept only from the edge
+        of this node (Hello.edge_id equal to the partition service's node id).
+        """
+
+    def __init__(
+        self,
+        *,
+        edge_counters: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        report: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["edge_counters", b"edge_counters", "report", b"report"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeStatsQuery: _TypeAlias = NodeStatsQuery  # noqa: Y015
+
+@_typing.final
+class NodeStats(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class CountersEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    COUNTERS_FIELD_NUMBER: _builtins.int
+    EDGE_REPORTED_FIELD_NUMBER: _builtins.int
+    EDGE_REPORT_AGE_MS_FIELD_NUMBER: _builtins.int
+    edge_reported: _builtins.bool
+    """The node's edge has reported and its link is open."""
+    edge_report_age_ms: _builtins.int
+    """Milliseconds since that report arrived."""
+    @_builtins.property
+    def counters(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """By $SYS subtopic: the partition service's counters, and the last report of its node's
+        edge (if any).
+        """
+
+    def __init__(
+        self,
+        *,
+        counters: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        edge_reported: _builtins.bool = ...,
+        edge_report_age_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["counters", b"counters", "edge_report_age_ms", b"edge_report_age_ms", "edge_reported", b"edge_reported"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeStats: _TypeAlias = NodeStats  # noqa: Y015
+
+@_typing.final
 class IndexAck(_message.Message):
     """The edge applied the IndexUpdate with this seq (and every one before it) to its routing."""
 
@@ -983,6 +1091,7 @@ class Result(_message.Message):
     QOS2_STATE_FIELD_NUMBER: _builtins.int
     CURRENT_EPOCH_FIELD_NUMBER: _builtins.int
     QOS2_ORIGIN_FIELD_NUMBER: _builtins.int
+    NODE_STATS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     status: Global___StatusCode.ValueType
     message: _builtins.str
@@ -1012,6 +1121,10 @@ class Result(_message.Message):
         Retain Handling 1 sends retained messages only for new ones).
         """
 
+    @_builtins.property
+    def node_stats(self) -> Global___NodeStats:
+        """NodeStatsQuery: the node's counters."""
+
     def __init__(
         self,
         *,
@@ -1026,10 +1139,11 @@ class Result(_message.Message):
         qos2_state: Global___Qos2State.ValueType = ...,
         current_epoch: _builtins.int = ...,
         qos2_origin: _builtins.bytes = ...,
+        node_stats: Global___NodeStats | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["node_stats", b"node_stats"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["current_epoch", b"current_epoch", "current_master", b"current_master", "existed", b"existed", "message", b"message", "qos2_origin", b"qos2_origin", "qos2_state", b"qos2_state", "reason_codes", b"reason_codes", "request_id", b"request_id", "retained", b"retained", "session_present", b"session_present", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["current_epoch", b"current_epoch", "current_master", b"current_master", "existed", b"existed", "message", b"message", "node_stats", b"node_stats", "qos2_origin", b"qos2_origin", "qos2_state", b"qos2_state", "reason_codes", b"reason_codes", "request_id", b"request_id", "retained", b"retained", "session_present", b"session_present", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
