@@ -35,12 +35,12 @@ from hexmq.mqtt import (
     Subscribe,
     Subscription,
 )
+from tests.support import authplugin
 
 # The password and ACL files of the plain authentication tests: alice may use sensors/#, admin
 # everything, every user clients/<user>/#.
-from tests.integration.test_edge_access import ACL, uid, write_passwords
-from tests.integration.test_edge_access import USERS as PASSWORDS
-from tests.support import authplugin
+from tests.support.access import ACL, uid, write_passwords
+from tests.support.access import USERS as PASSWORDS
 from tests.support.edgeproc import EdgeProcess, edge_process
 from tests.support.rawclient import RawClient
 from tests.support.scram import ScramClient

@@ -18,7 +18,7 @@ import redis
 
 from hexmq.hashring import assign
 from hexmq.mqtt import PubComp, Publish, PubRec, PubRel
-from tests.integration.test_qos2 import (
+from tests.conformance.test_qos2 import (
     NODES,
     PARTITIONS,
     client_id_on,

@@ -236,7 +236,7 @@ async def test_mqtt_3_9_3_acl_denial_uses_the_configured_reason_code(
     cluster: Any, workdir: Path, version: int, code: int
 ) -> None:
     """--acl-deny-reason-code 0x80: a subscription the ACL denies gets that code in 5.0 (the
-    default is 0x87, tests/integration/test_edge_access.py) and 0x80 in 3.1.1."""
+    default is 0x87, tests/conformance/test_authorization.py) and 0x80 in 3.1.1."""
     acl = workdir / f"acl-{version}"
     acl.write_text("topic readwrite open/#\n")
     args = [f"--acl-file={acl}", "--acl-deny-reason-code=0x80"]

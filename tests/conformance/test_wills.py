@@ -1,7 +1,7 @@
 """Wills cluster-wide (RF 2): kept in the session's partition, published like any message to
 subscribers on every node, after the Will Delay Interval, not after a normal DISCONNECT or a
-reconnect within the delay, retained when asked, and published even when the node that held
-the client's connection dies."""
+reconnect within the delay, retained when asked (and only then), and published even when the
+node that held the client's connection dies."""
 
 from __future__ import annotations
 
@@ -12,19 +12,15 @@ import uuid
 import pytest
 
 from hexmq.hashring import assign, partition_of
-from hexmq.mqtt import ConnAck, Connect, Disconnect, Properties, Publish, Will
+from hexmq.mqtt import ConnAck, Connect, Disconnect, Properties, Publish, Subscription, Will
 from tests.support.rawclient import RawClient
+from tests.support.v5client import connect, open_v5, publish, receive, subscribe
 
-PARTITIONS = 32
+PARTITIONS = 32  # as the `trio` fixture (tests/conformance/conftest.py)
 
 
 def uid() -> str:
     return uuid.uuid4().hex[:10]
-
-
-@pytest.fixture(scope="module")
-def trio(hexmq_cluster_module):  # type: ignore[no-untyped-def]
-    return hexmq_cluster_module(nodes=3, partitions=PARTITIONS, extra=["--rf", "2"])
 
 
 async def connect_with_will(
@@ -71,7 +67,14 @@ async def drop(client: RawClient) -> None:
 
 
 @pytest.mark.parametrize("version", [4, 5])
-async def test_a_lost_connection_publishes_the_will_on_every_node(trio, version: int) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_1_2_8_a_lost_connection_publishes_the_will_on_every_node(  # type: ignore[no-untyped-def]
+    trio,
+    version: int,
+) -> None:
+    """MQTT-3.1.2-8: the Will is published after the connection is lost.
+
+    To subscribers on every node, 3.1.1 and 5.0. Also G6.
+    """
     topic = f"will/{uid()}"
     watchers = [await watcher(trio.mqtt_port(i), topic) for i in (1, 2, 3)]
     client = await connect_with_will(
@@ -84,7 +87,11 @@ async def test_a_lost_connection_publishes_the_will_on_every_node(trio, version:
         await w.close()
 
 
-async def test_a_normal_disconnect_discards_the_will(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_14_4_3_a_normal_disconnect_discards_the_will(trio) -> None:  # type: ignore[no-untyped-def]
+    """MQTT-3.14.4-3: a DISCONNECT 0x00 from the client discards the Will.
+
+    Also MQTT-3.1.2-10 (the Will is removed).
+    """
     topic = f"will/{uid()}"
     w = await watcher(trio.mqtt_port(2), topic)
     client = await connect_with_will(trio.mqtt_port(1), f"polite-{uid()}", Will(topic, b"x"))
@@ -94,7 +101,8 @@ async def test_a_normal_disconnect_discards_the_will(trio) -> None:  # type: ign
     await w.close()
 
 
-async def test_disconnect_with_will_message_sends_it(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_s3_14_2_1_disconnect_with_will_message_sends_it(trio) -> None:  # type: ignore[no-untyped-def]
+    """§3.14.2.1: DISCONNECT 0x04 (Disconnect with Will Message) publishes the Will."""
     topic = f"will/{uid()}"
     w = await watcher(trio.mqtt_port(3), topic)
     client = await connect_with_will(trio.mqtt_port(1), f"leaving-{uid()}", Will(topic, b"bye"))
@@ -104,7 +112,8 @@ async def test_disconnect_with_will_message_sends_it(trio) -> None:  # type: ign
     await w.close()
 
 
-async def test_will_delay_is_waited_for(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_1_2_8_will_delay_is_waited_for(trio) -> None:  # type: ignore[no-untyped-def]
+    """MQTT-3.1.2-8: the Will is published once the Will Delay Interval has passed."""
     topic = f"will/{uid()}"
     w = await watcher(trio.mqtt_port(2), topic)
     will = Will(topic, b"late", properties=Properties(will_delay_interval=2))
@@ -117,7 +126,8 @@ async def test_will_delay_is_waited_for(trio) -> None:  # type: ignore[no-untype
     await w.close()
 
 
-async def test_a_reconnect_within_the_delay_cancels_the_will(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_1_3_9_a_reconnect_within_the_delay_cancels_the_will(trio) -> None:  # type: ignore[no-untyped-def]
+    """MQTT-3.1.3-9: a new connection within the Will Delay Interval: the Will is not sent."""
     topic = f"will/{uid()}"
     cid = f"back-{uid()}"
     w = await watcher(trio.mqtt_port(2), topic)
@@ -137,7 +147,11 @@ async def test_a_reconnect_within_the_delay_cancels_the_will(trio) -> None:  # t
         await c.close()
 
 
-async def test_a_takeover_publishes_the_old_connections_will(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_1_2_8_a_takeover_publishes_the_old_connections_will(trio) -> None:  # type: ignore[no-untyped-def]
+    """MQTT-3.1.2-8: a takeover closes the old connection, so its Will is published.
+
+    Also MQTT-3.1.2-10 (then removed: published once).
+    """
     topic = f"will/{uid()}"
     cid = f"taken-{uid()}"
     w = await watcher(trio.mqtt_port(3), topic)
@@ -155,7 +169,8 @@ async def test_a_takeover_publishes_the_old_connections_will(trio) -> None:  # t
         await c.close()
 
 
-async def test_a_retained_will_is_kept_for_later_subscribers(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_1_2_15_a_retained_will_is_kept_for_later_subscribers(trio) -> None:  # type: ignore[no-untyped-def]
+    """MQTT-3.1.2-15: a Will with Will Retain 1 is published as a retained message."""
     topic = f"will/{uid()}"
     client = await connect_with_will(
         trio.mqtt_port(1), f"status-{uid()}", Will(topic, b"offline", qos=1, retain=True)
@@ -176,9 +191,42 @@ async def test_a_retained_will_is_kept_for_later_subscribers(trio) -> None:  # t
         break
 
 
-async def test_the_will_is_published_when_the_node_holding_the_connection_dies(  # type: ignore[no-untyped-def]
+async def test_mqtt_3_1_2_14_a_will_without_retain_is_not_retained(trio) -> None:  # type: ignore[no-untyped-def]
+    """MQTT-3.1.2-14: a Will with Will Retain 0 is published as a non-retained message."""
+    # MQTT-3.1.2-14: published as a non-retained message (RETAIN 0 even to a subscriber with
+    # Retain As Published), and not kept for later subscribers.
+    base = f"will0/{uid()}"
+    pub, _ = await connect(trio.mqtt_port(2))
+    await publish(pub, f"{base}/zz-marker", b"marker", retain=True)
+    watcher, _ = await connect(trio.mqtt_port(3))
+    assert await subscribe(watcher, Subscription(f"{base}/w", 1, retain_as_published=True)) == (1,)
+    dying = await open_v5(trio.mqtt_port(1))
+    await dying.send(
+        Connect(
+            client_id=f"will0-{uid()}",
+            protocol_version=5,
+            will=Will(f"{base}/w", b"gone", qos=1, retain=False),
+        )
+    )
+    assert (await dying.expect(ConnAck)).reason_code == 0
+    dying.writer.transport.abort()  # a lost connection: the will is published
+    await dying.close()
+    got = await receive(watcher)
+    assert (got.topic, got.payload, got.retain) == (f"{base}/w", b"gone", False)
+
+    later, _ = await connect(trio.mqtt_port(1))
+    assert await subscribe(later, Subscription(f"{base}/#", 1)) == (1,)
+    got = await receive(later)  # the will's topic sorts before the marker's
+    assert (got.topic, got.payload) == (f"{base}/zz-marker", b"marker")
+
+
+async def test_g6_the_will_is_published_when_the_node_holding_the_connection_dies(  # type: ignore[no-untyped-def]
     hexmq_cluster,
 ) -> None:
+    """G6: the Will is published even when the node holding the connection dies.
+
+    Also MQTT-3.1.2-8 (a connection lost with its node).
+    """
     cluster = hexmq_cluster(nodes=3, partitions=PARTITIONS, extra=["--rf", "2"])
     table = assign(["n1", "n2", "n3"], PARTITIONS, 2)
 

@@ -2,7 +2,8 @@
 for 3.1.1 and 5.0; duplicates of an inbound PUBLISH are not routed again, also when the publisher
 comes back through another node; a subscriber gets PUBLISH DUP again until its PUBREC is
 recorded and PUBREL (never the PUBLISH) after; and both hold across `hexmq cluster kill` +
-`start` of the node mastering the sessions (G3 under restart)."""
+`start` of the node mastering the sessions (G3 under restart). A 5.0 CONNACK without Maximum
+QoS, and SUBSCRIBE at QoS 2."""
 
 from __future__ import annotations
 
@@ -23,10 +24,12 @@ from hexmq.mqtt import (
     Publish,
     PubRec,
     PubRel,
+    Subscription,
 )
+from tests.support import v5client as v5
 from tests.support.rawclient import RawClient
 
-PARTITIONS = 32
+PARTITIONS = 32  # as the `trio` fixture (tests/conformance/conftest.py)
 NODES = ["n1", "n2", "n3"]
 PERSISTENT = Properties(session_expiry_interval=3600)
 
@@ -42,11 +45,6 @@ def client_id_on(node_id: str, prefix: str) -> str:
         cid = f"{prefix}-{uid()}"
         if table[partition_of(cid, PARTITIONS)][0] == node_id:
             return cid
-
-
-@pytest.fixture(scope="module")
-def trio(hexmq_cluster_module):  # type: ignore[no-untyped-def]
-    return hexmq_cluster_module(nodes=3, partitions=PARTITIONS, extra=["--rf", "2"])
 
 
 async def connect(
@@ -133,7 +131,13 @@ async def nothing_more(client: RawClient, wait: float = 0.5) -> None:
 
 
 @pytest.mark.parametrize("version", [4, 5])
-async def test_qos2_end_to_end_across_nodes(trio, version: int) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_4_3_3_8_qos2_end_to_end_across_nodes(trio, version: int) -> None:  # type: ignore[no-untyped-def]
+    """MQTT-4.3.3-8: the receiver of a QoS 2 PUBLISH answers PUBREC with its packet id.
+
+    Both ways across nodes, 3.1.1 and 5.0: the server as receiver (MQTT-4.3.3-8, -11) and as
+    sender (DUP 0, PUBREL on PUBREC: MQTT-4.3.3-1, -2, -4). Also MQTT-3.2.2-9, -10 (no Maximum
+    QoS, granted 2), MQTT-3.8.4-8 (to a QoS 1 subscription at QoS 1) and MQTT-2.2.1-5.
+    """
     topic = f"q2/{uid()}"
     sub, connack = await connect(trio.mqtt_port(1), f"sub-{uid()}", version)
     if version == 5:
@@ -155,7 +159,12 @@ async def test_qos2_end_to_end_across_nodes(trio, version: int) -> None:  # type
         await client.close()
 
 
-def test_mosquitto_clients_qos2_both_versions(trio) -> None:  # type: ignore[no-untyped-def]
+def test_mqtt_3_3_4_1_mosquitto_clients_qos2_both_versions(trio) -> None:  # type: ignore[no-untyped-def]
+    """MQTT-3.3.4-1: QoS 2 PUBLISHes are answered as QoS 2 requires, for mosquitto's clients.
+
+    mosquitto_pub and mosquitto_sub (a persistent session), 3.1.1 and 5.0, across nodes.
+    Also MQTT-4.3.3-8.
+    """
     for version, extra in (("mqttv311", []), ("mqttv5", ["-x", "600"])):
         topic, cid = f"mosq/{uid()}", f"mosq-{uid()}"
         base = ["-h", "127.0.0.1", "-V", version, "-q", "2"]
@@ -175,7 +184,14 @@ def test_mosquitto_clients_qos2_both_versions(trio) -> None:  # type: ignore[no-
         assert out.stdout.split() == ["m0", "m1", "m2"], version
 
 
-async def test_pubrec_0x10_without_subscribers_and_pubcomp_0x92_for_unknown(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_5_2_1_pubrec_0x10_without_subscribers_and_pubcomp_0x92_for_unknown(  # type: ignore[no-untyped-def]
+    trio,
+) -> None:
+    """MQTT-3.5.2-1: PUBREC uses PUBREC reason codes: 0x10 when no subscriber matched.
+
+    Also MQTT-3.7.2-1 (PUBCOMP 0x92 for a PUBREL of an unknown packet id; 3.1.1 has no code)
+    and MQTT-4.3.3-11 (PUBCOMP with the PUBREL's packet id).
+    """
     v5, _ = await connect(trio.mqtt_port(1), f"p5-{uid()}", 5)
     await v5.send(Publish(f"nobody/{uid()}", b"x", qos=2, packet_id=3))
     rec = await v5.expect(PubRec)
@@ -193,7 +209,15 @@ async def test_pubrec_0x10_without_subscribers_and_pubcomp_0x92_for_unknown(trio
 
 
 @pytest.mark.parametrize("version", [4, 5])
-async def test_duplicate_publish_before_pubrel_is_delivered_once(trio, version: int) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_4_3_3_10_duplicate_publish_before_pubrel_is_delivered_once(  # type: ignore[no-untyped-def]
+    trio,
+    version: int,
+) -> None:
+    """MQTT-4.3.3-10: until PUBREL, a repeated QoS 2 PUBLISH gets PUBREC, is delivered once.
+
+    On one connection (with and without DUP) and after reconnects through other nodes. Also
+    MQTT-4.3.3-12 (after PUBCOMP the same packet id is a new message) and G3.
+    """
     topic = f"dup/{uid()}"
     sub, _ = await connect(trio.mqtt_port(3), f"sub-{uid()}", version)
     await sub.subscribe(topic, qos=2)
@@ -238,7 +262,16 @@ async def test_duplicate_publish_before_pubrel_is_delivered_once(trio, version: 
 
 
 @pytest.mark.parametrize("version", [4, 5])
-async def test_subscriber_gets_publish_dup_until_pubrec_then_pubrel(trio, version: int) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_4_3_3_3_subscriber_gets_publish_dup_until_pubrec_then_pubrel(  # type: ignore[no-untyped-def]
+    trio,
+    version: int,
+) -> None:
+    """MQTT-4.3.3-3: a QoS 2 PUBLISH the server sent is unacknowledged until its PUBREC.
+
+    Resent with DUP 1 and the same packet id after reconnects to other nodes. Also
+    MQTT-4.3.3-4, -5, -6 (PUBREL on PUBREC, resent until PUBCOMP, never the PUBLISH again),
+    MQTT-4.4.0-1 and MQTT-3.3.1-1.
+    """
     topic, sub_id = f"out/{uid()}", f"sub-{uid()}"
     sub, _ = await connect(trio.mqtt_port(1), sub_id, version, persistent=True)
     await sub.subscribe(topic, qos=2)
@@ -284,7 +317,12 @@ async def test_subscriber_gets_publish_dup_until_pubrec_then_pubrel(trio, versio
         await client.close()
 
 
-async def test_exactly_once_across_kill_and_start_of_the_sessions_master(hexmq_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_g3_exactly_once_across_kill_and_start_of_the_sessions_master(hexmq_cluster) -> None:  # type: ignore[no-untyped-def]
+    """G3: QoS 2 exactly once across kill -9 and start of the node mastering both sessions.
+
+    Also MQTT-4.3.3-8, -10 (the received packet id survives: the resend is not routed again)
+    and MQTT-4.3.3-5, -6, MQTT-4.4.0-1 (PUBREL, not the PUBLISH, after the restart).
+    """
     cluster = hexmq_cluster(nodes=3, partitions=PARTITIONS, extra=["--rf", "2"])
     topic = f"g3/{uid()}"
     # Both sessions are mastered by n3, the node we kill; the clients use nodes 1 and 2.
@@ -323,3 +361,24 @@ async def test_exactly_once_across_kill_and_start_of_the_sessions_master(hexmq_c
     await sub.send(Disconnect())
     for client in (sub, pub):
         await client.close()
+
+
+async def test_mqtt_3_2_2_9_maximum_qos_2_and_subscribe_at_qos_2(trio) -> None:  # type: ignore[no-untyped-def]
+    """MQTT-3.2.2-9: a server that supports QoS 2 sends no Maximum QoS in CONNACK.
+
+    Also MQTT-3.2.2-10, MQTT-3.8.4-7 (SUBSCRIBE at QoS 2 is granted 2), MQTT-3.8.4-8 (a QoS 1
+    message goes at 1) and MQTT-4.12.0-6 (no Authentication Method in CONNACK).
+    """
+    # MQTT-3.2.2-9: no Maximum QoS in CONNACK means QoS 2 is supported; a SUBSCRIBE at QoS 2 is
+    # granted 2 and a QoS 1 publish arrives at QoS 1 (min of the two). MQTT-4.12.0-6: no
+    # Authentication Method asked, none in CONNACK.
+    topic = f"qos2/{uid()}"
+    sub, connack = await v5.connect(trio.mqtt_port(1))
+    assert connack.properties.maximum_qos is None
+    assert connack.properties.authentication_method is None
+    assert connack.properties.authentication_data is None
+    assert await v5.subscribe(sub, Subscription(topic, 2)) == (2,)
+    pub, _ = await v5.connect(trio.mqtt_port(2))
+    await v5.publish(pub, topic, b"x")
+    got = await v5.receive(sub)
+    assert (got.payload, got.qos) == (b"x", 1)

@@ -13,7 +13,12 @@ def uid() -> str:
     return uuid.uuid4().hex[:10]
 
 
-async def test_sys_topics_report_node_counters(hexmq_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_s4_7_2_sys_topics_report_node_counters(hexmq_cluster) -> None:  # type: ignore[no-untyped-def]
+    """§4.7.2: `$SYS/` topics are the server's: each node publishes its counters there.
+
+    Also MQTT-4.7.2-1 (`#` does not match a topic starting with `$`) and a client's publish
+    under `$SYS/` refused (5.0: PUBACK 0x87).
+    """
     cluster = hexmq_cluster(nodes=1, extra=["--edge-arg=--sys-interval=0.3"])
     port = cluster.mqtt_port(1)
     watcher, _ = await RawClient.connect(port, f"sys-{uid()}")

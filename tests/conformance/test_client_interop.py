@@ -23,11 +23,6 @@ def uid() -> str:
     return uuid.uuid4().hex[:10]
 
 
-@pytest.fixture(scope="module")
-def node(hexmq_cluster_module):  # type: ignore[no-untyped-def]
-    return hexmq_cluster_module(nodes=1)
-
-
 async def collect(sub: aiomqtt.Client, count: int, timeout: float = 10.0) -> list[aiomqtt.Message]:
     got: list[aiomqtt.Message] = []
     async with asyncio.timeout(timeout):
@@ -40,7 +35,15 @@ async def collect(sub: aiomqtt.Client, count: int, timeout: float = 10.0) -> lis
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize("qos", [0, 1])
-async def test_aiomqtt_publish_subscribe_with_wildcards(node, protocol: str, qos: int) -> None:  # type: ignore[no-untyped-def]
+async def test_s4_7_1_aiomqtt_publish_subscribe_with_wildcards(  # type: ignore[no-untyped-def]
+    node,
+    protocol: str,
+    qos: int,
+) -> None:
+    """§4.7.1: `+` matches one whole level, `#` any number of levels, its parent's included.
+
+    With aiomqtt, 3.1.1 and 5.0, QoS 0 and 1. Also MQTT-3.3.2-3 (the delivered Topic Names).
+    """
     version = PROTOCOLS[protocol][0]
     port = node.mqtt_port(1)
     base = f"t/{uid()}"
@@ -70,7 +73,12 @@ async def test_aiomqtt_publish_subscribe_with_wildcards(node, protocol: str, qos
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_paho_publish_subscribe(node, protocol: str) -> None:  # type: ignore[no-untyped-def]
+def test_mqtt_3_8_4_8_paho_publish_subscribe(node, protocol: str) -> None:  # type: ignore[no-untyped-def]
+    """MQTT-3.8.4-8: a message goes at the minimum of its QoS and the granted QoS.
+
+    With paho-mqtt, 3.1.1 and 5.0: QoS 0 and 1 publishes to a QoS 1 subscription. Also
+    MQTT-4.6.0-5 (one publisher's messages arrive in publish order).
+    """
     version = PROTOCOLS[protocol][1]
     port = node.mqtt_port(1)
     base = f"paho/{uid()}"
@@ -105,9 +113,13 @@ def test_paho_publish_subscribe(node, protocol: str) -> None:  # type: ignore[no
 
 
 @pytest.mark.parametrize("protocol", ["mqttv311", "mqttv5"])
-def test_mosquitto_clients(node, protocol: str) -> None:  # type: ignore[no-untyped-def]
-    """mosquitto_sub creates a persistent session (-c) and exits once subscribed (-E);
-    mosquitto_pub publishes at QoS 0 and 1; the second mosquitto_sub gets the QoS 1 ones."""
+def test_mqtt_3_1_2_5_mosquitto_clients(node, protocol: str) -> None:  # type: ignore[no-untyped-def]
+    """MQTT-3.1.2-5: a CONNECT with Clean Start 0 resumes the existing session.
+
+    mosquitto_sub creates a persistent session (-c) and exits once subscribed (-E);
+    mosquitto_pub publishes at QoS 0 and 1; the second mosquitto_sub gets the QoS 1 ones.
+    Also MQTT-4.5.0-1 (the QoS 1 messages were added to the offline session).
+    """
     port = str(node.mqtt_port(1))
     base = f"mosq/{uid()}"
     common = ["-h", "127.0.0.1", "-p", port, "-V", protocol]

@@ -1,5 +1,5 @@
 """The edge's TLS, WebSocket and WebSocket-over-TLS listeners with real clients (aiomqtt,
-mosquitto_pub/sub, the websockets client), and --max-connections across listeners.
+mosquitto_pub/sub, the websockets client), and the TLS files it refuses at startup.
 
 An extra `hexmq edge` (tests.support.edgeproc) joins a one-node cluster with the listeners on
 free ports and certificates made by openssl for the module."""
@@ -34,8 +34,7 @@ from hexmq.mqtt import (
     Subscription,
 )
 from tests.support.certs import CertFiles, make_certs
-from tests.support.edgeproc import edge_process, free_ports
-from tests.support.rawclient import RawClient
+from tests.support.edgeproc import edge_process, free_ports, run_edge_expecting_failure
 
 VERSIONS = {"3.1.1": aiomqtt.ProtocolVersion.V311, "5.0": aiomqtt.ProtocolVersion.V5}
 
@@ -108,17 +107,20 @@ async def round_trip(sub_kwargs: dict[str, Any], pub_kwargs: dict[str, Any], ver
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-async def test_tls_round_trip(edge: Listeners, version: str) -> None:
+async def test_s4_2_tls_round_trip(edge: Listeners, version: str) -> None:
+    """§4.2: MQTT over TLS with a client certificate: aiomqtt round trip, 3.1.1 and 5.0."""
     tls = {"hostname": "127.0.0.1", "port": edge.tls, "tls_context": client_tls(edge.certs)}
     await round_trip(tls, tls, version)
 
 
-async def test_tls_and_plain_clients_share_the_broker(edge: Listeners) -> None:
+async def test_s4_2_tls_and_plain_clients_share_the_broker(edge: Listeners) -> None:
+    """§4.2: a client over TLS and a client over plain TCP exchange messages."""
     tls = {"hostname": "127.0.0.1", "port": edge.tls, "tls_context": client_tls(edge.certs)}
     await round_trip(tls, {"hostname": "127.0.0.1", "port": edge.plain}, "5.0")
 
 
-def test_tls_with_mosquitto_clients(edge: Listeners) -> None:
+def test_s4_2_tls_with_mosquitto_clients(edge: Listeners) -> None:
+    """§4.2: mosquitto_pub and mosquitto_sub over TLS with client certificates."""
     certs = edge.certs
     topic = f"mosq/{uid()}"
     common = [
@@ -164,21 +166,24 @@ async def no_connack_over_tls(port: int, ctx: ssl.SSLContext) -> bytes:
     return answer
 
 
-async def test_tls_without_a_client_certificate_is_refused(edge: Listeners) -> None:
+async def test_s5_4_1_tls_without_a_client_certificate_is_refused(edge: Listeners) -> None:
+    """§5.4.1: with --tls-require-client-cert, a client without a certificate gets no CONNACK."""
     # No CONNACK: the handshake (TLS 1.3: just after it) failed.
     assert await no_connack_over_tls(edge.tls, client_tls(edge.certs, with_cert=False)) == b""
 
 
-async def test_tls_client_certificate_of_another_ca_is_refused(
+async def test_s5_4_1_tls_client_certificate_of_another_ca_is_refused(
     edge: Listeners, tmp_path: Path
 ) -> None:
+    """§5.4.1: a client certificate signed by another CA gets no CONNACK."""
     stranger = make_certs(tmp_path / "stranger")
     ctx = ssl.create_default_context(cafile=str(edge.certs.ca))
     ctx.load_cert_chain(stranger.client_cert, stranger.client_key)
     assert await no_connack_over_tls(edge.tls, ctx) == b""
 
 
-async def test_plain_mqtt_on_the_tls_port_gets_no_connack(edge: Listeners) -> None:
+async def test_s4_2_plain_mqtt_on_the_tls_port_gets_no_connack(edge: Listeners) -> None:
+    """§4.2: plain MQTT on the TLS port gets no CONNACK."""
     reader, writer = await asyncio.open_connection("127.0.0.1", edge.tls)
     writer.write(MQTTConnection(Role.CLIENT).send(Connect(client_id=f"plain-{uid()}")))
     await writer.drain()
@@ -189,7 +194,8 @@ async def test_plain_mqtt_on_the_tls_port_gets_no_connack(edge: Listeners) -> No
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-async def test_websocket_round_trip(edge: Listeners, version: str) -> None:
+async def test_s6_websocket_round_trip(edge: Listeners, version: str) -> None:
+    """§6: MQTT over WebSocket (aiomqtt) both ways with a plain TCP client, 3.1.1 and 5.0."""
     ws = {
         "hostname": "127.0.0.1",
         "port": edge.ws,
@@ -200,7 +206,8 @@ async def test_websocket_round_trip(edge: Listeners, version: str) -> None:
     await round_trip({"hostname": "127.0.0.1", "port": edge.plain}, ws, version)
 
 
-async def test_websocket_over_tls_round_trip(edge: Listeners) -> None:
+async def test_s6_websocket_over_tls_round_trip(edge: Listeners) -> None:
+    """§6: MQTT over WebSocket over TLS (wss) round trip."""
     wss = {
         "hostname": "127.0.0.1",
         "port": edge.wss,
@@ -223,7 +230,12 @@ async def _ws_packets(ws: Any, codec: MQTTConnection, count: int) -> list[Packet
     return packets
 
 
-async def test_websocket_frames_may_split_and_join_packets(edge: Listeners) -> None:
+async def test_mqtt_6_0_0_2_websocket_frames_may_split_and_join_packets(edge: Listeners) -> None:
+    """MQTT-6.0.0-2: MQTT packets need not align with WebSocket frames.
+
+    CONNECT in three frames, SUBSCRIBE and PINGREQ in one. Also MQTT-6.0.0-4 (the server
+    selects the "mqtt" subprotocol) and MQTT-3.12.4-1 (PINGRESP).
+    """
     codec = MQTTConnection(Role.CLIENT, protocol_version=5)
     connect = codec.send(Connect(client_id=f"frames-{uid()}", protocol_version=5))
     subscribe = codec.send(Subscribe(1, (Subscription(f"f/{uid()}", 1),)))
@@ -244,21 +256,26 @@ async def test_websocket_frames_may_split_and_join_packets(edge: Listeners) -> N
         assert any(isinstance(p, PingResp) for p in answers)
 
 
-async def test_websocket_wrong_path_is_404(edge: Listeners) -> None:
+async def test_s6_websocket_wrong_path_is_404(edge: Listeners) -> None:
+    """§6: a WebSocket handshake on a path other than /mqtt gets HTTP 404."""
     with pytest.raises(websockets.InvalidStatus) as err:
         async with ws_connect(f"ws://127.0.0.1:{edge.ws}/other", subprotocols=["mqtt"]):
             pass
     assert err.value.response.status_code == 404
 
 
-async def test_websocket_without_the_mqtt_subprotocol_is_refused(edge: Listeners) -> None:
+async def test_mqtt_6_0_0_3_websocket_without_the_mqtt_subprotocol_is_refused(
+    edge: Listeners,
+) -> None:
+    """MQTT-6.0.0-3: the client offers the "mqtt" subprotocol; without it the edge says 400."""
     with pytest.raises(websockets.InvalidStatus) as err:
         async with ws_connect(f"ws://127.0.0.1:{edge.ws}/mqtt", subprotocols=["chat"]):
             pass
     assert err.value.response.status_code == 400
 
 
-async def test_websocket_text_frames_close_the_connection(edge: Listeners) -> None:
+async def test_mqtt_6_0_0_1_websocket_text_frames_close_the_connection(edge: Listeners) -> None:
+    """MQTT-6.0.0-1: MQTT travels in binary frames; a text frame closes the connection."""
     async with ws_connect(f"ws://127.0.0.1:{edge.ws}/mqtt", subprotocols=["mqtt"]) as ws:
         await ws.send("CONNECT")  # a text frame: MQTT-6.0.0-1
         with pytest.raises(websockets.ConnectionClosed) as err:
@@ -268,54 +285,25 @@ async def test_websocket_text_frames_close_the_connection(edge: Listeners) -> No
     assert err.value.rcvd.code == 1003
 
 
-# ----- --max-connections ---------------------------------------------------------------------
+# ----- startup errors ----------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def limited(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]:
-    (ws,) = free_ports(1)
-    args = ["--max-connections=2", f"--ws-listen=127.0.0.1:{ws}"]
-    with edge_process(cluster, tmp_path_factory.mktemp("limited"), args, name="lim1") as proc:
-        yield proc.port, ws
-
-
-async def connect_raw(port: int, version: int) -> tuple[RawClient, ConnAck]:
-    return await RawClient.connect(port, f"lim-{uid()}", version=version)
-
-
-async def test_max_connections_refuses_with_quota_exceeded(limited: tuple[int, int]) -> None:
-    port, ws_port = limited
-    held = []
-    for _ in range(2):
-        client, connack = await connect_raw(port, 5)
-        assert connack.reason_code == 0
-        held.append(client)
-
-    client, connack = await connect_raw(port, 5)
-    assert connack.reason_code == 0x97  # Quota exceeded
-    assert await client.recv() is None  # and closed
-    await client.close()
-    client, connack = await connect_raw(port, 4)
-    assert connack.reason_code == 3  # 3.1.1: Server unavailable
-    await client.close()
-
-    # The WebSocket listener counts against the same limit.
-    codec = MQTTConnection(Role.CLIENT, protocol_version=5)
-    async with ws_connect(f"ws://127.0.0.1:{ws_port}/mqtt", subprotocols=["mqtt"]) as ws:
-        await ws.send(codec.send(Connect(client_id=f"lim-ws-{uid()}", protocol_version=5)))
-        (connack,) = await _ws_packets(ws, codec, 1)
-        assert isinstance(connack, ConnAck)
-        assert connack.reason_code == 0x97
-
-    # A closed connection frees its place.
-    await held.pop().close()
-    async with asyncio.timeout(10):
-        while True:
-            client, connack = await connect_raw(port, 5)
-            if connack.reason_code == 0:
-                held.append(client)
-                break
-            await client.close()
-            await asyncio.sleep(0.05)
-    for client in held:
-        await client.close()
+def test_s4_2_tls_files_that_cannot_be_used_are_named(tmp_path: Path) -> None:
+    """§4.2: TLS files the edge cannot use stop it at startup, naming the file or the fault."""
+    certs = make_certs(tmp_path / "certs")
+    (tmp_path / "junk.pem").write_text("not a certificate\n")
+    other = make_certs(tmp_path / "other")
+    cases = [
+        ([f"--tls-cert={tmp_path}/missing.crt", f"--tls-key={certs.server_key}"], "missing.crt"),
+        ([f"--tls-cert={tmp_path}/junk.pem", f"--tls-key={certs.server_key}"], "junk.pem"),
+        ([f"--tls-cert={certs.server_cert}", f"--tls-key={tmp_path}/junk.pem"], "junk.pem"),
+        (
+            [f"--tls-cert={certs.server_cert}", f"--tls-key={other.server_key}"],
+            "does not match the certificate",
+        ),
+        ([f"--tls-cert={certs.server_cert}"], "need --tls-cert and --tls-key"),
+    ]
+    for args, named in cases:
+        code, stderr = run_edge_expecting_failure(["--tls-listen=127.0.0.1:1", *args])
+        assert code == 2, stderr
+        assert named in stderr, stderr

@@ -1,7 +1,8 @@
 """Shared subscriptions ($share/{ShareName}/{filter}), cluster-wide: members on every node, each
 message to exactly one member per group (besides every non-shared subscriber), online members
-first, queued at an offline member when none is online, no retained messages on subscribe, and
-the 5.0 and 3.1.1 rules for bad share names and No Local."""
+first, queued at an offline member when none is online, no retained messages on subscribe, a
+failed PUBACK discarding the message, and the 5.0 and 3.1.1 rules for bad share names and No
+Local."""
 
 from __future__ import annotations
 
@@ -9,8 +10,6 @@ import asyncio
 import uuid
 from collections import Counter
 from collections.abc import Iterable
-
-import pytest
 
 from hexmq.hashring import partition_of
 from hexmq.mqtt import (
@@ -24,8 +23,9 @@ from hexmq.mqtt import (
     encode,
 )
 from tests.support.rawclient import RawClient
+from tests.support.v5client import KEEP, connect, leave, publish, subscribe
 
-PARTITIONS = 32
+PARTITIONS = 32  # as the `trio` fixture (tests/conformance/conftest.py)
 PERSISTENT = Properties(session_expiry_interval=600)
 
 
@@ -44,11 +44,6 @@ def client_ids(prefix: str, count: int) -> list[str]:
             used.add(p)
             out.append(cid)
     return out
-
-
-@pytest.fixture(scope="module")
-def trio(hexmq_cluster_module):  # type: ignore[no-untyped-def]
-    return hexmq_cluster_module(nodes=3, partitions=PARTITIONS, extra=["--rf", "2"])
 
 
 class Collector:
@@ -131,7 +126,31 @@ def in_order(payloads: list[bytes]) -> bool:
     return numbers == sorted(numbers)
 
 
-async def test_one_member_per_message_across_nodes(trio) -> None:  # type: ignore[no-untyped-def]
+async def next_publishes(
+    clients: list[RawClient], timeout: float = 10.0
+) -> list[tuple[int, Publish]]:
+    """The next PUBLISH of whichever of `clients` get one first (several if they come at
+    once), each with the index of its client."""
+    tasks = [asyncio.create_task(c.expect(Publish, timeout)) for c in clients]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED, timeout=timeout)
+    finally:
+        for task in tasks:
+            task.cancel()  # a read cancelled while waiting for bytes loses none
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+    for result in results:
+        if isinstance(result, Exception):
+            raise result
+    got = [(i, r) for i, r in enumerate(results) if isinstance(r, Publish)]
+    assert got, f"no PUBLISH within {timeout}s"
+    return got
+
+
+async def test_s4_8_2_one_member_per_message_across_nodes(trio) -> None:  # type: ignore[no-untyped-def]
+    """§4.8.2: each message goes to one member of the group, besides every plain subscriber.
+
+    Members on three nodes. Also MQTT-4.6.0-6 (the plain subscriber gets them in order).
+    """
     topic = f"sh/{uid()}/t"
     ids = client_ids("m", 3)
     members = [
@@ -149,7 +168,12 @@ async def test_one_member_per_message_across_nodes(trio) -> None:  # type: ignor
         await c.close()
 
 
-async def test_each_group_gets_every_message_once(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_4_8_2_3_each_group_gets_every_message_once(trio) -> None:  # type: ignore[no-untyped-def]
+    """MQTT-4.8.2-3: a member gets a message at most at the QoS granted to it.
+
+    Two groups, each gets every message once. Also MQTT-3.8.4-7, -8 and MQTT-3.10.4-1 (an
+    UNSUBSCRIBE takes a member out of its group).
+    """
     topic = f"sh/{uid()}/t"
     ids = client_ids("g", 4)
     g = [
@@ -180,7 +204,11 @@ async def test_each_group_gets_every_message_once(trio) -> None:  # type: ignore
         await c.close()
 
 
-async def test_wildcard_shared_filters(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_s4_8_2_wildcard_shared_filters(trio) -> None:  # type: ignore[no-untyped-def]
+    """§4.8.2: a group is its whole filter: `$share/w/a/+/x` and `$share/w/a/#` are two.
+
+    Also MQTT-3.3.2-3 (the delivered Topic Names match the filter).
+    """
     base = f"sh/{uid()}"
     ids = client_ids("w", 4)
     plus = [
@@ -203,7 +231,8 @@ async def test_wildcard_shared_filters(trio) -> None:  # type: ignore[no-untyped
         await c.close()
 
 
-async def test_no_retained_messages_on_shared_subscribe(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_s4_8_2_no_retained_messages_on_shared_subscribe(trio) -> None:  # type: ignore[no-untyped-def]
+    """§4.8.2: a shared subscribe gets no retained messages (3.1.1 and 5.0 members)."""
     topic = f"sh/{uid()}/r"
     pub, _ = await RawClient.connect(trio.mqtt_port(1), f"pub-{uid()}")
     await pub.send(Publish(topic, b"kept", qos=1, retain=True, packet_id=1))
@@ -225,7 +254,13 @@ async def test_no_retained_messages_on_shared_subscribe(trio) -> None:  # type: 
         await c.close()
 
 
-async def test_bad_share_names_and_no_local(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_4_8_2_2_bad_share_names_and_no_local(trio) -> None:  # type: ignore[no-untyped-def]
+    """MQTT-4.8.2-2: a ShareName has no `/`, `+` or `#` and is followed by `/` and a filter.
+
+    5.0 gets 0x8F, 3.1.1 0x80 per bad filter, in one SUBACK. Also MQTT-4.8.2-1 (an empty
+    ShareName), MQTT-3.8.3-4 (No Local on a shared subscription: DISCONNECT 0x82),
+    MQTT-3.8.4-1, -5, -6 and MQTT-3.9.3-1.
+    """
     client, connack = await RawClient.connect(trio.mqtt_port(1), f"v5-{uid()}", version=5)
     assert connack.properties.shared_subscription_available is True
     bad = ("$share//t", "$share/g+/t", "$share/#/t", "$share/g", "$share/g/")
@@ -247,7 +282,8 @@ async def test_bad_share_names_and_no_local(trio) -> None:  # type: ignore[no-un
     await client.close()
 
 
-async def test_v311_members(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_s4_8_2_v311_members(trio) -> None:  # type: ignore[no-untyped-def]
+    """§4.8.2: 3.1.1 and 5.0 clients are members of one group alike."""
     topic = f"sh/{uid()}/t"
     ids = client_ids("v", 3)
     members = [
@@ -263,7 +299,8 @@ async def test_v311_members(trio) -> None:  # type: ignore[no-untyped-def]
         await c.close()
 
 
-async def test_offline_members_get_messages_only_when_none_is_online(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_s4_8_2_offline_members_get_messages_only_when_none_is_online(trio) -> None:  # type: ignore[no-untyped-def]
+    """§4.8.2: online members first; with every member offline, each message queued at one."""
     topic = f"sh/{uid()}/t"
     flt = f"$share/g/{topic}"
     a_id, b_id = client_ids("o", 2)
@@ -291,3 +328,41 @@ async def test_offline_members_get_messages_only_when_none_is_online(trio) -> No
     assert in_order(b.payloads)
     for c in (a, b):
         await c.close()
+
+
+async def test_mqtt_4_8_2_6_a_failed_puback_from_a_shared_member_discards_the_message(trio) -> None:  # type: ignore[no-untyped-def]
+    """MQTT-4.8.2-6: a member's PUBACK of 0x80 or more discards the message for every member."""
+    # MQTT-4.8.2-6: the member that got it answers PUBACK 0x80: the message is neither sent to
+    # the other member nor resent to this one when it comes back.
+    u = uid()
+    group = f"$share/g{u}/shared/{u}"
+    topic = f"shared/{u}"
+    ids = [f"member-{i}-{u}" for i in (1, 3)]
+    ports = [trio.mqtt_port(1), trio.mqtt_port(3)]
+    members = []
+    for client_id, port in zip(ids, ports, strict=True):
+        member, _ = await connect(port, client_id, session_expiry_interval=KEEP)
+        assert await subscribe(member, Subscription(group, 1)) == (1,)
+        members.append(member)
+    pub, _ = await connect(trio.mqtt_port(2))
+    await publish(pub, topic, b"refused")
+    [(which, got)] = await next_publishes(members)
+    assert got.payload == b"refused"
+    assert got.packet_id is not None
+    await members[which].send(PubAck(got.packet_id, 0x80))
+    await leave(members[which])
+    members[which], connack = await connect(
+        ports[which], ids[which], clean_start=False, session_expiry_interval=KEEP
+    )
+    assert connack.session_present is True
+
+    sentinels = {f"s{i}".encode() for i in range(6)}
+    for payload in sorted(sentinels):
+        await publish(pub, topic, payload)
+    seen: list[bytes] = []
+    while not sentinels <= set(seen):
+        for index, packet in await next_publishes(members):
+            seen.append(packet.payload)
+            assert packet.packet_id is not None
+            await members[index].send(PubAck(packet.packet_id))
+    assert sorted(seen) == sorted(sentinels)  # "refused" came to no one again

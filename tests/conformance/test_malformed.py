@@ -1,5 +1,5 @@
-"""A malformed packet closes only that connection (5.0: DISCONNECT with the right reason code),
-other clients keep working, and the edge logs one line saying why."""
+"""A malformed packet or a protocol error closes only that connection (5.0: DISCONNECT with the
+right reason code), other clients keep working, and the edge logs one line saying why."""
 
 from __future__ import annotations
 
@@ -37,14 +37,18 @@ def uid() -> str:
     return uuid.uuid4().hex[:10]
 
 
-@pytest.fixture(scope="module")
-def node(hexmq_cluster_module):  # type: ignore[no-untyped-def]
-    return hexmq_cluster_module(nodes=1)
-
-
 @pytest.mark.parametrize("version", [4, 5])
 @pytest.mark.parametrize("case", CASES)
-async def test_malformed_packet_closes_only_that_connection(node, case: str, version: int) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_4_13_1_1_malformed_packet_closes_only_that_connection(  # type: ignore[no-untyped-def]
+    node,
+    case: str,
+    version: int,
+) -> None:
+    """MQTT-4.13.1-1: a Malformed Packet closes the connection (5.0: DISCONNECT, its code).
+
+    Other clients keep working; the edge logs one line. Cases: §1.5.5 (remaining length),
+    MQTT-3.8.1-1 (reserved flags), MQTT-1.5.4-1 (bad UTF-8), MQTT-3.2.2-15 (too large).
+    """
     port = node.mqtt_port(1)
     topic = f"ok/{uid()}"
     bystander, _ = await RawClient.connect(port, f"bystander-{uid()}", version=version)
@@ -81,7 +85,11 @@ async def test_malformed_packet_closes_only_that_connection(node, case: str, ver
     assert f"0x{expected_reason:02X}" in log_lines[0]
 
 
-async def test_unsupported_protocol_level_gets_connack_0x01(node) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_1_2_2_unsupported_protocol_level_gets_connack_0x01(node) -> None:  # type: ignore[no-untyped-def]
+    """MQTT-3.1.2-2 (3.1.1): an unsupported protocol level gets CONNACK 0x01, then close.
+
+    Also MQTT-3.1.2-2 and MQTT-3.1.4-1 (5.0: a CONNECT that is not valid is refused, closed).
+    """
     client = await RawClient.open(node.mqtt_port(1), version=4)
     connect = bytearray(encode(Connect(client_id=f"old-{uid()}", protocol_version=4), 4))
     connect[8] = 3  # protocol level byte: 3 = MQTT 3.1 with name "MQTT" is not a level we speak
@@ -101,7 +109,12 @@ EDGE_CASES = list(MALFORMED)
 @pytest.mark.parametrize(
     "case", EDGE_CASES, ids=[f"{c.name}-v{c.protocol_version}" for c in EDGE_CASES]
 )
-async def test_codec_malformed_table_over_tcp(node, case) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_4_13_1_1_codec_malformed_table_over_tcp(node, case) -> None:  # type: ignore[no-untyped-def]
+    """MQTT-4.13.1-1: each bad packet of the codec's MALFORMED table ends only its connection.
+
+    5.0 gets a DISCONNECT with the table's reason code. docs/conformance.md names the
+    statements of the cases (MQTT-1.5.4-1, MQTT-2.1.3-1, MQTT-3.3.2-2, MQTT-3.14.4-1, ...).
+    """
     client = await RawClient.open(node.mqtt_port(1), version=case.protocol_version)
     await client.send_bytes(CONNECT_BYTES[case.protocol_version])
     connack = await client.expect(ConnAck)
@@ -119,3 +132,14 @@ async def test_codec_malformed_table_over_tcp(node, case) -> None:  # type: igno
         assert seen[-1].reason_code == case.reason_code
     else:
         assert not any(isinstance(p, Disconnect) for p in seen)
+
+
+async def test_mqtt_3_1_0_2_a_second_connect_is_a_protocol_error(node) -> None:  # type: ignore[no-untyped-def]
+    """MQTT-3.1.0-2: a second CONNECT on a connection is a Protocol Error: the server closes."""
+    # MQTT-3.1.0-2: a second CONNECT on a connection is a protocol violation: close it.
+    client = await RawClient.open(node.mqtt_port(1))
+    await client.send(Connect(client_id=f"late-{uid()}"))
+    assert isinstance(await client.recv(), ConnAck)
+    await client.send(Connect(client_id=f"again-{uid()}"))
+    assert await client.wait_closed() == []
+    await client.close()

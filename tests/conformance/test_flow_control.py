@@ -1,0 +1,92 @@
+"""MQTT 5.0 flow control (Receive Maximum) both ways: the server's announced window the client
+must keep to (0x93), QoS 2 counting until PUBCOMP, and the client's window the server keeps to.
+
+`limits_node` announces Receive Maximum 5 (tests/conformance/conftest.py)."""
+
+from __future__ import annotations
+
+import uuid
+
+from hexmq.mqtt import ConnAck, Disconnect, PubAck, PubComp, Publish, PubRec, PubRel, Subscription
+from tests.support.rawclient import RawClient
+from tests.support.v5client import connect, nothing_within, publish, subscribe
+
+
+def uid() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+async def test_s3_2_2_3_3_connack_announces_the_limits(limits_node) -> None:  # type: ignore[no-untyped-def]
+    """§3.2.2.3.3: the server announces its Receive Maximum in CONNACK.
+
+    Also §3.2.2.3.8 (its Topic Alias Maximum).
+    """
+    client, connack = await RawClient.connect(limits_node.mqtt_port(1), f"c-{uid()}", version=5)
+    assert isinstance(connack, ConnAck)
+    assert connack.properties.receive_maximum == 5
+    assert connack.properties.topic_alias_maximum == 4
+    await client.close()
+
+
+async def test_mqtt_3_3_4_7_exceeding_receive_maximum_is_0x93(limits_node) -> None:  # type: ignore[no-untyped-def]
+    """MQTT-3.3.4-7: a client exceeding the server's Receive Maximum gets DISCONNECT 0x93.
+
+    Also MQTT-3.14.4-2 (the server closes after its DISCONNECT).
+    """
+    port = limits_node.mqtt_port(1)
+    topic = f"rm/{uid()}"
+    sub, _ = await RawClient.connect(port, f"sub-{uid()}")
+    await sub.subscribe(topic, qos=1)  # so that publishes wait for a partition, not 0x10
+    pub, _ = await RawClient.connect(port, f"pub-{uid()}", version=5)
+    # Ten QoS 1 publishes in one write: more than the 5 we announced, before any PUBACK.
+    burst = b"".join(pub.codec.send(Publish(topic, b"x", qos=1, packet_id=i)) for i in range(1, 11))
+    await pub.send_bytes(burst)
+    seen = await pub.wait_closed()
+    await pub.close()
+    assert isinstance(seen[-1], Disconnect)
+    assert seen[-1].reason_code == 0x93
+    await sub.close()
+
+
+async def test_mqtt_3_3_4_7_qos2_publishes_count_against_receive_maximum_until_pubcomp(  # type: ignore[no-untyped-def]
+    limits_node,
+) -> None:
+    """MQTT-3.3.4-7: a QoS 2 PUBLISH counts against the Receive Maximum until its PUBCOMP.
+
+    Also §4.9 (flow control).
+    """
+    port = limits_node.mqtt_port(1)
+    topic = f"rm2/{uid()}"
+    pub, _ = await RawClient.connect(port, f"pub-{uid()}", version=5)
+    # Five QoS 2 publishes answered with PUBREC and not yet released: the quota is used up...
+    for pid in range(1, 6):
+        await pub.send(Publish(topic, b"x", qos=2, packet_id=pid))
+        assert (await pub.expect(PubRec)).packet_id == pid
+    # ...until a PUBCOMP gives one back (MQTT-4.9).
+    await pub.send(PubRel(1))
+    assert (await pub.expect(PubComp)).packet_id == 1
+    await pub.send(Publish(topic, b"x", qos=2, packet_id=6))
+    assert (await pub.expect(PubRec)).packet_id == 6
+    await pub.send(Publish(topic, b"x", qos=2, packet_id=7))  # the sixth open one
+    seen = await pub.wait_closed()
+    await pub.close()
+    assert [(type(p), p.reason_code) for p in seen] == [(Disconnect, 0x93)]  # type: ignore[union-attr]
+
+
+async def test_mqtt_3_3_4_9_deliveries_stay_within_the_clients_receive_maximum(trio) -> None:  # type: ignore[no-untyped-def]
+    """MQTT-3.3.4-9: the server has at most the client's Receive Maximum of QoS 1 in flight."""
+    topic = f"rmax/{uid()}"
+    sub, _ = await connect(trio.mqtt_port(1), receive_maximum=3)
+    assert await subscribe(sub, Subscription(topic, 1)) == (1,)
+    pub, _ = await connect(trio.mqtt_port(2))
+    for i in range(10):
+        await publish(pub, topic, f"{i}".encode())
+    got: list[Publish] = []
+    while len(got) < 10:
+        window = [await sub.expect(Publish) for _ in range(min(3, 10 - len(got)))]
+        await nothing_within(sub, 0.5)  # no more than 3 unacknowledged at a time
+        got += window
+        for packet in window:
+            assert packet.packet_id is not None
+            await sub.send(PubAck(packet.packet_id))
+    assert [p.payload for p in got] == [f"{i}".encode() for i in range(10)]
