@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,6 +19,7 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.topics import SHARED_PREFIX, TopicTrie, topic_matches
 from services.partition.index_barrier import IndexBarrier
 from services.partition.links import EdgeLink
+from services.partition.master_state import SC, MasterState, _result, now_ms
 from services.partition.qos2_seen import SeenOrigins
 from services.partition.redelivery import SharedRedelivery
 from services.partition.replication import Replicator
@@ -32,7 +32,6 @@ from services.partition.wills import WillBoard
 
 log = logging.getLogger(__name__)
 
-SC = pb.StatusCode
 MAX_QOS = 2
 DEFAULT_RECEIVE_MAXIMUM = 65535
 DEFAULT_MAX_QUEUED = 100_000
@@ -53,17 +52,7 @@ class QueueLimits:
     drop_oldest: bool = False
 
 
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def _result(
-    request_id: int, status: int = SC.STATUS_CODE_OK, **fields: object
-) -> pb.PartitionEvent:
-    return pb.PartitionEvent(result=pb.Result(request_id=request_id, status=status, **fields))  # type: ignore[arg-type]
-
-
-class PartitionNode:
+class PartitionNode(MasterState):
     def __init__(
         self,
         node_id: str,
@@ -128,10 +117,6 @@ class PartitionNode:
         self.messages_out = 0
 
     # ----- view and loading -------------------------------------------------------------
-
-    def master_of(self, p: int) -> str:
-        assert self.view is not None
-        return self.view.partitions[p].replicas[0]
 
     async def apply_view(self, view: mpb.View) -> None:
         """Take over the partitions the view makes this node master of. Moving partitions
@@ -237,59 +222,6 @@ class PartitionNode:
             self._reply(link, cmd, SC.STATUS_CODE_INVALID, message=f"unknown command {kind!r}")
             return
         handler(self, link, cmd)
-
-    def _reply(
-        self, link: EdgeLink, cmd: pb.EdgeCommand, status: int = 0, **fields: object
-    ) -> None:
-        if not cmd.request_id:
-            return
-        if status == SC.STATUS_CODE_OK and not fields:
-            self.commit.after_ok(link.ok, cmd.request_id)
-            return
-        event = _result(cmd.request_id, status, **fields)
-        self.commit.after(lambda: link.send(event))
-
-    def _check_owner(self, link: EdgeLink, cmd: pb.EdgeCommand, p: int, epoch: int) -> bool:
-        """Fencing: refuse (never half-apply) a command routed by another view."""
-        current = self.mastered.get(p)
-        if current is None:
-            known = self.view is not None and p < len(self.view.partitions)
-            master = self.master_of(p) if known else ""
-            assert self.view is not None
-            self._reply(
-                link,
-                cmd,
-                SC.STATUS_CODE_WRONG_MASTER,
-                message=f"partition {p} is not mastered by {self.node_id}",
-                current_master=master,
-                current_epoch=self.view.partitions[p].epoch if known else 0,
-            )
-            return False
-        if epoch != current:
-            self._reply(
-                link,
-                cmd,
-                SC.STATUS_CODE_STALE_EPOCH,
-                message=f"partition {p} is at epoch {current}, not {epoch}",
-                current_master=self.node_id,
-                current_epoch=current,
-            )
-            return False
-        return True
-
-    def _live_session(
-        self, link: EdgeLink, cmd: pb.EdgeCommand, cid: str, conn_id: str
-    ) -> Session | None:
-        if not self._check_owner(link, cmd, cmd.partition, cmd.partition_epoch):
-            return None
-        session = self.sessions.get(cid)
-        if session is None or session.partition != cmd.partition:
-            self._reply(link, cmd, SC.STATUS_CODE_NOT_FOUND, message=f"no session {cid!r}")
-            return None
-        if session.connection is None or session.connection.connection_id != conn_id:
-            self._reply(link, cmd, SC.STATUS_CODE_TAKEN_OVER, message="connection replaced")
-            return None
-        return session
 
     def _open_session(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
         req = cmd.open_session
