@@ -19,11 +19,12 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.topics import SHARED_PREFIX, TopicTrie, topic_matches
 from services.partition.index_barrier import IndexBarrier
 from services.partition.links import EdgeLink
-from services.partition.master_state import SC, MasterState, _result, now_ms
+from services.partition.master_state import SC, _result, now_ms
+from services.partition.qos2_inbound import InboundQos2
 from services.partition.qos2_seen import SeenOrigins
 from services.partition.redelivery import SharedRedelivery
 from services.partition.replication import Replicator
-from services.partition.sessions import NEVER_EXPIRES, Claim, LiveConnection, Routed, Session
+from services.partition.sessions import NEVER_EXPIRES, LiveConnection, Session
 from services.partition.shared import SharedGroups
 from services.partition.store import GroupCommit, RedisStore, WriteBatch
 from services.partition.sysstats import NodeStatsBoard
@@ -52,7 +53,7 @@ class QueueLimits:
     drop_oldest: bool = False
 
 
-class PartitionNode(MasterState):
+class PartitionNode(InboundQos2):
     def __init__(
         self,
         node_id: str,
@@ -205,12 +206,7 @@ class PartitionNode(MasterState):
                     self.store.put_session(self.commit.batch, session.partition, session.record)
                 self._presence(session)
                 detached += 1
-        # Inbound QoS 2 attempts of that edge can no longer report: whoever waits for one
-        # gets its answer now (the packet id is routed again: see docs/architecture.md).
-        ended = [key for key, (_, owner) in self._q2_attempts.items() if owner is link]
-        for key in ended:
-            del self._q2_attempts[key]
-            self._q2_wake(key)
+        self._qos2_link_closed(link)
         log.info("edge %s unlinked; %d sessions detached", link.edge_id, detached)
 
     # ----- commands ---------------------------------------------------------------------
@@ -575,102 +571,6 @@ class PartitionNode(MasterState):
 
         self.commit.after(send)
 
-    # ----- inbound QoS 2 ----------------------------------------------------------------
-
-    def _qos2_receive(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
-        req = cmd.qos2_receive
-        session = self._live_session(link, cmd, req.client_id, req.connection_id)
-        if session is None:
-            return
-        key = (req.client_id, req.packet_id)
-        attempt = self._q2_attempts.get(key)
-        claim = session.qos2_receive(
-            req.packet_id, req.connection_id, attempt[0] if attempt is not None else None
-        )
-        if claim is Claim.WAIT:
-            self._q2_waiters.setdefault(key, []).append((link, cmd))
-            return
-        if claim is Claim.NEW:
-            self._q2_attempts[key] = (req.connection_id, link)
-            state = session.q2in[req.packet_id]
-            self.store.put_qos2_inbound(
-                self.commit.batch, session.partition, session.client_id, req.packet_id, state
-            )
-            self._reply(link, cmd, qos2_state=pb.QOS2_STATE_NEW, qos2_origin=state.origin)
-            return
-        answer = {
-            Claim.DUPLICATE: pb.QOS2_STATE_DUPLICATE,
-            Claim.IN_PROGRESS: pb.QOS2_STATE_IN_PROGRESS,
-        }[claim]
-        self._reply(link, cmd, qos2_state=answer)
-
-    def _qos2_routed(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
-        req = cmd.qos2_routed
-        if not self._check_owner(link, cmd, cmd.partition, cmd.partition_epoch):
-            return
-        key = (req.client_id, req.packet_id)
-        attempt = self._q2_attempts.get(key)
-        if attempt is not None and attempt[0] == req.connection_id:
-            del self._q2_attempts[key]
-        session = self.sessions.get(req.client_id)
-        if session is None or session.partition != cmd.partition:
-            self._reply(link, cmd, SC.STATUS_CODE_NOT_FOUND, message="session ended")
-        else:
-            change = session.qos2_routed(
-                req.packet_id, req.connection_id, req.ok, keep_claim=req.keep_claim
-            )
-            p, cid = session.partition, session.client_id
-            if change is Routed.PUT:
-                state = session.q2in[req.packet_id]
-                self.store.put_qos2_inbound(self.commit.batch, p, cid, req.packet_id, state)
-            elif change is Routed.DELETED:
-                self.store.delete_qos2_inbound(self.commit.batch, p, cid, req.packet_id)
-            if req.ok or req.keep_claim or change is Routed.DELETED:
-                self._reply(link, cmd)
-            else:
-                # Asked to drop a claim that is not this attempt's to drop (another attempt
-                # took it over, or routed it): the edge must not answer PUBREC 0x80, which
-                # would make the packet id a new message while the claim stands.
-                self._reply(
-                    link, cmd, SC.STATUS_CODE_TAKEN_OVER, message="claim held by another attempt"
-                )
-        if key not in self._q2_attempts:
-            self._q2_wake(key)
-
-    def _q2_wake(self, key: tuple[str, int]) -> None:
-        """The attempt at a packet id ended: its waiters are answered now, in order."""
-        for link, cmd in self._q2_waiters.pop(key, ()):
-            if self.links.get(link.edge_id) is link:
-                self._qos2_receive(link, cmd)
-
-    def _qos2_release(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
-        req = cmd.qos2_release
-        session = self._live_session(link, cmd, req.client_id, req.connection_id)
-        if session is None:
-            return
-        if not session.qos2_release(req.packet_id):
-            self._reply(link, cmd, qos2_state=pb.QOS2_STATE_NOT_FOUND)
-            return
-        self.store.delete_qos2_inbound(
-            self.commit.batch, session.partition, session.client_id, req.packet_id
-        )
-        self._reply(link, cmd, qos2_state=pb.QOS2_STATE_RELEASED)
-
-    def _qos2_forget(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
-        """The claims of these origin ids are settled: their targets here forget them. Entries
-        for partitions not mastered here at that epoch are left to that master's sweep."""
-        for entry in cmd.qos2_forget.origins:
-            p = entry.partition
-            if self.mastered.get(p) == entry.epoch and self.seen.forget(p, entry.origin):
-                self.store.delete_qos2_seen(self.commit.batch, p, entry.origin)
-
-    def sweep_qos2_seen(self) -> int:
-        """Forget the origin ids kept past the retention (their forgets never came)."""
-        gone = self.seen.sweep(now_ms())
-        for p, origin in gone:
-            self.store.delete_qos2_seen(self.commit.batch, p, origin)
-        return len(gone)
-
     def _node_stats(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
         own = {
             "publish/dropped_queue_full": self.dropped_queue_full,
@@ -721,10 +621,10 @@ class PartitionNode(MasterState):
         "enqueue_retained": _enqueue_retained,
         "will_published": _will_published,
         "index_ack": _index_ack,
-        "qos2_receive": _qos2_receive,
-        "qos2_routed": _qos2_routed,
-        "qos2_release": _qos2_release,
-        "qos2_forget": _qos2_forget,
+        "qos2_receive": InboundQos2._qos2_receive,
+        "qos2_routed": InboundQos2._qos2_routed,
+        "qos2_release": InboundQos2._qos2_release,
+        "qos2_forget": InboundQos2._qos2_forget,
         "enqueue_shared": _enqueue_shared,
         "shared_handoff_done": _shared_handoff_done,
         "node_stats": _node_stats,
