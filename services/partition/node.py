@@ -29,7 +29,7 @@ from services.partition.shared import SharedGroups
 from services.partition.store import GroupCommit, RedisStore, WriteBatch
 from services.partition.sysstats import NodeStatsBoard
 from services.partition.tracing import AppendTracer, set_carrier
-from services.partition.wills import WillBoard
+from services.partition.wills import SessionWills, WillBoard
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class QueueLimits:
     drop_oldest: bool = False
 
 
-class PartitionNode(InboundQos2):
+class PartitionNode(InboundQos2, SessionWills):
     def __init__(
         self,
         node_id: str,
@@ -580,16 +580,6 @@ class PartitionNode(InboundQos2):
         event = _result(cmd.request_id, node_stats=self.sys_stats.answer(link, cmd.node_stats, own))
         self.commit.after(lambda: link.send(event))
 
-    def _will_published(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
-        req = cmd.will_published
-        if not self.wills.confirmed(req.client_id, req.will_id):
-            return
-        session = self.sessions.get(req.client_id)
-        if session is not None:
-            session.record.ClearField("will")
-            session.record.will_due_at_ms = 0
-            self.store.put_session(self.commit.batch, session.partition, session.record)
-
     def _enqueue_shared(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
         req = cmd.enqueue_shared
         p = cmd.partition
@@ -619,7 +609,7 @@ class PartitionNode(InboundQos2):
         "delivery_ack": _delivery_ack,
         "retained_query": _retained_query,
         "enqueue_retained": _enqueue_retained,
-        "will_published": _will_published,
+        "will_published": SessionWills._will_published,
         "index_ack": _index_ack,
         "qos2_receive": InboundQos2._qos2_receive,
         "qos2_routed": InboundQos2._qos2_routed,
@@ -749,40 +739,6 @@ class PartitionNode(InboundQos2):
             if self.sessions.get(cid) is session:
                 self.store.put_session(batch, session.partition, session.record)
         self._dirty.clear()
-
-    # ----- wills ------------------------------------------------------------------------
-
-    def _connection_lost(self, session: Session, stamp: int, grace_ms: int = 0) -> None:
-        """The connection ended without a normal DISCONNECT: the will is due after the Will
-        Delay Interval, or when the session ends if that is sooner [MQTT-3.1.2-8, 3.1.3-9];
-        `grace_ms` more when the edge may yet re-attach the connection. The caller stores the
-        record."""
-        rec = session.record
-        if not rec.HasField("will"):
-            return
-        delay_s = min(rec.will.delay_interval_s, rec.session_expiry_s)
-        rec.will_due_at_ms = stamp + delay_s * 1000 + grace_ms
-        self.wills.schedule(rec.client_id, rec.will_due_at_ms)
-        if rec.will_due_at_ms <= stamp:
-            self.commit.after(self.hand_out_wills)
-
-    def _clear_will(self, session: Session) -> None:
-        session.record.ClearField("will")
-        session.record.will_due_at_ms = 0
-        self.wills.cancel(session.client_id)
-
-    def _publish_will_now(self, session: Session) -> None:
-        """Hand the session's will out at once, from memory (the record is about to lose it)."""
-        self.wills.orphan(session.client_id, session.record.will.message)
-        self.commit.after(self.hand_out_wills)
-
-    def hand_out_wills(self) -> None:
-        """Give every due will to an edge to publish (again, if one went unanswered)."""
-        sessions = self.sessions
-        messages = {
-            cid: sessions[cid].record.will.message for cid in self.wills.due if cid in sessions
-        }
-        self.wills.hand_out(now_ms(), self.links, messages)
 
     def hand_out_shared(self) -> None:
         """Shared-subscription messages of members that went offline lately, and those being

@@ -1,4 +1,6 @@
-"""Wills: which are due, and handing them to an edge to publish.
+"""Wills: which are due, and handing them to an edge to publish (WillBoard); the will in its
+session's record as the partition master sets and clears it (SessionWills, a mixin of
+PartitionNode).
 
 A session's will lives in its SessionRecord (so it is replicated with the session and survives
 the loss of the node that held the connection). When the connection ends without a normal
@@ -21,6 +23,8 @@ from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from services.partition.handout import HandOutClock, pick_edge
 from services.partition.links import EdgeLink
+from services.partition.master_state import MasterState, now_ms
+from services.partition.sessions import Session
 
 
 class WillBoard:
@@ -105,3 +109,49 @@ def _event(cid: str, will_id: int, message: common_pb.Message, now_ms: int) -> p
     out.publisher_id = cid
     out.published_at_ms = now_ms
     return event
+
+
+class SessionWills(MasterState):
+    wills: WillBoard
+
+    def _connection_lost(self, session: Session, stamp: int, grace_ms: int = 0) -> None:
+        """The connection ended without a normal DISCONNECT: the will is due after the Will
+        Delay Interval, or when the session ends if that is sooner [MQTT-3.1.2-8, 3.1.3-9];
+        `grace_ms` more when the edge may yet re-attach the connection. The caller stores the
+        record."""
+        rec = session.record
+        if not rec.HasField("will"):
+            return
+        delay_s = min(rec.will.delay_interval_s, rec.session_expiry_s)
+        rec.will_due_at_ms = stamp + delay_s * 1000 + grace_ms
+        self.wills.schedule(rec.client_id, rec.will_due_at_ms)
+        if rec.will_due_at_ms <= stamp:
+            self.commit.after(self.hand_out_wills)
+
+    def _clear_will(self, session: Session) -> None:
+        session.record.ClearField("will")
+        session.record.will_due_at_ms = 0
+        self.wills.cancel(session.client_id)
+
+    def _publish_will_now(self, session: Session) -> None:
+        """Hand the session's will out at once, from memory (the record is about to lose it)."""
+        self.wills.orphan(session.client_id, session.record.will.message)
+        self.commit.after(self.hand_out_wills)
+
+    def hand_out_wills(self) -> None:
+        """Give every due will to an edge to publish (again, if one went unanswered)."""
+        sessions = self.sessions
+        messages = {
+            cid: sessions[cid].record.will.message for cid in self.wills.due if cid in sessions
+        }
+        self.wills.hand_out(now_ms(), self.links, messages)
+
+    def _will_published(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+        req = cmd.will_published
+        if not self.wills.confirmed(req.client_id, req.will_id):
+            return
+        session = self.sessions.get(req.client_id)
+        if session is not None:
+            session.record.ClearField("will")
+            session.record.will_due_at_ms = 0
+            self.store.put_session(self.commit.batch, session.partition, session.record)
