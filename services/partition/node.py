@@ -16,7 +16,7 @@ from hexmq import telemetry
 from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
-from hexmq.topics import SHARED_PREFIX, TopicTrie, topic_matches
+from hexmq.topics import TopicTrie, topic_matches
 from services.partition.index_barrier import IndexBarrier
 from services.partition.links import EdgeLink
 from services.partition.master_state import SC, _result, now_ms
@@ -27,13 +27,13 @@ from services.partition.replication import Replicator
 from services.partition.sessions import NEVER_EXPIRES, LiveConnection, Session
 from services.partition.shared import SharedGroups
 from services.partition.store import GroupCommit, RedisStore, WriteBatch
+from services.partition.subscriptions import Subscriptions
 from services.partition.sysstats import NodeStatsBoard
 from services.partition.tracing import AppendTracer, set_carrier
 from services.partition.wills import SessionWills, WillBoard
 
 log = logging.getLogger(__name__)
 
-MAX_QOS = 2
 DEFAULT_RECEIVE_MAXIMUM = 65535
 DEFAULT_MAX_QUEUED = 100_000
 # A session of a connection whose edge link dropped is kept this long for the edge to re-attach
@@ -53,7 +53,7 @@ class QueueLimits:
     drop_oldest: bool = False
 
 
-class PartitionNode(InboundQos2, SessionWills):
+class PartitionNode(Subscriptions, InboundQos2, SessionWills):
     def __init__(
         self,
         node_id: str,
@@ -308,54 +308,6 @@ class PartitionNode(InboundQos2, SessionWills):
                 self.redelivery.connection_ended(session, stamp)
         self._reply(link, cmd)
 
-    def _subscribe(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
-        req = cmd.subscribe
-        session = self._live_session(link, cmd, req.client_id, req.connection_id)
-        if session is None:
-            return
-        batch = self.commit.batch
-        codes = []
-        existed = []
-        announced = self.index_barrier.seq
-        for spec in req.subscriptions:
-            existed.append(spec.filter in session.subscriptions)
-            granted = pb.SubscriptionSpec()
-            granted.CopyFrom(spec)
-            granted.qos = min(spec.qos, MAX_QOS)
-            self._add_subscription(session, granted, announce=True)
-            self.store.put_subscription(batch, session.partition, session.client_id, granted)
-            codes.append(granted.qos)
-        if self.index_barrier.seq == announced:
-            self._reply(link, cmd, reason_codes=codes, existed=existed)
-            return
-        # A filter new to the edges' index: SUBACK once every edge routes by it.
-        event = _result(cmd.request_id, reason_codes=codes, existed=existed)
-        seq, links = self.index_barrier.seq, self.links
-        self.commit.after(
-            lambda: self.index_barrier.wait(seq, list(links.values()), lambda: link.send(event))
-        )
-
-    def _index_ack(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
-        self.index_barrier.acked(link, cmd.index_ack.seq)
-
-    def _unsubscribe(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
-        req = cmd.unsubscribe
-        session = self._live_session(link, cmd, req.client_id, req.connection_id)
-        if session is None:
-            return
-        codes = []
-        removed = []
-        for filt in req.filters:
-            if self._remove_subscription(session, filt):
-                codes.append(0x00)
-                removed.append(filt)
-            else:
-                codes.append(0x11)  # No subscription existed
-        self.store.delete_subscriptions(
-            self.commit.batch, session.partition, session.client_id, removed
-        )
-        self._reply(link, cmd, reason_codes=codes)
-
     def _publish(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
         req = cmd.publish
         targets = set()
@@ -603,14 +555,14 @@ class PartitionNode(InboundQos2, SessionWills):
         "open_session": _open_session,
         "attach_session": _attach_session,
         "close_session": _close_session,
-        "subscribe": _subscribe,
-        "unsubscribe": _unsubscribe,
+        "subscribe": Subscriptions._subscribe,
+        "unsubscribe": Subscriptions._unsubscribe,
         "publish": _publish,
         "delivery_ack": _delivery_ack,
         "retained_query": _retained_query,
         "enqueue_retained": _enqueue_retained,
         "will_published": SessionWills._will_published,
-        "index_ack": _index_ack,
+        "index_ack": Subscriptions._index_ack,
         "qos2_receive": InboundQos2._qos2_receive,
         "qos2_routed": InboundQos2._qos2_routed,
         "qos2_release": InboundQos2._qos2_release,
@@ -668,59 +620,6 @@ class PartitionNode(InboundQos2, SessionWills):
                     )
                 )
             )
-
-    def _add_subscription(
-        self, session: Session, spec: pb.SubscriptionSpec, *, announce: bool
-    ) -> None:
-        filt = spec.filter
-        new = filt not in session.subscriptions
-        session.subscriptions[filt] = spec
-        if filt.startswith(SHARED_PREFIX):
-            entry = self.shared.join(session, filt)
-            if entry is not None and announce:
-                self._announce([entry])
-            return
-        if new:
-            self._index_ref(session.partition, filt, +1, announce)
-        self.trie.add(filt, session.client_id, spec)
-
-    def _remove_subscription(self, session: Session, filt: str) -> bool:
-        if session.subscriptions.pop(filt, None) is None:
-            return False
-        if filt.startswith(SHARED_PREFIX):
-            entry = self.shared.leave(session, filt)
-            if entry is not None:
-                self._announce([entry])
-            return True
-        self.trie.remove(filt, session.client_id)
-        self._index_ref(session.partition, filt, -1, True)
-        return True
-
-    def _presence(self, session: Session) -> None:
-        """After a session's connection came or went: edges hear which partitions now have
-        (or no longer have) online members of its shared subscription groups."""
-        if session.shared:
-            entries = self.shared.presence(session)
-            if entries:
-                self._announce(entries)
-
-    def _announce(self, entries: list[pb.IndexEntry]) -> None:
-        """Sent to every edge right away, ahead of the SUBACK that follows the commit, so the
-        subscriber's own edge routes by it before its client hears the subscription holds."""
-        seq = self.index_barrier.next_seq()
-        event = pb.PartitionEvent(index_update=pb.IndexUpdate(entries=entries, seq=seq))
-        for link in self.links.values():
-            link.send(event)
-
-    def _index_ref(self, p: int, filt: str, delta: int, announce: bool) -> None:
-        key = (p, filt)
-        count = self.index_refs.get(key, 0) + delta
-        if count > 0:
-            self.index_refs[key] = count
-        else:
-            self.index_refs.pop(key, None)
-        if announce and (count == 0 or (count == 1 and delta > 0)):
-            self._announce([pb.IndexEntry(partition=p, filter=filt, present=count > 0)])
 
     def _delete_session(self, session: Session) -> None:
         if session.shared:
