@@ -22,7 +22,8 @@ from hexmq.service import (
     start_observability,
 )
 from services.membership.client import ViewWatcher
-from services.partition.node import DEFAULT_MAX_QUEUED, PartitionNode, QueueLimits
+from services.partition.delivery import DEFAULT_MAX_QUEUED, QueueLimits
+from services.partition.node import PartitionNode
 from services.partition.peers import ReplicationDriver
 from services.partition.qos2_seen import DEFAULT_RETENTION_S, SeenOrigins
 from services.partition.replication import DEFAULT_LOG_ENTRIES, ReplicationLimits, Replicator
