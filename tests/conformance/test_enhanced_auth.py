@@ -289,7 +289,9 @@ async def test_mqtt_4_12_0_7_auth_after_a_connect_without_method_gets_disconnect
     assert (await disconnected(client)).reason_code == 0x82
 
 
-async def test_authentication_data_without_a_method_gets_connack_0x82(edge: EdgeProcess) -> None:
+async def test_s3_1_2_11_10_authentication_data_without_a_method_gets_connack_0x82(
+    edge: EdgeProcess,
+) -> None:
     """3.1.2.11.10: Authentication Data without an Authentication Method is a Protocol Error."""
     client = await RawClient.open(edge.port, 5)
     props = Properties(authentication_data=b"x")
@@ -297,7 +299,9 @@ async def test_authentication_data_without_a_method_gets_connack_0x82(edge: Edge
     assert (await refused(client)).reason_code == 0x82
 
 
-async def test_a_silent_exchange_ends_at_the_connect_timeout(edge: EdgeProcess) -> None:
+async def test_mqtt_4_12_0_4_a_silent_exchange_ends_at_the_connect_timeout(
+    edge: EdgeProcess,
+) -> None:
     """An exchange the client leaves unfinished is bounded by --connect-timeout."""
     started = time.monotonic()
     client = await RawClient.open(edge.port, 5)
@@ -317,7 +321,7 @@ async def test_a_silent_exchange_ends_at_the_connect_timeout(edge: EdgeProcess) 
 # ----- who the client is --------------------------------------------------------------------
 
 
-async def test_the_acl_sees_the_scram_user_name_through_node_2(edge: EdgeProcess) -> None:
+async def test_s5_4_2_the_acl_sees_the_scram_user_name_through_node_2(edge: EdgeProcess) -> None:
     """The user SCRAM authenticated is the one the ACL checks (not CONNECT's User Name)."""
     base = uid()
     # CONNECT says "admin" (who may do anything); SCRAM proves alice, and alice it is.

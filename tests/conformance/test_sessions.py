@@ -1,6 +1,9 @@
 """Sessions: persistent sessions keep subscriptions and queued QoS 1 messages across a
 disconnect, a move to another node and `hexmq cluster kill` + `start` of the node, with the
-right Session Present; Clean Start; the Session Expiry Interval; empty client ids."""
+right Session Present; Clean Start; the Session Expiry Interval; empty client ids, and the
+Assigned Client Identifiers they get, unique across the cluster (clients with an empty ClientID
+connecting at once through every node each get their own and keep their connection: a shared
+id would make the later CONNECT take the earlier session over)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,17 @@ import uuid
 
 import pytest
 
-from hexmq.mqtt import Disconnect, Properties, PubAck, Publish, Subscription
+from hexmq.mqtt import (
+    ConnAck,
+    Connect,
+    Disconnect,
+    PingReq,
+    PingResp,
+    Properties,
+    PubAck,
+    Publish,
+    Subscription,
+)
 from tests.support.rawclient import RawClient
 from tests.support.v5client import KEEP, connect, leave, publish, receive, subscribe
 
@@ -276,3 +289,33 @@ async def test_mqtt_3_1_3_7_empty_client_id_rules(node) -> None:  # type: ignore
     assert assigned
     assert assigned.startswith("hexmq-")
     await client.close()
+
+
+PER_NODE = 8
+
+
+async def connect_empty_id(port: int) -> tuple[RawClient, ConnAck]:
+    client = await RawClient.open(port, 5)
+    props = Properties(session_expiry_interval=300)
+    await client.send(Connect(client_id="", protocol_version=5, properties=props))
+    return client, await client.expect(ConnAck)
+
+
+async def test_mqtt_3_2_2_16_assigned_client_ids_are_unique_across_nodes(hexmq_cluster) -> None:  # type: ignore[no-untyped-def]
+    """MQTT-3.2.2-16: an Assigned Client Identifier "MUST be a new Client Identifier"."""
+    c = hexmq_cluster(nodes=3)
+    ports = [c.mqtt_port(i) for i in (1, 2, 3)] * PER_NODE
+    connected = await asyncio.gather(*(connect_empty_id(port) for port in ports))
+    ids = []
+    for _, connack in connected:
+        assert connack.reason_code == 0
+        assert connack.session_present is False
+        assert connack.properties.assigned_client_identifier
+        ids.append(connack.properties.assigned_client_identifier)
+    assert len(set(ids)) == len(ports), ids
+    # Every one still holds its connection: none was taken over by another's CONNECT.
+    for client, _ in connected:
+        await client.send(PingReq())
+        assert isinstance(await client.recv(), PingResp)
+    for client, _ in connected:
+        await client.close()
