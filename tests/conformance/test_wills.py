@@ -202,9 +202,13 @@ async def test_mqtt_3_1_2_15_a_retained_will_is_kept_for_later_subscribers(trio)
             await late.close()
             assert time.monotonic() < deadline, "the retained will never arrived"
             continue
-        assert (packet.payload, packet.retain) == (b"offline", True)
         await late.close()
-        break
+        assert packet.payload == b"offline"
+        if packet.retain:
+            break
+        # Published while this subscriber was already subscribed: a live delivery, RETAIN 0
+        # (MQTT-3.3.1-12). The will is retained by now: the next subscriber gets it as such.
+        assert time.monotonic() < deadline, "the will never arrived as a retained message"
 
 
 async def test_mqtt_3_1_2_14_a_will_without_retain_is_not_retained(trio) -> None:  # type: ignore[no-untyped-def]
