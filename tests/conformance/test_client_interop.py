@@ -117,7 +117,8 @@ def test_mqtt_3_1_2_5_mosquitto_clients(node, protocol: str) -> None:  # type: i
     """MQTT-3.1.2-5: a CONNECT with Clean Start 0 resumes the existing session.
 
     mosquitto_sub creates a persistent session (-c) and exits once subscribed (-E);
-    mosquitto_pub publishes at QoS 0 and 1; the second mosquitto_sub gets the QoS 1 ones.
+    mosquitto_pub publishes at QoS 0, then at QoS 1; the second mosquitto_sub gets the QoS 1
+    ones and not the QoS 0 one, which hexmq does not queue for an offline session.
     Also MQTT-4.5.0-1 (the QoS 1 messages were added to the offline session).
     """
     port = str(node.mqtt_port(1))
@@ -133,8 +134,9 @@ def test_mqtt_3_1_2_5_mosquitto_clients(node, protocol: str) -> None:  # type: i
         return done
 
     run("mosquitto_sub", *common, *session, "-E")
+    # Before the QoS 1 ones: were it queued for the offline session, it would come first.
+    run("mosquitto_pub", *common, "-q", "0", "-t", f"{base}/x", "-m", "qos0 offline: dropped")
     for i in range(3):
         run("mosquitto_pub", *common, "-q", "1", "-t", f"{base}/{i}", "-m", f"hello {i}")
-    run("mosquitto_pub", *common, "-q", "0", "-t", f"{base}/x", "-m", "qos0 offline: dropped")
     out = run("mosquitto_sub", *common, *session, "-C", "3", "-W", "10", "-v").stdout
     assert out.splitlines() == [f"{base}/{i} hello {i}" for i in range(3)]

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
+
 from hexmq.mqtt import Publish, SubAck, Subscribe, Subscription
 from tests.support import v5client as v5
 from tests.support.rawclient import RawClient
@@ -60,15 +62,17 @@ async def test_mqtt_3_3_1_5_set_replace_delete_and_gather_across_nodes(trio_256)
     await sub.close()
 
 
+@pytest.mark.parametrize("version", [4, 5])
 async def test_mqtt_3_3_1_12_retained_publish_reaches_existing_subscribers_without_retain_flag(  # type: ignore[no-untyped-def]
-    trio_256,
+    trio_256, version: int
 ) -> None:
     """MQTT-3.3.1-12: Retain As Published 0: a live retained message goes out with RETAIN 0.
 
-    Also MQTT-3.3.1-9 (3.1.1), the same rule by 3.1.1's number.
+    Also MQTT-3.3.1-9 (3.1.1), the same rule by 3.1.1's number (version 4; version 5
+    subscribes with Retain As Published 0).
     """
     topic = f"r/{uid()}/now"
-    sub, _ = await RawClient.connect(trio_256.mqtt_port(2), f"sub-{uid()}")
+    sub, _ = await RawClient.connect(trio_256.mqtt_port(2), f"sub-{uid()}", version=version)
     await sub.subscribe(topic, qos=1)
     await publish(trio_256.mqtt_port(1), topic, b"hello")
     got = await sub.expect(Publish)
