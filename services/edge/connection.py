@@ -43,7 +43,12 @@ from services.edge.connection_base import OK, RC, V5, State, log
 from services.edge.inbound_qos2 import InboundQos2Handling
 from services.edge.limits import Admission
 from services.edge.subscriptions import SubscribeHandling
-from services.edge.translate import packet_id_for, publish_commands, publish_properties
+from services.edge.translate import (
+    packet_id_for,
+    publish_commands,
+    publish_properties,
+    reason_name,
+)
 
 __all__ = ["ClientConnection", "State"]
 
@@ -408,7 +413,13 @@ class ClientConnection(ConnectHandling, InboundQos2Handling, SubscribeHandling):
             )
         self.state = State.CLOSED
         if self.version == V5:
-            self._write(self.codec.send(Disconnect(reason_code)))
+            why = (
+                "another connection with this client id took the session over"
+                if reason_code == RC.SESSION_TAKEN_OVER
+                else reason_name(reason_code)
+            )
+            props = self._reason(lambda p: Disconnect(reason_code, p), why)
+            self._write(self.codec.send(Disconnect(reason_code, props)))
         self._close(None)
 
     def shutdown(self) -> None:

@@ -57,5 +57,9 @@ async def test_mqtt_3_1_4_3_takeover_across_nodes(trio_256) -> None:  # type: ig
     assert connack.reason_code == 0
     seen = await first.wait_closed()
     assert [(type(p), p.reason_code) for p in seen] == [(Disconnect, 0x8E)]  # type: ignore[union-attr]
+    assert isinstance(seen[0], Disconnect)
+    assert seen[0].properties.reason_string == (
+        "another connection with this client id took the session over"
+    )
     for client in (first, second):
         await client.close()
