@@ -4,6 +4,7 @@ acknowledging it; restarting the partition restores service without restarting t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import uuid
@@ -103,3 +104,54 @@ async def test_edge_refuses_while_partition_is_down_and_recovers(hexmq_cluster) 
     await pub5.send(Disconnect())
     for client in (pub5, sub):
         await client.close()
+
+
+async def test_a_stalled_redis_stops_the_partition_service_and_nothing_is_acknowledged(  # type: ignore[no-untyped-def]
+    hexmq_cluster,
+) -> None:
+    """Redis stops answering (SIGSTOP): the partition service's write times out (the Redis
+    client's 5 s socket timeout), it exits with 1 and a line naming the failure, and the QoS 1
+    PUBLISH that was waiting is never acknowledged. Once Redis runs again, `cluster start`
+    brings the node back."""
+    cluster = hexmq_cluster(nodes=1)
+    port = cluster.mqtt_port(1)
+    pids = cluster.pids(1)
+    topic = f"stall/{uid()}"
+    sub, _ = await RawClient.connect(port, f"sub-{uid()}", version=5)
+    await sub.subscribe(topic, qos=1)
+    pub, _ = await RawClient.connect(port, f"pub-{uid()}", version=5)
+    os.kill(pids["redis"], signal.SIGSTOP)
+    try:
+        await pub.send(Publish(topic, b"stalled", qos=1, packet_id=7))
+        started = asyncio.get_running_loop().time()
+        async with asyncio.timeout(20):
+            while True:
+                if not _alive(pids["partition"]):
+                    break
+                await asyncio.sleep(0.1)
+        waited = asyncio.get_running_loop().time() - started
+        assert 4 <= waited < 15, waited
+    finally:
+        os.kill(pids["redis"], signal.SIGCONT)
+    log = (cluster.dir / "node1" / "partition.log").read_text(errors="replace")
+    assert "redis write failed" in log
+    # What came back for the PUBLISH: never a success.
+    packets = []
+    with contextlib.suppress(TimeoutError):
+        while (packet := await pub.recv(timeout=2)) is not None:
+            packets.append(packet)
+    assert not any(isinstance(p, PubAck) and p.reason_code == 0 for p in packets), packets
+    cluster.start(1)
+    again, _ = await until_connack(port, 5)
+    assert (await again.publish(topic, b"after", qos=1)).reason_code == 0  # type: ignore[union-attr]
+    for client in (sub, pub, again):
+        await client.close()
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie, exited but not yet reaped, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
