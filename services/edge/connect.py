@@ -178,12 +178,7 @@ class ConnectHandling(ConnectionBase):
             self._session_span = self.edge.tracer.start_event(telemetry.SpanName.CONNECT, client_id)
         self.state = State.CONNECTING
         self._pause_reading("connect")
-        route.link.request(
-            pb.EdgeCommand(
-                partition=route.partition, partition_epoch=route.epoch, open_session=open_session
-            ),
-            self._on_open_result,
-        )
+        route.request(pb.EdgeCommand(open_session=open_session), self._on_open_result)
 
     def _grant_keepalive(self, asked: int) -> bool:
         """The Keep Alive this connection runs on, within --max-keepalive: a 5.0 client asking

@@ -463,10 +463,8 @@ class ClientConnection(ConnectHandling, InboundQos2Handling, SubscribeHandling):
                     )
                 self._close(None)
 
-        route.link.request(
+        route.request(
             pb.EdgeCommand(
-                partition=route.partition,
-                partition_epoch=route.epoch,
                 attach_session=pb.AttachSession(
                     client_id=self.client_id,
                     connection_id=self.connection_id,
@@ -488,10 +486,8 @@ class ClientConnection(ConnectHandling, InboundQos2Handling, SubscribeHandling):
             route = self.route
             acks, self._acks = self._acks, []
             recs, self._recs = self._recs, []
-            route.link.send(
+            route.send(
                 pb.EdgeCommand(
-                    partition=route.partition,
-                    partition_epoch=route.epoch,
                     delivery_ack=pb.DeliveryAck(
                         client_id=self.client_id,
                         connection_id=self.connection_id,

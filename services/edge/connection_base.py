@@ -149,9 +149,7 @@ class ConnectionBase(asyncio.Protocol):
     def _session_request(self, cmd: pb.EdgeCommand, callback: Callable[[pb.Result], None]) -> None:
         route = self.route
         assert route is not None
-        cmd.partition = route.partition
-        cmd.partition_epoch = route.epoch
-        route.link.request(cmd, callback)
+        route.request(cmd, callback)
 
     def _close_session(
         self, *, graceful: bool, expiry: int | None = None, send_will: bool = False
@@ -167,11 +165,7 @@ class ConnectionBase(asyncio.Protocol):
         )
         if expiry is not None:
             close.session_expiry_s = expiry
-        route.link.send(
-            pb.EdgeCommand(
-                partition=route.partition, partition_epoch=route.epoch, close_session=close
-            )
-        )
+        route.send(pb.EdgeCommand(close_session=close))
 
     def _pause_reading(self, why: str) -> None:
         if not self._paused_for and self.transport is not None:

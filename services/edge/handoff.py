@@ -55,13 +55,11 @@ def publish_will(router: Router, will: pb.PublishWill) -> None:
     commands = message_commands(lambda m: m.CopyFrom(msg), route.targets, retained)
     session = router.session_route(will.client_id)
     confirm = pb.EdgeCommand(
-        partition=session.partition,
-        partition_epoch=session.epoch,
         will_published=pb.WillPublished(client_id=will.client_id, will_id=will.will_id),
     )
 
     def confirmed() -> None:
-        session.link.send(confirm)
+        session.send(confirm)
 
     when_stored(commands, confirmed)
     log.info("publishing the will of a session of partition %d", session.partition)
@@ -76,10 +74,8 @@ def hand_off_shared(router: Router, handoff: pb.SharedHandoff) -> None:
     source = router.partition_route(handoff.from_partition)
 
     def answer(moved: bool) -> None:
-        source.link.send(
+        source.send(
             pb.EdgeCommand(
-                partition=source.partition,
-                partition_epoch=source.epoch,
                 shared_handoff_done=pb.SharedHandoffDone(
                     client_id=handoff.client_id,
                     handoff_id=handoff.handoff_id,

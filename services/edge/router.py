@@ -23,7 +23,7 @@ from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.hashring import partition_of
 from hexmq.topics import SHARED_PREFIX, TopicTrie
-from services.edge.links import PartitionLink
+from services.edge.links import PartitionLink, ResultCallback
 
 ROUTE_CACHE_LIMIT = 100_000
 # Round-robin positions kept for this many shared groups at most (then they start over).
@@ -35,6 +35,20 @@ class SessionRoute:
     partition: int
     epoch: int
     link: PartitionLink
+
+    def _address(self, cmd: pb.EdgeCommand) -> pb.EdgeCommand:
+        # The master refuses a command for an epoch the partition has left (fencing).
+        cmd.partition = self.partition
+        cmd.partition_epoch = self.epoch
+        return cmd
+
+    def request(self, cmd: pb.EdgeCommand, callback: ResultCallback) -> None:
+        """Send `cmd` to the partition's master, addressed to the partition at this epoch."""
+        self.link.request(self._address(cmd), callback)
+
+    def send(self, cmd: pb.EdgeCommand, *, urgent: bool = False) -> bool:
+        """As `request`, without wanting a result (PartitionLink.send)."""
+        return self.link.send(self._address(cmd), urgent=urgent)
 
 
 @dataclass(frozen=True, slots=True)
