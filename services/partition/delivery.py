@@ -10,6 +10,7 @@ inherits: a message costs no more calls or attribute hops than if they were defi
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from hexmq.api.common.v1 import common_pb2 as common_pb
@@ -17,7 +18,7 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.topics import topic_matches
 from services.partition.links import EdgeLink
 from services.partition.master_state import MasterState, _result, now_ms
-from services.partition.sessions import Session
+from services.partition.sessions import LiveConnection, Session
 from services.partition.store import WriteBatch
 from services.partition.tracing import AppendTracer, set_carrier
 
@@ -245,15 +246,7 @@ class MessageDelivery(MasterState):
 
         def send() -> None:
             if session.connection is conn and self.sessions.get(session.client_id) is session:
-                conn.link.send(
-                    pb.PartitionEvent(
-                        delivery=pb.Delivery(
-                            client_id=session.client_id,
-                            connection_id=conn.connection_id,
-                            messages=stubs,
-                        )
-                    )
-                )
+                _send_delivery(session, conn, stubs)
 
         self.commit.after(send)
 
@@ -272,18 +265,23 @@ class MessageDelivery(MasterState):
         messages = session.pump()
         if messages:
             self.messages_out += len(messages)
-            conn.link.send(
-                pb.PartitionEvent(
-                    delivery=pb.Delivery(
-                        client_id=session.client_id,
-                        connection_id=conn.connection_id,
-                        messages=messages,
-                    )
-                )
-            )
+            _send_delivery(session, conn, messages)
 
     def _write_dirty(self, batch: WriteBatch) -> None:
         for cid, session in self._dirty.items():
             if self.sessions.get(cid) is session:
                 self.store.put_session(batch, session.partition, session.record)
         self._dirty.clear()
+
+
+def _send_delivery(
+    session: Session, conn: LiveConnection, messages: Iterable[pb.QueuedMessage]
+) -> None:
+    """Messages for the session's live connection, to the edge holding it."""
+    conn.link.send(
+        pb.PartitionEvent(
+            delivery=pb.Delivery(
+                client_id=session.client_id, connection_id=conn.connection_id, messages=messages
+            )
+        )
+    )
