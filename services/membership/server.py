@@ -56,3 +56,24 @@ class MembershipServicer(pb_grpc.MembershipServiceServicer):
         self, request: pb.GetViewRequest, context: grpc.aio.ServicerContext
     ) -> pb.View:
         return self._board.view
+
+    # The static backend agrees on nothing: proposals, leases and status arrive with the
+    # Consul-backed agent (docs/failover.md).
+
+    async def Propose(
+        self, request: pb.ProposeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ProposeReply:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "static membership takes no proposals")
+        raise AssertionError("unreachable")
+
+    async def Lease(
+        self, request: pb.LeaseRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.LeaseState]:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "static membership holds no lease")
+        yield pb.LeaseState()
+
+    async def Status(
+        self, request: pb.MembershipStatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.MembershipStatus:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "static membership has no status")
+        raise AssertionError("unreachable")

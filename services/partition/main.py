@@ -14,6 +14,7 @@ from hexmq import telemetry
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
 from hexmq.grpc_options import LINK_OPTIONS
+from hexmq.health import SERVING, add_health
 from hexmq.netaddr import parse_hostport
 from hexmq.service import (
     add_observability_arguments,
@@ -145,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
         pb_grpc.add_PartitionServiceServicer_to_server(
             PartitionServicer(node, replication, ready), server
         )
+        health = add_health(server)
         try:
             server.add_insecure_port(args.listen)
         except RuntimeError as exc:
@@ -162,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
             )
             return 1
         await server.start()
+        await health.set("", SERVING)
         log.info("serving edges on %s (pid %d)", args.listen, os.getpid())
         sweeper = asyncio.create_task(_sweep(node))
         metrics = asyncio.create_task(_report_metrics(node, commit, replicator))

@@ -25,16 +25,23 @@ class WatchRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     AFTER_EPOCH_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     after_epoch: _builtins.int
     """Send views newer than this epoch only (0: send the current one at once)."""
+    incarnation: _builtins.int
+    """Set by the node's partition service: the incarnation of this process (chosen at its
+    start). The agent registers the node with it while this watch is open, so the view admits
+    the node only with the partition service that is running now. Edges leave it 0.
+    """
     def __init__(
         self,
         *,
         after_epoch: _builtins.int = ...,
+        incarnation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_epoch", b"after_epoch"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_epoch", b"after_epoch", "incarnation", b"incarnation"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -63,12 +70,15 @@ class Member(_message.Message):
     PARTITION_ADDR_FIELD_NUMBER: _builtins.int
     MQTT_ADDR_FIELD_NUMBER: _builtins.int
     MEMBERSHIP_ADDR_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     partition_addr: _builtins.str
     """host:port of the node's partition service (gRPC)."""
     mqtt_addr: _builtins.str
     """host:port of the node's MQTT listener."""
     membership_addr: _builtins.str
+    incarnation: _builtins.int
+    """The incarnation of the node's partition service that this view admits (see WatchRequest)."""
     def __init__(
         self,
         *,
@@ -76,10 +86,11 @@ class Member(_message.Message):
         partition_addr: _builtins.str = ...,
         mqtt_addr: _builtins.str = ...,
         membership_addr: _builtins.str = ...,
+        incarnation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["membership_addr", b"membership_addr", "mqtt_addr", b"mqtt_addr", "node_id", b"node_id", "partition_addr", b"partition_addr"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "membership_addr", b"membership_addr", "mqtt_addr", b"mqtt_addr", "node_id", b"node_id", "partition_addr", b"partition_addr"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -127,6 +138,7 @@ class View(_message.Message):
     REPLICATION_FACTOR_FIELD_NUMBER: _builtins.int
     MEMBERS_FIELD_NUMBER: _builtins.int
     PARTITIONS_FIELD_NUMBER: _builtins.int
+    TARGET_MEMBERS_FIELD_NUMBER: _builtins.int
     epoch: _builtins.int
     partition_count: _builtins.int
     replication_factor: _builtins.int
@@ -134,6 +146,12 @@ class View(_message.Message):
     def members(self) -> _containers.RepeatedCompositeFieldContainer[Global___Member]: ...
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionAssignment]: ...
+    @_builtins.property
+    def target_members(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The nodes whose hashring placement is the goal of the table (docs/failover.md,
+        "Placement"): changed when a node joins, not when one is lost.
+        """
+
     def __init__(
         self,
         *,
@@ -142,11 +160,303 @@ class View(_message.Message):
         replication_factor: _builtins.int = ...,
         members: _abc.Iterable[Global___Member] | None = ...,
         partitions: _abc.Iterable[Global___PartitionAssignment] | None = ...,
+        target_members: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "members", b"members", "partition_count", b"partition_count", "partitions", b"partitions", "replication_factor", b"replication_factor"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "members", b"members", "partition_count", b"partition_count", "partitions", b"partitions", "replication_factor", b"replication_factor", "target_members", b"target_members"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___View: _TypeAlias = View  # noqa: Y015
+
+@_typing.final
+class InSyncChange(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITION_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    ADD_FIELD_NUMBER: _builtins.int
+    REMOVE_FIELD_NUMBER: _builtins.int
+    partition: _builtins.int
+    epoch: _builtins.int
+    """The partition epoch the asking master holds; the change is moot at another one."""
+    @_builtins.property
+    def add(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def remove(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        partition: _builtins.int = ...,
+        epoch: _builtins.int = ...,
+        add: _abc.Iterable[_builtins.str] | None = ...,
+        remove: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["add", b"add", "epoch", b"epoch", "partition", b"partition", "remove", b"remove"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InSyncChange: _TypeAlias = InSyncChange  # noqa: Y015
+
+@_typing.final
+class Handover(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITION_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    TO_FIELD_NUMBER: _builtins.int
+    partition: _builtins.int
+    epoch: _builtins.int
+    to: _builtins.str
+    """The node to become master (an in-sync replica); the asking master has quiesced."""
+    def __init__(
+        self,
+        *,
+        partition: _builtins.int = ...,
+        epoch: _builtins.int = ...,
+        to: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "partition", b"partition", "to", b"to"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Handover: _TypeAlias = Handover  # noqa: Y015
+
+@_typing.final
+class ProposeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    IN_SYNC_FIELD_NUMBER: _builtins.int
+    HANDOVERS_FIELD_NUMBER: _builtins.int
+    incarnation: _builtins.int
+    """The asking partition service's incarnation (stale incarnations are refused)."""
+    @_builtins.property
+    def in_sync(self) -> _containers.RepeatedCompositeFieldContainer[Global___InSyncChange]: ...
+    @_builtins.property
+    def handovers(self) -> _containers.RepeatedCompositeFieldContainer[Global___Handover]: ...
+    def __init__(
+        self,
+        *,
+        incarnation: _builtins.int = ...,
+        in_sync: _abc.Iterable[Global___InSyncChange] | None = ...,
+        handovers: _abc.Iterable[Global___Handover] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["handovers", b"handovers", "in_sync", b"in_sync", "incarnation", b"incarnation"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProposeRequest: _TypeAlias = ProposeRequest  # noqa: Y015
+
+@_typing.final
+class ProposeReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VIEW_EPOCH_FIELD_NUMBER: _builtins.int
+    REJECTED_FIELD_NUMBER: _builtins.int
+    view_epoch: _builtins.int
+    """The epoch of the agreed view in which every change asked for holds (or is moot: the
+    partition moved on, the follower is no replica any more).
+    """
+    @_builtins.property
+    def rejected(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Partitions whose handover or in-sync addition was not made and will not be retried."""
+
+    def __init__(
+        self,
+        *,
+        view_epoch: _builtins.int = ...,
+        rejected: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rejected", b"rejected", "view_epoch", b"view_epoch"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProposeReply: _TypeAlias = ProposeReply  # noqa: Y015
+
+@_typing.final
+class LeaseRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LeaseRequest: _TypeAlias = LeaseRequest  # noqa: Y015
+
+@_typing.final
+class LeaseState(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VALID_FIELD_NUMBER: _builtins.int
+    VALID_FOR_MS_FIELD_NUMBER: _builtins.int
+    valid: _builtins.bool
+    """The agent holds a live Consul session for this node."""
+    valid_for_ms: _builtins.int
+    """For how much longer, at the latest, counted from when this message was sent (the
+    session's TTL from the last successful renewal, less the time since).
+    """
+    def __init__(
+        self,
+        *,
+        valid: _builtins.bool = ...,
+        valid_for_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["valid", b"valid", "valid_for_ms", b"valid_for_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LeaseState: _TypeAlias = LeaseState  # noqa: Y015
+
+@_typing.final
+class MembershipStatusRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MembershipStatusRequest: _TypeAlias = MembershipStatusRequest  # noqa: Y015
+
+@_typing.final
+class MemberHealth(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    IN_VIEW_FIELD_NUMBER: _builtins.int
+    REGISTERED_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    PROBE_FIELD_NUMBER: _builtins.int
+    SUSPECTED_BY_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    in_view: _builtins.bool
+    """In the agreed view."""
+    registered: _builtins.bool
+    """Registered in Consul (its session is alive), with this incarnation (0: its partition
+    service is not serving).
+    """
+    incarnation: _builtins.int
+    probe: _builtins.str
+    """This agent's last probe: "ok", "silent", "refused" (or "" for itself)."""
+    @_builtins.property
+    def suspected_by(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Nodes that report it unreachable."""
+
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        in_view: _builtins.bool = ...,
+        registered: _builtins.bool = ...,
+        incarnation: _builtins.int = ...,
+        probe: _builtins.str = ...,
+        suspected_by: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["in_view", b"in_view", "incarnation", b"incarnation", "node_id", b"node_id", "probe", b"probe", "registered", b"registered", "suspected_by", b"suspected_by"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MemberHealth: _TypeAlias = MemberHealth  # noqa: Y015
+
+@_typing.final
+class FailoverRecord(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITION_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    FROM_NODE_FIELD_NUMBER: _builtins.int
+    TO_NODE_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    AT_MS_FIELD_NUMBER: _builtins.int
+    VIEW_EPOCH_FIELD_NUMBER: _builtins.int
+    partition: _builtins.int
+    epoch: _builtins.int
+    from_node: _builtins.str
+    to_node: _builtins.str
+    kind: _builtins.str
+    """"failover" (the master was lost), "handover" (moved while alive), "offline" (no in-sync
+    replica left), "restored" (an offline partition got a master again).
+    """
+    at_ms: _builtins.int
+    view_epoch: _builtins.int
+    def __init__(
+        self,
+        *,
+        partition: _builtins.int = ...,
+        epoch: _builtins.int = ...,
+        from_node: _builtins.str = ...,
+        to_node: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        at_ms: _builtins.int = ...,
+        view_epoch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at_ms", b"at_ms", "epoch", b"epoch", "from_node", b"from_node", "kind", b"kind", "partition", b"partition", "to_node", b"to_node", "view_epoch", b"view_epoch"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FailoverRecord: _TypeAlias = FailoverRecord  # noqa: Y015
+
+@_typing.final
+class MembershipStatus(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    VIEW_FIELD_NUMBER: _builtins.int
+    MEMBERS_FIELD_NUMBER: _builtins.int
+    RECENT_FIELD_NUMBER: _builtins.int
+    CONSUL_REACHABLE_FIELD_NUMBER: _builtins.int
+    LEASE_VALID_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    consul_reachable: _builtins.bool
+    """The agent reaches its Consul and holds a session."""
+    lease_valid: _builtins.bool
+    @_builtins.property
+    def view(self) -> Global___View: ...
+    @_builtins.property
+    def members(self) -> _containers.RepeatedCompositeFieldContainer[Global___MemberHealth]: ...
+    @_builtins.property
+    def recent(self) -> _containers.RepeatedCompositeFieldContainer[Global___FailoverRecord]:
+        """The newest last, at most a few dozen."""
+
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        view: Global___View | None = ...,
+        members: _abc.Iterable[Global___MemberHealth] | None = ...,
+        recent: _abc.Iterable[Global___FailoverRecord] | None = ...,
+        consul_reachable: _builtins.bool = ...,
+        lease_valid: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["view", b"view"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consul_reachable", b"consul_reachable", "lease_valid", b"lease_valid", "members", b"members", "node_id", b"node_id", "recent", b"recent", "view", b"view"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MembershipStatus: _TypeAlias = MembershipStatus  # noqa: Y015

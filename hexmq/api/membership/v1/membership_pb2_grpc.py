@@ -44,6 +44,21 @@ class MembershipServiceStub:
                 request_serializer=hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.GetViewRequest.SerializeToString,
                 response_deserializer=hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.View.FromString,
                 _registered_method=True)
+        self.Propose = channel.unary_unary(
+                '/hexmq.api.membership.v1.MembershipService/Propose',
+                request_serializer=hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.ProposeRequest.SerializeToString,
+                response_deserializer=hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.ProposeReply.FromString,
+                _registered_method=True)
+        self.Lease = channel.unary_stream(
+                '/hexmq.api.membership.v1.MembershipService/Lease',
+                request_serializer=hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.LeaseRequest.SerializeToString,
+                response_deserializer=hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.LeaseState.FromString,
+                _registered_method=True)
+        self.Status = channel.unary_unary(
+                '/hexmq.api.membership.v1.MembershipService/Status',
+                request_serializer=hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.MembershipStatusRequest.SerializeToString,
+                response_deserializer=hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.MembershipStatus.FromString,
+                _registered_method=True)
 
 
 class MembershipServiceServicer:
@@ -62,6 +77,30 @@ class MembershipServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Propose(self, request, context):
+        """Changes to the view that only this node may ask for (its partition service, for the
+        partitions it masters): in-sync set changes and handovers. Answers once every change asked
+        for holds in an agreed view, or can no longer be made (docs/failover.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Lease(self, request, context):
+        """The node's liveness lease as its agent holds it: a message now and on every change or
+        renewal. Never ends on its own.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Status(self, request, context):
+        """What the agent knows of the cluster, for `hexmq cluster status`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MembershipServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -74,6 +113,21 @@ def add_MembershipServiceServicer_to_server(servicer, server):
                     servicer.GetView,
                     request_deserializer=hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.GetViewRequest.FromString,
                     response_serializer=hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.View.SerializeToString,
+            ),
+            'Propose': grpc.unary_unary_rpc_method_handler(
+                    servicer.Propose,
+                    request_deserializer=hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.ProposeRequest.FromString,
+                    response_serializer=hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.ProposeReply.SerializeToString,
+            ),
+            'Lease': grpc.unary_stream_rpc_method_handler(
+                    servicer.Lease,
+                    request_deserializer=hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.LeaseRequest.FromString,
+                    response_serializer=hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.LeaseState.SerializeToString,
+            ),
+            'Status': grpc.unary_unary_rpc_method_handler(
+                    servicer.Status,
+                    request_deserializer=hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.MembershipStatusRequest.FromString,
+                    response_serializer=hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.MembershipStatus.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -130,6 +184,87 @@ class MembershipService:
             '/hexmq.api.membership.v1.MembershipService/GetView',
             hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.GetViewRequest.SerializeToString,
             hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.View.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Propose(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hexmq.api.membership.v1.MembershipService/Propose',
+            hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.ProposeRequest.SerializeToString,
+            hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.ProposeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Lease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/hexmq.api.membership.v1.MembershipService/Lease',
+            hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.LeaseRequest.SerializeToString,
+            hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.LeaseState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Status(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hexmq.api.membership.v1.MembershipService/Status',
+            hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.MembershipStatusRequest.SerializeToString,
+            hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.MembershipStatus.FromString,
             options,
             channel_credentials,
             insecure,

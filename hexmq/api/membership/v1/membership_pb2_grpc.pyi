@@ -36,6 +36,17 @@ class MembershipServiceStub:
     Watch: _grpc.UnaryStreamMultiCallable[_membership_pb2.WatchRequest, _membership_pb2.View]
     """The current view at once, then every new view as it is agreed. Never ends on its own."""
     GetView: _grpc.UnaryUnaryMultiCallable[_membership_pb2.GetViewRequest, _membership_pb2.View]
+    Propose: _grpc.UnaryUnaryMultiCallable[_membership_pb2.ProposeRequest, _membership_pb2.ProposeReply]
+    """Changes to the view that only this node may ask for (its partition service, for the
+    partitions it masters): in-sync set changes and handovers. Answers once every change asked
+    for holds in an agreed view, or can no longer be made (docs/failover.md).
+    """
+    Lease: _grpc.UnaryStreamMultiCallable[_membership_pb2.LeaseRequest, _membership_pb2.LeaseState]
+    """The node's liveness lease as its agent holds it: a message now and on every change or
+    renewal. Never ends on its own.
+    """
+    Status: _grpc.UnaryUnaryMultiCallable[_membership_pb2.MembershipStatusRequest, _membership_pb2.MembershipStatus]
+    """What the agent knows of the cluster, for `hexmq cluster status`."""
 
 @_typing.type_check_only
 class MembershipServiceAsyncStub(MembershipServiceStub):
@@ -43,6 +54,17 @@ class MembershipServiceAsyncStub(MembershipServiceStub):
     Watch: _aio.UnaryStreamMultiCallable[_membership_pb2.WatchRequest, _membership_pb2.View]  # type: ignore[assignment]
     """The current view at once, then every new view as it is agreed. Never ends on its own."""
     GetView: _aio.UnaryUnaryMultiCallable[_membership_pb2.GetViewRequest, _membership_pb2.View]  # type: ignore[assignment]
+    Propose: _aio.UnaryUnaryMultiCallable[_membership_pb2.ProposeRequest, _membership_pb2.ProposeReply]  # type: ignore[assignment]
+    """Changes to the view that only this node may ask for (its partition service, for the
+    partitions it masters): in-sync set changes and handovers. Answers once every change asked
+    for holds in an agreed view, or can no longer be made (docs/failover.md).
+    """
+    Lease: _aio.UnaryStreamMultiCallable[_membership_pb2.LeaseRequest, _membership_pb2.LeaseState]  # type: ignore[assignment]
+    """The node's liveness lease as its agent holds it: a message now and on every change or
+    renewal. Never ends on its own.
+    """
+    Status: _aio.UnaryUnaryMultiCallable[_membership_pb2.MembershipStatusRequest, _membership_pb2.MembershipStatus]  # type: ignore[assignment]
+    """What the agent knows of the cluster, for `hexmq cluster status`."""
 
 class MembershipServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -59,5 +81,34 @@ class MembershipServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _membership_pb2.GetViewRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_membership_pb2.View, _abc.Awaitable[_membership_pb2.View]]: ...
+
+    @_abc_1.abstractmethod
+    def Propose(
+        self,
+        request: _membership_pb2.ProposeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_membership_pb2.ProposeReply, _abc.Awaitable[_membership_pb2.ProposeReply]]:
+        """Changes to the view that only this node may ask for (its partition service, for the
+        partitions it masters): in-sync set changes and handovers. Answers once every change asked
+        for holds in an agreed view, or can no longer be made (docs/failover.md).
+        """
+
+    @_abc_1.abstractmethod
+    def Lease(
+        self,
+        request: _membership_pb2.LeaseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_membership_pb2.LeaseState], _abc.AsyncIterator[_membership_pb2.LeaseState]]:
+        """The node's liveness lease as its agent holds it: a message now and on every change or
+        renewal. Never ends on its own.
+        """
+
+    @_abc_1.abstractmethod
+    def Status(
+        self,
+        request: _membership_pb2.MembershipStatusRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_membership_pb2.MembershipStatus, _abc.Awaitable[_membership_pb2.MembershipStatus]]:
+        """What the agent knows of the cluster, for `hexmq cluster status`."""
 
 def add_MembershipServiceServicer_to_server(servicer: MembershipServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

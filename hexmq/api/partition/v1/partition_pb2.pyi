@@ -64,6 +64,11 @@ class _StatusCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_StatusCode
     STATUS_CODE_INVALID: _StatusCode.ValueType  # 5
     STATUS_CODE_UNAVAILABLE: _StatusCode.ValueType  # 6
     """Storage or replication failed; nothing was acknowledged."""
+    STATUS_CODE_MOVED: _StatusCode.ValueType  # 7
+    """The partition is moving to another master (handover, or this node was deposed): the
+    command was not applied here, or was applied but will never be acknowledged. The edge sends
+    it again to the master of a newer view (current_epoch: the epoch it must be newer than).
+    """
 
 class StatusCode(_StatusCode, metaclass=_StatusCodeEnumTypeWrapper): ...
 
@@ -78,6 +83,11 @@ STATUS_CODE_NOT_FOUND: StatusCode.ValueType  # 4
 STATUS_CODE_INVALID: StatusCode.ValueType  # 5
 STATUS_CODE_UNAVAILABLE: StatusCode.ValueType  # 6
 """Storage or replication failed; nothing was acknowledged."""
+STATUS_CODE_MOVED: StatusCode.ValueType  # 7
+"""The partition is moving to another master (handover, or this node was deposed): the
+command was not applied here, or was applied but will never be acknowledged. The edge sends
+it again to the master of a newer view (current_epoch: the epoch it must be newer than).
+"""
 Global___StatusCode: _TypeAlias = StatusCode  # noqa: Y015
 
 @_typing.final
@@ -137,6 +147,7 @@ class EdgeCommand(_message.Message):
     PARTITION_FIELD_NUMBER: _builtins.int
     PARTITION_EPOCH_FIELD_NUMBER: _builtins.int
     TRACE_FIELD_NUMBER: _builtins.int
+    COMMAND_ID_FIELD_NUMBER: _builtins.int
     OPEN_SESSION_FIELD_NUMBER: _builtins.int
     CLOSE_SESSION_FIELD_NUMBER: _builtins.int
     SUBSCRIBE_FIELD_NUMBER: _builtins.int
@@ -160,6 +171,10 @@ class EdgeCommand(_message.Message):
     partition: _builtins.int
     """The session partition for session commands, routed by the partition table of the view."""
     partition_epoch: _builtins.int
+    command_id: _builtins.int
+    """Unique per edge incarnation, and the same when the edge sends the command again to
+    another master after a failover (0: not set).
+    """
     @_builtins.property
     def trace(self) -> _common_pb2.TraceContext: ...
     @_builtins.property
@@ -205,6 +220,7 @@ class EdgeCommand(_message.Message):
         partition: _builtins.int = ...,
         partition_epoch: _builtins.int = ...,
         trace: _common_pb2.TraceContext | None = ...,
+        command_id: _builtins.int = ...,
         open_session: Global___OpenSession | None = ...,
         close_session: Global___CloseSession | None = ...,
         subscribe: Global___Subscribe | None = ...,
@@ -226,7 +242,7 @@ class EdgeCommand(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "delivery_ack", b"delivery_ack", "enqueue_retained", b"enqueue_retained", "enqueue_shared", b"enqueue_shared", "index_ack", b"index_ack", "node_stats", b"node_stats", "open_session", b"open_session", "publish", b"publish", "qos2_forget", b"qos2_forget", "qos2_receive", b"qos2_receive", "qos2_release", b"qos2_release", "qos2_routed", b"qos2_routed", "retained_query", b"retained_query", "shared_handoff_done", b"shared_handoff_done", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe", "will_published", b"will_published"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "delivery_ack", b"delivery_ack", "enqueue_retained", b"enqueue_retained", "enqueue_shared", b"enqueue_shared", "index_ack", b"index_ack", "node_stats", b"node_stats", "open_session", b"open_session", "partition", b"partition", "partition_epoch", b"partition_epoch", "publish", b"publish", "qos2_forget", b"qos2_forget", "qos2_receive", b"qos2_receive", "qos2_release", b"qos2_release", "qos2_routed", b"qos2_routed", "request_id", b"request_id", "retained_query", b"retained_query", "shared_handoff_done", b"shared_handoff_done", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe", "will_published", b"will_published"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "command_id", b"command_id", "delivery_ack", b"delivery_ack", "enqueue_retained", b"enqueue_retained", "enqueue_shared", b"enqueue_shared", "index_ack", b"index_ack", "node_stats", b"node_stats", "open_session", b"open_session", "partition", b"partition", "partition_epoch", b"partition_epoch", "publish", b"publish", "qos2_forget", b"qos2_forget", "qos2_receive", b"qos2_receive", "qos2_release", b"qos2_release", "qos2_routed", b"qos2_routed", "request_id", b"request_id", "retained_query", b"retained_query", "shared_handoff_done", b"shared_handoff_done", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe", "will_published", b"will_published"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["open_session", "close_session", "subscribe", "unsubscribe", "publish", "delivery_ack", "attach_session", "retained_query", "enqueue_retained", "will_published", "index_ack", "qos2_receive", "qos2_routed", "qos2_release", "qos2_forget", "enqueue_shared", "shared_handoff_done", "node_stats"]  # noqa: Y015
     _WhichOneofArgType_command: _TypeAlias = _typing.Literal["command", b"command"]  # noqa: Y015
@@ -353,10 +369,33 @@ class AttachSession(_message.Message):
     CONNECTION_ID_FIELD_NUMBER: _builtins.int
     RECEIVE_MAXIMUM_FIELD_NUMBER: _builtins.int
     MAXIMUM_PACKET_SIZE_FIELD_NUMBER: _builtins.int
+    INFLIGHT_IDS_FIELD_NUMBER: _builtins.int
+    RELEASED_IDS_FIELD_NUMBER: _builtins.int
+    ACKED_IDS_FIELD_NUMBER: _builtins.int
+    RECEIVED_IDS_FIELD_NUMBER: _builtins.int
     client_id: _builtins.str
     connection_id: _builtins.str
     receive_maximum: _builtins.int
     maximum_packet_size: _builtins.int
+    @_builtins.property
+    def inflight_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """What only the edge knows of the connection's deliveries, so that the master (a new one
+        after a failover) sends nothing the client has already seen (MQTT-4.4.0-1):
+        message ids sent as PUBLISH and not acknowledged yet (QoS 1 PUBACK, QoS 2 PUBREC);
+        """
+
+    @_builtins.property
+    def released_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """QoS 2 message ids whose PUBREL was sent, awaiting PUBCOMP;"""
+
+    @_builtins.property
+    def acked_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """acknowledgements (PUBACK, PUBCOMP, failing PUBREC) and PUBRECs the edge sent that the
+        partition has not confirmed (as DeliveryAck.message_ids and received_ids).
+        """
+
+    @_builtins.property
+    def received_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
         self,
         *,
@@ -364,10 +403,14 @@ class AttachSession(_message.Message):
         connection_id: _builtins.str = ...,
         receive_maximum: _builtins.int = ...,
         maximum_packet_size: _builtins.int = ...,
+        inflight_ids: _abc.Iterable[_builtins.int] | None = ...,
+        released_ids: _abc.Iterable[_builtins.int] | None = ...,
+        acked_ids: _abc.Iterable[_builtins.int] | None = ...,
+        received_ids: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "connection_id", b"connection_id", "maximum_packet_size", b"maximum_packet_size", "receive_maximum", b"receive_maximum"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_ids", b"acked_ids", "client_id", b"client_id", "connection_id", b"connection_id", "inflight_ids", b"inflight_ids", "maximum_packet_size", b"maximum_packet_size", "receive_maximum", b"receive_maximum", "received_ids", b"received_ids", "released_ids", b"released_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1341,6 +1384,7 @@ class IndexEntry(_message.Message):
     FILTER_FIELD_NUMBER: _builtins.int
     PRESENT_FIELD_NUMBER: _builtins.int
     ONLINE_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
     partition: _builtins.int
     filter: _builtins.str
     present: _builtins.bool
@@ -1350,6 +1394,10 @@ class IndexEntry(_message.Message):
     this partition has a live connection. Sent again (present = true) whenever it changes, so
     that edges send the group's messages to partitions with online members first.
     """
+    epoch: _builtins.int
+    """The epoch of the partition's master that sent it: an edge ignores entries older than the
+    newest reset it applied for the partition (a deposed master cannot undo the new one's).
+    """
     def __init__(
         self,
         *,
@@ -1357,14 +1405,37 @@ class IndexEntry(_message.Message):
         filter: _builtins.str = ...,
         present: _builtins.bool = ...,
         online: _builtins.bool = ...,
+        epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter", "online", b"online", "partition", b"partition", "present", b"present"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "filter", b"filter", "online", b"online", "partition", b"partition", "present", b"present"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___IndexEntry: _TypeAlias = IndexEntry  # noqa: Y015
+
+@_typing.final
+class PartitionEpoch(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITION_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    partition: _builtins.int
+    epoch: _builtins.int
+    def __init__(
+        self,
+        *,
+        partition: _builtins.int = ...,
+        epoch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "partition", b"partition"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PartitionEpoch: _TypeAlias = PartitionEpoch  # noqa: Y015
 
 @_typing.final
 class IndexUpdate(_message.Message):
@@ -1380,6 +1451,7 @@ class IndexUpdate(_message.Message):
     ENTRIES_FIELD_NUMBER: _builtins.int
     SNAPSHOT_DONE_FIELD_NUMBER: _builtins.int
     SEQ_FIELD_NUMBER: _builtins.int
+    RESET_PARTITIONS_FIELD_NUMBER: _builtins.int
     reset: _builtins.bool
     snapshot_done: _builtins.bool
     seq: _builtins.int
@@ -1388,6 +1460,13 @@ class IndexUpdate(_message.Message):
     """
     @_builtins.property
     def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___IndexEntry]: ...
+    @_builtins.property
+    def reset_partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionEpoch]:
+        """Drop what is known of these partitions, if their epoch is at least the one known (a master
+        that starts serving a partition, and every link's first update): this update's and later
+        updates' entries for them follow. Replaces `reset`, which dropped all of a node's entries.
+        """
+
     def __init__(
         self,
         *,
@@ -1395,10 +1474,11 @@ class IndexUpdate(_message.Message):
         entries: _abc.Iterable[Global___IndexEntry] | None = ...,
         snapshot_done: _builtins.bool = ...,
         seq: _builtins.int = ...,
+        reset_partitions: _abc.Iterable[Global___PartitionEpoch] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "reset", b"reset", "seq", b"seq", "snapshot_done", b"snapshot_done"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "reset", b"reset", "reset_partitions", b"reset_partitions", "seq", b"seq", "snapshot_done", b"snapshot_done"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1550,6 +1630,7 @@ class SessionRecord(_message.Message):
     DISCONNECTED_AT_MS_FIELD_NUMBER: _builtins.int
     CREATED_AT_MS_FIELD_NUMBER: _builtins.int
     WILL_DUE_AT_MS_FIELD_NUMBER: _builtins.int
+    CONNECTION_ID_FIELD_NUMBER: _builtins.int
     client_id: _builtins.str
     session_expiry_s: _builtins.int
     protocol_version: _builtins.int
@@ -1560,6 +1641,10 @@ class SessionRecord(_message.Message):
     created_at_ms: _builtins.int
     will_due_at_ms: _builtins.int
     """When the will is due (unix ms; 0: not scheduled). Set when the connection ends."""
+    connection_id: _builtins.str
+    """The live connection (while disconnected_at_ms is 0): a master that takes the partition
+    over knows which connection its edge will re-attach, and which one a takeover must close.
+    """
     @_builtins.property
     def will(self) -> Global___Will: ...
     def __init__(
@@ -1573,10 +1658,11 @@ class SessionRecord(_message.Message):
         disconnected_at_ms: _builtins.int = ...,
         created_at_ms: _builtins.int = ...,
         will_due_at_ms: _builtins.int = ...,
+        connection_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["will", b"will"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "created_at_ms", b"created_at_ms", "disconnected_at_ms", b"disconnected_at_ms", "next_message_id", b"next_message_id", "protocol_version", b"protocol_version", "session_expiry_s", b"session_expiry_s", "will", b"will", "will_due_at_ms", b"will_due_at_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "connection_id", b"connection_id", "created_at_ms", b"created_at_ms", "disconnected_at_ms", b"disconnected_at_ms", "next_message_id", b"next_message_id", "protocol_version", b"protocol_version", "session_expiry_s", b"session_expiry_s", "will", b"will", "will_due_at_ms", b"will_due_at_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1752,21 +1838,25 @@ class ReplicationItem(_message.Message):
 
     ENTRY_FIELD_NUMBER: _builtins.int
     SNAPSHOT_FIELD_NUMBER: _builtins.int
+    START_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def entry(self) -> Global___LogEntry: ...
     @_builtins.property
     def snapshot(self) -> Global___SnapshotChunk: ...
+    @_builtins.property
+    def start(self) -> Global___FeedStart: ...
     def __init__(
         self,
         *,
         entry: Global___LogEntry | None = ...,
         snapshot: Global___SnapshotChunk | None = ...,
+        start: Global___FeedStart | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["entry", b"entry", "item", b"item", "snapshot", b"snapshot"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["entry", b"entry", "item", b"item", "snapshot", b"snapshot", "start", b"start"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry", b"entry", "item", b"item", "snapshot", b"snapshot"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry", b"entry", "item", b"item", "snapshot", b"snapshot", "start", b"start"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_item: _TypeAlias = _typing.Literal["entry", "snapshot"]  # noqa: Y015
+    _WhichOneofReturnType_item: _TypeAlias = _typing.Literal["entry", "snapshot", "start"]  # noqa: Y015
     _WhichOneofArgType_item: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_item) -> _WhichOneofReturnType_item | None: ...
 
@@ -1779,23 +1869,64 @@ class PartitionPosition(_message.Message):
     PARTITION_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
     SEQ_FIELD_NUMBER: _builtins.int
+    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
     partition: _builtins.int
     epoch: _builtins.int
+    """The epoch of the entry at seq (0 with seq 0: nothing)."""
     seq: _builtins.int
+    leader_epoch: _builtins.int
+    """The epoch of the master the follower follows, by its view: a master takes joins, acks and
+    needs of its own current epoch only (fencing).
+    """
     def __init__(
         self,
         *,
         partition: _builtins.int = ...,
         epoch: _builtins.int = ...,
         seq: _builtins.int = ...,
+        leader_epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "partition", b"partition", "seq", b"seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "leader_epoch", b"leader_epoch", "partition", b"partition", "seq", b"seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PartitionPosition: _TypeAlias = PartitionPosition  # noqa: Y015
+
+@_typing.final
+class FeedStart(_message.Message):
+    """The master accepted a follower's join of a partition at its epoch: the entries (or snapshot
+    chunks) of the partition that follow on this stream are this master's. A follower takes
+    items of a partition only after a FeedStart whose epoch is its view's.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITION_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    FROM_SEQ_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_FIELD_NUMBER: _builtins.int
+    partition: _builtins.int
+    epoch: _builtins.int
+    from_seq: _builtins.int
+    """The seq of the first entry that follows (a snapshot follows instead when `snapshot`)."""
+    snapshot: _builtins.bool
+    def __init__(
+        self,
+        *,
+        partition: _builtins.int = ...,
+        epoch: _builtins.int = ...,
+        from_seq: _builtins.int = ...,
+        snapshot: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "from_seq", b"from_seq", "partition", b"partition", "snapshot", b"snapshot"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FeedStart: _TypeAlias = FeedStart  # noqa: Y015
 
 @_typing.final
 class FollowerHello(_message.Message):
@@ -1829,6 +1960,7 @@ class FollowerFrame(_message.Message):
     HELLO_FIELD_NUMBER: _builtins.int
     ACKS_FIELD_NUMBER: _builtins.int
     NEEDS_FIELD_NUMBER: _builtins.int
+    JOINS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def hello(self) -> Global___FollowerHello: ...
     @_builtins.property
@@ -1839,16 +1971,24 @@ class FollowerFrame(_message.Message):
     def needs(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionPosition]:
         """A gap: the follower needs entries from seq on (the entry it expected next)."""
 
+    @_builtins.property
+    def joins(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionPosition]:
+        """Start (or start again) following these partitions on this stream, from these positions (a
+        view change made this node their follower, or changed their master's epoch); the hello
+        carries the first ones.
+        """
+
     def __init__(
         self,
         *,
         hello: Global___FollowerHello | None = ...,
         acks: _abc.Iterable[Global___PartitionPosition] | None = ...,
         needs: _abc.Iterable[Global___PartitionPosition] | None = ...,
+        joins: _abc.Iterable[Global___PartitionPosition] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["hello", b"hello"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acks", b"acks", "hello", b"hello", "needs", b"needs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acks", b"acks", "hello", b"hello", "joins", b"joins", "needs", b"needs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
