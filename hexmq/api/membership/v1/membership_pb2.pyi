@@ -104,15 +104,24 @@ class PartitionAssignment(_message.Message):
     EPOCH_FIELD_NUMBER: _builtins.int
     REPLICAS_FIELD_NUMBER: _builtins.int
     IN_SYNC_FIELD_NUMBER: _builtins.int
+    HANDOVER_TO_FIELD_NUMBER: _builtins.int
     partition: _builtins.int
     epoch: _builtins.int
     """Changes whenever the partition's master changes; fences writes routed by an older view."""
+    handover_to: _builtins.str
+    """Set while the partition should move, alive, to this in-sync replica (the placement's goal
+    master): the master quiesces the partition, then proposes the Handover.
+    """
     @_builtins.property
     def replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Replica node ids; the first is the master."""
 
     @_builtins.property
-    def in_sync(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def in_sync(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The replicas that hold every acknowledged write (the master among them): only they may
+        become master. Changed only through the view (docs/failover.md).
+        """
+
     def __init__(
         self,
         *,
@@ -120,10 +129,11 @@ class PartitionAssignment(_message.Message):
         epoch: _builtins.int = ...,
         replicas: _abc.Iterable[_builtins.str] | None = ...,
         in_sync: _abc.Iterable[_builtins.str] | None = ...,
+        handover_to: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "in_sync", b"in_sync", "partition", b"partition", "replicas", b"replicas"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "handover_to", b"handover_to", "in_sync", b"in_sync", "partition", b"partition", "replicas", b"replicas"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
