@@ -1907,11 +1907,19 @@ class FeedStart(_message.Message):
     EPOCH_FIELD_NUMBER: _builtins.int
     FROM_SEQ_FIELD_NUMBER: _builtins.int
     SNAPSHOT_FIELD_NUMBER: _builtins.int
+    HISTORY_FIELD_NUMBER: _builtins.int
     partition: _builtins.int
     epoch: _builtins.int
     from_seq: _builtins.int
     """The seq of the first entry that follows (a snapshot follows instead when `snapshot`)."""
     snapshot: _builtins.bool
+    @_builtins.property
+    def history(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionPosition]:
+        """The master's epoch history up to from_seq - 1: (epoch, first seq) per master tenure, oldest
+        first. The follower's own history up to there is replaced by it (for a log catch-up it is
+        the same; after a snapshot the follower had none).
+        """
+
     def __init__(
         self,
         *,
@@ -1919,10 +1927,11 @@ class FeedStart(_message.Message):
         epoch: _builtins.int = ...,
         from_seq: _builtins.int = ...,
         snapshot: _builtins.bool = ...,
+        history: _abc.Iterable[Global___PartitionPosition] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "from_seq", b"from_seq", "partition", b"partition", "snapshot", b"snapshot"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "from_seq", b"from_seq", "history", b"history", "partition", b"partition", "snapshot", b"snapshot"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
