@@ -1,32 +1,41 @@
 """An in-memory cluster around the replication state machine (services/partition/replication.py).
 
 No asyncio, no sleeps, no sockets: every node has a `Replicator`, a store (key -> {field: value}
-plus a position per partition, like its Redis) and ordered streams to its peers, and nothing
-happens unless a test says so. `Sim` carries `ready()` out the way services/partition/peers.py
-does:
+plus a position and epoch history per partition, like its Redis) and ordered streams to its
+peers, and nothing happens unless a test says so. `Sim` carries `ready()` out the way
+services/partition/peers.py does, and plays the agreement the way the membership agents do
+(docs/failover.md), with one agreed view for everyone:
 
-- a follower opens one stream per master it follows (`link_open`, hello as the stream's first
-  message); the master takes the hello (`feed_open`); a cut or a kill closes both ends
-  (`feed_closed`, `link_closed`) and loses what was in flight; streams reopen by themselves
+- a follower opens one stream per master it follows (`link_open`, its joins in the hello as the
+  stream's first message); the master takes the hello (`feed_open`); a cut or a kill closes both
+  ends (`feed_closed`, `link_closed`) and loses what was in flight; streams reopen by themselves
   whenever both nodes are up and the pair is not cut;
 - a master write is `propose`, the store write, then `master_durable`;
-- a follower's `Persist` is written to its store (clear, ops, positions) and then
+- a follower's `Persist` is written to its store (clear, ops, positions, histories) and then
   `follower_durable` runs, at once unless the node is held;
 - a `SnapshotRead` becomes a reader that walks the master's store in key order, one chunk per
   step (reading current values, like HSCAN), until `snapshot_chunk` returns False or the last
-  chunk went out.
+  chunk went out;
+- a master's in-sync changes and handovers are agreed at once (or, after `manual-agree`, when
+  the script says `agree`): the view changes, every live node takes it (`set_view`), and the
+  asking master hears the outcome (`in_sync_settled`, `handover_settled`);
+- `kill` ends a process without the view noticing; `fail` is the agreement removing a node (a
+  master's partitions go to the first in-sync replica, at a new epoch); `restart` starts a
+  process with a new incarnation, which the view treats as its old one leaving and the node
+  joining again as a follower of what it held (`readmit`).
 
-Invariants checked as it runs (a `SimError` otherwise): a master releases its tokens in proposal
-order; when it releases one, every follower it then counts in sync holds the token's entries in
-its store (a follower in sync at the proposal either still is, and so is covered, or has left the
-in-sync set, which is how a write commits without a follower that is gone); a follower's stored
-position never moves back except when a snapshot clears the partition.
+Invariants checked as it runs (a `SimError` otherwise): a master releases its tokens in
+proposal order; when it releases one, every replica in the view's in-sync set of each partition
+the token wrote holds that entry durably; a promoted master holds every write acknowledged so
+far; no two nodes master a partition in one epoch; a follower's stored position never moves
+back except when a snapshot clears the partition.
 
 `Script` runs the scenario language of tests/unit/replication_scenarios/*.txt on a `Sim`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import deque
 from collections.abc import Callable
@@ -41,16 +50,23 @@ from services.partition.replication import (
     HSET,
     NOWHERE,
     Assignment,
+    HandoverReady,
+    History,
+    InSyncChange,
     Op,
     Persist,
     Position,
     ReplicationLimits,
     Replicator,
     SnapshotRead,
+    Stored,
+    on_history,
 )
 
 Token = tuple[str, int, int]  # (master, incarnation, n)
 EPOCH = 1
+# An assignment given to _publish with this epoch gets the new view's epoch (its master changed).
+NEW_EPOCH = -1
 ROUNDS = 100_000
 
 
@@ -64,7 +80,8 @@ class ScriptError(SimError):
 
 @dataclass(slots=True)
 class Msg:
-    kind: str  # "hello" (follower -> master), "items" (master -> follower), "frame" (acks/needs)
+    # "hello" (follower -> master), "items" (master -> follower), "frame" (acks/needs/joins)
+    kind: str
     payload: Any
 
 
@@ -88,6 +105,7 @@ class SimNode:
     name: str
     store: dict[str, dict[bytes, bytes]] = field(default_factory=dict)
     positions: dict[int, Position] = field(default_factory=dict)
+    histories: dict[int, History] = field(default_factory=dict)
     rep: Replicator | None = None
     persists: deque[Persist] = field(default_factory=deque)
     readers: deque[Reader] = field(default_factory=deque)
@@ -97,7 +115,9 @@ class SimNode:
     proposals: list[Token] = field(default_factory=list)  # this incarnation's, in order
     released: int = 0  # how many of `proposals` were released
     committed: list[Token] = field(default_factory=list)  # every release, all incarnations
+    aborted: int = 0  # released tokens with an aborted part
     snapshots: int = 0  # snapshot reads asked of this node
+    promotions: int = 0
 
 
 def apply_op(store: dict[str, dict[bytes, bytes]], op: Op) -> None:
@@ -132,18 +152,33 @@ class Sim:
         names = [f"n{i}" for i in range(1, nodes + 1)]
         self.limits = limits or ReplicationLimits()
         self.chunk = chunk
+        self.goal = dict(enumerate(assign(names, partitions, rf)))
+        self.view_epoch = EPOCH
         self.assignments = {
-            p: Assignment(EPOCH, replicas)
-            for p, replicas in enumerate(assign(names, partitions, rf))
+            p: Assignment(EPOCH, replicas, frozenset(replicas)) for p, replicas in self.goal.items()
         }
+        self.members = set(names)
+        # Nodes cut off from the agreement: they keep the last view they took.
+        self.blind: set[str] = set()
         self.nodes = {name: SimNode(name) for name in names}
         self.channels: dict[tuple[str, str], deque[Msg]] = {}
         self.streams: dict[tuple[str, str], Stream] = {}
         self.cuts: set[frozenset[str]] = set()
         self.paused: set[tuple[str, str]] = set()
         self.drops: dict[tuple[str, str], int] = {}
-        # What each unreleased token wrote: (partition, seq) per entry.
-        self._writes: dict[Token, list[tuple[int, int]]] = {}
+        # What each unreleased token wrote: (partition, epoch, seq) per entry.
+        self._writes: dict[Token, list[tuple[int, int, int]]] = {}
+        # Every acknowledged write: partition -> [(epoch, seq)].
+        self.acknowledged: dict[int, list[tuple[int, int]]] = {}
+        # Who mastered each (partition, epoch).
+        self.tenures: dict[tuple[int, int], str] = {}
+        # Agreement: requests waiting (manual mode), and whether they wait at all.
+        self.auto_agree = True
+        # (asker, its incarnation, request): an agent takes requests of its node's current
+        # incarnation only.
+        self.requests: deque[tuple[str, int, InSyncChange | HandoverReady]] = deque()
+        for p, a in self.assignments.items():
+            self.tenures[(p, a.epoch)] = a.master
         for name in names:
             self._start(name)
         self._connect()
@@ -151,7 +186,7 @@ class Sim:
     # ----- topology ----------------------------------------------------------------------
 
     def master_of(self, p: int) -> str:
-        return self.assignments[p].replicas[0]
+        return self.assignments[p].master
 
     def alive(self, name: str) -> bool:
         return self.nodes[name].rep is not None
@@ -168,19 +203,23 @@ class Sim:
             ch = self.channels[(src, dst)] = deque()
         return ch
 
+    def _stored(self, name: str) -> dict[int, Stored]:
+        node = self.nodes[name]
+        return {
+            p: Stored(node.positions.get(p, NOWHERE), node.histories.get(p, ()))
+            for p in self.assignments
+        }
+
+    def _roles(self, name: str) -> dict[int, Assignment]:
+        """The view as the node takes it: none at all while it is not a member."""
+        return dict(self.assignments) if name in self.members else {}
+
     def _start(self, name: str) -> None:
         node = self.nodes[name]
         node.rep = Replicator(name, self.limits)
         node.incarnation += 1
         node.proposals, node.released = [], 0
-        node.rep.set_roles(
-            self.assignments,
-            {
-                p: node.positions.get(p, NOWHERE)
-                for p, a in self.assignments.items()
-                if name in a.replicas
-            },
-        )
+        node.rep.set_view(self._roles(name), self._stored(name))
         self._process(name)
 
     def _connect(self) -> None:
@@ -193,24 +232,36 @@ class Sim:
                 if (f, m) in self.streams or not self.alive(m) or frozenset((f, m)) in self.cuts:
                     continue
                 self.streams[(f, m)] = Stream(f, m)
-                hello = rep.link_open(m)
+                hello = (rep.link_open(m), self.nodes[f].incarnation)
                 self._chan(f, m).append(Msg("hello", hello))
                 self._process(f)
 
     def _break_pair(self, a: str, b: str) -> None:
-        for f, m in ((a, b), (b, a)):
-            stream = self.streams.pop((f, m), None)
+        # Both streams and what was in flight go first: telling the nodes may reopen streams
+        # (a relink), which must not lose their fresh hellos.
+        broken = [(f, m, self.streams.pop((f, m), None)) for f, m in ((a, b), (b, a))]
+        self.channels.pop((a, b), None)
+        self.channels.pop((b, a), None)
+        touched = []
+        for f, m, stream in broken:
             if stream is None:
                 continue
             mrep, frep = self.nodes[m].rep, self.nodes[f].rep
             if stream.master_open and mrep is not None:
                 mrep.feed_closed(f)
-                self._process(m)
+                touched.append(m)
             if frep is not None:
                 frep.link_closed(m)
-                self._process(f)
-        self.channels.pop((a, b), None)
-        self.channels.pop((b, a), None)
+                touched.append(f)
+        for name in touched:
+            self._process(name)
+
+    def _close_unwanted(self) -> None:
+        """Streams a follower no longer needs (its view changed) are closed, as peers.py does."""
+        for f, m in sorted(self.streams):
+            rep = self.nodes[f].rep
+            if rep is not None and m not in rep.masters_followed():
+                self._break_pair(f, m)
 
     def cut(self, a: str, b: str) -> None:
         self.cuts.add(frozenset((a, b)))
@@ -242,21 +293,160 @@ class Sim:
                 self._break_pair(name, other)
 
     def restart(self, name: str) -> None:
+        """A new incarnation: the view lets the old one go (if it had not yet), the process
+        starts with what its store holds, and the node is admitted again as a follower."""
         if self.alive(name):
             raise ScriptError(f"{name} is up")
+        if name in self.members:
+            self.fail(name)
         self._start(name)
+        self.readmit(name)
         self._connect()
+
+    # ----- the agreement -----------------------------------------------------------------
+
+    def _publish(self, changes: dict[int, Assignment]) -> None:
+        """A new view with these partitions changed, taken by every live node."""
+        self.view_epoch += 1
+        for p, a in changes.items():
+            old = self.assignments[p]
+            if a.epoch == NEW_EPOCH or a.master != old.master:
+                a = dataclasses.replace(a, epoch=self.view_epoch)
+                holder = self.tenures.setdefault((p, a.epoch), a.master)
+                if holder != a.master:
+                    raise SimError(f"p{p} epoch {a.epoch} has two masters: {holder}, {a.master}")
+            self.assignments[p] = a
+        for name in sorted(self.nodes):
+            rep = self.nodes[name].rep
+            if rep is not None and name not in self.blind:
+                rep.set_view(self._roles(name), self._stored(name))
+        for name in sorted(self.nodes):
+            self._process(name)
+        self._close_unwanted()
+        self._connect()
+
+    def blind_node(self, name: str) -> None:
+        """`name` no longer hears the agreement (its view stays as it is)."""
+        self.blind.add(name)
+
+    def see(self, name: str) -> None:
+        """`name` hears the agreement again and takes the current view."""
+        self.blind.discard(name)
+        rep = self.nodes[name].rep
+        if rep is not None:
+            rep.set_view(self._roles(name), self._stored(name))
+            self._process(name)
+            if self.auto_agree:
+                self.agree()
+            self._close_unwanted()
+            self._connect()
+
+    def fail(self, name: str) -> None:
+        """The agreement removes `name` (dead, or wrongly thought so): a partition it mastered
+        gets its first in-sync replica (in goal order) that is a member, at a new epoch (none:
+        offline, kept as it is); it leaves every replica list and in-sync set (never emptying
+        one)."""
+        if name not in self.members:
+            raise ScriptError(f"{name} is not in the view")
+        self.members.discard(name)
+        changes = {}
+        for p, a in self.assignments.items():
+            if name not in a.replicas:
+                continue
+            in_sync = a.in_sync - {name}
+            if a.master == name:
+                order = [*self.goal[p], *a.replicas]  # the ring's order first, as the planner
+                master = next((n for n in order if n in in_sync and n in self.members), None)
+                if master is None:
+                    continue  # offline until an in-sync replica is back
+                replicas = (master, *(n for n in a.replicas if n not in (master, name)))
+                changes[p] = Assignment(NEW_EPOCH, replicas, in_sync, "")
+            else:
+                replicas = tuple(n for n in a.replicas if n != name)
+                handover_to = "" if a.handover_to == name else a.handover_to
+                changes[p] = Assignment(a.epoch, replicas, in_sync or a.in_sync, handover_to)
+        self._publish(changes)
+
+    def readmit(self, name: str) -> None:
+        """`name` joins again: a follower (not in sync) of the partitions its goal gives it;
+        partitions left offline with it as their last in-sync replica get it back as master."""
+        if name in self.members:
+            raise ScriptError(f"{name} is in the view")
+        changes = {}
+        for p, a in self.assignments.items():
+            if a.master not in self.members and name in a.in_sync:
+                replicas = (name, *(n for n in a.replicas if n != name))
+                changes[p] = Assignment(NEW_EPOCH, replicas, a.in_sync, "")
+            elif name in self.goal[p] and name not in a.replicas:
+                changes[p] = Assignment(a.epoch, (*a.replicas, name), a.in_sync, "")
+        self.members.add(name)
+        self._publish(changes)
+
+    def hand_over(self, p: int, to: str) -> None:
+        """The placement asks p's master to hand the partition over to `to`."""
+        a = self.assignments[p]
+        self._publish({p: dataclasses.replace(a, handover_to=to)})
+
+    def agree(self, count: int | None = None) -> int:
+        """Carry out waiting requests (all, or `count`); returns how many."""
+        done = 0
+        waiting: deque[tuple[str, int, InSyncChange | HandoverReady]] = deque()
+        while self.requests and (count is None or done < count):
+            asker, incarnation, request = self.requests.popleft()
+            if asker in self.blind:
+                # Its agent cannot reach the agreement: the request waits (it is asked again).
+                waiting.append((asker, incarnation, request))
+                continue
+            if incarnation == self.nodes[asker].incarnation and self.alive(asker):
+                self._agree_one(asker, request)
+            done += 1
+        self.requests.extendleft(reversed(waiting))
+        return done
+
+    def _agree_one(self, asker: str, request: InSyncChange | HandoverReady) -> None:
+        a = self.assignments[request.partition]
+        current = a.epoch == request.epoch and a.master == asker and asker in self.members
+        if isinstance(request, HandoverReady):
+            if current and request.to in a.in_sync and request.to in self.members:
+                replicas = (request.to, *(n for n in a.replicas if n != request.to))
+                self._publish({request.partition: Assignment(NEW_EPOCH, replicas, a.in_sync, "")})
+            else:
+                self.rep(asker).handover_settled(request)
+                self._process(asker)
+            return
+        made = True
+        if current:
+            f = request.follower
+            same = request.incarnation == self.nodes[f].incarnation
+            if (
+                request.add
+                and same
+                and f in a.replicas
+                and f in self.members
+                and f not in a.in_sync
+            ):
+                self._publish({request.partition: dataclasses.replace(a, in_sync=a.in_sync | {f})})
+            elif request.add:
+                made = same and f in a.in_sync
+            elif f in a.in_sync and len(a.in_sync) > 1:
+                self._publish({request.partition: dataclasses.replace(a, in_sync=a.in_sync - {f})})
+        elif request.add:
+            made = False
+        self.rep(asker).in_sync_settled(request, made=made)
+        self._process(asker)
 
     # ----- carrying out ready() ----------------------------------------------------------
 
     def _process(self, name: str) -> None:
         node = self.nodes[name]
+        relink = False
         while node.rep is not None:
             ready = node.rep.ready()
             if not ready:
-                return
-            for token in ready.committed:
-                self._release(node, token)
+                break
+            relink = relink or ready.relink
+            for token, aborted in ready.committed:
+                self._release(node, token, aborted)
             for f, items in ready.to_followers.items():
                 stream = self.streams.get((f, name))
                 if stream is not None and stream.master_open:
@@ -268,25 +458,57 @@ class Sim:
             for read in ready.snapshot_reads:
                 node.readers.append(Reader(read))
                 node.snapshots += 1
+            for p in ready.promoted:
+                node.promotions += 1
+                self._check_promotion(node, p)
+            for request in [*ready.in_sync_changes, *ready.handovers]:
+                self.requests.append((name, node.incarnation, request))
             if not node.held:
                 while node.persists:
                     self._persist_one(node)
+            if self.auto_agree and self.requests:
+                self.agree()
+                self._connect()
+        if relink:
+            self._close_unwanted()
+            self._connect()
 
-    def _release(self, node: SimNode, token: object) -> None:
+    def _holds(self, node: SimNode, p: int, epoch: int, seq: int) -> bool:
+        pos = node.positions.get(p, NOWHERE)
+        return on_history(node.histories.get(p, ()), pos[1], (epoch, seq))
+
+    def _check_promotion(self, node: SimNode, p: int) -> None:
+        m = self.rep(node.name).mastered[p]
+        holder = self.tenures.setdefault((p, m.epoch), node.name)
+        if holder != node.name:
+            raise SimError(f"p{p} epoch {m.epoch}: {node.name} masters it, but so did {holder}")
+        missing = [w for w in self.acknowledged.get(p, []) if not self._holds(node, p, *w)]
+        if missing:
+            raise SimError(
+                f"{node.name} became master of p{p} at epoch {m.epoch} without acknowledged "
+                f"writes {missing[:3]} (it stands at {node.positions.get(p, NOWHERE)})"
+            )
+
+    def _release(self, node: SimNode, token: object, aborted: frozenset[int]) -> None:
         nxt = node.proposals[node.released] if node.released < len(node.proposals) else None
         if token != nxt:
             raise SimError(f"{node.name} released {token}, but next in proposal order is {nxt}")
         node.released += 1
         node.committed.append(nxt)
-        rep = self.rep(node.name)
-        for p, seq in self._writes.pop(nxt, []):
-            for f, fp in rep.mastered[p].followers.items():
-                have = self.nodes[f].positions.get(p, NOWHERE)
-                if fp.in_sync and have[1] < seq:
+        if aborted:
+            node.aborted += 1
+        for p, epoch, seq in self._writes.pop(nxt, []):
+            if p in aborted:
+                continue
+            a = self.assignments[p]
+            for f in sorted(a.in_sync):
+                if not self._holds(self.nodes[f], p, epoch, seq):
+                    have = self.nodes[f].positions.get(p, NOWHERE)
                     raise SimError(
-                        f"{node.name} released {nxt} (p{p} seq {seq}) counting {f} in sync, "
-                        f"but {f} holds p{p} durably only up to {have}"
+                        f"{node.name} released {nxt} (p{p} {epoch}:{seq}) while {f} is in the "
+                        f"view's in-sync set, but {f} holds p{p} durably only up to {have}"
                     )
+            self.acknowledged.setdefault(p, []).append((epoch, seq))
 
     def _persist_one(self, node: SimNode) -> None:
         persist = node.persists.popleft()
@@ -295,6 +517,7 @@ class Sim:
             for key in [k for k in node.store if k.startswith(prefix(p))]:
                 del node.store[key]
             node.positions.pop(p, None)
+            node.histories.pop(p, None)
         for op in persist.ops:
             apply_op(node.store, op)
         for p, pos in persist.positions.items():
@@ -305,6 +528,8 @@ class Sim:
                 node.positions.pop(p, None)
             else:
                 node.positions[p] = pos
+        for p, history in persist.histories.items():
+            node.histories[p] = history
         self.rep(node.name).follower_durable(persist.id)
 
     # ----- inputs ------------------------------------------------------------------------
@@ -314,17 +539,21 @@ class Sim:
         node = self.nodes[name]
         rep = self.rep(name)
         for p in writes:
-            if self.master_of(p) != name:
-                raise ScriptError(f"{name} is not the master of p{p} ({self.master_of(p)} is)")
-        entries = rep.propose(writes)
+            if p not in rep.mastered:
+                raise ScriptError(
+                    f"{name} does not master p{p} (by the view, {self.master_of(p)} does)"
+                )
+        entries, aborted = rep.propose(writes)
         for e in entries:
             for op in e.ops:
                 apply_op(node.store, op)
             node.positions[e.partition] = (e.epoch, e.seq)
+            if e.history is not None:
+                node.histories[e.partition] = e.history
         token = (name, node.incarnation, len(node.proposals) + 1)
         node.proposals.append(token)
-        self._writes[token] = [(e.partition, e.seq) for e in entries]
-        rep.master_durable(entries, token)
+        self._writes[token] = [(e.partition, e.epoch, e.seq) for e in entries]
+        rep.master_durable(entries, token, aborted)
         self._process(name)
         return token
 
@@ -340,7 +569,8 @@ class Sim:
         rep = self.rep(dst)
         if msg.kind == "hello":
             self.streams[(src, dst)].master_open = True
-            rep.feed_open(src, {pos.partition: (pos.epoch, pos.seq) for pos in msg.payload})
+            joins, incarnation = msg.payload
+            rep.feed_open(src, joins, incarnation)
         elif msg.kind == "items":
             items = list(msg.payload)
             while merge and ch and ch[0].kind == "items" and not self.drops.get((src, dst)):
@@ -348,6 +578,8 @@ class Sim:
             rep.step_items(src, items)
         else:
             frame = msg.payload
+            if frame.joins:
+                rep.step_joins(src, frame.joins)
             if frame.acks:
                 rep.step_acks(src, frame.acks)
             if frame.needs:
@@ -491,6 +723,13 @@ class Script:
             "resume": self.do_resume,
             "kill": self.do_kill,
             "restart": self.do_restart,
+            "fail": self.do_fail,
+            "readmit": self.do_readmit,
+            "handover": self.do_handover,
+            "agree": self.do_agree,
+            "manual-agree": self.do_manual_agree,
+            "blind": self.do_blind,
+            "see": self.do_see,
             "diverge": self.do_diverge,
             "check": self.do_check,
         }
@@ -506,6 +745,10 @@ class Script:
             "position": self.check_position,
             "value": self.check_value,
             "snapshots": self.check_snapshots,
+            "master": self.check_master,
+            "view-in-sync": self.check_view_in_sync,
+            "aborted": self.check_aborted,
+            "requests": self.check_requests,
         }
 
     def run_text(self, text: str) -> None:
@@ -689,6 +932,36 @@ class Script:
     def do_restart(self, a: list[str]) -> None:
         self.s.restart(self.node(a[0]))
 
+    def do_fail(self, a: list[str]) -> None:
+        """fail n1: the agreement removes n1 from the view (whether or not it is alive)."""
+        self.s.fail(self.node(a[0]))
+
+    def do_readmit(self, a: list[str]) -> None:
+        """readmit n1: n1 (removed, alive) joins the view again as a follower."""
+        self.s.readmit(self.node(a[0]))
+
+    def do_handover(self, a: list[str]) -> None:
+        """handover p0 n2: the view asks p0's master to hand it over to n2."""
+        self.s.hand_over(self.part(a[0]), self.node(a[1]))
+
+    def do_agree(self, a: list[str]) -> None:
+        """agree [k]: carry out waiting in-sync changes and handovers (all, or k)."""
+        self.s.agree(int(a[0]) if a else None)
+
+    def do_manual_agree(self, a: list[str]) -> None:
+        """manual-agree: requests wait for `agree` from now on (they are agreed at once by
+        default)."""
+        self.s.auto_agree = False
+
+    def do_blind(self, a: list[str]) -> None:
+        """blind n1: n1 stops hearing the agreement: it keeps its last view, its requests are
+        never answered (a node cut off from Consul)."""
+        self.s.blind_node(self.node(a[0]))
+
+    def do_see(self, a: list[str]) -> None:
+        """see n1: n1 hears the agreement again and takes the current view."""
+        self.s.see(self.node(a[0]))
+
     def do_diverge(self, a: list[str]) -> None:
         """diverge n2 p0 E:S [f=v ...]: write straight into n2's store, bypassing replication,
         and set its stored position of p0 (use while n2 is down)."""
@@ -752,7 +1025,7 @@ class Script:
 
     def check_log_start(self, a: list[str]) -> None:
         m = self.s.rep(self.node(a[0])).mastered[self.part(a[1])]
-        self.expect("log start", m.log_start, int(a[2]))
+        self.expect("log start", m.log.start, int(a[2]))
 
     def check_position(self, a: list[str]) -> None:
         """check position n2 p0 E:S: the position in n2's store."""
@@ -766,6 +1039,26 @@ class Script:
         key, fld = self.key_field(p, a[2])
         value = self.s.nodes[self.node(a[0])].store.get(key, {}).get(fld)
         self.expect(f"{a[2]}", "-" if value is None else value.decode(), a[3])
+
+    def check_master(self, a: list[str]) -> None:
+        """check master p0 n2 [E]: the view's master of p0 (and its epoch)."""
+        assignment = self.s.assignments[self.part(a[0])]
+        self.expect("master", assignment.master, self.node(a[1]))
+        if len(a) > 2:
+            self.expect("epoch", assignment.epoch, int(a[2]))
+
+    def check_view_in_sync(self, a: list[str]) -> None:
+        """check view-in-sync p0 n1 n2: the view's in-sync set of p0."""
+        have = sorted(self.s.assignments[self.part(a[0])].in_sync)
+        self.expect("view in sync", have, sorted(self.node(n) for n in a[1:]))
+
+    def check_aborted(self, a: list[str]) -> None:
+        """check aborted n1 K: released tokens of n1 that had an aborted part."""
+        self.expect("aborted", self.s.nodes[self.node(a[0])].aborted, int(a[1]))
+
+    def check_requests(self, a: list[str]) -> None:
+        """check requests K: agreement requests waiting (manual-agree)."""
+        self.expect("requests", len(self.s.requests), int(a[0]))
 
     def check_snapshots(self, a: list[str]) -> None:
         """check snapshots n1 K: snapshot reads n1 was asked for so far."""

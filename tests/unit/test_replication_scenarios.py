@@ -33,9 +33,10 @@ def test_unknown_commands_and_failed_checks_name_the_line() -> None:
         Script("x.txt").run_text("nodes 2 rf 2\ndeliver\nwrite n1 p0 a=1\ncheck pending n1 0")
 
 
-# ----- randomized: writes, deliveries, cuts, drops, kills, ticks; then heal and compare ------
+# ----- randomized: writes, deliveries, cuts, drops, kills, failovers, handovers, ticks; then
+# heal and compare ---------------------------------------------------------------------------
 
-SEEDS = 300
+SEEDS = int(__import__("os").environ.get("SIM_SEEDS", "300"))
 STEPS = 120
 
 
@@ -60,6 +61,9 @@ class Chaos:
         self.script = Script(f"seed {seed}")
         self.script.run_line(self.lines[0])
         self.writes = 0
+        # Half the seeds agree on in-sync changes and handovers only when a step says so.
+        if rng.random() < 0.5:
+            self.run("manual-agree")
 
     def run(self, line: str) -> None:
         self.lines.append(line)
@@ -71,7 +75,11 @@ class Chaos:
         up = [n for n in names if sim.alive(n)]
         down = [n for n in names if not sim.alive(n)]
         waiting = [k for k, ch in sorted(sim.channels.items()) if ch]
-        writable = [p for p in range(self.partitions) if sim.alive(sim.master_of(p))]
+        # Any node that believes it masters a partition writes to it (a deposed master that
+        # has not heard of it yet included).
+        writable = [(n, p) for n in up for p in sorted(sim.rep(n).mastered) if p < self.partitions]
+        members = sorted(sim.members)
+        readmittable = [n for n in up if n not in sim.members]
         cut = sorted(tuple(sorted(c)) for c in sim.cuts)
         # (weight, the command as a function of nothing): arguments are drawn once chosen.
         choices: list[tuple[int, Callable[[], str]]] = [
@@ -83,7 +91,12 @@ class Chaos:
             (2, lambda: self.toggle_hold(up)),
         ]
         if writable:
-            choices.append((30, lambda: "write " + self.batch(rng.choice(writable))))
+            choices.append((30, lambda: "write " + self.batch(*rng.choice(writable))))
+        blind = sorted(sim.blind)
+        if up and len(blind) < len(up):
+            choices.append((1, lambda: f"blind {rng.choice([n for n in up if n not in blind])}"))
+        if blind:
+            choices.append((4, lambda: f"see {rng.choice(blind)}"))
         if waiting:
             choices.append((35, lambda: "deliver {} {}".format(*rng.choice(waiting))))
             choices.append((5, lambda: "deliver {} {} all".format(*rng.choice(waiting))))
@@ -114,6 +127,24 @@ class Chaos:
             choices.append((2, lambda: f"kill {rng.choice(up)}"))
         if down:
             choices.append((5, lambda: f"restart {rng.choice(down)}"))
+        if len(members) > 1:
+            # The agreement removes a node: mostly a dead one, sometimes one that is alive.
+            dead_members = [n for n in members if not sim.alive(n)]
+            choices.append(
+                (4 if dead_members else 1, lambda: f"fail {rng.choice(dead_members or members)}")
+            )
+        if readmittable:
+            choices.append((4, lambda: f"readmit {rng.choice(readmittable)}"))
+        handovers = [
+            (p, n)
+            for p, a in sorted(sim.assignments.items())
+            for n in sorted(a.in_sync)
+            if n != a.master and n in sim.members and a.master in sim.members
+        ]
+        if handovers:
+            choices.append((2, lambda: "handover p{} {}".format(*rng.choice(handovers))))
+        if sim.requests:
+            choices.append((8, lambda: f"agree {rng.randint(1, len(sim.requests))}"))
         weights = [w for w, _ in choices]
         self.run(rng.choices([make for _, make in choices], weights=weights)[0]())
 
@@ -134,11 +165,12 @@ class Chaos:
         n = self.rng.choice(up)
         return f"{'release' if self.script.s.nodes[n].held else 'hold'} {n}"
 
-    def batch(self, p: int) -> str:
-        """A write on p's master: mostly HSETs, some HDELs and DELs, sometimes two partitions."""
+    def batch(self, node: str, p: int) -> str:
+        """A write on a master of p: mostly HSETs, some HDELs and DELs, sometimes two
+        partitions."""
         rng, sim = self.rng, self.script.s
         self.writes += 1
-        words = [sim.master_of(p), f"p{p}"]
+        words = [node, f"p{p}"]
         for _ in range(rng.randint(1, 3)):
             key = rng.choice(["", "q/", "subs/"])
             r = rng.random()
@@ -148,7 +180,8 @@ class Chaos:
                 words.append(f"-{key}f{rng.randint(0, 4)}")
             else:
                 words.append(f"-{key or 'data/'}*")
-        other = [q for q in range(self.partitions) if q != p and sim.master_of(q) == words[0]]
+        mastered = sim.rep(words[0]).mastered
+        other = [q for q in range(self.partitions) if q != p and q in mastered]
         if other and rng.random() < 0.3:
             words += [f"p{rng.choice(other)}", f"f{rng.randint(0, 4)}={self.writes}"]
         return " ".join(words)
@@ -158,24 +191,34 @@ class Chaos:
         sim = self.script.s
         for line in ["heal", "resume"]:
             self.run(line)
+        for n in sorted(sim.blind):
+            self.run(f"see {n}")
         for n in sorted(sim.nodes):
             if not sim.alive(n):
                 self.run(f"restart {n}")
+            elif n not in sim.members:
+                self.run(f"readmit {n}")
         self.run("release")
-        self.run("deliver")
+        for _ in range(4):
+            self.run("agree")
+            self.run("deliver")
+            self.run(f"tick {sim.limits.need_retry_ticks}")
         # A tail lost to a drop shows up as a gap only once something follows it.
         for p in range(self.partitions):
             self.run(f"write {sim.master_of(p)} p{p} last={p}")
         for _ in range(3):
+            self.run("agree")
             self.run("deliver")
             self.run(f"tick {sim.limits.need_retry_ticks}")
+        self.run("agree")
         self.run("deliver")
         self.run("check converged")
         for n in sorted(sim.nodes):
             self.run(f"check pending {n} 0")
         for p in range(self.partitions):
-            followers = sim.assignments[p].replicas[1:]
-            self.run(f"check in-sync {sim.master_of(p)} p{p} {' '.join(followers)}")
+            replicas = sim.assignments[p].replicas
+            self.run(f"check in-sync {replicas[0]} p{p} {' '.join(replicas[1:])}")
+            self.run(f"check view-in-sync p{p} {' '.join(replicas)}")
 
 
 @dataclass

@@ -1908,11 +1908,16 @@ class FeedStart(_message.Message):
     FROM_SEQ_FIELD_NUMBER: _builtins.int
     SNAPSHOT_FIELD_NUMBER: _builtins.int
     HISTORY_FIELD_NUMBER: _builtins.int
+    REJOIN_FIELD_NUMBER: _builtins.int
     partition: _builtins.int
     epoch: _builtins.int
     from_seq: _builtins.int
     """The seq of the first entry that follows (a snapshot follows instead when `snapshot`)."""
     snapshot: _builtins.bool
+    rejoin: _builtins.bool
+    """Not a start: the master asks the follower to join the partition again (it became one of
+    the partition's replicas while the follower's stream was already open).
+    """
     @_builtins.property
     def history(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionPosition]:
         """The master's epoch history up to from_seq - 1: (epoch, first seq) per master tenure, oldest
@@ -1928,10 +1933,11 @@ class FeedStart(_message.Message):
         from_seq: _builtins.int = ...,
         snapshot: _builtins.bool = ...,
         history: _abc.Iterable[Global___PartitionPosition] | None = ...,
+        rejoin: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "from_seq", b"from_seq", "history", b"history", "partition", b"partition", "snapshot", b"snapshot"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "from_seq", b"from_seq", "history", b"history", "partition", b"partition", "rejoin", b"rejoin", "snapshot", b"snapshot"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1943,7 +1949,12 @@ class FollowerHello(_message.Message):
 
     NODE_ID_FIELD_NUMBER: _builtins.int
     POSITIONS_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
+    incarnation: _builtins.int
+    """The follower's partition service incarnation: a master asks the view to count this
+    follower in sync only as this incarnation (a restarted follower has to catch up anew).
+    """
     @_builtins.property
     def positions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionPosition]:
         """Durable positions of the partitions the follower holds for this master (seq 0: nothing)."""
@@ -1953,10 +1964,11 @@ class FollowerHello(_message.Message):
         *,
         node_id: _builtins.str = ...,
         positions: _abc.Iterable[Global___PartitionPosition] | None = ...,
+        incarnation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_id", b"node_id", "positions", b"positions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "node_id", b"node_id", "positions", b"positions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
