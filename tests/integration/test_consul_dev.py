@@ -7,7 +7,7 @@ import asyncio
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -17,10 +17,29 @@ from consul import Check
 from services.membership.consul_client import make_consul
 from tests.support.consuldev import HEXMQ, ConsulDev, start_consul_dev
 
+StartConsulDev = Callable[..., ConsulDev]
 
-async def test_a_restart_with_its_data_dir_keeps_kv_indexes_and_sessions(tmp_path: Path) -> None:
+
+@pytest.fixture
+def consul_dev(tmp_path: Path) -> Iterator[StartConsulDev]:
+    """Start `hexmq consul-dev` processes; any still running at the end is stopped (by pid)."""
+    started: list[ConsulDev] = []
+
+    def start(*args: str, listen: str = "127.0.0.1:0") -> ConsulDev:
+        server = start_consul_dev(tmp_path / f"consul-dev-{len(started)}.log", *args, listen=listen)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()  # a no-op for one the test stopped
+
+
+async def test_a_restart_with_its_data_dir_keeps_kv_indexes_and_sessions(
+    tmp_path: Path, consul_dev: StartConsulDev
+) -> None:
     data = tmp_path / "data"
-    server = start_consul_dev(tmp_path / "first.log", "--data-dir", str(data))
+    server = consul_dev("--data-dir", str(data))
     client = make_consul(server.addr)
     try:
         holder = await client.session.create(name="agent-n1", ttl=600, behavior="delete")
@@ -34,9 +53,7 @@ async def test_a_restart_with_its_data_dir_keeps_kv_indexes_and_sessions(tmp_pat
         await client.close()
     assert server.stop(signal.SIGTERM) == 0
 
-    again = start_consul_dev(
-        tmp_path / "second.log", "--data-dir", str(data), listen=f"127.0.0.1:{server.port}"
-    )
+    again = consul_dev("--data-dir", str(data), listen=f"127.0.0.1:{server.port}")
     client = make_consul(again.addr)
     try:
         index_after, entries_after = await client.kv.get("hexmq/c1/", recurse=True)
@@ -55,8 +72,10 @@ async def test_a_restart_with_its_data_dir_keeps_kv_indexes_and_sessions(tmp_pat
     assert "loaded" in again.log_text()
 
 
-async def test_blocked_queries_answer_at_shutdown_and_it_exits_0(tmp_path: Path) -> None:
-    server = start_consul_dev(tmp_path / "consul-dev.log")
+async def test_blocked_queries_answer_at_shutdown_and_it_exits_0(
+    consul_dev: StartConsulDev,
+) -> None:
+    server = consul_dev()
     client = make_consul(server.addr)
     try:
         index, _ = await client.kv.get("k")
@@ -81,8 +100,8 @@ def test_a_bad_listen_address_names_the_option() -> None:
     assert b"'nowhere'" in done.stderr
 
 
-def test_an_address_in_use_exits_1(tmp_path: Path) -> None:
-    server = start_consul_dev(tmp_path / "first.log")
+def test_an_address_in_use_exits_1(consul_dev: StartConsulDev) -> None:
+    server = consul_dev()
     try:
         done = subprocess.run(
             [str(HEXMQ), "consul-dev", "--listen", server.addr], capture_output=True, timeout=30
@@ -93,9 +112,11 @@ def test_an_address_in_use_exits_1(tmp_path: Path) -> None:
         assert server.stop() == 0
 
 
-def test_a_data_dir_in_use_or_of_another_node_is_refused(tmp_path: Path) -> None:
+def test_a_data_dir_in_use_or_of_another_node_is_refused(
+    tmp_path: Path, consul_dev: StartConsulDev
+) -> None:
     data = tmp_path / "data"
-    server = start_consul_dev(tmp_path / "first.log", "--data-dir", str(data))
+    server = consul_dev("--data-dir", str(data))
     try:
         done = subprocess.run(
             [str(HEXMQ), "consul-dev", "--listen", "127.0.0.1:0", "--data-dir", str(data)],
@@ -149,8 +170,10 @@ async def test_malformed_requests_are_a_400_saying_what_is_wrong(
         assert text in await resp.text()
 
 
-async def test_each_invalidation_and_critical_check_is_one_info_line(tmp_path: Path) -> None:
-    server = start_consul_dev(tmp_path / "consul-dev.log")
+async def test_each_invalidation_and_critical_check_is_one_info_line(
+    consul_dev: StartConsulDev,
+) -> None:
+    server = consul_dev()
     client = make_consul(server.addr)
     try:
         await client.agent.service.register("web", service_id="web-1", check=Check.ttl("30s"))
