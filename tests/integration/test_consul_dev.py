@@ -197,3 +197,19 @@ async def test_each_invalidation_and_critical_check_is_one_info_line(
     )
     assert "released 1 key(s) (leader)" in invalidated[0]
     assert f"session {other} (other) invalidated: destroyed" in invalidated[1]
+
+
+async def test_a_change_it_cannot_persist_is_a_500_and_it_exits_1(
+    tmp_path: Path, consul_dev: StartConsulDev
+) -> None:
+    data = tmp_path / "data"
+    server = consul_dev("--data-dir", str(data))
+    (data / "state.json.tmp").mkdir()  # the next atomic write cannot create its temporary file
+    async with (
+        aiohttp.ClientSession() as http,
+        http.put(f"http://{server.addr}/v1/kv/k", data=b"v") as resp,
+    ):
+        assert resp.status == 500
+        assert "failed to persist the state" in await resp.text()
+    assert await asyncio.to_thread(server.proc.wait, 10) == 1
+    assert "cannot persist the state" in server.log_text()
