@@ -213,3 +213,12 @@ async def test_a_change_it_cannot_persist_is_a_500_and_it_exits_1(
         assert "failed to persist the state" in await resp.text()
     assert await asyncio.to_thread(server.proc.wait, 10) == 1
     assert "cannot persist the state" in server.log_text()
+
+
+def test_the_command_is_registered_with_its_options(capsys: pytest.CaptureFixture[str]) -> None:
+    from hexmq import cli
+
+    assert cli.main(["consul-dev", "--help"]) == 0
+    out = capsys.readouterr().out
+    for option in ("--listen", "--data-dir", "--node-name", "--log-level"):
+        assert option in out
