@@ -129,14 +129,16 @@ class ConsulHTTP:
         for notice in effects.notices:
             _log_notice(notice)
         if effects.changes:
-            self.hub.notify(effects.changes)
             if self._persist is not None:
+                # Durable before anyone hears of it: the request's answer and the watchers
+                # both come after this. (A blocking write: the state is small.)
                 try:
                     self._persist(self.state.snapshot())
                 except OSError as exc:
                     log.error("cannot persist the state: %s; stopping", exc)
                     self.failed.set()
                     raise PersistError(str(exc)) from exc
+            self.hub.notify(effects.changes)
         self._rearm()
 
     def _rearm(self) -> None:
