@@ -118,6 +118,7 @@ class SimNode:
     reports: dict[str, str] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
     idle_key: object = None  # the inputs of its last plan that changed nothing
+    observed_ms: int = -1  # when it last read Consul
     # The partition service: ticks each (partition, epoch, follower) link has been up or down.
     up: dict[tuple[int, int, str], int] = field(default_factory=dict)
     down: dict[tuple[int, int, str], int] = field(default_factory=dict)
@@ -398,12 +399,28 @@ class Sim:
             read = self._read()
 
     def _note_registrations(self, node: SimNode, read: Snapshot) -> None:
-        """When the agent first saw each registration's exact value (a re-created key, with a
-        new CreateIndex, counts as new)."""
+        """Each registration's since_ms: the start of the stretch in which this agent has
+        watched, without a gap, that exact value (a re-created key, with a new CreateIndex,
+        counts as new) with no live member reporting the node and its own probes of it
+        answered; so --rejoin-settle counts from the last doubt about the node, and an agent
+        that was paused vouches for nothing it did not see (docs/failover.md)."""
+        if self.now_ms - node.observed_ms > TICK_MS:
+            node.seen = {}
+        node.observed_ms = self.now_ms
+        view = self._parse(read.view)
+        live = {m.node_id for m in view.members} if view is not None else set()
+        reported = {
+            n
+            for key, entry in read.suspects.items()
+            if key.removeprefix(SUSPECTS) in live
+            and MEMBERS + key.removeprefix(SUSPECTS) in read.members
+            for n, _ in entry.value
+        }
         for key, entry in read.members.items():
             name = key.removeprefix(MEMBERS)
             mark = (entry.value, entry.create_index)
-            if name not in node.seen or node.seen[name][0] != mark:
+            doubted = name in reported or name in node.failing
+            if name not in node.seen or node.seen[name][0] != mark or doubted:
                 node.seen[name] = (mark, self.now_ms)
         if len(node.seen) > len(read.members):
             for name in sorted(node.seen):
