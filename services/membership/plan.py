@@ -6,9 +6,10 @@ check-and-set; a lost CAS re-reads and plans again. The function is pure (no I/O
 propose the same view, and any agent's proposal is as good as another's.
 
 One proposal does one of two things to the membership, never both: it removes the members
-that are lost (rule 2 below), or, when nobody is lost, it admits the nodes ready to join.
-Either way it then applies the planning node's own requests (in-sync changes and handovers of
-the partitions it masters) and takes every partition one step towards its goal placement.
+that are lost, or, when nobody is lost, it admits the nodes ready to join. Either way it then
+applies the planning node's own requests (in-sync changes and handovers of the partitions it
+masters) and takes every partition one step towards its goal placement. docs/failover.md
+("Placement", "Who changes the view") is the operator's account of the same rules.
 """
 
 from __future__ import annotations
@@ -139,7 +140,8 @@ def _member_ids(view: pb.View) -> list[str]:
 
 
 def _first_view(observed: Observed, config: PlanConfig) -> pb.View | None:
-    """Rule 1: the first view, once `expect` nodes are registered and serving."""
+    """The first view, once `expect` nodes are registered and serving: every partition placed
+    by assign(), at epoch 1, all in sync."""
     serving = sorted(
         (r for r in observed.registry.values() if r.incarnation > 0), key=lambda r: r.node_id
     )
@@ -167,7 +169,7 @@ def _live_reporters(view: pb.View, observed: Observed) -> list[str]:
 
 
 def lost_members(view: pb.View, observed: Observed) -> list[str]:
-    """Rule 2: the members of `view` that are lost, sorted.
+    """The members of `view` that are lost, sorted.
 
     Lost: no registration; a registration with another incarnation (0 included: not serving,
     or restarted); reported "refused" by any live member; or reported (any kind) by more than
@@ -193,8 +195,8 @@ def lost_members(view: pb.View, observed: Observed) -> list[str]:
 def _joiners(
     view: pb.View, observed: Observed, config: PlanConfig, now_ms: int
 ) -> list[Registration]:
-    """Rule 4: registered and serving, not a member, reported by no live member, and its
-    registration at least rejoin_settle_ms old."""
+    """The nodes ready to join: registered and serving, not members, reported by no live
+    member, and registered (as the agent counts it: since_ms) at least rejoin_settle_ms."""
     members = set(_member_ids(view))
     reporters = _live_reporters(view, observed)
     suspected = {n for r in reporters for n in observed.suspicions.get(r, {}) if n != r}
@@ -229,8 +231,8 @@ def _first_of(order: Sequence[str], among: Collection[str]) -> str | None:
 def _lose(
     part: _Part, lost: Sequence[str], old_members: set[str], order: Sequence[str], epoch: int
 ) -> None:
-    """Rule 3 for one partition: the lost nodes leave it, its master is replaced by the first
-    in-sync member in goal order, or it goes offline keeping its last in-sync replicas."""
+    """The lost nodes leave one partition: its master is replaced by the first in-sync member
+    in goal order, or it goes offline keeping its last in-sync replicas."""
     gone = set(lost)
     if part.master not in old_members:
         # Offline already: its in-sync replicas are not members; only followers can go.
@@ -272,7 +274,7 @@ def _restore(
 def _apply_request(
     parts: list[_Part], request: Request, node: str, members: Mapping[str, pb.Member], epoch: int
 ) -> None:
-    """Rule 6: a request counts only from the partition's master, at the partition's epoch."""
+    """A local request counts only from the partition's master, at the partition's epoch."""
     if request.partition >= len(parts):
         return
     part = parts[request.partition]
@@ -293,8 +295,8 @@ def _apply_request(
 def _towards_goal(
     part: _Part, members: Mapping[str, pb.Member], order: Sequence[str], rf: int
 ) -> None:
-    """Rule 5: add missing goal replicas as followers, ask for the handover to the goal master
-    once it is in sync, and drop surplus replicas once the goal holds in full."""
+    """One step towards the goal: add missing goal replicas as followers, ask for the handover
+    to the goal master once it is in sync, drop surplus replicas once the goal holds in full."""
     if part.master not in members:
         return  # offline: nothing can move until an in-sync replica is back
     want = [n for n in order if n in members][:rf]
