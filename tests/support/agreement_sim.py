@@ -6,15 +6,21 @@ agent plus a model of its partition service, and each tick runs like the real on
 1. Consul lapses the sessions not renewed within their TTL (deleting the keys they hold).
 2. Every running agent (alive, not paused) renews its session (or opens a new one), writes its
    registration `members/<node>` (addresses and its partition service's incarnation, 0 while
-   that is booting) and probes every registered node and view member: a dead node answers
-   `refused` (reported after a confirming second probe), a paused or cut one is `silent`
-   (reported after SUSPECT_MS of failed probes); it writes what it finds to `suspects/<node>`.
+   that is booting) and probes every registered node and view member: a dead or booting node
+   answers `refused` (reported after a confirming second probe), a paused or cut one is
+   `silent` (reported after `suspect` ms of failed probes); it writes its reports to
+   `suspects/<node>`.
 3. Every running agent reads the view, the registry and the suspicions (all at once, before any
    of them writes, so their CAS can race), then in turn: its partition service, if the view
    admits it, asks for what a master would (add a follower to in_sync once it has been
-   connected for `catchup` ticks, remove one unreachable for `lag` ticks, hand over when
-   handover_to names a node); the agent drops requests that are done or moot, calls `plan`,
-   and proposes the result by CAS; a lost CAS re-reads and plans again (a few times at most).
+   connected for `catchup` ticks, remove one unreachable for `lag` ticks, hand over a tick
+   after handover_to names an in-sync node); the agent calls `plan` and proposes the result by
+   CAS (a lost CAS re-reads and plans again, a few times at most), then drops the requests
+   that are done or moot in the newest view. Each registration's since_ms is counted from the
+   agent's last doubt about the node (see `_note_registrations`).
+
+A tick in which nothing can change but time (every node serving, no cut, no doubt, no request,
+every agent idle on the current state, every replica in sync) only renews sessions.
 
 `pause` stops a node's agent and partition service (SIGSTOP): it renews nothing, plans nothing,
 and looks silent to every probe. `cut a b` makes each silent to the other (Consul stays
