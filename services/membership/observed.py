@@ -27,7 +27,11 @@ class Registration:
     mqtt_addr: str
     membership_addr: str
     incarnation: int  # 0: its partition service is not serving
-    since_ms: int  # when the agent first saw this exact value
+    # When the agent first saw this exact value (a re-created key counts as new) or, if later,
+    # last doubted the node: a live member reported it, its own probe of it failed, or the
+    # agent itself was not watching (paused, restarted). docs/failover.md, "Who changes the
+    # view": --rejoin-settle counts from the last doubt.
+    since_ms: int
 
     def __post_init__(self) -> None:
         if not self.node_id:
