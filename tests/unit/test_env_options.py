@@ -14,7 +14,7 @@ from hexmq import cli, envoptions
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "operations.md"
-ROW = re.compile(r"^\| `(HEXMQ_[A-Z0-9_]+)` \| `(--[a-z0-9-]+)` \| ([a-z, ]+) \|$")
+ROW = re.compile(r"^\| `(HEXMQ_[A-Z0-9_]+)` \| `(--[a-z0-9-]+)` \| ([a-z, -]+) \|$")
 
 
 def service_parser(service: str) -> argparse.ArgumentParser:
