@@ -9,7 +9,10 @@ NODES  ?= 3
 RF     ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: system-deps venv proto proto-check lint typecheck test test-unit test-fault bench run clean
+COMPOSE_DIR := deploy/compose
+COMPOSE := $(BIN)/docker-compose --profile observability --profile traces
+
+.PHONY: system-deps venv proto proto-check lint typecheck deploy-check test test-unit test-fault bench run clean
 
 # redis-server and the mosquitto tools come from the system's packages (apt on Debian).
 # (A no-op when they are installed, so every target that needs them can depend on it.)
@@ -45,6 +48,21 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
+
+# The deployment files, checked every way that runs without a Docker engine: the Compose v2
+# binary (rejects unknown keys, undefined dependencies), the compose-spec JSON schema (also on
+# compose.yaml + compose.node4.yaml as Compose merges them), hadolint, and haproxy -c.
+deploy-check: $(STAMP) system-deps
+	$(COMPOSE) -f $(COMPOSE_DIR)/compose.yaml config -q
+	$(COMPOSE) -f $(COMPOSE_DIR)/compose.yaml -f $(COMPOSE_DIR)/compose.node4.yaml config -q
+	$(BIN)/check-jsonschema --builtin-schema vendor.compose-spec $(COMPOSE_DIR)/compose.yaml
+	@merged=$$(mktemp --suffix=.yaml) && trap 'rm -f "$$merged"' EXIT && \
+	  $(COMPOSE) -f $(COMPOSE_DIR)/compose.yaml -f $(COMPOSE_DIR)/compose.node4.yaml config > "$$merged" && \
+	  echo "check-jsonschema: compose.yaml + compose.node4.yaml, merged" && \
+	  $(BIN)/check-jsonschema --builtin-schema vendor.compose-spec "$$merged"
+	$(BIN)/hadolint Dockerfile
+	haproxy -c -q -f $(COMPOSE_DIR)/haproxy/haproxy.cfg
+	@echo "deploy-check: compose, schema, Dockerfile and HAProxy config are valid"
 
 test: $(STAMP) system-deps
 	$(BIN)/pytest -m "not fault and not soak" $(PYTEST_ARGS)

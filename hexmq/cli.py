@@ -1,8 +1,13 @@
 """The `hexmq` command: the three services of a node, and `hexmq cluster` for local clusters.
 
     hexmq edge|partition|membership ...     run one service in the foreground
+    hexmq consul-dev ...                    the embedded Consul HTTP API server (one machine)
     hexmq cluster up|run|status|stop|kill|start|down ...
     hexmq passwd FILE USER [PASSWORD]       add or replace a user in a password file
+    hexmq health [--live] [--url URL]       is the service here ready? (the image's HEALTHCHECK)
+
+Every option of a service can also be given as an environment variable, HEXMQ_<OPTION>
+(hexmq.envoptions); the command line wins.
 
 Service modules are imported only when their subcommand runs (gRPC and protobuf imports are
 slow), so `hexmq cluster ...` and `--help` stay fast. Exit codes: 0 success, 1 the command
@@ -15,15 +20,16 @@ import argparse
 import importlib
 import json
 import logging
+import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
-from hexmq import __version__, clusterstate, localcluster
+from hexmq import __version__, clusterstate, envoptions, localcluster
 from hexmq.clusterstate import ClusterError, UsageError
 from hexmq.localcluster import StartFailure
 
@@ -31,6 +37,10 @@ SERVICE_MODULES = {
     "edge": ("services.edge.main", "the MQTT server of a node (client connections)"),
     "partition": ("services.partition.main", "the partition service of a node (durable state)"),
     "membership": ("services.membership.main", "the membership agent of a node (cluster view)"),
+    "consul-dev": (
+        "services.membership.consul_dev.main",
+        "the embedded Consul HTTP API server for one machine (local clusters, tests)",
+    ),
 }
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -40,6 +50,10 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line on stderr (the full usage is one --help away)."""
 
     def error(self, message: str) -> NoReturn:
+        if message.startswith("the following arguments are required") and (
+            self.prog.rpartition(" ")[2] in SERVICE_MODULES
+        ):
+            message += " (or their HEXMQ_* environment variables)"
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
@@ -222,6 +236,13 @@ def build_parser() -> argparse.ArgumentParser:
         "[PASSWORD] (see hexmq passwd --help)",
     )
 
+    commands.add_parser(
+        "health",
+        add_help=False,
+        help="exit 0 if the service on this machine is ready (GET /readyz on "
+        "$HEXMQ_METRICS_LISTEN; --live: /healthz) (see hexmq health --help)",
+    )
+
     traces = commands.add_parser(
         "traces",
         help="analyse OTLP JSON trace exports with Spark",
@@ -253,8 +274,11 @@ def _service_parser(parser: argparse.ArgumentParser, name: str) -> argparse.Argu
     return sub
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    """Run the `hexmq` command; `env` (default: this process's environment) supplies the
+    services' HEXMQ_* option variables (hexmq.envoptions)."""
     args_list = sys.argv[1:] if argv is None else argv
+    environ = os.environ if env is None else env
     if args_list[:2] == ["traces", "analyze"]:
         # The Spark job parses its own options; imported only here (pyspark is slow to load).
         from spark.hexmq_traces import job
@@ -262,9 +286,12 @@ def main(argv: list[str] | None = None) -> int:
         return job.main(args_list[2:], prog="hexmq traces analyze")
     if args_list[:1] == ["passwd"]:
         return _passwd(args_list[1:])
+    if args_list[:1] == ["health"]:
+        return _health(args_list[1:], environ)
     parser = build_parser()
     service = _service_subcommand(args_list)
     module: Any = None
+    from_env = envoptions.EnvironmentOptions()
     if service is not None:
         module_name = SERVICE_MODULES[service][0]
         try:
@@ -272,13 +299,25 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError as exc:
             print(f"hexmq {service}: cannot load {module_name}: {exc}", file=sys.stderr)
             return EXIT_FAILED
-        module.add_arguments(_service_parser(parser, service))
+        service_parser = _service_parser(parser, service)
+        module.add_arguments(service_parser)
+        try:
+            from_env = envoptions.apply_environment(service_parser, environ)
+        except envoptions.EnvOptionError as exc:
+            print(f"hexmq {service}: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     try:
-        args = parser.parse_args(args_list)
+        args = from_env.finish(parser.parse_args(args_list))
     except SystemExit as exc:  # --help, --version, usage errors: keep main() returning
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     if module is not None:
         code: int = module.run(args)
+        if code == EXIT_USAGE and from_env.used:
+            # The service names the option it refused; say which came from the environment.
+            print(
+                f"hexmq {service}: options from the environment: {from_env.describe()}",
+                file=sys.stderr,
+            )
         return code
     return _cluster(args)
 
@@ -289,6 +328,16 @@ def _passwd(argv: list[str]) -> int:
 
     try:
         return passwd.main(argv, prog="hexmq passwd")
+    except SystemExit as exc:  # --help, usage errors
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+
+
+def _health(argv: list[str], env: Mapping[str, str]) -> int:
+    """The container HEALTHCHECK; parses its own options."""
+    from hexmq import healthprobe
+
+    try:
+        return healthprobe.main(argv, env)
     except SystemExit as exc:  # --help, usage errors
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
 

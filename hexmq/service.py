@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -14,6 +13,7 @@ from pathlib import Path
 
 from hexmq import telemetry
 from hexmq.netaddr import parse_hostport
+from hexmq.readiness import LoopReadiness, Probe, declared_by_health
 
 log = logging.getLogger(__name__)
 
@@ -46,16 +46,22 @@ def add_observability_arguments(parser: argparse.ArgumentParser) -> None:
         "--metrics-listen",
         default=None,
         metavar="HOST:PORT",
-        help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off)",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics, and /healthz (the process "
+        "is up) and /readyz (the service is ready for work) (default: off)",
     )
     parser.add_argument(
         "--trace-dir",
         type=Path,
-        default=Path(os.environ["HEXMQ_TRACE_DIR"]) if os.environ.get("HEXMQ_TRACE_DIR") else None,
+        default=None,
         metavar="DIR",
-        help="also write spans to DIR as OTLP JSON lines (default: $HEXMQ_TRACE_DIR); OTLP/gRPC "
-        "export follows the standard OTEL_EXPORTER_OTLP_* variables",
+        help="also write spans to DIR as OTLP JSON lines; OTLP/gRPC export follows the "
+        "standard OTEL_EXPORTER_OTLP_* variables",
     )
+
+
+# The running service's readiness, so that a stop signal withdraws it at once (load balancers
+# stop sending new clients while the service shuts down in stages).
+_readiness: LoopReadiness | None = None
 
 
 @dataclass
@@ -63,6 +69,13 @@ class Observability:
     node_id: str
     tracing: telemetry.Tracing
     metrics_server: telemetry.MetricsServer | None
+    readiness: LoopReadiness
+
+    def ready_when(self, probe: Probe) -> None:
+        """Make `probe` (run on this loop) the service's readiness, for /readyz and for gRPC
+        health followers (hexmq.readiness.follow_in_health). Until a service calls this, its
+        readiness is its declared gRPC health (hexmq.readiness.declared_by_health)."""
+        self.readiness.bind(asyncio.get_running_loop(), probe)
 
     async def close(self) -> None:
         # Both block (a flush, an HTTP server's poll interval): keep them off the event loop.
@@ -72,20 +85,26 @@ class Observability:
 
 
 def start_observability(service: str, node_id: str, args: argparse.Namespace) -> Observability:
-    """Tracing (exporters from the environment and --trace-dir) and the metrics endpoint."""
+    """Tracing (exporters from the environment and --trace-dir), the readiness (declared gRPC
+    health until the service names its own probe) and the metrics endpoint. Call it from the
+    service's running loop."""
+    global _readiness
     tracing = telemetry.setup_tracing(service, node_id, trace_dir=args.trace_dir)
     telemetry.METRICS.bind_tracing(tracing)
+    readiness = LoopReadiness()
+    readiness.bind(asyncio.get_running_loop(), declared_by_health)
+    _readiness = readiness
     server = None
     if args.metrics_listen:
         host, port = parse_hostport(args.metrics_listen, what="--metrics-listen")
-        server = telemetry.start_metrics_server(host, port)
+        server = telemetry.start_metrics_server(host, port, readiness=readiness)
     log.info(
         "tracing %s%s; metrics %s",
         "on" if tracing.enabled else "off",
         f" (files in {args.trace_dir})" if args.trace_dir else "",
         f"on http://{args.metrics_listen}/metrics" if server else "off",
     )
-    return Observability(node_id, tracing, server)
+    return Observability(node_id, tracing, server, readiness)
 
 
 def run_service(main: Callable[[asyncio.Event], Awaitable[int]]) -> int:
@@ -95,8 +114,14 @@ def run_service(main: Callable[[asyncio.Event], Awaitable[int]]) -> int:
     async def wrapper() -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def on_signal() -> None:
+            if _readiness is not None:
+                _readiness.stopping()
+            stop.set()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal)
         return await main(stop)
 
     try:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system packages hexmq runs and tests with, if they are missing:
-# redis-server (one per node), mosquitto (the benchmark's baseline) and mosquitto-clients.
+# redis-server (one per node), mosquitto (the benchmark's baseline), mosquitto-clients, and
+# haproxy (the load balancer of deploy/compose: `make deploy-check` and the PROXY protocol tests).
 # Debian/Ubuntu only; elsewhere it says what to install and fails.
 set -euo pipefail
 
@@ -8,6 +9,7 @@ missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || missing+=(mosquitto)
 command -v mosquitto_pub >/dev/null || missing+=(mosquitto-clients)
+command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
 ((${#missing[@]})) || exit 0
 
 if ! command -v apt-get >/dev/null; then

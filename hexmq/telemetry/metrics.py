@@ -1,5 +1,9 @@
 """Prometheus metrics: defined once here, served over HTTP by each service process.
 
+The same HTTP port answers /healthz (the process is up: 200) and /readyz (200 when the
+service's readiness says so, else 503, with the reason as text): orchestrators and load
+balancers probe a service where Prometheus already scrapes it (hexmq.readiness).
+
 Every name starts with hexmq_ and every label has a small fixed set of values (QoS, role, queue
 name, follower node id, reason code, gRPC method): never a client id or a topic, whose
 cardinality is unbounded. A metric a service does not use stays at zero or absent.
@@ -7,23 +11,27 @@ cardinality is unbounded. A metric a service does not use stays at zero or absen
 
 from __future__ import annotations
 
+import socket
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
-from wsgiref.simple_server import WSGIServer
+from typing import Any, Protocol
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
-    start_http_server,
+    make_wsgi_app,
 )
 from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
+
+from hexmq.readiness import STARTING, Readiness
 
 # gRPC calls inside a cluster take ~0.1-1 ms when well (STACK.md), seconds when a peer is gone:
 # buckets from 50 us to 10 s.
@@ -168,7 +176,8 @@ METRICS = Metrics()
 
 @dataclass
 class MetricsServer:
-    """The HTTP endpoint serving /metrics; `port` is the bound one (useful with port 0)."""
+    """The HTTP endpoint serving /metrics, /healthz and /readyz; `port` is the bound one
+    (useful with port 0)."""
 
     host: str
     port: int
@@ -181,14 +190,63 @@ class MetricsServer:
         self._thread.join(5)
 
 
-def start_metrics_server(
-    host: str, port: int, *, registry: CollectorRegistry | None = None
-) -> MetricsServer:
-    """Serve `registry` (default: METRICS') in Prometheus text format on http://host:port/.
+class _QuietHandler(WSGIRequestHandler):
+    """No access log line per scrape or probe."""
 
-    A daemon thread answers scrapes, so the service's event loop does nothing for them. Raises
-    OSError if the port is taken."""
-    httpd, thread = start_http_server(
-        port, addr=host, registry=registry if registry is not None else METRICS.registry
-    )
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+_WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def probe_app(metrics: _WsgiApp, readiness: Callable[[], Readiness]) -> _WsgiApp:
+    """/healthz and /readyz in front of the Prometheus app (which answers every other path)."""
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path not in ("/healthz", "/readyz"):
+            return metrics(environ, start_response)
+        if path == "/healthz":
+            status, body = "200 OK", "ok\n"
+        else:
+            answer = readiness()
+            status = "200 OK" if answer.ready else "503 Service Unavailable"
+            body = f"{'ready' if answer.ready else 'not ready'}: {answer.reason}\n"
+        data = body.encode()
+        headers = [
+            ("Content-Type", "text/plain; charset=utf-8"),
+            ("Content-Length", str(len(data))),
+            ("Cache-Control", "no-store"),
+        ]
+        start_response(status, headers)
+        return [b"" if environ.get("REQUEST_METHOD") == "HEAD" else data]
+
+    return app
+
+
+def start_metrics_server(
+    host: str,
+    port: int,
+    *,
+    registry: CollectorRegistry | None = None,
+    readiness: Callable[[], Readiness] | None = None,
+) -> MetricsServer:
+    """Serve `registry` (default: METRICS') in Prometheus text format on http://host:port/,
+    and /healthz and /readyz (`readiness` is called on the HTTP thread; default: not ready,
+    "starting").
+
+    A daemon thread answers scrapes and probes, so the service's event loop does nothing for
+    them (a readiness that runs on the loop, hexmq.readiness.LoopReadiness, waits for it).
+    Raises OSError if the port is taken."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+
+    class Server(ThreadingWSGIServer):
+        address_family = family
+
+    metrics = make_wsgi_app(registry if registry is not None else METRICS.registry)
+    app = probe_app(metrics, readiness or (lambda: STARTING))
+    httpd = make_server(host, port, app, Server, handler_class=_QuietHandler)
+    thread = threading.Thread(target=httpd.serve_forever, name="metrics-http", daemon=True)
+    thread.start()
     return MetricsServer(host=host, port=httpd.server_port, _httpd=httpd, _thread=thread)

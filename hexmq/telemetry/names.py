@@ -75,6 +75,10 @@ class Attr:
     OPERATION_NAME: Final = "messaging.operation.name"
     BODY_SIZE: Final = "messaging.message.body.size"
     BATCH_COUNT: Final = "messaging.batch.message_count"
+    # The MQTT client's address (general semantic conventions): from the PROXY protocol header
+    # when the edge's listener is behind a balancer that sends one, else the socket's peer.
+    CLIENT_ADDRESS: Final = "client.address"
+    CLIENT_PORT: Final = "client.port"
 
     NODE: Final = "hexmq.node"
     PARTITION: Final = "hexmq.partition"

@@ -175,7 +175,9 @@ class ConnectHandling(ConnectionBase):
             )
             open_session.will.delay_interval_s = will.properties.will_delay_interval or 0
         if self.edge.tracer.enabled:
-            self._session_span = self.edge.tracer.start_event(telemetry.SpanName.CONNECT, client_id)
+            self._session_span = self.edge.tracer.start_event(
+                telemetry.SpanName.CONNECT, client_id, self.peer
+            )
         self.state = State.CONNECTING
         self._pause_reading("connect")
         route.request(pb.EdgeCommand(open_session=open_session), self._on_open_result)

@@ -3,7 +3,8 @@ context they share.
 
 Every listener hands its sockets to the same ClientConnection: TCP and TLS directly (asyncio's
 TLS transport does the handshake first, within the CONNECT timeout), WebSocket through the thin
-adapter in services.edge.websocket.
+adapter in services.edge.websocket. A plain listener named in --proxy-protocol (tcp, ws) first
+reads the PROXY header its load balancer sends (services.edge.proxied).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from services.edge.connection import ClientConnection
+from services.edge.proxied import ProxiedConnection
 from services.edge.websocket import WebSocketConnection
 
 if TYPE_CHECKING:
@@ -23,6 +25,11 @@ if TYPE_CHECKING:
 
 
 _TLS = ssl.SSLContext | None
+
+# Listener kinds that can take the PROXY protocol, by their flag. TLS ones cannot: the header
+# comes before the TLS handshake, which asyncio starts on accept (terminate TLS at the load
+# balancer, or pass it through without the header).
+PROXY_PROTOCOL_LISTENERS = {"tcp": "--listen", "ws": "--ws-listen"}
 
 
 def tls_context(
@@ -70,6 +77,7 @@ async def start_listeners(edge: Edge, tls: ssl.SSLContext | None) -> list[asynci
     wanted: list[tuple[str, tuple[str, int], Callable[[Edge], asyncio.Protocol], _TLS]] = [
         ("--listen", (config.host, config.port), ClientConnection, None)
     ]
+    proxied = {PROXY_PROTOCOL_LISTENERS[kind] for kind in config.proxy_protocol}
     if config.tls_listen is not None:
         wanted.append(("--tls-listen", config.tls_listen, ClientConnection, tls))
     if config.ws_listen is not None:
@@ -80,10 +88,15 @@ async def start_listeners(edge: Edge, tls: ssl.SSLContext | None) -> list[asynci
     servers: list[asyncio.Server] = []
     try:
         for flag, (host, port), protocol, context in wanted:
+            factory: Callable[[], asyncio.Protocol] = functools.partial(protocol, edge)
+            if flag in proxied:
+                factory = functools.partial(
+                    ProxiedConnection, factory, flag, config.connect_timeout
+                )
             try:
                 servers.append(
                     await loop.create_server(
-                        functools.partial(protocol, edge),
+                        factory,
                         host,
                         port,
                         backlog=1024,

@@ -8,11 +8,16 @@ import logging
 import ssl
 from pathlib import Path
 
+import grpc
+
 from hexmq import telemetry
+from hexmq.health import add_health
 from hexmq.mqtt.reason_codes import ReasonCode as RC
 from hexmq.netaddr import parse_hostport
+from hexmq.readiness import follow_in_health
 from hexmq.service import (
     add_observability_arguments,
+    cancel_and_wait,
     run_service,
     setup_logging,
     start_observability,
@@ -22,7 +27,8 @@ from services.edge.acl import Acl
 from services.edge.auth import AccessControl, PasswordFile
 from services.edge.enhanced_auth import AuthMethods, MethodFactory, PluginContext
 from services.edge.limits import TopicLimits, connection_ceiling
-from services.edge.listeners import tls_context
+from services.edge.listeners import PROXY_PROTOCOL_LISTENERS, tls_context
+from services.edge.readiness import edge_readiness
 from services.edge.server import (
     DEFAULT_MAX_INFLIGHT_V311,
     DEFAULT_MAX_OUTBOUND_TOPIC_ALIASES,
@@ -115,6 +121,22 @@ def _add_transport_arguments(parser: argparse.ArgumentParser) -> None:
         "--wss-listen",
         metavar="HOST:PORT",
         help="also serve MQTT over WebSocket over TLS here (path /mqtt)",
+    )
+    group.add_argument(
+        "--proxy-protocol",
+        action="append",
+        default=[],
+        choices=sorted(PROXY_PROTOCOL_LISTENERS),
+        metavar="LISTENER",
+        help="connections on this listener (tcp: --listen, ws: --ws-listen; repeatable) start "
+        "with a PROXY protocol v1 or v2 header from the load balancer, whose client address "
+        "the edge then uses; a connection without a valid header is closed",
+    )
+    group.add_argument(
+        "--health-listen",
+        metavar="HOST:PORT",
+        help="serve the gRPC health checking protocol here (SERVING when the edge is ready: "
+        "/readyz on --metrics-listen says the same over HTTP)",
     )
     group.add_argument("--tls-cert", type=Path, metavar="FILE", help="PEM certificate (chain)")
     group.add_argument("--tls-key", type=Path, metavar="FILE", help="PEM private key")
@@ -282,6 +304,9 @@ def run(args: argparse.Namespace) -> int:
         tls_listen = _hostport(args.tls_listen, "--tls-listen")
         ws_listen = _hostport(args.ws_listen, "--ws-listen")
         wss_listen = _hostport(args.wss_listen, "--wss-listen")
+        _hostport(args.health_listen, "--health-listen")
+        if "ws" in args.proxy_protocol and ws_listen is None:
+            raise ValueError("--proxy-protocol ws needs --ws-listen")
         ceiling = connection_ceiling()
         if args.max_connections < 0 or args.max_connections > ceiling:
             raise ValueError(
@@ -332,6 +357,7 @@ def run(args: argparse.Namespace) -> int:
         tls_listen=tls_listen,
         ws_listen=ws_listen,
         wss_listen=wss_listen,
+        proxy_protocol=frozenset(args.proxy_protocol),
         max_connections=args.max_connections,
         max_connection_rate=args.max_connection_rate,
         max_keepalive=args.max_keepalive,
@@ -349,23 +375,43 @@ def run(args: argparse.Namespace) -> int:
             log.error("cannot serve metrics on %s: %s", args.metrics_listen, exc.strerror)
             return 1
         edge = Edge(config, obs.tracing, access=access, tls=tls)
+        obs.ready_when(lambda: edge_readiness(args.node_id, edge.router.view, edge.router.links))
+        health_server = None
+        if args.health_listen:
+            health_server = grpc.aio.server()
+            health = add_health(health_server)
+            try:
+                health_server.add_insecure_port(args.health_listen)
+            except RuntimeError as exc:
+                log.error(
+                    "cannot serve gRPC health on --health-listen %s: %s", args.health_listen, exc
+                )
+                await obs.close()
+                return 1
+            await health_server.start()
+            health_follower = asyncio.create_task(follow_in_health(obs.readiness, health))
         try:
             await edge.start(args.startup_timeout)
         except TimeoutError:
             log.error("no view from membership at %s", args.membership)
+            await _stop_health(health_server)
             await obs.close()
             return 1
         except OSError as exc:
             log.error("cannot listen on %s", exc.strerror)
+            await _stop_health(health_server)
             await obs.close()
             return 1
         log.info(
-            "MQTT on %s:%d%s%s%s; at most %d connections",
+            "MQTT on %s:%d%s%s%s%s; at most %d connections",
             host,
             port,
             f"; TLS on {args.tls_listen}" if tls_listen else "",
             f"; WebSocket on {args.ws_listen}" if ws_listen else "",
             f"; WebSocket over TLS on {args.wss_listen}" if wss_listen else "",
+            f"; PROXY protocol on {', '.join(sorted(config.proxy_protocol))}"
+            if config.proxy_protocol
+            else "",
             edge.limit.maximum,
         )
         metrics = asyncio.create_task(_report_metrics(edge))
@@ -373,10 +419,18 @@ def run(args: argparse.Namespace) -> int:
         log.info("shutting down")
         metrics.cancel()
         await edge.stop()
+        if health_server is not None:
+            await cancel_and_wait(health_follower)
+            await _stop_health(health_server)
         await obs.close()
         return 0
 
     return run_service(main)
+
+
+async def _stop_health(server: grpc.aio.Server | None) -> None:
+    if server is not None:
+        await server.stop(grace=0.5)
 
 
 async def _report_metrics(edge: Edge) -> None:

@@ -60,6 +60,8 @@ class EdgeConfig:
     tls_listen: tuple[str, int] | None = None
     ws_listen: tuple[str, int] | None = None
     wss_listen: tuple[str, int] | None = None
+    # Listener kinds ("tcp", "ws") whose connections start with a PROXY protocol header.
+    proxy_protocol: frozenset[str] = frozenset()
     # Client sockets open at once, across listeners (0: as many as the open-file limit allows).
     max_connections: int = 0
     # New CONNECTs per second (0: no limit).

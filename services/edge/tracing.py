@@ -113,10 +113,14 @@ class EdgeTracer:
 
     # ----- session events ---------------------------------------------------------------
 
-    def start_event(self, name: str, client_id: str) -> Span:
+    def start_event(self, name: str, client_id: str, peer: str | None = None) -> Span:
+        """A session event's span; `peer` ("host:port", the client's address) on CONNECT."""
         span = self.tracer.start_span(name, kind=KIND[name])
         if span.is_recording():
             span.set_attributes(
                 {Attr.NODE: self.node_id, Attr.CLIENT_ID_HASH: telemetry.client_id_hash(client_id)}
             )
+            host, sep, port = (peer or "").rpartition(":")
+            if sep and host and port.isdigit():
+                span.set_attributes({Attr.CLIENT_ADDRESS: host, Attr.CLIENT_PORT: int(port)})
         return span

@@ -14,10 +14,13 @@ from hexmq import telemetry
 from hexmq.api.membership.v1 import membership_pb2 as pb
 from hexmq.api.membership.v1 import membership_pb2_grpc as pb_grpc
 from hexmq.hashring import DEFAULT_PARTITIONS
+from hexmq.health import add_health
 from hexmq.netaddr import parse_hostport
+from hexmq.readiness import Readiness, follow_in_health
 from hexmq.service import (
     Observability,
     add_observability_arguments,
+    cancel_and_wait,
     run_service,
     setup_logging,
     start_observability,
@@ -77,8 +80,10 @@ def run(args: argparse.Namespace) -> int:
             view = builder.apply(await anext(changes))
         _record_view(obs, view)
         board = ViewBoard(view)
+        obs.ready_when(lambda: membership_readiness(board))
         server = grpc.aio.server()
         pb_grpc.add_MembershipServiceServicer_to_server(MembershipServicer(board), server)
+        health = add_health(server)
         try:
             server.add_insecure_port(args.listen)
         except RuntimeError as exc:
@@ -86,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
             await obs.close()
             return 1
         await server.start()
+        health_follower = asyncio.create_task(follow_in_health(obs.readiness, health))
         log.info(
             "serving view epoch %d (%d members, %d partitions, rf %d) on %s",
             view.epoch,
@@ -97,11 +103,19 @@ def run(args: argparse.Namespace) -> int:
         follow = asyncio.create_task(_follow(changes, builder, board, obs))
         await stop.wait()
         follow.cancel()
+        await cancel_and_wait(health_follower)
         await server.stop(grace=1.0)
         await obs.close()
         return 0
 
     return run_service(main)
+
+
+def membership_readiness(board: ViewBoard) -> Readiness:
+    """Ready once it has a view to serve (the static backend builds it before serving; the
+    Consul-backed agent refines this to an agreed view)."""
+    view = board.view
+    return Readiness(True, f"view {view.epoch}: {len(view.members)} members")
 
 
 async def _follow(

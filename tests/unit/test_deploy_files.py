@@ -1,0 +1,140 @@
+"""The deployment files agree with the code and with each other, where no tool here can run
+them: the Grafana dashboard asks only for metrics hexmq defines, the Collector's pipeline uses
+only components it declares and writes where the Spark job reads, Prometheus and HAProxy probe
+the port the services serve metrics on, and every image is pinned. (`make deploy-check` runs
+the tools that do run here: Compose, the compose-spec schema, hadolint, haproxy -c.)"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hexmq.telemetry import Metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy" / "compose"
+
+
+def compose() -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    return doc
+
+
+def defined_series() -> set[str]:
+    """Every series name hexmq's metrics produce (counters' _total, histograms' _bucket ...)."""
+
+    class NoTracing:
+        dropped_spans = 0
+        failed_spans = 0
+
+    metrics = Metrics()
+    metrics.bind_tracing(NoTracing())
+    names: set[str] = set()
+    for family in metrics.registry.collect():
+        suffixes = {
+            "counter": ("_total", "_created"),
+            "histogram": ("_bucket", "_sum", "_count", "_created"),
+            "gauge": ("",),
+        }.get(family.type, ("",))
+        names |= {family.name + s for s in suffixes}
+    return names
+
+
+def test_the_dashboard_asks_only_for_metrics_hexmq_defines() -> None:
+    dashboard = json.loads((DEPLOY / "grafana" / "dashboards" / "hexmq.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    assert exprs
+    used = {m for e in exprs for m in re.findall(r"\bhexmq_[a-z0-9_]+", e)}
+    assert used - defined_series() == set()
+    # What the issue asks the dashboard to show.
+    for metric in (
+        "hexmq_connections",
+        "hexmq_messages_in_total",
+        "hexmq_messages_out_total",
+        "hexmq_grpc_latency_seconds_bucket",
+        "hexmq_replication_lag",
+        "hexmq_view_epoch",
+        "hexmq_failovers_total",
+    ):
+        assert metric in used, metric
+    datasource = yaml.safe_load(
+        (DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yaml").read_text()
+    )["datasources"][0]
+    uids = {t["datasource"]["uid"] for p in dashboard["panels"] for t in p["targets"]}
+    assert uids == {datasource["uid"]}
+    panel_ids = [p["id"] for p in dashboard["panels"]]
+    assert len(panel_ids) == len(set(panel_ids))
+
+
+def test_the_collector_pipeline_uses_declared_components_and_writes_where_spark_reads() -> None:
+    config = yaml.safe_load((DEPLOY / "otel-collector" / "config.yaml").read_text())
+    for name, pipeline in config["service"]["pipelines"].items():
+        for section in ("receivers", "processors", "exporters"):
+            for component in pipeline.get(section, []):
+                assert component in config[section], f"{name}: {section} {component} undefined"
+    assert config["exporters"]["file/traces"]["format"] == "json"
+    path = Path(config["exporters"]["file/traces"]["path"])
+    services = compose()["services"]
+    collector_mounts = dict(v.split(":")[:2][::-1] for v in services["otel-collector"]["volumes"])
+    spark_mounts = dict(v.split(":")[:2][::-1] for v in services["spark"]["volumes"])
+    volume = collector_mounts[str(path.parent)]
+    spark_dir = next(d for d, v in spark_mounts.items() if v == volume)
+    assert spark_dir in services["spark"]["command"], "the job reads the Collector's volume"
+    endpoint = services["edge-1"]["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"]
+    assert endpoint.endswith(config["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"][-5:])
+
+
+def test_prometheus_and_haproxy_probe_the_metrics_port_the_services_serve() -> None:
+    services = compose()["services"]
+    port = int(services["edge-1"]["environment"]["HEXMQ_METRICS_LISTEN"].rpartition(":")[2])
+    prometheus = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    hexmq_jobs = [j for j in prometheus["scrape_configs"] if j["job_name"].startswith("hexmq-")]
+    aliases = {
+        a
+        for s in services.values()
+        for net in (s.get("networks") or {}).values()
+        for a in (net or {}).get("aliases", [])
+    }
+    assert {j["job_name"] for j in hexmq_jobs} == {
+        "hexmq-edge",
+        "hexmq-partition",
+        "hexmq-membership",
+    }
+    for job in hexmq_jobs:
+        for sd in job["dns_sd_configs"]:
+            assert sd["port"] == port
+            assert set(sd["names"]) <= aliases
+    haproxy = (DEPLOY / "haproxy" / "haproxy.cfg").read_text()
+    templates = [ln.split() for ln in haproxy.splitlines() if ln.strip().startswith("server-")]
+    assert len(templates) == 2
+    for words in templates:
+        assert words[words.index("port") + 1] == str(port)
+        assert "send-proxy-v2" in words
+    assert "option httpchk GET /readyz" in haproxy
+
+
+def test_every_image_is_pinned_by_tag() -> None:
+    images = [s["image"] for s in compose()["services"].values() if "image" in s]
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    images += re.findall(r"^FROM (\S+)", dockerfile, re.M)
+    images += re.findall(r"^ARG PYTHON_IMAGE=(\S+)", dockerfile, re.M)
+    for image in images:
+        if image == "${PYTHON_IMAGE}":  # the ARG, checked on its own line
+            continue
+        if image.startswith("${"):  # the hexmq images: ${HEXMQ_IMAGE:-hexmq:0.1.0}
+            image = image.split(":-", 1)[1].rstrip("}")
+        name, _, tag = image.rpartition(":")
+        assert name, f"{image} has no tag"
+        assert tag not in ("latest", ""), image
+        assert re.search(r"\d", tag), f"{image}: pin a version, not a moving name"
+
+
+def test_the_compose_healthcheck_is_the_images() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    match = re.search(r"HEALTHCHECK .*?CMD (\[.*?\])", dockerfile, re.S)
+    assert match
+    assert compose()["x-hexmq"]["healthcheck"]["test"] == ["CMD", *json.loads(match.group(1))]
