@@ -5,16 +5,24 @@
   follower's acknowledgements and gap requests from it. Snapshots are read from this node's
   Redis in chunks, one chunk in flight per stream at a time.
 - Follower side: one MasterLink per node that masters partitions this node follows; it
-  reconnects with backoff and sends the hello with this node's positions on every new stream.
-  Entries are written to this node's Redis by one writer task, many frames per MULTI/EXEC.
-- Time: the state machine ticks every `tick_s` (lag detection, gap retries).
+  reconnects with backoff and sends the hello with this node's joins on every new stream
+  (later joins travel in ordinary frames). Entries are written to this node's Redis by one
+  writer task, many frames per MULTI/EXEC.
+- Agreement: in-sync changes and handovers the state machine asks for go to the node's
+  membership agent (services/partition/agreement.py), and its answers come back in; the
+  agent's liveness lease is fed in as it changes.
+- Roles: partitions this node starts or stops mastering are handed to the partition node
+  (`RoleListener`), which loads or drops their memory state.
+- Time: the state machine ticks every `tick_s` (lag detection, gap and join retries).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
+from typing import Protocol
 
 import grpc
 import redis.asyncio as redis
@@ -24,7 +32,16 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
 from hexmq.grpc_options import LINK_OPTIONS
 from hexmq.service import cancel_and_wait
-from services.partition.replication import Assignment, Entry, Persist, Replicator, SnapshotRead
+from services.partition.agreement import AgreementClient
+from services.partition.replication import (
+    Assignment,
+    Entry,
+    HandoverReady,
+    InSyncChange,
+    Persist,
+    Replicator,
+    SnapshotRead,
+)
 from services.partition.store import (
     GroupCommit,
     RedisStore,
@@ -41,6 +58,9 @@ MAX_ITEMS_PER_FRAME = 1024
 SNAPSHOT_CHUNK_OPS = 512
 # Stop reading a snapshot ahead while the stream to that follower holds this many items.
 SNAPSHOT_BACKLOG = 4 * MAX_ITEMS_PER_FRAME
+
+# How long to wait before asking the agent again after it could not be reached.
+AGENT_RETRY_S = 0.5
 
 PEER_OPTIONS = [
     *LINK_OPTIONS,
@@ -122,6 +142,7 @@ class MasterLink:
             frames, self.frames = self.frames, []
             merged = pb.FollowerFrame()
             for frame in frames:
+                merged.joins.extend(frame.joins)
                 merged.acks.extend(frame.acks)
                 merged.needs.extend(frame.needs)
             yield merged
@@ -137,8 +158,11 @@ class MasterLink:
                     self._generation += 1
                     self.frames = []
                     hello = pb.FollowerHello(
-                        node_id=core.node_id, positions=core.link_open(self.master)
+                        node_id=core.node_id,
+                        positions=core.link_open(self.master),
+                        incarnation=self.driver.incarnation,
                     )
+                    self.driver.process()
                     call = stub.Replicate(self._outgoing(self._generation, hello))
                     log.info("replicating from %s (%s)", self.master, self.target)
                     backoff = 0.05
@@ -153,10 +177,18 @@ class MasterLink:
             if self.master in core.links:
                 log.warning("replication stream from %s lost (%s)", self.master, why)
             core.link_closed(self.master)
+            self.driver.process()
             self._generation += 1
             self._wake.set()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 1.0)
+
+
+class RoleListener(Protocol):
+    """What the partition node hears of the roles the state machine takes."""
+
+    def promoted(self, p: int) -> None: ...
+    def demoted(self, p: int) -> None: ...
 
 
 class ReplicationDriver:
@@ -168,10 +200,15 @@ class ReplicationDriver:
         on_failure: Callable[[BaseException], None],
         *,
         tick_s: float = 0.1,
+        incarnation: int = 0,
+        agent: AgreementClient | None = None,
     ) -> None:
         self.core = core
         self.store = store
         self.tick_s = tick_s
+        self.incarnation = incarnation
+        self.roles: RoleListener | None = None
+        self._agent = agent
         self._on_failure = on_failure
         self._commit = commit
         commit.on_durable = self._master_durable
@@ -182,42 +219,83 @@ class ReplicationDriver:
         self._persist_wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._reads: set[asyncio.Task[None]] = set()
+        self._asks: set[asyncio.Task[None]] = set()
         self.snapshots_sent = 0
+        # When the lease stops being valid unless renewed (monotonic seconds).
+        self._lease_until = 0.0
+        self._lease_timer: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
         self._tasks = [
             asyncio.create_task(self._write_loop(), name="replica-writer"),
             asyncio.create_task(self._tick_loop(), name="replica-ticker"),
         ]
+        if self._agent is not None:
+            self._tasks.append(asyncio.create_task(self._lease_loop(), name="lease"))
 
     async def stop(self) -> None:
         for link in self._links.values():
             await link.stop()
         for outbox in self._feeds.values():
             outbox.close()
-        for task in [*self._tasks, *self._reads]:
+        if self._lease_timer is not None:
+            self._lease_timer.cancel()
+        tasks = [*self._tasks, *self._reads, *self._asks]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, *self._reads, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def admitted(self, view: mpb.View) -> bool:
+        """The view admits this node with this partition service (its incarnation; a view
+        that names none admits any, as a static membership does)."""
+        me = next((m for m in view.members if m.node_id == self.core.node_id), None)
+        return me is not None and me.incarnation in (0, self.incarnation)
 
     async def apply_view(self, view: mpb.View) -> None:
         core = self.core
         self._peers = {m.node_id: m.partition_addr for m in view.members}
-        assignments = {a.partition: Assignment(a.epoch, tuple(a.replicas)) for a in view.partitions}
-        mine = [p for p, a in assignments.items() if core.node_id in a.replicas]
-        positions = await self.store.load_positions(mine)
-        core.set_roles(assignments, positions)
+        assignments: dict[int, Assignment] = {}
+        if self.admitted(view):
+            assignments = {
+                a.partition: Assignment(
+                    a.epoch, tuple(a.replicas), frozenset(a.in_sync), a.handover_to
+                )
+                for a in view.partitions
+            }
+        fresh = [
+            p
+            for p, a in assignments.items()
+            if core.node_id in a.replicas and p not in core.mastered and p not in core.followed
+        ]
+        stored = await self.store.load_positions(fresh) if fresh else {}
+        core.set_view(assignments, stored)
+        self.process()
+
+    def _relink(self) -> None:
+        """Replication streams to exactly the masters this node follows."""
+        core = self.core
         wanted = core.masters_followed()
         for master in sorted(wanted - set(self._links)):
-            link = MasterLink(self, master, self._peers[master])
+            target = self._peers.get(master)
+            if target is None:
+                log.warning("no address for master %s: not in the view's members", master)
+                continue
+            link = MasterLink(self, master, target)
             self._links[master] = link
             link.start()
         for master in sorted(set(self._links) - wanted):
-            await self._links.pop(master).stop()
+            link = self._links.pop(master)
             core.link_closed(master)
-        self.process()
+            self._spawn(link.stop(), "replica-link-stop")
 
-    def _master_durable(self, entries: list[Entry], token: object) -> None:
-        self.core.master_durable(entries, token)
+    def _spawn(self, work: object, name: str) -> None:
+        task = asyncio.ensure_future(work)  # type: ignore[call-overload]
+        task.set_name(name)
+        self._asks.add(task)
+        task.add_done_callback(self._asks.discard)
+
+    def _master_durable(self, entries: list[Entry], token: object, aborted: frozenset[int]) -> None:
+        self.core.master_durable(entries, token, aborted)
         self.process()
 
     def process(self) -> None:
@@ -227,6 +305,18 @@ class ReplicationDriver:
             return
         if ready.committed:
             self._commit.release(ready.committed)
+        roles = self.roles
+        if roles is not None:
+            for p in ready.demoted:
+                roles.demoted(p)
+            for p in ready.promoted:
+                roles.promoted(p)
+        if ready.relink:
+            self._relink()
+        for change in ready.in_sync_changes:
+            self._spawn(self._ask_in_sync(change), "in-sync-change")
+        for handover in ready.handovers:
+            self._spawn(self._ask_handover(handover), "handover")
         for follower, items in ready.to_followers.items():
             outbox = self._feeds.get(follower)
             if outbox is not None:
@@ -260,9 +350,7 @@ class ReplicationDriver:
             core.feed_closed(follower)
         outbox = Outbox()
         self._feeds[follower] = outbox
-        core.feed_open(
-            follower, {pos.partition: (pos.epoch, pos.seq) for pos in first.hello.positions}
-        )
+        core.feed_open(follower, first.hello.positions, first.hello.incarnation)
         log.info("follower %s connected", follower)
         self.process()
         reader = asyncio.create_task(self._read_feed(follower, outbox, requests))
@@ -286,6 +374,8 @@ class ReplicationDriver:
             async for frame in requests:
                 if outbox.closed:
                     break
+                if frame.joins:
+                    core.step_joins(follower, frame.joins)
                 if frame.acks:
                     core.step_acks(follower, frame.acks)
                 if frame.needs:
@@ -369,3 +459,77 @@ class ReplicationDriver:
             await asyncio.sleep(self.tick_s)
             self.core.tick()
             self.process()
+
+    # ----- agreement -------------------------------------------------------------------
+
+    async def _ask_in_sync(self, change: InSyncChange) -> None:
+        agent = self._agent
+        if agent is None:
+            # No agent (a single node's view never changes): nothing to agree with.
+            self.core.in_sync_settled(change, made=not change.add)
+            self.process()
+            return
+        try:
+            made = await agent.in_sync(change)
+        except (grpc.aio.AioRpcError, TimeoutError) as exc:
+            log.warning(
+                "membership agent unreachable for an in-sync change of partition %d (%s); "
+                "asking again",
+                change.partition,
+                exc,
+            )
+            await asyncio.sleep(AGENT_RETRY_S)
+            self.core.in_sync_failed(change)
+        else:
+            if made:
+                log.info(
+                    "partition %d epoch %d: %s %s the in-sync set",
+                    change.partition,
+                    change.epoch,
+                    change.follower,
+                    "added to" if change.add else "removed from",
+                )
+            else:
+                log.info(
+                    "partition %d epoch %d: %s not added to the in-sync set (the view moved on)",
+                    change.partition,
+                    change.epoch,
+                    change.follower,
+                )
+            self.core.in_sync_settled(change, made=made)
+        self.process()
+
+    async def _ask_handover(self, handover: HandoverReady) -> None:
+        agent = self._agent
+        made = False
+        if agent is not None:
+            try:
+                made = await agent.handover(handover)
+            except (grpc.aio.AioRpcError, TimeoutError) as exc:
+                log.warning("membership agent unreachable for a handover (%s)", exc)
+        if not made:
+            await asyncio.sleep(AGENT_RETRY_S)
+            self.core.handover_settled(handover)
+            self.process()
+
+    async def _lease_loop(self) -> None:
+        """Follow the agent's lease: valid for valid_for_ms from each message, unless renewed."""
+        agent = self._agent
+        assert agent is not None
+        loop = asyncio.get_running_loop()
+        async for state in agent.leases():
+            if self._lease_timer is not None:
+                self._lease_timer.cancel()
+                self._lease_timer = None
+            valid = state.valid and state.valid_for_ms > 0
+            if valid:
+                self._lease_until = time.monotonic() + state.valid_for_ms / 1000
+                self._lease_timer = loop.call_later(state.valid_for_ms / 1000, self._lease_lapsed)
+            self.core.set_lease(valid)
+            self.process()
+
+    def _lease_lapsed(self) -> None:
+        self._lease_timer = None
+        log.warning("liveness lease lapsed: lone masters stop acknowledging until it is renewed")
+        self.core.set_lease(False)
+        self.process()

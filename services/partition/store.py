@@ -33,7 +33,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import NamedTuple, cast
 
 import redis.asyncio as redis
 
@@ -46,9 +46,12 @@ from services.partition.replication import (
     HSET,
     NOWHERE,
     Entry,
+    History,
     Op,
     Position,
     Replicator,
+    Stored,
+    history_of,
 )
 
 log = logging.getLogger(__name__)
@@ -151,8 +154,41 @@ def apply_ops(pipe: redis.client.Pipeline, ops: Sequence[Op]) -> None:
         i = j
 
 
-def put_position(pipe: redis.client.Pipeline, p: int, pos: Position) -> None:
-    pipe.hset(meta_key(p), mapping={"epoch": pos[0], "seq": pos[1]})
+def put_position(
+    pipe: redis.client.Pipeline, p: int, pos: Position, history: History | None = None
+) -> None:
+    """The partition's replication position (and its epoch history, when it changed)."""
+    fields: dict[str, object] = {"epoch": pos[0], "seq": pos[1]}
+    if history is not None:
+        fields["history"] = format_history(history)
+    pipe.hset(meta_key(p), mapping=fields)  # type: ignore[arg-type]
+
+
+def format_history(history: History) -> str:
+    """"epoch:first_seq,..." oldest first, as hx:{p}:meta's history field holds it."""
+    return ",".join(f"{epoch}:{seq}" for epoch, seq in history)
+
+
+def parse_history(raw: bytes | str | None) -> History:
+    if not raw:
+        return ()
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    pairs = []
+    for item in text.split(","):
+        epoch, _, seq = item.partition(":")
+        pairs.append((int(epoch), int(seq)))
+    return tuple(pairs)
+
+
+class Scope(NamedTuple):
+    """What an action or acknowledgement added while handling one command belongs to: the
+    partitions the command wrote and how to answer it. Should one of those partitions be
+    aborted (this node stopped mastering it before the batch was released), the action is
+    dropped and the command is answered MOVED instead, once."""
+
+    partitions: frozenset[int]
+    reply: Callable[[pb.PartitionEvent], None]
+    request_id: int
 
 
 class GroupCommit:
@@ -164,6 +200,10 @@ class GroupCommit:
     the order in which commands were handled is the order in which edges hear of them, and
     nothing leaves this node before it is stored and replicated ("persist before you
     acknowledge" lives here and in Replicator.master_durable).
+
+    While a command is handled, `scope` names it: what it adds is dropped, and the command is
+    answered MOVED, if a partition it wrote is aborted (the node was deposed or handed the
+    partition over before the batch was released: its writes there are never acknowledged).
     """
 
     def __init__(
@@ -176,20 +216,25 @@ class GroupCommit:
         self._replicator = replicator
         self._on_failure = on_failure
         self._batch: WriteBatch | None = None
-        self._actions: list[Action] = []
+        self._actions: list[tuple[Action, Scope | None]] = []
         # (sink, request id) pairs answered OK once durable: cheaper than an action each.
-        self._oks: list[tuple[Callable[[int], None], int]] = []
+        self._oks: list[tuple[Callable[[int], None], int, Scope | None]] = []
         self._finishers: list[Callable[[WriteBatch], None]] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        # Called with the batch's entries and its release token once durable here; the
-        # replication driver hands the token back to `release` once followers have it.
-        self.on_durable: Callable[[list[Entry], object], None] = lambda _e, token: self.release(
-            [token]
+        # The command being handled (set by the partition node around each handler).
+        self.scope: Scope | None = None
+        # Called with the batch's entries, its release token and the partitions it could not
+        # write once durable here; the replication driver hands the token back to `release`
+        # once followers have it.
+        self.on_durable: Callable[[list[Entry], object, frozenset[int]], None] = (
+            lambda _e, token, aborted: self.release([(token, aborted)])
         )
         self.releasing: _Released | None = None
         self.batches = 0
         self.commands = 0
+        # Commands answered MOVED because a partition they wrote was aborted.
+        self.moved = 0
 
     @property
     def batch(self) -> WriteBatch:
@@ -201,7 +246,7 @@ class GroupCommit:
 
     def after(self, action: Action) -> None:
         """Run `action` once everything written so far is durable and replicated."""
-        self._actions.append(action)
+        self._actions.append((action, self.scope))
         self._wake.set()
 
     @property
@@ -212,7 +257,7 @@ class GroupCommit:
     def after_ok(self, sink: Callable[[int], None], request_id: int) -> None:
         """Call `sink(request_id)` once everything written so far is durable (after the
         batch's actions)."""
-        self._oks.append((sink, request_id))
+        self._oks.append((sink, request_id, self.scope))
         self._wake.set()
 
     def add_finisher(self, finisher: Callable[[WriteBatch], None]) -> None:
@@ -233,21 +278,31 @@ class GroupCommit:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            await self._flush()
+            try:
+                await self._flush()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                # Memory may now be ahead of the store: stop, and reload from Redis on restart
+                # (a commit task that died silently left the node taking writes it never made).
+                log.exception("group commit failed")
+                self._on_failure(StorageFailed(f"group commit failed: {exc!r}"))
+                return
 
     async def _flush(self) -> None:
         batch, actions, oks = self._batch, self._actions, self._oks
         self._batch, self._actions, self._oks = None, [], []
         entries: list[Entry] = []
+        aborted: frozenset[int] = frozenset()
         if batch is not None:
             for finisher in self._finishers:
                 finisher(batch)
-            entries = self._replicator.propose(batch.ops)
+            entries, aborted = self._replicator.propose(batch.ops)
         if entries:
             pipe = self._client.pipeline(transaction=True)
             for entry in entries:
                 apply_ops(pipe, entry.ops)
-                put_position(pipe, entry.partition, (entry.epoch, entry.seq))
+                put_position(pipe, entry.partition, (entry.epoch, entry.seq), entry.history)
             self.commands += len(pipe)
             self.batches += 1
             try:
@@ -255,27 +310,54 @@ class GroupCommit:
             except (redis.RedisError, OSError) as exc:
                 self._on_failure(StorageFailed(f"redis write failed: {exc}"))
                 return
-        if actions or oks or entries:
+        if actions or oks or entries or aborted:
             token = _Released(actions, oks, time.time_ns(), {e.partition: e.seq for e in entries})
-            self.on_durable(entries, token)
+            self.on_durable(entries, token, aborted)
 
-    def release(self, tokens: Iterable[object]) -> None:
-        """Run the follow-up actions of batches that are now replicated, in order. While they
-        run, `releasing` is the batch (for spans that cover its replication)."""
-        for token in tokens:
+    def release(self, tokens: Iterable[tuple[object, frozenset[int]]]) -> None:
+        """Run the follow-up actions of batches that are now replicated, in order, except
+        those of commands that wrote an aborted partition (answered MOVED instead). While
+        they run, `releasing` is the batch (for spans that cover its replication)."""
+        for token, aborted in tokens:
             batch = cast("_Released", token)
             self.releasing = batch
-            for action in batch.actions:
+            moved: set[tuple[int, int]] = set()
+            for action, scope in batch.actions:
+                if aborted and scope is not None and not aborted.isdisjoint(scope.partitions):
+                    self._answer_moved(scope, aborted, moved)
+                    continue
                 action()
-            for sink, request_id in batch.oks:
+            for sink, request_id, scope in batch.oks:
+                if aborted and scope is not None and not aborted.isdisjoint(scope.partitions):
+                    self._answer_moved(scope, aborted, moved)
+                    continue
                 sink(request_id)
         self.releasing = None
+
+    def _answer_moved(
+        self, scope: Scope, aborted: frozenset[int], answered: set[tuple[int, int]]
+    ) -> None:
+        key = (id(scope.reply), scope.request_id)
+        if not scope.request_id or key in answered:
+            return
+        answered.add(key)
+        self.moved += 1
+        p = min(aborted & scope.partitions)
+        scope.reply(
+            pb.PartitionEvent(
+                result=pb.Result(
+                    request_id=scope.request_id,
+                    status=pb.StatusCode.STATUS_CODE_MOVED,
+                    message=f"partition {p} moved before this was acknowledged; send it again",
+                )
+            )
+        )
 
 
 @dataclass(slots=True)
 class _Released:
-    actions: list[Action]
-    oks: list[tuple[Callable[[int], None], int]]
+    actions: list[tuple[Action, Scope | None]]
+    oks: list[tuple[Callable[[int], None], int, Scope | None]]
     # When the batch was durable here (unix ns), and the seq it got per partition.
     durable_ns: int
     seqs: dict[int, int]
@@ -369,16 +451,18 @@ class RedisStore:
         raw = cast("dict[bytes, bytes]", await self.client.hgetall(retained_key(p)))
         return [common_pb.Message.FromString(v) for v in raw.values()]
 
-    async def load_positions(self, partitions: Sequence[int]) -> dict[int, Position]:
-        """This node's replication position of each partition (NOWHERE if it holds none)."""
+    async def load_positions(self, partitions: Sequence[int]) -> dict[int, Stored]:
+        """This node's replication position and epoch history of each partition (NOWHERE and
+        no history if it holds none; data stored before histories existed gets one)."""
         pipe = self.client.pipeline(transaction=False)
         for p in partitions:
-            pipe.hmget(meta_key(p), ["epoch", "seq"])
+            pipe.hmget(meta_key(p), ["epoch", "seq", "history"])
         replies = await pipe.execute()
-        positions = {}
-        for p, (epoch, seq) in zip(partitions, replies, strict=True):
-            positions[p] = (int(epoch), int(seq)) if epoch is not None and seq else NOWHERE
-        return positions
+        stored = {}
+        for p, (epoch, seq, history) in zip(partitions, replies, strict=True):
+            position = (int(epoch), int(seq)) if epoch is not None and seq else NOWHERE
+            stored[p] = Stored(position, history_of(position, parse_history(history)))
+        return stored
 
     async def partition_keys(self, p: int) -> list[str]:
         """Every key partition p has here."""

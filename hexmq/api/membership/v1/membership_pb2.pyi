@@ -184,10 +184,31 @@ Global___View: _TypeAlias = View  # noqa: Y015
 class InSyncChange(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class AddIncarnationsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     PARTITION_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
     ADD_FIELD_NUMBER: _builtins.int
     REMOVE_FIELD_NUMBER: _builtins.int
+    ADD_INCARNATIONS_FIELD_NUMBER: _builtins.int
     partition: _builtins.int
     epoch: _builtins.int
     """The partition epoch the asking master holds; the change is moot at another one."""
@@ -195,6 +216,13 @@ class InSyncChange(_message.Message):
     def add(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def remove(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def add_incarnations(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """The incarnation of each added follower as its master knows it (from its replication
+        stream): the view adds a follower only while it is a member with that incarnation (a
+        restarted follower has to catch up anew).
+        """
+
     def __init__(
         self,
         *,
@@ -202,10 +230,11 @@ class InSyncChange(_message.Message):
         epoch: _builtins.int = ...,
         add: _abc.Iterable[_builtins.str] | None = ...,
         remove: _abc.Iterable[_builtins.str] | None = ...,
+        add_incarnations: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["add", b"add", "epoch", b"epoch", "partition", b"partition", "remove", b"remove"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["add", b"add", "add_incarnations", b"add_incarnations", "epoch", b"epoch", "partition", b"partition", "remove", b"remove"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

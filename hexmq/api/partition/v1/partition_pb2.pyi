@@ -1631,6 +1631,7 @@ class SessionRecord(_message.Message):
     CREATED_AT_MS_FIELD_NUMBER: _builtins.int
     WILL_DUE_AT_MS_FIELD_NUMBER: _builtins.int
     CONNECTION_ID_FIELD_NUMBER: _builtins.int
+    CREATED_BY_FIELD_NUMBER: _builtins.int
     client_id: _builtins.str
     session_expiry_s: _builtins.int
     protocol_version: _builtins.int
@@ -1644,6 +1645,11 @@ class SessionRecord(_message.Message):
     connection_id: _builtins.str
     """The live connection (while disconnected_at_ms is 0): a master that takes the partition
     over knows which connection its edge will re-attach, and which one a takeover must close.
+    """
+    created_by: _builtins.str
+    """The connection whose OpenSession created the session: an OpenSession sent again by that
+    same connection (its edge re-sends it to a new master after a failover) answers session
+    present = 0, as the first one did.
     """
     @_builtins.property
     def will(self) -> Global___Will: ...
@@ -1659,10 +1665,11 @@ class SessionRecord(_message.Message):
         created_at_ms: _builtins.int = ...,
         will_due_at_ms: _builtins.int = ...,
         connection_id: _builtins.str = ...,
+        created_by: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["will", b"will"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "connection_id", b"connection_id", "created_at_ms", b"created_at_ms", "disconnected_at_ms", b"disconnected_at_ms", "next_message_id", b"next_message_id", "protocol_version", b"protocol_version", "session_expiry_s", b"session_expiry_s", "will", b"will", "will_due_at_ms", b"will_due_at_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "connection_id", b"connection_id", "created_at_ms", b"created_at_ms", "created_by", b"created_by", "disconnected_at_ms", b"disconnected_at_ms", "next_message_id", b"next_message_id", "protocol_version", b"protocol_version", "session_expiry_s", b"session_expiry_s", "will", b"will", "will_due_at_ms", b"will_due_at_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
