@@ -15,6 +15,7 @@ import argparse
 import importlib
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -94,8 +95,15 @@ def _add_cluster_shape(p: argparse.ArgumentParser) -> None:
         default=clusterstate.DEFAULT_BASE_PORT,
         metavar="P",
         help="node i serves MQTT on P+i-1; internal ports are P+1000+10*(i-1)+0..5 "
-        "(redis, membership, partition, then edge, partition, membership metrics) "
-        "(default %(default)s)",
+        "(redis, membership, partition, then edge, partition, membership metrics); the "
+        "agreement server of N nodes is on P+1000+10*N (default %(default)s)",
+    )
+    p.add_argument(
+        "--consul",
+        default=os.environ.get("CONSUL_HTTP_ADDR") or None,
+        metavar="HOST:PORT",
+        help="use this external Consul for agreement instead of starting `hexmq consul-dev` "
+        "(default: $CONSUL_HTTP_ADDR if set, else the cluster's own agreement server)",
     )
     p.add_argument(
         "--rf",
@@ -352,6 +360,18 @@ def _service_args(args: argparse.Namespace) -> dict[str, list[str]]:
     }
 
 
+def _consul_arg(args: argparse.Namespace) -> str | None:
+    if args.consul is None:
+        return None
+    from hexmq.netaddr import parse_hostport
+
+    try:
+        parse_hostport(args.consul.removeprefix("http://"), what="--consul")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return str(args.consul)
+
+
 def _up(args: argparse.Namespace) -> int:
     state = localcluster.up(
         args.dir,
@@ -362,6 +382,7 @@ def _up(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         service_args=_service_args(args),
         trace_dir=args.trace_dir,
+        consul=_consul_arg(args),
     )
     _print_json(state.summary())
     return EXIT_OK
@@ -404,6 +425,7 @@ def _status(args: argparse.Namespace) -> int:
         f"cluster {doc['dir']}: {len(doc['nodes'])} node(s), {doc['partitions']} partitions, "
         f"rf {doc['rf']}"
     )
+    _print_agreement(doc["agreement"], doc["membership"])
     rows: list[tuple[str, ...]] = [("NODE", "ID", "SERVICE", "PID", "STATE", "PORT")]
     for node in doc["nodes"]:
         for service, p in node["processes"].items():
@@ -458,6 +480,63 @@ def _status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _print_table(rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _print_agreement(agreement: dict[str, Any], membership: dict[str, Any] | None) -> None:
+    """The agreement server, the view and its members' liveness, recent failovers."""
+    if agreement["embedded"]:
+        how = "alive" if agreement["alive"] else "dead"
+        print(
+            f"agreement: hexmq consul-dev on {agreement['addr']} (pid {agreement['pid']}, "
+            f"{how}), cluster {agreement['cluster_name']!r}"
+        )
+    else:
+        print(f"agreement: Consul at {agreement['addr']}, cluster {agreement['cluster_name']!r}")
+    if membership is None:
+        print("view: (no membership agent answers)")
+        return
+    epoch = membership["view_epoch"]
+    print(
+        f"view: epoch {epoch if epoch is not None else '- (none agreed yet)'} as node "
+        f"{membership['from_node']} sees it; Consul "
+        f"{'reachable' if membership['consul_reachable'] else 'UNREACHABLE'}, lease "
+        f"{'valid' if membership['lease_valid'] else 'NOT valid'}"
+    )
+    rows: list[tuple[str, ...]] = [
+        ("MEMBER", "IN-VIEW", "REGISTERED", "PROBE", "SUSPECTED-BY", "MASTERS", "FOLLOWS")
+    ]
+    roles = membership["partitions"]
+    for m in membership["members"]:
+        role = roles.get(m["node_id"], {})
+        rows.append(
+            (
+                m["node_id"],
+                "yes" if m["in_view"] else "no",
+                f"yes ({m['incarnation']})" if m["registered"] else "no",
+                m["probe"] or "-",
+                ",".join(m["suspected_by"]) or "-",
+                str(role.get("masters", 0)),
+                str(role.get("follows", 0)),
+            )
+        )
+    print()
+    _print_table(rows)
+    recent = membership["recent_failovers"][-10:]
+    if recent:
+        print()
+        failovers: list[tuple[str, ...]] = [("PARTITION", "KIND", "FROM", "TO", "EPOCH", "AT")]
+        for r in recent:
+            at = time.strftime("%H:%M:%S", time.localtime(r["at_ms"] / 1000))
+            failovers.append(
+                (f"p{r['partition']}", r["kind"], r["from"], r["to"] or "-", str(r["epoch"]), at)
+            )
+        _print_table(failovers)
+
+
 def _banner(state: clusterstate.ClusterState) -> str:
     first = state.nodes[0].ports.mqtt
     lines = [f"hexmq: {len(state.nodes)}-node cluster running (state and logs in {state.dir})"]
@@ -509,6 +588,7 @@ def _run(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         service_args=_service_args(args),
         trace_dir=args.trace_dir,
+        consul=_consul_arg(args),
     )
     print(_banner(state), flush=True)
     try:
