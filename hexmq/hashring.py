@@ -26,6 +26,11 @@ def partition_of(key: str, partitions: int) -> int:
     return _hash64(key) % partitions
 
 
+def _ring(names: Sequence[str], vnodes: int) -> tuple[list[tuple[int, str]], list[int]]:
+    ring = sorted((_hash64(f"{name}#{v}"), name) for name in names for v in range(vnodes))
+    return ring, [point for point, _ in ring]
+
+
 def assign(
     members: Iterable[str], partitions: int, rf: int, *, vnodes: int = DEFAULT_VNODES
 ) -> list[tuple[str, ...]]:
@@ -39,8 +44,7 @@ def assign(
         raise ValueError("assign needs at least one member")
     if partitions < 1 or rf < 1:
         raise ValueError("partitions and rf must be positive")
-    ring = sorted((_hash64(f"{name}#{v}"), name) for name in names for v in range(vnodes))
-    points = [point for point, _ in ring]
+    ring, points = _ring(names, vnodes)
     want = min(rf, len(names))
     # Consistent hashing with bounded loads (Mirrokni et al.): a member already at its cap is
     # passed over, so no member masters (or holds) more than ~LOAD_BOUND of its fair share,
@@ -67,6 +71,32 @@ def assign(
             held[name] += 1
         table.append(tuple(replicas))
     return table
+
+
+def ring_order(
+    members: Iterable[str], partitions: int, *, vnodes: int = DEFAULT_VNODES
+) -> list[tuple[str, ...]]:
+    """Per partition, every member once, in the order met clockwise from the partition's point.
+
+    The ring's preference list without assign()'s load bound: who is next for a partition when
+    the nodes before it are gone (docs/failover.md, "Placement").
+    """
+    names = sorted(set(members))
+    if not names:
+        raise ValueError("ring_order needs at least one member")
+    if partitions < 1:
+        raise ValueError("partitions must be positive")
+    ring, points = _ring(names, vnodes)
+    orders: list[tuple[str, ...]] = []
+    for p in range(partitions):
+        start = bisect.bisect(points, _hash64(f"partition#{p}"))
+        seen: dict[str, None] = {}
+        for i in range(len(ring)):
+            seen.setdefault(ring[(start + i) % len(ring)][1])
+            if len(seen) == len(names):
+                break
+        orders.append(tuple(seen))
+    return orders
 
 
 def masters_per_member(table: Sequence[tuple[str, ...]]) -> dict[str, int]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hexmq.hashring import LOAD_BOUND, assign, masters_per_member, partition_of
+from hexmq.hashring import LOAD_BOUND, assign, masters_per_member, partition_of, ring_order
 
 
 def members(n: int) -> list[str]:
@@ -55,3 +55,22 @@ def test_bad_arguments_are_refused() -> None:
         assign([], 16, 1)
     with pytest.raises(ValueError, match="positive"):
         assign(["a"], 0, 1)
+
+
+def test_ring_order_lists_every_member_once_starting_where_assign_would() -> None:
+    names = members(5)
+    orders = ring_order(names, 64)
+    unbounded = assign(names, 64, 5)
+    assert len(orders) == 64
+    for order in orders:
+        assert sorted(order) == names
+    # assign's load bound only passes members over, so most partitions start alike.
+    assert sum(o[0] == a[0] for o, a in zip(orders, unbounded, strict=True)) > 48
+
+
+def test_ring_order_without_a_member_is_the_order_with_it_skipped() -> None:
+    with_n3 = ring_order(members(5), 64)
+    without = ring_order([n for n in members(5) if n != "n3"], 64)
+    assert without == [tuple(n for n in order if n != "n3") for order in with_n3]
+    with pytest.raises(ValueError, match="at least one member"):
+        ring_order([], 4)

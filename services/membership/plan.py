@@ -1,0 +1,524 @@
+"""The agreement planner: from what an agent observes to the next view (docs/failover.md).
+
+Every membership agent calls `plan` on each observation and proposes what it returns by
+check-and-set; a lost CAS re-reads and plans again. The function is pure (no I/O, no clock:
+`now_ms` comes in, no randomness, every iteration sorted), so agents that observe the same
+propose the same view, and any agent's proposal is as good as another's.
+
+One proposal does one of two things to the membership, never both: it removes the members
+that are lost (rule 2 below), or, when nobody is lost, it admits the nodes ready to join.
+Either way it then applies the planning node's own requests (in-sync changes and handovers of
+the partitions it masters) and takes every partition one step towards its goal placement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from hexmq.api.membership.v1 import membership_pb2 as pb
+from services.membership.goal import goal, goal_orders
+
+__all__ = [
+    "REFUSED",
+    "SILENT",
+    "HandoverRequest",
+    "InSyncRequest",
+    "Observed",
+    "Outcome",
+    "PlanConfig",
+    "Registration",
+    "ViewError",
+    "check_view",
+    "failover_records",
+    "goal",
+    "lost_members",
+    "plan",
+    "request_outcome",
+]
+
+# How an agent found a node unreachable: "refused" (the process is gone: connection refused or
+# reset, confirmed by a second probe) is strong evidence; "silent" (timeouts) is not.
+REFUSED = "refused"
+SILENT = "silent"
+_KINDS = (REFUSED, SILENT)
+
+Outcome = Literal["done", "pending", "moot"]
+
+
+class ViewError(ValueError):
+    """A view breaks the table's invariants; the message names the view epoch and the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """A live hexmq/<cluster>/members/<node> key."""
+
+    node_id: str
+    partition_addr: str
+    mqtt_addr: str
+    membership_addr: str
+    incarnation: int  # 0: its partition service is not serving
+    since_ms: int  # when the agent first saw this exact value
+
+    def __post_init__(self) -> None:
+        if not self.node_id:
+            raise ValueError("a Registration needs a node_id")
+        if self.incarnation < 0:
+            raise ValueError(
+                f"registration of {self.node_id}: incarnation {self.incarnation} is negative"
+            )
+
+    def member(self) -> pb.Member:
+        return pb.Member(
+            node_id=self.node_id,
+            partition_addr=self.partition_addr,
+            mqtt_addr=self.mqtt_addr,
+            membership_addr=self.membership_addr,
+            incarnation=self.incarnation,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class InSyncRequest:
+    """From this node's partition service, which masters the partition at `epoch`."""
+
+    partition: int
+    epoch: int
+    add: frozenset[str] = frozenset()
+    remove: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        _check_request(self.partition, self.epoch, "InSyncRequest")
+        both = self.add & self.remove
+        if both:
+            raise ValueError(
+                f"InSyncRequest for partition {self.partition}: {sorted(both)} both added and"
+                " removed"
+            )
+        if "" in self.add or "" in self.remove:
+            raise ValueError(f"InSyncRequest for partition {self.partition}: empty node id")
+
+
+@dataclass(frozen=True, slots=True)
+class HandoverRequest:
+    """From this node's partition service: make `to` master (it has quiesced the partition)."""
+
+    partition: int
+    epoch: int
+    to: str
+
+    def __post_init__(self) -> None:
+        _check_request(self.partition, self.epoch, "HandoverRequest")
+        if not self.to:
+            raise ValueError(f"HandoverRequest for partition {self.partition}: no node to")
+
+
+Request = InSyncRequest | HandoverRequest
+
+
+def _check_request(partition: int, epoch: int, what: str) -> None:
+    if partition < 0:
+        raise ValueError(f"{what}: partition {partition} is negative")
+    if epoch < 1:
+        raise ValueError(f"{what} for partition {partition}: epoch {epoch} is not positive")
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    registry: Mapping[str, Registration]  # node -> registration (live sessions only)
+    suspicions: Mapping[str, Mapping[str, str]]  # reporter -> {node: "refused" | "silent"}
+    requests: Sequence[Request] = field(default_factory=tuple)  # this node's, pending
+
+    def __post_init__(self) -> None:
+        for node, reg in self.registry.items():
+            if node != reg.node_id:
+                raise ValueError(f"registry key {node!r} holds the registration of {reg.node_id!r}")
+        for reporter, reports in self.suspicions.items():
+            for node, kind in reports.items():
+                if kind not in _KINDS:
+                    raise ValueError(
+                        f"{reporter} reports {node} {kind!r}: expected one of {', '.join(_KINDS)}"
+                    )
+
+
+@dataclass(frozen=True, slots=True)
+class PlanConfig:
+    node_id: str  # the planning agent's node
+    partitions: int  # used only to create the first view
+    rf: int
+    expect: int  # registered serving nodes needed to create the first view
+    rejoin_settle_ms: int  # a (re)joining node's registration must be this old and unsuspected
+
+    def __post_init__(self) -> None:
+        if not self.node_id:
+            raise ValueError("PlanConfig needs the planning node's node_id")
+        for name in ("partitions", "rf", "expect"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"PlanConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.rejoin_settle_ms < 0:
+            raise ValueError(f"PlanConfig.rejoin_settle_ms is negative: {self.rejoin_settle_ms}")
+
+
+@dataclass(slots=True)
+class _Part:
+    """One partition's row while a plan edits it; in_sync is kept in replicas' order."""
+
+    epoch: int
+    replicas: list[str]
+    in_sync: set[str]
+    handover_to: str
+
+    @property
+    def master(self) -> str:
+        return self.replicas[0]
+
+    def key(self) -> tuple[int, tuple[str, ...], frozenset[str], str]:
+        return self.epoch, tuple(self.replicas), frozenset(self.in_sync), self.handover_to
+
+    def proto(self, p: int) -> pb.PartitionAssignment:
+        return pb.PartitionAssignment(
+            partition=p,
+            epoch=self.epoch,
+            replicas=self.replicas,
+            in_sync=[r for r in self.replicas if r in self.in_sync],
+            handover_to=self.handover_to,
+        )
+
+
+def plan(
+    view: pb.View | None, observed: Observed, config: PlanConfig, now_ms: int
+) -> pb.View | None:
+    """The view this agent proposes next (epoch = view.epoch + 1), or None: nothing to change."""
+    if view is None:
+        return _first_view(observed, config)
+    parts = _read_table(view)
+    before = [part.key() for part in parts]
+    epoch = view.epoch + 1
+    members = {m.node_id: m for m in view.members}
+    targets = set(view.target_members)
+    lost = lost_members(view, observed)
+    if lost:
+        for node in lost:
+            del members[node]
+        orders = goal_orders(targets, members, view.partition_count, view.replication_factor)
+        old_members = set(_member_ids(view))
+        for p, part in enumerate(parts):
+            _lose(part, lost, old_members, orders[p], epoch)
+    else:
+        for reg in _joiners(view, observed, config, now_ms):
+            members[reg.node_id] = reg.member()
+            targets.add(reg.node_id)
+    _refresh_addresses(members, observed)
+    orders = goal_orders(targets, members, view.partition_count, view.replication_factor)
+    if not lost:
+        old_members = set(_member_ids(view))
+        for p, part in enumerate(parts):
+            if part.master not in old_members:
+                _restore(part, members, orders[p], epoch)
+    for request in observed.requests:
+        _apply_request(parts, request, config.node_id, members, epoch)
+    rf = view.replication_factor
+    for p, part in enumerate(parts):
+        _towards_goal(part, members, orders[p], rf)
+    new_members = [members[n] for n in sorted(members)]
+    if (
+        new_members == list(view.members)
+        and sorted(targets) == sorted(view.target_members)
+        and all(part.key() == key for part, key in zip(parts, before, strict=True))
+    ):
+        return None
+    return pb.View(
+        epoch=epoch,
+        partition_count=view.partition_count,
+        replication_factor=rf,
+        members=new_members,
+        partitions=[part.proto(p) for p, part in enumerate(parts)],
+        target_members=sorted(targets),
+    )
+
+
+def _member_ids(view: pb.View) -> list[str]:
+    return [m.node_id for m in view.members]
+
+
+def _first_view(observed: Observed, config: PlanConfig) -> pb.View | None:
+    """Rule 1: the first view, once `expect` nodes are registered and serving."""
+    serving = sorted(
+        (r for r in observed.registry.values() if r.incarnation > 0), key=lambda r: r.node_id
+    )
+    if len(serving) < config.expect:
+        return None
+    ids = [r.node_id for r in serving]
+    orders = goal_orders(ids, ids, config.partitions, config.rf)
+    parts = []
+    for p in range(config.partitions):
+        replicas = list(orders[p][: config.rf])
+        parts.append(_Part(1, replicas, set(replicas), ""))
+    return pb.View(
+        epoch=1,
+        partition_count=config.partitions,
+        replication_factor=config.rf,
+        members=[r.member() for r in serving],
+        partitions=[part.proto(p) for p, part in enumerate(parts)],
+        target_members=ids,
+    )
+
+
+def _live_reporters(view: pb.View, observed: Observed) -> list[str]:
+    """Reports count only from view members that are registered."""
+    return sorted(n for n in _member_ids(view) if n in observed.registry)
+
+
+def lost_members(view: pb.View, observed: Observed) -> list[str]:
+    """Rule 2: the members of `view` that are lost, sorted.
+
+    Lost: no registration; a registration with another incarnation (0 included: not serving,
+    or restarted); reported "refused" by any live member; or reported (any kind) by more than
+    half of the view's members. Only live members' reports count, never a node's own.
+    """
+    reporters = _live_reporters(view, observed)
+    lost = []
+    for m in sorted(view.members, key=lambda m: m.node_id):
+        reg = observed.registry.get(m.node_id)
+        if reg is None or reg.incarnation != m.incarnation:
+            lost.append(m.node_id)
+            continue
+        kinds = [
+            kind
+            for r in reporters
+            if r != m.node_id and (kind := observed.suspicions.get(r, {}).get(m.node_id))
+        ]
+        if REFUSED in kinds or 2 * len(kinds) > len(view.members):
+            lost.append(m.node_id)
+    return lost
+
+
+def _joiners(
+    view: pb.View, observed: Observed, config: PlanConfig, now_ms: int
+) -> list[Registration]:
+    """Rule 4: registered and serving, not a member, reported by no live member, and its
+    registration at least rejoin_settle_ms old."""
+    members = set(_member_ids(view))
+    reporters = _live_reporters(view, observed)
+    suspected = {n for r in reporters for n in observed.suspicions.get(r, {}) if n != r}
+    return [
+        reg
+        for node, reg in sorted(observed.registry.items())
+        if reg.incarnation > 0
+        and node not in members
+        and node not in suspected
+        and now_ms - reg.since_ms >= config.rejoin_settle_ms
+    ]
+
+
+def _refresh_addresses(members: dict[str, pb.Member], observed: Observed) -> None:
+    """A member registered with the incarnation the view admits but new addresses (its agent
+    restarted elsewhere) gets them: peers dial what the view says."""
+    for node in sorted(members):
+        reg = observed.registry.get(node)
+        if reg is not None and reg.incarnation == members[node].incarnation:
+            fresh = reg.member()
+            if fresh != members[node]:
+                members[node] = fresh
+
+
+def _first_of(order: Sequence[str], among: Collection[str]) -> str | None:
+    for node in order:
+        if node in among:
+            return node
+    return min(among, default=None)  # not in the order: only for a view made by hand
+
+
+def _lose(
+    part: _Part, lost: Sequence[str], old_members: set[str], order: Sequence[str], epoch: int
+) -> None:
+    """Rule 3 for one partition: the lost nodes leave it, its master is replaced by the first
+    in-sync member in goal order, or it goes offline keeping its last in-sync replicas."""
+    gone = set(lost)
+    if part.master not in old_members:
+        # Offline already: its in-sync replicas are not members; only followers can go.
+        part.replicas = [r for r in part.replicas if r not in gone or r in part.in_sync]
+        return
+    remaining = part.in_sync - gone
+    if not remaining:
+        # The lost held its last in-sync copies: keep them (and the master) to wait for.
+        part.replicas = [r for r in part.replicas if r not in gone or r in part.in_sync]
+        part.handover_to = ""
+        return
+    part.in_sync = remaining
+    if part.master in gone:
+        master = _first_of(order, remaining)
+        assert master is not None
+        part.replicas = [master] + [r for r in part.replicas if r != master and r not in gone]
+        part.epoch = epoch
+        part.handover_to = ""
+    else:
+        part.replicas = [r for r in part.replicas if r not in gone]
+
+
+def _restore(
+    part: _Part, members: Mapping[str, pb.Member], order: Sequence[str], epoch: int
+) -> None:
+    """An offline partition gets back an in-sync replica that joined: it masters it at a new
+    epoch; the in-sync replicas still away are dropped (they rejoin as followers)."""
+    back = [n for n in part.in_sync if n in members]
+    if not back:
+        return
+    master = _first_of(order, back)
+    assert master is not None
+    part.replicas = [master] + [r for r in part.replicas if r != master and r in members]
+    part.in_sync = set(back)
+    part.epoch = epoch
+    part.handover_to = ""
+
+
+def _apply_request(
+    parts: list[_Part], request: Request, node: str, members: Mapping[str, pb.Member], epoch: int
+) -> None:
+    """Rule 6: a request counts only from the partition's master, at the partition's epoch."""
+    if request.partition >= len(parts):
+        return
+    part = parts[request.partition]
+    if part.epoch != request.epoch or part.master != node or node not in members:
+        return
+    if isinstance(request, InSyncRequest):
+        for follower in sorted(request.add):
+            if follower in part.replicas and follower in members:
+                part.in_sync.add(follower)
+        # The master never leaves, so in_sync never empties.
+        part.in_sync -= request.remove - {part.master}
+    elif request.to != part.master and request.to in part.in_sync and request.to in members:
+        part.replicas = [request.to] + [r for r in part.replicas if r != request.to]
+        part.epoch = epoch
+        part.handover_to = ""
+
+
+def _towards_goal(
+    part: _Part, members: Mapping[str, pb.Member], order: Sequence[str], rf: int
+) -> None:
+    """Rule 5: add missing goal replicas as followers, ask for the handover to the goal master
+    once it is in sync, and drop surplus replicas once the goal holds in full."""
+    if part.master not in members:
+        return  # offline: nothing can move until an in-sync replica is back
+    want = [n for n in order if n in members][:rf]
+    part.replicas += [n for n in want if n not in part.replicas]
+    head = want[0]
+    part.handover_to = head if head != part.master and head in part.in_sync else ""
+    if head == part.master and all(n in part.in_sync for n in want):
+        part.replicas = [r for r in part.replicas if r in want]
+        part.in_sync &= set(want)
+
+
+def check_view(view: pb.View) -> None:
+    """Raise ViewError naming the first broken invariant of `view`'s table."""
+    _read_table(view)
+
+
+def _read_table(view: pb.View) -> list[_Part]:
+    """The view's table as rows to edit, checked on the way (ViewError names what is wrong)."""
+    where = f"view {view.epoch}"
+    if view.epoch < 1:
+        raise ViewError(f"{where}: epoch must be positive")
+    if view.replication_factor < 1:
+        raise ViewError(f"{where}: replication_factor must be positive")
+    if view.partition_count < 1 or len(view.partitions) != view.partition_count:
+        raise ViewError(
+            f"{where}: partition_count {view.partition_count} but {len(view.partitions)} partitions"
+        )
+    ids = _member_ids(view)
+    if len(set(ids)) != len(ids) or "" in ids:
+        raise ViewError(f"{where}: member ids must be unique and non-empty: {ids}")
+    if not view.target_members:
+        raise ViewError(f"{where}: no target_members")
+    parts = []
+    for p, a in enumerate(view.partitions):
+        at = f"{where}: partition {p}"
+        part = _Part(a.epoch, list(a.replicas), set(a.in_sync), a.handover_to)
+        if a.partition != p:
+            raise ViewError(f"{at}: numbered {a.partition} (partitions must be in order)")
+        if not 1 <= part.epoch <= view.epoch:
+            raise ViewError(f"{at}: epoch {part.epoch} outside 1..{view.epoch}")
+        if not part.replicas or len(set(part.replicas)) != len(part.replicas):
+            raise ViewError(f"{at}: replicas {part.replicas} empty or repeated")
+        if not part.in_sync <= set(part.replicas) or part.master not in part.in_sync:
+            raise ViewError(
+                f"{at}: in_sync {sorted(part.in_sync)} must hold the master and only replicas"
+                f" {part.replicas}"
+            )
+        if part.handover_to and part.handover_to not in part.replicas:
+            raise ViewError(f"{at}: handover_to {part.handover_to} is not a replica")
+        parts.append(part)
+    return parts
+
+
+def request_outcome(request: Request, view: pb.View) -> Outcome:
+    """Whether a local request holds in `view` (done), can no longer apply (moot: the
+    partition's epoch moved on, this node no longer masters it, the follower is no replica...),
+    or still needs proposing (pending). For a removal, done = the follower is not in in_sync.
+
+    Judge a request against every agreed view in turn: a later view may move the partition on
+    and make a request that was done look moot.
+    """
+    if request.partition >= len(view.partitions):
+        return "moot"
+    a = view.partitions[request.partition]
+    members = set(_member_ids(view))
+    if isinstance(request, HandoverRequest):
+        if a.epoch != request.epoch:
+            return "done" if a.replicas[0] == request.to else "moot"
+        if a.replicas[0] not in members or request.to not in members:
+            return "moot"
+        return "pending" if request.to in a.in_sync and request.to != a.replicas[0] else "moot"
+    if a.epoch != request.epoch or a.replicas[0] not in members:
+        return "moot"
+    outcomes: list[Outcome] = []
+    for f in sorted(request.add):
+        if f in a.in_sync:
+            outcomes.append("done")
+        elif f in a.replicas and f in members:
+            outcomes.append("pending")
+        else:
+            outcomes.append("moot")
+    for f in sorted(request.remove):
+        if f == a.replicas[0]:
+            outcomes.append("moot")
+        else:
+            outcomes.append("pending" if f in a.in_sync else "done")
+    if "pending" in outcomes:
+        return "pending"
+    return "moot" if "moot" in outcomes else "done"
+
+
+def failover_records(old: pb.View, new: pb.View, now_ms: int) -> list[pb.FailoverRecord]:
+    """What changed hands between two consecutive views (kinds: failover, handover, offline,
+    restored), for status, logs and metrics."""
+    was = set(_member_ids(old))
+    now = set(_member_ids(new))
+    records = []
+    for a, b in zip(old.partitions, new.partitions, strict=True):
+        before, after = a.replicas[0], b.replicas[0]
+        if b.epoch != a.epoch:
+            if before not in was:
+                kind = "restored"
+            elif before not in now:
+                kind = "failover"
+            else:
+                kind = "handover"
+        elif before in was and after not in now:
+            kind, after = "offline", ""
+        else:
+            continue
+        records.append(
+            pb.FailoverRecord(
+                partition=b.partition,
+                epoch=b.epoch,
+                from_node=before,
+                to_node=after,
+                kind=kind,
+                at_ms=now_ms,
+                view_epoch=new.epoch,
+            )
+        )
+    return records

@@ -1,0 +1,591 @@
+"""The agreement planner (services/membership/plan.py): one test per rule of docs/failover.md.
+
+Views are built by the planner itself (the first view) or by hand where a test needs a table
+the rules would take many steps to reach; the goal order of a partition comes from
+services/membership/goal.py, so a test picks its nodes by where the ring puts them.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+
+import pytest
+
+from hexmq.api.membership.v1 import membership_pb2 as pb
+from hexmq.hashring import assign
+from services.membership.goal import goal_orders
+from services.membership.plan import (
+    REFUSED,
+    SILENT,
+    HandoverRequest,
+    InSyncRequest,
+    Observed,
+    PlanConfig,
+    Registration,
+    ViewError,
+    check_view,
+    failover_records,
+    goal,
+    plan,
+    request_outcome,
+)
+
+SETTLE = 1000
+NOW = 10_000
+
+
+def reg(node: str, incarnation: int = 1, since: int = 0) -> Registration:
+    n = node.removeprefix("n")
+    return Registration(
+        node, f"127.0.0.1:70{n}", f"127.0.0.1:18{n}", f"127.0.0.1:80{n}", incarnation, since
+    )
+
+
+def config(node: str = "n1", *, partitions: int = 8, rf: int = 3, expect: int = 3) -> PlanConfig:
+    return PlanConfig(node, partitions, rf, expect, SETTLE)
+
+
+def observed(
+    nodes: Sequence[str] | Mapping[str, int],
+    suspicions: Mapping[str, Mapping[str, str]] | None = None,
+    requests: Sequence[InSyncRequest | HandoverRequest] = (),
+) -> Observed:
+    """Registrations of `nodes` (incarnation 1, or as mapped), seen long ago."""
+    incs = nodes if isinstance(nodes, Mapping) else dict.fromkeys(nodes, 1)
+    return Observed({n: reg(n, i) for n, i in incs.items()}, suspicions or {}, requests)
+
+
+def first_view(nodes: Sequence[str], partitions: int = 8, rf: int = 3) -> pb.View:
+    view = plan(None, observed(nodes), config(partitions=partitions, rf=rf), NOW)
+    assert view is not None
+    return view
+
+
+def make_view(
+    rows: Sequence[tuple[str, str]],
+    members: Sequence[str],
+    *,
+    targets: Sequence[str] | None = None,
+    epoch: int = 5,
+    rf: int = 3,
+    epochs: Mapping[int, int] | None = None,
+    handover: Mapping[int, str] | None = None,
+) -> pb.View:
+    """A view with one row per partition: ("replicas, master first", "in-sync nodes")."""
+    return pb.View(
+        epoch=epoch,
+        partition_count=len(rows),
+        replication_factor=rf,
+        members=[reg(n).member() for n in sorted(members)],
+        target_members=sorted(targets or members),
+        partitions=[
+            pb.PartitionAssignment(
+                partition=p,
+                epoch=(epochs or {}).get(p, 1),
+                replicas=replicas.split(),
+                in_sync=in_sync.split(),
+                handover_to=(handover or {}).get(p, ""),
+            )
+            for p, (replicas, in_sync) in enumerate(rows)
+        ],
+    )
+
+
+def next_view(view: pb.View, obs: Observed, node: str = "n1", now: int = NOW) -> pb.View:
+    new = plan(view, obs, config(node), now)
+    assert new is not None, "expected a new view"
+    assert new.epoch == view.epoch + 1
+    check_view(new)
+    return new
+
+
+def row(view: pb.View, p: int) -> tuple[int, list[str], list[str], str]:
+    a = view.partitions[p]
+    return a.epoch, list(a.replicas), list(a.in_sync), a.handover_to
+
+
+def order(view: pb.View, p: int) -> tuple[str, ...]:
+    members = [m.node_id for m in view.members]
+    targets = view.target_members
+    return goal_orders(targets, members, view.partition_count, view.replication_factor)[p]
+
+
+def members(view: pb.View) -> list[str]:
+    return [m.node_id for m in view.members]
+
+
+N3 = ["n1", "n2", "n3"]
+N5 = ["n1", "n2", "n3", "n4", "n5"]
+
+
+# ----- rule 1: the first view ---------------------------------------------------------------
+
+
+def test_the_first_view_waits_for_expect_serving_nodes() -> None:
+    assert plan(None, observed({"n1": 1, "n2": 1, "n3": 0}), config(), NOW) is None
+    assert plan(None, observed(["n1", "n2"]), config(), NOW) is None
+    view = plan(None, observed({"n1": 7, "n2": 1, "n3": 0, "n4": 2}), config(), NOW)
+    assert view is not None
+    assert [(m.node_id, m.incarnation) for m in view.members] == [("n1", 7), ("n2", 1), ("n4", 2)]
+
+
+def test_the_first_view_places_every_partition_by_assign() -> None:
+    view = first_view(["n3", "n1", "n2", "n4"], partitions=16, rf=3)
+    assert view.epoch == 1
+    assert (view.partition_count, view.replication_factor) == (16, 3)
+    assert list(view.target_members) == ["n1", "n2", "n3", "n4"]
+    assert view.members[0] == reg("n1").member()
+    placed = assign(["n1", "n2", "n3", "n4"], 16, 3)
+    for p, a in enumerate(view.partitions):
+        assert (a.partition, a.epoch, a.handover_to) == (p, 1, "")
+        assert tuple(a.replicas) == placed[p]
+        assert list(a.in_sync) == list(a.replicas)
+
+
+# ----- rule 2: who is lost -------------------------------------------------------------------
+
+
+def test_a_node_without_registration_is_lost() -> None:
+    view = first_view(N3)
+    assert members(next_view(view, observed(["n1", "n3"]))) == ["n1", "n3"]
+
+
+def test_a_restarted_node_is_lost() -> None:
+    view = first_view(N3)
+    assert members(next_view(view, observed({"n1": 1, "n2": 2, "n3": 1}))) == ["n1", "n3"]
+
+
+def test_a_node_whose_partition_service_is_not_serving_is_lost() -> None:
+    view = first_view(N3)
+    assert members(next_view(view, observed({"n1": 1, "n2": 0, "n3": 1}))) == ["n1", "n3"]
+
+
+def test_one_refused_report_from_a_live_member_removes_a_node() -> None:
+    view = first_view(N5)
+    new = next_view(view, observed(N5, {"n4": {"n2": REFUSED}}))
+    assert members(new) == ["n1", "n3", "n4", "n5"]
+
+
+def test_silence_needs_reports_from_more_than_half_of_the_members() -> None:
+    view = first_view(N5)  # five members: three reporters needed
+    two = {"n1": {"n5": SILENT}, "n2": {"n5": SILENT}}
+    assert plan(view, observed(N5, two), config(), NOW) is None
+    three = {**two, "n3": {"n5": SILENT}}
+    assert members(next_view(view, observed(N5, three))) == ["n1", "n2", "n3", "n4"]
+
+
+def test_a_minority_cannot_remove_a_majority() -> None:
+    view = first_view(N5)
+    minority = {
+        "n4": {"n1": SILENT, "n2": SILENT, "n3": SILENT},
+        "n5": {"n1": SILENT, "n2": SILENT, "n3": SILENT},
+    }
+    assert plan(view, observed(N5, minority), config(), NOW) is None
+    alone = {"n5": dict.fromkeys(N5[:4], SILENT)}
+    assert plan(view, observed(N5, alone), config("n5"), NOW) is None
+    # The majority removes the minority.
+    majority = {r: {"n4": SILENT, "n5": SILENT} for r in ["n1", "n2", "n3"]}
+    assert members(next_view(view, observed(N5, {**minority, **majority}))) == N5[:3]
+
+
+def test_reports_count_only_from_registered_view_members() -> None:
+    view = first_view(N3)
+    outsider = {"n9": {"n2": REFUSED}}  # registered, not a member (it joins; n2 stays)
+    assert members(next_view(view, observed([*N3, "n9"], outsider))) == [*N3, "n9"]
+    # n3's session lapsed while its report of n2 stayed behind: n3 is lost, n2 is not.
+    stale = next_view(view, observed(["n1", "n2"], {"n3": {"n2": REFUSED}}))
+    assert members(stale) == ["n1", "n2"]
+
+
+def test_a_node_never_counts_as_reporting_itself() -> None:
+    view = first_view(N3)
+    assert plan(view, observed(N3, {"n2": {"n2": REFUSED}}), config(), NOW) is None
+    half = {"n2": {"n2": SILENT}, "n1": {"n2": SILENT}}  # one real reporter of three members
+    assert plan(view, observed(N3, half), config(), NOW) is None
+
+
+# ----- rule 3: losing a node -----------------------------------------------------------------
+
+
+def test_losing_a_node_changes_only_the_partitions_it_held() -> None:
+    view = first_view(N5, partitions=32, rf=2)
+    new = next_view(view, observed(["n1", "n2", "n4", "n5"]))
+    held = [p for p in range(32) if "n3" in view.partitions[p].replicas]
+    assert held
+    assert len(held) < 32
+    for p in range(32):
+        a, b = view.partitions[p], new.partitions[p]
+        if p not in held:
+            assert a == b
+            continue
+        assert "n3" not in b.in_sync
+        survivors = [r for r in a.replicas if r != "n3"]
+        assert list(b.replicas[: len(survivors)]) == survivors  # kept, in order
+        assert list(b.in_sync) == survivors
+        assert b.epoch == (new.epoch if a.replicas[0] == "n3" else 1)
+
+
+def test_only_an_in_sync_replica_is_promoted() -> None:
+    first, second, third = order(first_view(N3, partitions=1), 0)
+    # The next node in goal order (second) is a follower still catching up: third takes over.
+    view = make_view([(f"{first} {second} {third}", f"{first} {third}")], N3)
+    new = next_view(view, observed([second, third]))
+    assert row(new, 0)[:3] == (6, [third, second], [third])
+
+
+def test_the_promoted_master_is_the_first_in_sync_node_in_goal_order() -> None:
+    first, second, third = order(first_view(N3, partitions=1), 0)
+    # Replicas listed against the goal order: the order of the list does not decide.
+    view = make_view([(f"{first} {third} {second}", f"{first} {third} {second}")], N3)
+    new = next_view(view, observed([second, third]))
+    assert row(new, 0)[:3] == (6, [second, third], [second, third])
+
+
+def test_the_last_in_sync_replica_keeps_an_offline_partition() -> None:
+    view = make_view([("n1 n2 n3", "n1"), ("n2 n1 n3", "n2 n1")], N3)
+    new = next_view(view, observed(["n2", "n3"]))
+    assert row(new, 0) == (1, ["n1", "n2", "n3"], ["n1"], "")  # offline, waiting for n1
+    assert row(new, 1)[:3] == (1, ["n2", "n3"], ["n2"])
+    records = failover_records(view, new, 42)
+    assert [(r.partition, r.kind, r.from_node, r.to_node) for r in records] == [
+        (0, "offline", "n1", "")
+    ]
+    # Nothing moves while it is offline: no follower is appended, no handover asked.
+    assert plan(new, observed(["n2", "n3"]), config("n2"), NOW) is None
+
+
+def test_losing_every_in_sync_replica_at_once_keeps_them_all() -> None:
+    view = make_view([("n1 n2 n3", "n1 n2")], ["n1", "n2", "n3", "n4"])
+    new = next_view(view, observed(["n3", "n4"]))
+    assert row(new, 0) == (1, ["n1", "n2", "n3"], ["n1", "n2"], "")
+    # Followers of an offline partition can still be lost; its in-sync replicas stay.
+    newer = next_view(new, observed(["n4"]))
+    assert row(newer, 0) == (1, ["n1", "n2"], ["n1", "n2"], "")
+
+
+# ----- rule 4: joining -----------------------------------------------------------------------
+
+
+def test_a_node_joins_once_its_registration_has_settled() -> None:
+    view = first_view(N3)
+    lost = next_view(view, observed(["n1", "n2"]))
+    back = Observed({n: reg(n, since=NOW - 400) for n in N3}, {})
+    assert plan(lost, back, config(), NOW) is None  # registered 400 ms ago
+    joined = next_view(lost, back, now=NOW - 400 + SETTLE)
+    assert members(joined) == N3
+    assert joined.members[2].incarnation == 1
+
+
+def test_a_suspected_node_does_not_join() -> None:
+    view = first_view(N3)
+    lost = next_view(view, observed(["n1", "n2"]))
+    assert plan(lost, observed(N3, {"n2": {"n3": SILENT}}), config(), NOW) is None
+    # A report by a node outside the view does not keep anyone out.
+    assert members(next_view(lost, observed([*N3, "n9"], {"n9": {"n3": SILENT}}))) == [
+        *N3,
+        "n9",
+    ]
+
+
+def test_a_new_node_becomes_a_target_member_and_gets_goal_replicas() -> None:
+    view = first_view(N3, partitions=16)
+    joined = next_view(view, observed(["n1", "n2", "n3", "n4"]))
+    assert list(joined.target_members) == ["n1", "n2", "n3", "n4"]
+    placed = assign(["n1", "n2", "n3", "n4"], 16, 3)
+    for p, a in enumerate(joined.partitions):
+        assert goal(joined, p) == list(placed[p])
+        assert list(a.replicas[:3]) == list(view.partitions[p].replicas)  # nothing moved yet
+        assert set(a.replicas) == set(view.partitions[p].replicas) | set(placed[p])
+        assert list(a.in_sync) == list(view.partitions[p].in_sync)
+    assert any("n4" in a.replicas for a in joined.partitions)
+
+
+def test_removals_come_before_joins() -> None:
+    view = first_view(N3)
+    lost = next_view(view, observed(["n1", "n2"]))
+    # n2 is gone and n3 is back: first a view without n2, then one with n3.
+    without = next_view(lost, observed(["n1", "n3"]))
+    assert members(without) == ["n1"]
+    assert members(next_view(without, observed(["n1", "n3"]))) == ["n1", "n3"]
+
+
+def test_a_restarted_master_gets_a_new_epoch() -> None:
+    view = first_view(N3, partitions=1)
+    master = view.partitions[0].replicas[0]
+    others = [n for n in N3 if n != master]
+    restarted = observed({**dict.fromkeys(others, 1), master: 2})
+    failed = next_view(view, restarted)  # its old incarnation leaves...
+    assert failed.partitions[0].replicas[0] != master
+    assert failed.partitions[0].epoch == 2
+    rejoined = next_view(failed, restarted)  # ...the new one joins as a follower
+    assert [(m.node_id, m.incarnation) for m in rejoined.members if m.node_id == master] == [
+        (master, 2)
+    ]
+    assert master not in rejoined.partitions[0].in_sync
+    # Once its master says it caught up, it is the goal master again: a handover, a new epoch.
+    now_master = rejoined.partitions[0].replicas[0]
+    add = InSyncRequest(0, 2, frozenset({master}))
+    synced = next_view(rejoined, Observed(restarted.registry, {}, [add]), now_master)
+    assert synced.partitions[0].handover_to == master
+    move = HandoverRequest(0, 2, master)
+    moved = next_view(synced, Observed(restarted.registry, {}, [move]), now_master)
+    assert row(moved, 0)[0] == moved.epoch == 5
+    assert moved.partitions[0].replicas[0] == master
+
+
+def test_an_offline_partition_is_restored_by_its_last_in_sync_replica() -> None:
+    view = make_view([("n1 n2 n3", "n1")], N3)
+    offline = next_view(view, observed(["n2", "n3"]))
+    back = next_view(offline, observed({"n1": 2, "n2": 1, "n3": 1}))
+    assert row(back, 0)[:3] == (7, ["n1", "n2", "n3"], ["n1"])
+    records = failover_records(offline, back, 9)
+    assert [(r.kind, r.from_node, r.to_node, r.epoch, r.view_epoch) for r in records] == [
+        ("restored", "n1", "n1", 7, 7)
+    ]
+
+
+def test_a_restored_partition_drops_in_sync_replicas_still_away() -> None:
+    view = make_view([("n1 n2 n3", "n1 n2")], N3)
+    offline = next_view(view, observed(["n3"]))
+    back = next_view(offline, observed(["n2", "n3"]))
+    assert row(back, 0)[:3] == (7, ["n2", "n3"], ["n2"])
+
+
+# ----- rule 5: towards the goal --------------------------------------------------------------
+
+
+def test_goal_is_assign_then_the_ring_over_members() -> None:
+    view = first_view(N5, partitions=16)
+    placed = assign(N5, 16, 3)
+    assert [goal(view, p) for p in range(16)] == [list(r) for r in placed]
+    lost = next_view(view, observed(["n1", "n2", "n4", "n5"]))
+    for p in range(16):
+        assert goal(lost, p) == [n for n in order(view, p) if n != "n3"][:3]
+    with pytest.raises(ValueError, match=r"partition 16 outside 0\.\.15"):
+        goal(view, 16)
+
+
+def test_a_lost_nodes_goal_replica_is_appended_as_a_follower() -> None:
+    view = first_view(N5, partitions=16)
+    new = next_view(view, observed(["n1", "n2", "n4", "n5"]))
+    for p in range(16):
+        want = goal(new, p)
+        assert set(want) <= set(new.partitions[p].replicas)
+        appended = [r for r in new.partitions[p].replicas if r not in view.partitions[p].replicas]
+        assert not set(appended) & set(new.partitions[p].in_sync)
+        assert len(appended) == ("n3" in view.partitions[p].replicas)
+
+
+def test_handover_to_names_the_goal_master_once_it_is_in_sync() -> None:
+    first, second, third = order(first_view(N3, partitions=1), 0)
+    catching_up = make_view([(f"{second} {third} {first}", f"{second} {third}")], N3)
+    assert plan(catching_up, observed(N3), config(), NOW) is None
+    in_sync = make_view([(f"{second} {third} {first}", f"{second} {third} {first}")], N3)
+    asked = next_view(in_sync, observed(N3))
+    assert row(asked, 0) == (1, [second, third, first], [second, third, first], first)
+    assert plan(asked, observed(N3), config(), NOW) is None
+    # The goal master lost: the request is withdrawn.
+    assert row(next_view(asked, observed([second, third])), 0)[3] == ""
+
+
+def test_surplus_replicas_are_dropped_once_the_goal_holds() -> None:
+    view = first_view(N3, partitions=1, rf=2)
+    want = goal(view, 0)
+    extra = next(n for n in N3 if n not in want)
+    behind = make_view([(f"{want[0]} {extra} {want[1]}", f"{want[0]} {extra}")], N3, rf=2)
+    assert plan(behind, observed(N3), config(), NOW) is None  # the goal follower is not in sync
+    done = make_view([(f"{want[0]} {extra} {want[1]}", f"{want[0]} {extra} {want[1]}")], N3, rf=2)
+    assert row(next_view(done, observed(N3)), 0) == (1, want, want, "")
+
+
+# ----- rule 6: local requests ----------------------------------------------------------------
+
+
+def appended_view() -> pb.View:
+    """One partition: n1 masters it at epoch 3, n2 in sync, n3 a follower catching up."""
+    return make_view([("n1 n2 n3", "n1 n2")], N3, epochs={0: 3})
+
+
+def test_the_master_adds_a_caught_up_follower_to_in_sync() -> None:
+    view = appended_view()
+    add = InSyncRequest(0, 3, frozenset({"n3"}))
+    new = next_view(view, observed(N3, requests=[add]))
+    assert row(new, 0) == (3, ["n1", "n2", "n3"], ["n1", "n2", "n3"], "")
+    assert request_outcome(add, view) == "pending"
+    assert request_outcome(add, new) == "done"
+
+
+def test_only_the_master_changes_in_sync() -> None:
+    view = appended_view()
+    add = InSyncRequest(0, 3, frozenset({"n3"}))
+    assert plan(view, observed(N3, requests=[add]), config("n2"), NOW) is None
+    remove = InSyncRequest(0, 3, remove=frozenset({"n2"}))
+    assert plan(view, observed(N3, requests=[remove]), config("n3"), NOW) is None
+
+
+def test_requests_for_another_epoch_are_moot() -> None:
+    view = appended_view()
+    stale = InSyncRequest(0, 2, frozenset({"n3"}))
+    assert plan(view, observed(N3, requests=[stale]), config(), NOW) is None
+    assert request_outcome(stale, view) == "moot"
+    handover = HandoverRequest(0, 2, "n2")
+    assert plan(view, observed(N3, requests=[handover]), config(), NOW) is None
+    assert request_outcome(handover, view) == "moot"
+
+
+def test_the_master_removes_a_follower_from_in_sync_but_never_itself() -> None:
+    view = appended_view()
+    remove = InSyncRequest(0, 3, remove=frozenset({"n2"}))
+    new = next_view(view, observed(N3, requests=[remove]))
+    assert row(new, 0)[2] == ["n1"]
+    assert request_outcome(remove, view) == "pending"
+    assert request_outcome(remove, new) == "done"
+    itself = InSyncRequest(0, 3, remove=frozenset({"n1"}))
+    assert plan(view, observed(N3, requests=[itself]), config(), NOW) is None
+    assert request_outcome(itself, view) == "moot"
+
+
+def test_an_in_sync_addition_needs_a_replica_that_is_a_member() -> None:
+    w0, w1 = goal(first_view(N3, partitions=1, rf=2), 0)
+    extra = next(n for n in N3 if n not in (w0, w1))
+    view = make_view([(f"{w0} {w1}", f"{w0} {w1}")], N3, rf=2)
+    not_replica = InSyncRequest(0, 1, frozenset({extra}))
+    assert plan(view, observed(N3, requests=[not_replica]), config(w0), NOW) is None
+    assert request_outcome(not_replica, view) == "moot"
+    # The follower lost in the same step as its addition: the addition is moot.
+    behind = make_view([(f"{w0} {w1} {extra}", f"{w0} {w1}")], N3)
+    lost = InSyncRequest(0, 1, frozenset({extra}))
+    new = next_view(behind, observed([w0, w1], requests=[lost]), w0)
+    assert row(new, 0)[1:3] == ([w0, w1], [w0, w1])
+    assert request_outcome(lost, new) == "moot"
+
+
+def test_a_handover_makes_an_in_sync_member_master_at_a_new_epoch() -> None:
+    view = make_view([("n1 n2 n3", "n1 n2 n3")], N3, epochs={0: 3}, handover={0: "n3"})
+    move = HandoverRequest(0, 3, "n3")
+    new = next_view(view, observed(N3, requests=[move]))
+    assert row(new, 0)[:2] == (6, ["n3", "n1", "n2"])
+    assert request_outcome(move, view) == "pending"
+    assert request_outcome(move, new) == "done"
+    records = failover_records(view, new, 1)
+    assert [(r.kind, r.from_node, r.to_node, r.epoch) for r in records] == [
+        ("handover", "n1", "n3", 6)
+    ]
+    # A later request of the old tenure is moot: the partition moved on.
+    assert request_outcome(InSyncRequest(0, 3, remove=frozenset({"n2"})), new) == "moot"
+
+
+def test_a_handover_to_a_replica_not_in_sync_is_ignored() -> None:
+    view = appended_view()
+    move = HandoverRequest(0, 3, "n3")
+    assert plan(view, observed(N3, requests=[move]), config(), NOW) is None
+    assert request_outcome(move, view) == "moot"
+
+
+def test_requests_apply_in_order_and_a_handover_ends_the_tenure() -> None:
+    view = appended_view()
+    add = InSyncRequest(0, 3, frozenset({"n3"}))
+    move = HandoverRequest(0, 3, "n3")
+    late = InSyncRequest(0, 3, remove=frozenset({"n2"}))
+    new = next_view(view, observed(N3, requests=[add, move, late]))
+    assert row(new, 0)[:3] == (6, ["n3", "n1", "n2"], ["n3", "n1", "n2"])
+
+
+# ----- rule 7: no empty proposals; epochs move only with the master --------------------------
+
+
+def test_an_unchanged_observation_plans_nothing() -> None:
+    view = first_view(N5, partitions=16)
+    for node in N5:
+        assert plan(view, observed(N5), config(node), NOW) is None
+    # Planning again on each agreed result settles within a few steps.
+    lost = next_view(view, observed(N5[:4]))
+    assert plan(lost, observed(N5[:4]), config(), NOW) is None
+
+
+def test_partition_epochs_change_only_with_their_master() -> None:
+    """Through a loss, a second loss, and both returning: an epoch moves exactly when the
+    partition gets another master or an offline partition is restored, and then to the epoch
+    of the view that made the change."""
+    view = first_view(N5, partitions=32, rf=2)
+    steps = [N5[:4], N5[:3], N5[:4], N5]
+    for nodes in steps:
+        new = plan(view, observed(nodes), config(), NOW)
+        assert new is not None
+        for a, b in zip(view.partitions, new.partitions, strict=True):
+            restored = a.replicas[0] not in members(view) and b.replicas[0] in members(new)
+            changed = a.replicas[0] != b.replicas[0] or restored
+            assert b.epoch == (new.epoch if changed else a.epoch)
+        view = new
+
+
+# ----- rule 8: deterministic ------------------------------------------------------------------
+
+
+def test_plan_is_deterministic_whatever_the_input_order() -> None:
+    view = first_view(N5, partitions=16)
+    names = [*N5, "n6"]
+    reports = {"n1": {"n3": SILENT, "n2": SILENT}, "n4": {"n3": SILENT, "n2": SILENT}}
+    results = set()
+    rng = random.Random(7)
+    for _ in range(10):
+        shuffled = rng.sample(names, len(names))
+        rep = {
+            r: dict(rng.sample(sorted(reports[r].items()), 2)) for r in rng.sample(["n1", "n4"], 2)
+        }
+        new = plan(view, observed(shuffled, {**rep, "n5": {"n3": SILENT}}), config(), NOW)
+        assert new is not None
+        results.add(new.SerializeToString(deterministic=True))
+    assert len(results) == 1
+
+
+# ----- the rest of the interface -------------------------------------------------------------
+
+
+def test_a_member_with_new_addresses_is_updated() -> None:
+    view = first_view(N3)
+    moved = Registration("n2", "127.0.0.1:7999", "127.0.0.1:1999", "127.0.0.1:8999", 1, 0)
+    obs = Observed({**observed(N3).registry, "n2": moved}, {})
+    new = next_view(view, obs)
+    assert new.members[1] == moved.member()
+    assert new.partitions == view.partitions
+
+
+def test_bad_input_is_refused_with_a_clear_error() -> None:
+    view = first_view(N3)
+    broken = pb.View()
+    broken.CopyFrom(view)
+    del broken.partitions[2].in_sync[0]
+    with pytest.raises(ViewError, match=r"view 1: partition 2: in_sync .* must hold the master"):
+        plan(broken, observed(N3), config(), NOW)
+    short = pb.View()
+    short.CopyFrom(view)
+    del short.partitions[-1]
+    with pytest.raises(ViewError, match="partition_count 8 but 7 partitions"):
+        check_view(short)
+    with pytest.raises(ValueError, match="n1 reports n2 'gone'"):
+        Observed({}, {"n1": {"n2": "gone"}})
+    with pytest.raises(ValueError, match="registry key 'n1' holds the registration of 'n2'"):
+        Observed({"n1": reg("n2")}, {})
+    with pytest.raises(ValueError, match=r"\['n2'\] both added and removed"):
+        InSyncRequest(0, 1, frozenset({"n2"}), frozenset({"n2"}))
+    with pytest.raises(ValueError, match="epoch 0 is not positive"):
+        HandoverRequest(0, 0, "n2")
+    with pytest.raises(ValueError, match=r"PlanConfig\.rf must be positive"):
+        PlanConfig("n1", 8, 0, 3, 0)
+    with pytest.raises(ValueError, match="incarnation -1"):
+        reg("n1", -1)
+
+
+def test_failover_records_name_each_change_of_hands() -> None:
+    view = make_view([("n1 n2 n3", "n1 n2 n3"), ("n2 n1", "n2"), ("n3 n1", "n3 n1")], N3)
+    new = next_view(view, observed(["n1", "n3"]))  # n2 lost
+    kinds = {r.partition: (r.kind, r.from_node, r.to_node) for r in failover_records(view, new, 5)}
+    assert kinds == {1: ("offline", "n2", "")}
+    lost_n1 = next_view(new, observed(["n3"]))
+    kinds = {
+        r.partition: (r.kind, r.from_node, r.to_node) for r in failover_records(new, lost_n1, 5)
+    }
+    assert kinds == {0: ("failover", "n1", "n3")}
+    assert failover_records(lost_n1, lost_n1, 5) == []
