@@ -130,6 +130,7 @@ class MembershipAgent:
         self._lease_version = 0
         self._written: dict[str, tuple[str, bytes]] = {}  # key -> (session, value) written
         self._mismatch_logged = False
+        self._plan_error: tuple[int | None, str] | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -470,7 +471,14 @@ class MembershipAgent:
             requests=self.proposals.pending(),
         )
         view = self.board.view
-        proposal = plan(view, observed, config, monotonic_ms())
+        try:
+            proposal = plan(view, observed, config, monotonic_ms())
+        except ValueError as exc:  # ViewError: a view in Consul that breaks the invariants
+            epoch = view.epoch if view is not None else None
+            if self._plan_error != (epoch, str(exc)):
+                self._plan_error = (epoch, str(exc))
+                log.error("cannot plan on view %s: %s; waiting for another view", epoch, exc)
+            return False
         if proposal is None:
             return False
         try:

@@ -36,13 +36,19 @@ def requests_from_proto(msg: pb.ProposeRequest, partition_count: int) -> list[Re
             raise ProposalError(f"{where}: {sorted(add & remove)} both added and removed")
         if "" in add | remove:
             raise ProposalError(f"{where}: an empty node id")
-        requests.append(InSyncRequest(change.partition, change.epoch, add, remove))
+        try:
+            requests.append(InSyncRequest(change.partition, change.epoch, add, remove))
+        except ValueError as exc:  # the planner's own checks (e.g. an epoch of 0)
+            raise ProposalError(f"{where}: {exc}") from exc
     for handover in msg.handovers:
         where = f"handover of partition {handover.partition}"
         _check_partition(handover.partition, partition_count, where)
         if not handover.to:
             raise ProposalError(f"{where}: no node to hand over to")
-        requests.append(HandoverRequest(handover.partition, handover.epoch, handover.to))
+        try:
+            requests.append(HandoverRequest(handover.partition, handover.epoch, handover.to))
+        except ValueError as exc:
+            raise ProposalError(f"{where}: {exc}") from exc
     if not requests:
         raise ProposalError("the request asks for no change")
     return requests

@@ -284,6 +284,10 @@ def test_propose_requests_become_planner_requests() -> None:
             pb.ProposeRequest(handovers=[pb.Handover(partition=1)]),
             "handover of partition 1: no node to hand over to",
         ),
+        (
+            pb.ProposeRequest(handovers=[pb.Handover(partition=1, epoch=0, to="n2")]),
+            "handover of partition 1: .*epoch 0 is not positive",
+        ),
     ],
 )
 def test_a_malformed_proposal_is_named(msg: pb.ProposeRequest, error: str) -> None:
