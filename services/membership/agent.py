@@ -277,7 +277,7 @@ class MembershipAgent:
             view=view,
             members=members,
             recent=list(self.recent),
-            consul_reachable=self.reachability.ok,
+            consul_reachable=self._session is not None and self._session.holds_session,
             lease_valid=self.lease().valid,
         )
 
@@ -298,6 +298,9 @@ class MembershipAgent:
                 self.reachability.report(part, exc)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
+                # Read afresh (no blocking) after an error: whatever changed meanwhile, and a
+                # restored server's lower index, show at once.
+                index = 0
                 continue
             self.reachability.report(part, None)
             new_index = int(new_index)

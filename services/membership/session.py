@@ -102,6 +102,11 @@ class LivenessSession:
         self._registered: MemberRecord | None = None
         self._wake = asyncio.Event()
 
+    @property
+    def holds_session(self) -> bool:
+        """The last round with Consul succeeded and a session is held."""
+        return self.reachable and self.session_id is not None
+
     def lease(self) -> Lease:
         return lease_at(self.renewed_at, self._ttl_s, self._clock())
 
