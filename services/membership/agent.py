@@ -369,11 +369,27 @@ class MembershipAgent:
                 self.config.partitions,
                 self.config.rf,
             )
+        if old is not None:
+            now = monotonic_ms()
+            for node in {m.node_id for m in old.members} - {m.node_id for m in view.members}:
+                self.registry.unsettle(node, now)
         self.board.publish(view)
         self.proposals.settle(view)
+        self._update_peers()
+
+    def _update_peers(self) -> None:
+        """Probe every other member, and every registered node waiting to join: a node is
+        admitted only while nobody finds it unreachable, which only a probe can tell."""
+        view = self.board.view
+        if view is None:
+            return  # nobody to probe before the first view: its members start serving with it
         peers = {
-            m.node_id: m.partition_addr for m in view.members if m.node_id != self.config.node_id
+            node: reg.partition_addr
+            for node, reg in self.registry.registrations().items()
+            if reg.incarnation > 0
         }
+        peers.update({m.node_id: m.partition_addr for m in view.members})
+        peers.pop(self.config.node_id, None)
         self._prober.set_peers(peers)
 
     def _on_members(self, entries: list[Any]) -> None:
@@ -388,6 +404,7 @@ class MembershipAgent:
             except RecordError as exc:
                 log.warning("%s; that node counts as unregistered", exc)
         self.registry.update(records, monotonic_ms())
+        self._update_peers()
         self._replan.set()
 
     def _on_suspects(self, entries: list[Any]) -> None:
@@ -402,7 +419,14 @@ class MembershipAgent:
             except RecordError as exc:
                 log.warning("%s; ignored", exc)
         self.suspicions = suspicions
+        self._unsettle_suspected()
         self._replan.set()
+
+    def _unsettle_suspected(self) -> None:
+        now = monotonic_ms()
+        for reports in self.suspicions.values():
+            for node in reports:
+                self.registry.unsettle(node, now)
 
     # --- writing this node's keys --------------------------------------------------------------
 
@@ -468,12 +492,13 @@ class MembershipAgent:
 
     async def _plan_once(self, config: PlanConfig) -> bool:
         """Plan and propose once; True when a CAS was lost (plan again on the re-read view)."""
+        view = self.board.view
+        self._unsettle_suspected()
         observed = Observed(
             registry=self.registry.registrations(),
             suspicions=self.suspicions,
             requests=self.proposals.pending(),
         )
-        view = self.board.view
         try:
             proposal = plan(view, observed, config, monotonic_ms())
         except ValueError as exc:  # ViewError: a view in Consul that breaks the invariants

@@ -38,12 +38,16 @@ class _Peer:
     # The last time the peer answered (or when probing it began): silence is counted from here.
     last_ok_ms: int
     last: Outcome | None = None
+    # Whether it has answered since this agent began probing it: until then a refusal is
+    # only silence (a partition service starts serving a moment after the view admits it).
+    answered: bool = False
 
 
 class FailureDetector:
     """What this agent reports about its peers, from its probes' outcomes.
 
-    A confirmed refusal is reported "refused" at once; failures are reported "silent" once the
+    A confirmed refusal of a peer that has answered before is reported "refused" at once;
+    failures (and refusals of a peer that never answered yet) are reported "silent" once the
     peer has not answered for `suspect_after_ms`; any answer clears the report."""
 
     def __init__(self, suspect_after_ms: int) -> None:
@@ -64,9 +68,12 @@ class FailureDetector:
         peer = self._peers.get(node)
         if peer is None:
             return  # a probe that finished after its peer left the view
+        if outcome is Outcome.REFUSED and not peer.answered:
+            outcome = Outcome.FAILED
         peer.last = outcome
         if outcome is Outcome.OK:
             peer.last_ok_ms = now_ms
+            peer.answered = True
 
     def reports(self, now_ms: int) -> dict[str, str]:
         """{node: "refused" | "silent"} for the peers this agent finds unreachable now."""
@@ -134,8 +141,10 @@ class ProbeChannel:
             if looks_gone(exc.code()) and await tcp_refused(self.addr, timeout_s):
                 return Outcome.REFUSED
             return Outcome.FAILED
-        if reply.status != health_pb2.HealthCheckResponse.SERVING:
-            return Outcome.FAILED
+        # Any status answers the question asked here: the process is alive and reachable.
+        # Whether it serves the view is its incarnation's business (NOT_SERVING while it
+        # starts or stops must not get it suspected by its peers).
+        del reply
         return Outcome.OK
 
     async def close(self) -> None:

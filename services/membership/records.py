@@ -199,7 +199,9 @@ def service_registration(record: MemberRecord, ttl_s: int) -> dict[str, Any]:
 class RegistryTracker:
     """Folds the members/ listing into the planner's registrations, remembering since when each
     node's exact record has been seen (`Registration.since_ms`: a rejoin waits for it to
-    settle)."""
+    settle). A node that leaves the view or is suspected is unsettled: its registration counts
+    as new from then on, so a removed node rejoins only after --rejoin-settle without
+    suspicion, not at once with a registration that is merely old."""
 
     def __init__(self) -> None:
         self._seen: dict[str, tuple[MemberRecord, int]] = {}
@@ -211,6 +213,11 @@ class RegistryTracker:
             since = previous[1] if previous is not None and previous[0] == record else now_ms
             seen[node] = (record, since)
         self._seen = seen
+
+    def unsettle(self, node: str, now_ms: int) -> None:
+        entry = self._seen.get(node)
+        if entry is not None:
+            self._seen[node] = (entry[0], now_ms)
 
     def registrations(self) -> dict[str, Registration]:
         return {node: record.registration(since) for node, (record, since) in self._seen.items()}

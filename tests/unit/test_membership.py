@@ -157,6 +157,10 @@ def test_a_registration_is_as_old_as_its_exact_record() -> None:
     assert regs["n2"].incarnation == 8
     tracker.update({"n2": record("n2", incarnation=8)}, now_ms=3000)
     assert set(tracker.registrations()) == {"n2"}  # n1's key is gone
+    # Suspected, or removed from the view: the registration counts as new from then on.
+    tracker.unsettle("n2", now_ms=4000)
+    tracker.update({"n2": record("n2", incarnation=8)}, now_ms=4500)
+    assert tracker.registrations()["n2"].since_ms == 4000
 
 
 # --- failure detection --------------------------------------------------------------------------
@@ -165,8 +169,19 @@ def test_a_registration_is_as_old_as_its_exact_record() -> None:
 def test_a_confirmed_refusal_is_reported_at_once() -> None:
     detector = FailureDetector(suspect_after_ms=1000)
     detector.watch(["n2", "n3"], now_ms=0)
+    detector.record("n2", Outcome.OK, now_ms=100)
     detector.record("n2", Outcome.REFUSED, now_ms=200)
     assert detector.reports(200) == {"n2": "refused"}
+
+
+def test_a_refusal_before_the_first_answer_is_only_silence() -> None:
+    # A node the view has just admitted may not serve yet: refusals then are not evidence.
+    detector = FailureDetector(suspect_after_ms=1000)
+    detector.watch(["n2"], now_ms=0)
+    detector.record("n2", Outcome.REFUSED, now_ms=200)
+    assert detector.reports(200) == {}
+    detector.record("n2", Outcome.REFUSED, now_ms=1000)
+    assert detector.reports(1000) == {"n2": "silent"}
 
 
 def test_silence_is_reported_only_after_suspect_after() -> None:
@@ -183,6 +198,7 @@ def test_silence_is_reported_only_after_suspect_after() -> None:
 def test_an_answer_clears_the_report() -> None:
     detector = FailureDetector(suspect_after_ms=1000)
     detector.watch(["n2"], now_ms=0)
+    detector.record("n2", Outcome.OK, now_ms=50)
     detector.record("n2", Outcome.REFUSED, now_ms=100)
     detector.record("n2", Outcome.OK, now_ms=300)
     assert detector.reports(300) == {}
@@ -192,6 +208,7 @@ def test_an_answer_clears_the_report() -> None:
 def test_a_peer_that_leaves_the_view_is_forgotten_with_its_report() -> None:
     detector = FailureDetector(suspect_after_ms=1000)
     detector.watch(["n2"], now_ms=0)
+    detector.record("n2", Outcome.OK, now_ms=50)
     detector.record("n2", Outcome.REFUSED, now_ms=100)
     detector.watch(["n3"], now_ms=200)
     assert detector.reports(5000) == {}
@@ -224,7 +241,7 @@ async def test_a_tcp_connect_confirms_a_refusal_only_when_nothing_listens() -> N
     assert await tcp_refused(f"127.0.0.1:{port}", 1.0)
 
 
-async def test_a_health_probe_tells_serving_from_not_serving_from_gone() -> None:
+async def test_a_health_probe_tells_an_answering_process_from_a_gone_one() -> None:
     server = grpc.aio.server()
     health = add_health(server)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -233,8 +250,8 @@ async def test_a_health_probe_tells_serving_from_not_serving_from_gone() -> None
     try:
         await health.set("", SERVING)
         assert await channel.check(1.0) is Outcome.OK
-        await health.set("", NOT_SERVING)
-        assert await channel.check(1.0) is Outcome.FAILED
+        await health.set("", NOT_SERVING)  # alive, answering: not a failure
+        assert await channel.check(1.0) is Outcome.OK
         await server.stop(grace=None)
         assert await channel.check(1.0) is Outcome.REFUSED
         # Back on the same port: the next probe connects afresh (no reconnect backoff).
