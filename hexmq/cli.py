@@ -1,6 +1,7 @@
 """The `hexmq` command: the three services of a node, and `hexmq cluster` for local clusters.
 
     hexmq edge|partition|membership ...     run one service in the foreground
+    hexmq consul-dev ...                    the embedded Consul HTTP API server (one machine)
     hexmq cluster up|run|status|stop|kill|start|down ...
     hexmq passwd FILE USER [PASSWORD]       add or replace a user in a password file
 
@@ -32,6 +33,10 @@ SERVICE_MODULES = {
     "edge": ("services.edge.main", "the MQTT server of a node (client connections)"),
     "partition": ("services.partition.main", "the partition service of a node (durable state)"),
     "membership": ("services.membership.main", "the membership agent of a node (cluster view)"),
+    "consul-dev": (
+        "services.membership.consul_dev.main",
+        "the embedded Consul HTTP API server for one machine (local clusters, tests)",
+    ),
 }
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130

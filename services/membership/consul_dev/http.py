@@ -1,0 +1,611 @@
+"""The HTTP adapter of `hexmq consul-dev`: Consul's paths, parameters, headers and error texts
+(agent/http.go, kvs_endpoint.go, session_endpoint.go, ...) around a ConsulState.
+
+Thin by design: it parses a request, runs one state call on the loop's clock (after a tick,
+so that every deadline that passed has been acted on), then settles the effects: wakes the
+blocking queries a change concerns, logs the notices, persists the state (before answering),
+and rearms the one timer at the state's next deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import urlencode
+
+from aiohttp import web
+
+from hexmq import __version__
+from services.membership.consul_dev import decode
+from services.membership.consul_dev.model import (
+    CRITICAL,
+    DATACENTER,
+    KV_MAX_VALUE_SIZE,
+    NS,
+    PASSING,
+    WARNING,
+    Change,
+    CheckCritical,
+    ConsulError,
+    DurationError,
+    Notice,
+    ServiceReaped,
+    SessionInvalidated,
+    Watch,
+    bad_request,
+    not_found,
+    parse_go_duration,
+    server_error,
+)
+from services.membership.consul_dev.state import ConsulState
+
+log = logging.getLogger("hexmq.consul_dev")
+
+T = TypeVar("T")
+DEFAULT_WAIT_S = 300.0  # Consul's default_query_time
+MAX_WAIT_S = 600.0  # max_query_time
+JITTER_FRACTION = 16  # up to wait/16 more, so that watchers do not all return at once
+
+
+class PersistError(Exception):
+    """The state could not be written to --data-dir."""
+
+
+@dataclass(slots=True)
+class _Waiter:
+    watch: Watch
+    woken: asyncio.Future[None]
+
+
+class WatchHub:
+    """Blocked queries waiting for a change their Watch matches."""
+
+    def __init__(self) -> None:
+        self._waiters: list[_Waiter] = []
+        self.closed = False
+
+    def __len__(self) -> int:
+        return len(self._waiters)
+
+    async def wait(self, watch: Watch, within: float) -> bool:
+        """True if a matching change came within `within` seconds; False on timeout or
+        shutdown."""
+        if self.closed:
+            return False
+        waiter = _Waiter(watch, asyncio.get_running_loop().create_future())
+        self._waiters.append(waiter)
+        try:
+            await asyncio.wait({waiter.woken}, timeout=within)
+        finally:
+            self._waiters.remove(waiter)
+        return waiter.woken.done() and not self.closed
+
+    def notify(self, changes: list[Change]) -> None:
+        for waiter in self._waiters:
+            if not waiter.woken.done() and any(waiter.watch.matches(c) for c in changes):
+                waiter.woken.set_result(None)
+
+    def close(self) -> None:
+        """Shutdown: every blocked query answers its current result now."""
+        self.closed = True
+        for waiter in self._waiters:
+            if not waiter.woken.done():
+                waiter.woken.set_result(None)
+
+
+Handler = Callable[[web.Request, str], Awaitable[web.StreamResponse]]
+
+# Extensions Consul refuses at the end of a key (proxies might cache such URLs).
+_SUSPICIOUS_EXTENSIONS = (
+    *("js", "css", "html", "htm", "xml", "json", "txt", "log", "php", "asp", "jsp", "cgi"),
+    *("pl", "py", "rb", "sh", "exe", "dll", "bat", "cmd", "com", "scr", "vbs", "pdf", "doc"),
+    *("docx", "xls", "xlsx", "ppt", "pptx", "zip", "rar", "tar", "gz", "7z", "bz2", "jpg"),
+    *("jpeg", "png", "gif", "svg", "ico", "bmp", "mp3", "mp4", "avi", "mov", "wmv", "flv"),
+    *("swf", "woff", "woff2", "ttf", "eot", "otf"),
+)
+_KEY_CHAR = re.compile(r"[A-Za-z0-9,\-_./]")
+
+
+def validate_kv_key(key: str) -> None:
+    """Consul's validateKVKey (agent/kvs_endpoint.go): the keys current Consul accepts."""
+    if key.startswith("/"):
+        raise bad_request("key must not begin with a '/'")
+    for i, ch in enumerate(key):
+        if not _KEY_CHAR.fullmatch(ch):
+            raise bad_request(
+                f"key contains invalid character '{ch}' at position {len(key[:i].encode())}. "
+                "Only alphanumeric characters and ,-_./ are allowed"
+            )
+    if "../" in key:
+        raise bad_request("key contains path traversal sequence")
+    for ext in (f".{e}" for e in _SUSPICIOUS_EXTENSIONS):
+        if key.lower().endswith(ext):
+            raise bad_request(
+                f"key contains suspicious file extension '{ext}' that may be cached by proxies"
+            )
+
+
+def _uint(request: web.Request, name: str) -> int:
+    text = request.query[name]
+    if not text.isdigit() or int(text) >= 2**64:
+        raise bad_request(f"Invalid {name}: expected a whole number 0-18446744073709551615")
+    return int(text)
+
+
+def _bool_param(request: web.Request, name: str) -> bool:
+    """getBoolQueryParam: present and empty means true."""
+    if name not in request.query:
+        return False
+    text = request.query[name]
+    if text == "":
+        return True
+    if text in ("1", "t", "T", "TRUE", "true", "True"):
+        return True
+    if text in ("0", "f", "F", "FALSE", "false", "False"):
+        return False
+    raise bad_request(f"Invalid value for ?{name}")
+
+
+def _conflicting(request: web.Request, *flags: str) -> None:
+    if sum(f in request.query for f in flags) > 1:
+        encoded = urlencode(sorted(request.query.items(), key=lambda item: item[0]))
+        raise bad_request(f"Conflicting flags: {encoded}\n")
+
+
+def _suffix(path: str, prefix: str) -> str:
+    return path[len(prefix) :]
+
+
+class ConsulHTTP:
+    def __init__(
+        self,
+        state: ConsulState,
+        *,
+        leader: str,
+        persist: Callable[[dict[str, Any]], None] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.state = state
+        self.leader = leader
+        self.hub = WatchHub()
+        self.failed = asyncio.Event()  # set when the state could not be persisted
+        self._persist = persist
+        self._rng = rng or random.Random()
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop = asyncio.get_running_loop()
+        self.app = web.Application(client_max_size=KV_MAX_VALUE_SIZE + 1024 * 1024)
+        self.app.router.add_route("*", "/{tail:.*}", self._dispatch)
+        reads, writes = ("GET",), ("PUT",)
+        self._routes: list[tuple[str, tuple[str, ...], Handler]] = [
+            ("/v1/kv/", ("GET", "PUT", "DELETE"), self._kv),
+            ("/v1/session/create", writes, self._session_create),
+            ("/v1/session/destroy/", writes, self._session_destroy),
+            ("/v1/session/renew/", writes, self._session_renew),
+            ("/v1/session/info/", reads, self._session_info),
+            ("/v1/session/node/", reads, self._session_node),
+            ("/v1/session/list", reads, self._session_list),
+            ("/v1/agent/self", reads, self._agent_self),
+            ("/v1/agent/services", reads, self._agent_services),
+            ("/v1/agent/checks", reads, self._agent_checks),
+            ("/v1/agent/service/register", writes, self._service_register),
+            ("/v1/agent/service/deregister/", writes, self._service_deregister),
+            ("/v1/agent/check/pass/", writes, self._check_pass),
+            ("/v1/agent/check/warn/", writes, self._check_warn),
+            ("/v1/agent/check/fail/", writes, self._check_fail),
+            ("/v1/health/service/", reads, self._health_service),
+            ("/v1/catalog/services", reads, self._catalog_services),
+            ("/v1/catalog/service/", reads, self._catalog_service),
+            ("/v1/status/leader", reads, self._status_leader),
+            ("/v1/status/peers", reads, self._status_peers),
+        ]
+
+    # --- lifecycle, clock, effects -----------------------------------------------------------
+
+    def start(self) -> None:
+        self._step(lambda now: None)
+
+    def close(self) -> None:
+        self.hub.close()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _step(self, op: Callable[[float], T]) -> T:
+        now = self._loop.time()
+        self.state.tick(now)
+        try:
+            return op(now)
+        finally:
+            self._settle()
+
+    def _settle(self) -> None:
+        effects = self.state.take_effects()
+        for notice in effects.notices:
+            _log_notice(notice)
+        if effects.changes:
+            self.hub.notify(effects.changes)
+            if self._persist is not None:
+                try:
+                    self._persist(self.state.snapshot())
+                except OSError as exc:
+                    log.error("cannot persist the state: %s; stopping", exc)
+                    self.failed.set()
+                    raise PersistError(str(exc)) from exc
+        self._rearm()
+
+    def _rearm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        deadline = self.state.next_deadline()
+        if deadline is not None and not self.hub.closed:
+            self._timer = self._loop.call_at(deadline, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        try:
+            self._step(lambda now: None)
+        except PersistError:
+            pass  # logged; main stops the server
+
+    # --- dispatch ----------------------------------------------------------------------------
+
+    async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+        path = request.path
+        route = max(
+            (
+                r
+                for r in self._routes
+                if path == r[0] or (r[0].endswith("/") and path.startswith(r[0]))
+            ),
+            key=lambda r: len(r[0]),
+            default=None,
+        )
+        if route is None:
+            return _not_a_path(path)
+        pattern, methods, handler = route
+        allow = ",".join(("OPTIONS", *methods))
+        if request.method == "OPTIONS":
+            return web.Response(headers={"Allow": allow})
+        if request.method not in methods:
+            return web.Response(
+                status=405, text=f"method {request.method} not allowed", headers={"Allow": allow}
+            )
+        try:
+            dc = request.query.get("dc", "")
+            if dc and dc != DATACENTER:
+                raise server_error("No path to datacenter")
+            if "stale" in request.query and "consistent" in request.query:
+                raise bad_request("Cannot specify ?stale with ?consistent, conflicting semantics.")
+            return await handler(request, _suffix(path, pattern))
+        except ConsulError as exc:
+            log.debug("%s %s: %d %s", request.method, request.path_qs, exc.status, exc.text)
+            return web.Response(status=exc.status, text=exc.text)
+        except PersistError as exc:
+            return web.Response(status=500, text=f"failed to persist the state: {exc}")
+
+    def _json(
+        self, request: web.Request, doc: Any, index: int | None = None, status: int = 200
+    ) -> web.Response:
+        if "pretty" in request.query:
+            body = json.dumps(doc, indent=4) + "\n"
+        else:
+            body = json.dumps(doc, separators=(",", ":"))
+        return web.Response(
+            status=status, text=body, content_type="application/json", headers=_meta(index)
+        )
+
+    async def _blocking(
+        self, request: web.Request, watch: Watch, query: Callable[[], tuple[int, T]]
+    ) -> tuple[int, T]:
+        """Consul's blockingQuery: without ?index (or 0) answer at once; else wait while the
+        answer's index is <= the one asked, up to ?wait (default 5 min, at most 10 min, plus up
+        to wait/16 jitter), and answer the current result when the time is up."""
+        min_index, wait = 0, 0.0
+        if request.query.get("wait"):
+            try:
+                wait = parse_go_duration(request.query["wait"]) / NS
+            except DurationError:
+                raise bad_request("Invalid wait time") from None
+        if request.query.get("index"):
+            text = request.query["index"]
+            if not text.isdigit() or int(text) >= 2**64:
+                raise bad_request("Invalid index")
+            min_index = int(text)
+        index, result = self._step(lambda now: query())
+        if not min_index:
+            return max(index, 1), result
+        wait = DEFAULT_WAIT_S if wait <= 0 else min(wait, MAX_WAIT_S)
+        deadline = self._loop.time() + wait + self._rng.uniform(0, wait / JITTER_FRACTION)
+        while max(index, 1) <= min_index:
+            remaining = deadline - self._loop.time()
+            if remaining <= 0:
+                break
+            woken = await self.hub.wait(watch, remaining)
+            index, result = self._step(lambda now: query())
+            if not woken:
+                break
+        return max(index, 1), result
+
+    # --- KV ----------------------------------------------------------------------------------
+
+    async def _kv(self, request: web.Request, key: str) -> web.StreamResponse:
+        raw_path = request.raw_path.split("?", 1)[0]
+        if "../" in raw_path or "..\\" in raw_path:
+            raise bad_request("URL path contains invalid traversal sequence")
+        if re.search("%2e%2e%2f|%2e%2e/|\\.\\.%2f|%2e%2e%5c|%252e%252e%252f", raw_path, re.I):
+            raise bad_request("URL path contains encoded traversal sequence")
+        if key:
+            validate_kv_key(key)
+        if request.method == "GET":
+            return await self._kv_get(request, key)
+        if request.method == "PUT":
+            return await self._kv_put(request, key)
+        return self._kv_delete(request, key)
+
+    async def _kv_get(self, request: web.Request, key: str) -> web.StreamResponse:
+        if "keys" in request.query:
+            sep = request.query.get("separator", request.query.get("seperator", ""))
+            index, keys = await self._blocking(
+                request, Watch("kv-prefix", key), lambda: self.state.kv_keys(key, sep)
+            )
+            if not keys and key:
+                return web.Response(status=404, headers=_meta(index))
+            return self._json(request, keys, index)
+        if "recurse" in request.query:
+            index, entries = await self._blocking(
+                request, Watch("kv-prefix", key), lambda: self.state.kv_list(key)
+            )
+        else:
+            if not key:
+                raise bad_request("Missing key name")
+            index, entry = await self._blocking(
+                request, Watch("kv-key", key), lambda: self.state.kv_get(key)
+            )
+            entries = [] if entry is None else [entry]
+        if not entries:
+            return web.Response(status=404, headers=_meta(index))
+        if "raw" in request.query and "recurse" not in request.query:
+            headers = {
+                **_meta(index),
+                "X-Content-Type-Options": "nosniff",
+                "Content-Security-Policy": "sandbox",
+            }
+            return web.Response(
+                body=entries[0].value or b"", content_type="text/plain", headers=headers
+            )
+        return self._json(request, [e.api() for e in entries], index)
+
+    async def _kv_put(self, request: web.Request, key: str) -> web.StreamResponse:
+        if not key:
+            raise bad_request("Missing key name")
+        _conflicting(request, "cas", "acquire", "release")
+        flags = _uint(request, "flags") if "flags" in request.query else 0
+        cas = _uint(request, "cas") if "cas" in request.query else None
+        size = request.content_length or 0
+        if size > KV_MAX_VALUE_SIZE:
+            raise ConsulError(
+                413,
+                f"Request body({size} bytes) too large, max size: {KV_MAX_VALUE_SIZE} bytes. "
+                "See https://developer.hashicorp.com/docs/agent/config/config-files"
+                "#kv_max_value_size.",
+            )
+        body = await request.read()
+        done = self._step(
+            lambda now: self.state.kv_put(
+                key,
+                body or None,  # Consul stores an empty body as no value ("Value": null)
+                now=now,
+                flags=flags,
+                cas=cas,
+                acquire=request.query.get("acquire") if "acquire" in request.query else None,
+                release=request.query.get("release") if "release" in request.query else None,
+            )
+        )
+        return self._json(request, done)
+
+    def _kv_delete(self, request: web.Request, key: str) -> web.StreamResponse:
+        _conflicting(request, "recurse", "cas")
+        recurse = "recurse" in request.query
+        if not recurse and not key:
+            raise bad_request("Missing key name")
+        cas = _uint(request, "cas") if "cas" in request.query else None
+        done = self._step(lambda now: self.state.kv_delete(key, now=now, recurse=recurse, cas=cas))
+        return self._json(request, done)
+
+    # --- sessions ----------------------------------------------------------------------------
+
+    async def _session_create(self, request: web.Request, _: str) -> web.StreamResponse:
+        body = await request.read()
+        spec = decode.session_spec(body)
+        session_id = self._step(lambda now: self.state.session_create(spec, now))
+        return self._json(request, {"ID": session_id})
+
+    async def _session_destroy(self, request: web.Request, session_id: str) -> web.StreamResponse:
+        if not session_id:
+            raise bad_request("Missing session")
+        self._step(lambda now: self.state.session_destroy(session_id, now))
+        return self._json(request, True)
+
+    async def _session_renew(self, request: web.Request, session_id: str) -> web.StreamResponse:
+        if not session_id:
+            raise bad_request("Missing session")
+        session = self._step(lambda now: self.state.session_renew(session_id, now))
+        if session is None:
+            raise not_found(f"Session id '{session_id}' not found")
+        return self._json(request, [session.api()])
+
+    async def _session_info(self, request: web.Request, session_id: str) -> web.StreamResponse:
+        if not session_id:
+            raise bad_request("Missing session")
+        index, session = await self._blocking(
+            request, Watch("session", session_id), lambda: self.state.session_info(session_id)
+        )
+        return self._json(request, [] if session is None else [session.api()], index)
+
+    async def _session_node(self, request: web.Request, node: str) -> web.StreamResponse:
+        if not node:
+            raise bad_request("Missing node name")
+        index, sessions = await self._blocking(
+            request, Watch("node-sessions", node), lambda: self.state.session_node(node)
+        )
+        return self._json(request, [s.api() for s in sessions], index)
+
+    async def _session_list(self, request: web.Request, _: str) -> web.StreamResponse:
+        index, sessions = await self._blocking(request, Watch("sessions"), self.state.session_list)
+        return self._json(request, [s.api() for s in sessions], index)
+
+    # --- agent -------------------------------------------------------------------------------
+
+    async def _agent_self(self, request: web.Request, _: str) -> web.StreamResponse:
+        catalog = self.state.catalog
+        return self._json(
+            request,
+            {
+                "Config": {
+                    "Datacenter": DATACENTER,
+                    "PrimaryDatacenter": DATACENTER,
+                    "NodeName": catalog.node_name,
+                    "NodeID": catalog.node_id,
+                    "Server": True,
+                    "Revision": "",
+                    "Version": f"hexmq-consul-dev {__version__}",
+                },
+                "Member": {
+                    "Name": catalog.node_name,
+                    "Addr": catalog.address,
+                    "Port": 8301,
+                    "Tags": {"dc": DATACENTER, "role": "consul", "id": catalog.node_id},
+                    "Status": 1,
+                },
+                "Meta": {"consul-network-segment": ""},
+            },
+        )
+
+    async def _agent_services(self, request: web.Request, _: str) -> web.StreamResponse:
+        return self._json(request, self._step(lambda now: self.state.agent_services()))
+
+    async def _agent_checks(self, request: web.Request, _: str) -> web.StreamResponse:
+        return self._json(request, self._step(lambda now: self.state.agent_checks()))
+
+    async def _service_register(self, request: web.Request, _: str) -> web.StreamResponse:
+        definition = decode.service_definition(await request.read())
+        self._step(lambda now: self.state.service_register(definition, now))
+        return web.Response()
+
+    async def _service_deregister(self, request: web.Request, sid: str) -> web.StreamResponse:
+        self._step(lambda now: self.state.service_deregister(sid, now))
+        return web.Response()
+
+    def _check(self, request: web.Request, check_id: str, status: str) -> web.StreamResponse:
+        note = request.query.get("note", "")
+        self._step(lambda now: self.state.check_update(check_id, status, note, now))
+        return web.Response()
+
+    async def _check_pass(self, request: web.Request, check_id: str) -> web.StreamResponse:
+        return self._check(request, check_id, PASSING)
+
+    async def _check_warn(self, request: web.Request, check_id: str) -> web.StreamResponse:
+        return self._check(request, check_id, WARNING)
+
+    async def _check_fail(self, request: web.Request, check_id: str) -> web.StreamResponse:
+        return self._check(request, check_id, CRITICAL)
+
+    # --- health, catalog, status -------------------------------------------------------------
+
+    async def _health_service(self, request: web.Request, name: str) -> web.StreamResponse:
+        if not name:
+            raise bad_request("Missing service name")
+        passing = _bool_param(request, "passing")
+        tags = request.query.getall("tag", [])
+        index, entries = await self._blocking(
+            request,
+            Watch("service", name),
+            lambda: self.state.health_service(name, tags, passing),
+        )
+        return self._json(request, entries, index)
+
+    async def _catalog_services(self, request: web.Request, _: str) -> web.StreamResponse:
+        index, services = await self._blocking(
+            request, Watch("services"), self.state.catalog_services
+        )
+        return self._json(request, services, index)
+
+    async def _catalog_service(self, request: web.Request, name: str) -> web.StreamResponse:
+        if not name:
+            raise bad_request("Missing service name")
+        tags = request.query.getall("tag", [])
+        index, nodes = await self._blocking(
+            request, Watch("service", name), lambda: self.state.catalog_service(name, tags)
+        )
+        return self._json(request, nodes, index)
+
+    async def _status_leader(self, request: web.Request, _: str) -> web.StreamResponse:
+        return self._json(request, self.leader)
+
+    async def _status_peers(self, request: web.Request, _: str) -> web.StreamResponse:
+        return self._json(request, [self.leader])
+
+
+def _meta(index: int | None) -> dict[str, str]:
+    if index is None:
+        return {}
+    return {
+        "X-Consul-Index": str(max(index, 1)),
+        "X-Consul-KnownLeader": "true",
+        "X-Consul-LastContact": "0",
+    }
+
+
+def _not_a_path(path: str) -> web.Response:
+    if path == "/":
+        return web.Response(text="hexmq consul-dev: a subset of Consul's HTTP API under /v1/")
+    if "/v1/" in path:
+        return web.Response(
+            status=404, text="Invalid URL path: not a recognized HTTP API endpoint\n"
+        )
+    return web.Response(
+        status=404,
+        text="Invalid URL path: if attempting to use the HTTP API, ensure the path starts with "
+        "'/v1/'\n",
+    )
+
+
+def _log_notice(notice: Notice) -> None:
+    match notice:
+        case SessionInvalidated():
+            held = (
+                f"released {len(notice.released)} key(s)"
+                if not notice.deleted
+                else f"deleted {len(notice.deleted)} key(s)"
+            )
+            keys = ", ".join((*notice.released, *notice.deleted)[:5])
+            log.info(
+                "session %s%s invalidated: %s; %s%s",
+                notice.session_id,
+                f" ({notice.name})" if notice.name else "",
+                notice.reason,
+                held,
+                f" ({keys})" if keys else "",
+            )
+        case CheckCritical():
+            log.info(
+                "check %s%s is critical: %s",
+                notice.check_id,
+                f" of service {notice.service_id}" if notice.service_id else "",
+                notice.output or "(no output)",
+            )
+        case ServiceReaped():
+            log.info(
+                "service %s deregistered: check %s critical for more than %gs "
+                "(DeregisterCriticalServiceAfter)",
+                notice.service_id,
+                notice.check_id,
+                notice.after_s,
+            )

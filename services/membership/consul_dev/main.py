@@ -1,0 +1,151 @@
+"""`hexmq consul-dev`: serve the Consul HTTP API subset the membership agents use.
+
+One process for one machine (local clusters, tests, the fault suite); production runs Consul
+servers. Prints `serving on http://HOST:PORT` on stdout once it accepts requests (with
+`--listen HOST:0` the port is the one the system chose). Exit codes: 0 after SIGTERM or SIGINT,
+1 when it cannot serve (address in use, state not writable), 2 on bad arguments or a data
+directory it cannot use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from pathlib import Path
+
+from aiohttp import web
+
+from hexmq.service import run_service, setup_logging
+from services.membership.consul_dev.datafile import DataDir, DataDirError
+from services.membership.consul_dev.http import ConsulHTTP
+from services.membership.consul_dev.state import ConsulState
+
+log = logging.getLogger("hexmq.consul_dev")
+
+DEFAULT_LISTEN = "127.0.0.1:8500"
+DEFAULT_NODE_NAME = "hexmq-consul-dev"
+SHUTDOWN_GRACE_S = 5.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--listen",
+        default=DEFAULT_LISTEN,
+        metavar="HOST:PORT",
+        help="where to serve the HTTP API (default %(default)s; port 0: any free port)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="keep the state in DIR/state.json, written on every change and read at start "
+        "(default: in memory only)",
+    )
+    parser.add_argument(
+        "--node-name",
+        default=DEFAULT_NODE_NAME,
+        help="the node this server is: sessions and services live on it (default %(default)s)",
+    )
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise ValueError(f"--listen must be HOST:PORT with PORT 0-65535, got {text!r}")
+    return host.strip("[]"), int(port_text)
+
+
+def _advertised(host: str) -> str:
+    """The address Consul would report for itself: a wildcard listen means loopback here."""
+    return "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
+
+
+def run(args: argparse.Namespace) -> int:
+    setup_logging("consul-dev", args.node_name, args.log_level)
+    try:
+        host, port = parse_listen(args.listen)
+    except ValueError as exc:
+        log.error("%s", exc)
+        return 2
+    if not args.node_name:
+        log.error("--node-name must not be empty")
+        return 2
+    data_dir = DataDir(args.data_dir) if args.data_dir is not None else None
+    try:
+        doc = None
+        if data_dir is not None:
+            data_dir.lock()
+            doc = data_dir.load()
+        if doc is not None and doc.get("node_name") != args.node_name:
+            raise DataDirError(
+                f"{data_dir.file if data_dir else ''} holds the state of node "
+                f"{doc.get('node_name')!r}, not {args.node_name!r}: start with --node-name "
+                f"{doc.get('node_name')} or use another --data-dir"
+            )
+    except DataDirError as exc:
+        log.error("%s", exc)
+        return 2
+
+    async def main(stop: asyncio.Event) -> int:
+        now = asyncio.get_running_loop().time()
+        if doc is None:
+            state = ConsulState(args.node_name, address=_advertised(host))
+        else:
+            try:
+                state = ConsulState.restore(doc, now)
+            except ValueError as exc:
+                log.error("%s: %s", data_dir.file if data_dir else "state", exc)
+                return 2
+            log.info(
+                "loaded %s: index %d, %d key(s), %d session(s) (their TTLs start afresh)",
+                data_dir.file if data_dir else "",
+                state.last_index,
+                len(state.kv.entries),
+                len(state.sessions),
+            )
+        server = ConsulHTTP(
+            state,
+            leader=f"{_advertised(host)}:8300",
+            persist=data_dir.save if data_dir is not None else None,
+        )
+        if data_dir is not None and doc is None:
+            try:
+                data_dir.save(state.snapshot())  # the node's identity from the first start on
+            except OSError as exc:
+                log.error("cannot write %s: %s", data_dir.file, exc.strerror or exc)
+                return 1
+        runner = web.AppRunner(server.app, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        try:
+            await site.start()
+        except OSError as exc:
+            log.error("cannot listen on %s: %s", args.listen, exc.strerror or exc)
+            await runner.cleanup()
+            return 1
+        bound = runner.addresses[0]
+        address = f"[{bound[0]}]:{bound[1]}" if ":" in bound[0] else f"{bound[0]}:{bound[1]}"
+        server.start()
+        log.info(
+            "serving the Consul HTTP API on http://%s (node %s, %s)",
+            address,
+            args.node_name,
+            f"state in {data_dir.file}" if data_dir else "state in memory only",
+        )
+        print(f"serving on http://{address}", flush=True)
+        stopping = asyncio.create_task(stop.wait())
+        failing = asyncio.create_task(server.failed.wait())
+        await asyncio.wait({stopping, failing}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        failing.cancel()
+        log.info("stopping")
+        server.close()  # blocked queries answer now, so the runner has nothing to wait for
+        await runner.cleanup()
+        if data_dir is not None:
+            data_dir.unlock()
+        return 1 if server.failed.is_set() else 0
+
+    return run_service(main)
