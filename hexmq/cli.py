@@ -368,12 +368,12 @@ def _service_args(args: argparse.Namespace) -> dict[str, list[str]]:
 def _consul_arg(args: argparse.Namespace) -> str | None:
     if args.consul is None:
         return None
-    from hexmq.netaddr import parse_hostport
+    from services.membership.consul_client import parse_consul_addr
 
     try:
-        parse_hostport(args.consul.removeprefix("http://"), what="--consul")
+        parse_consul_addr(args.consul)
     except ValueError as exc:
-        raise UsageError(str(exc)) from None
+        raise UsageError(f"--consul: {exc}") from None
     return str(args.consul)
 
 

@@ -165,7 +165,7 @@ class MembershipAgent:
         if self._session is not None:
             await self._session.close()
         if self._consul is not None:
-            await self._consul.http.close()
+            await self._consul.close()
 
     def _task_ended(self, task: asyncio.Task[None]) -> None:
         # Every loop handles its own errors; one that ends is a bug, and the agent would go
@@ -509,13 +509,15 @@ class MembershipAgent:
             return False
         if proposal is None:
             return False
+        # A failure here is not reported to `reachability`: the watches and the session,
+        # which retry until they succeed, say when Consul is away and when it is back; the
+        # proposal is made again on the next change they see.
         try:
             won = await self._consul.kv.put(
                 self.keys.view, proposal.SerializeToString(), cas=self.view_index
             )
-            self.reachability.report("propose", None)
         except CONSUL_ERRORS as exc:
-            self.reachability.report("propose", exc)
+            log.debug("proposing view %d failed: %s", proposal.epoch, exc)
             await asyncio.sleep(0.2)
             return False
         if won:
@@ -523,7 +525,7 @@ class MembershipAgent:
         try:
             _, entry = await self._consul.kv.get(self.keys.view)
         except CONSUL_ERRORS as exc:
-            self.reachability.report("view", exc)
+            log.debug("reading the view after a proposal failed: %s", exc)
             return False
         self._on_view_entry(entry)
         return not won

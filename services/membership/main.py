@@ -23,6 +23,7 @@ from hexmq.service import (
     start_observability,
 )
 from services.membership.agent import AgentConfig, MembershipAgent
+from services.membership.consul_client import parse_consul_addr
 from services.membership.records import check_cluster_name, check_node_id
 from services.membership.server import MembershipServicer
 
@@ -134,7 +135,10 @@ def agent_config(args: argparse.Namespace) -> AgentConfig:
     parse_hostport(args.listen, what="--listen")
     advertise = args.advertise or args.listen
     parse_hostport(advertise, what="--advertise")
-    parse_hostport(args.consul.removeprefix("http://"), what="--consul")
+    try:
+        parse_consul_addr(args.consul)
+    except ValueError as exc:
+        raise ValueError(f"--consul: {exc}") from None
     parse_hostport(args.partition_addr, what="--partition-addr")
     parse_hostport(args.mqtt_addr, what="--mqtt-addr")
     for option, value in (("--expect", args.expect), ("--partitions", args.partitions)):

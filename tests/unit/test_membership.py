@@ -455,7 +455,7 @@ def test_the_agent_options_default_as_documented() -> None:
         (("--suspect-after", "-1"), "--suspect-after must be more than 0"),
         (("--rejoin-settle", "-1"), "--rejoin-settle must be 0 or more"),
         (("--cluster", "a/b"), "--cluster must be 1-63 letters"),
-        (("--consul", "localhost"), "--consul must be HOST:PORT"),
+        (("--consul", "localhost"), "--consul: a Consul address is HOST:PORT"),
         (("--advertise", "x"), "--advertise must be HOST:PORT"),
         (("--rf", "0"), "--rf must be at least 1"),
     ],
