@@ -431,6 +431,7 @@ def _status(args: argparse.Namespace) -> int:
         f"rf {doc['rf']}"
     )
     _print_agreement(doc["agreement"], doc["membership"])
+    print()
     rows: list[tuple[str, ...]] = [("NODE", "ID", "SERVICE", "PID", "STATE", "PORT")]
     for node in doc["nodes"]:
         for service, p in node["processes"].items():
@@ -549,6 +550,8 @@ def _banner(state: clusterstate.ClusterState) -> str:
         f"  node {n.node} ({n.node_id}): MQTT on 127.0.0.1:{n.ports.mqtt}   logs {n.dir}/*.log"
         for n in state.nodes
     ]
+    server = "hexmq consul-dev" if state.consul is not None else "Consul"
+    lines.append(f"  agreement: {server} on {state.consul_addr}")
     lines += [
         "Try it:",
         f"  mosquitto_sub -h 127.0.0.1 -p {first} -t 'demo/#' -v",
@@ -562,25 +565,28 @@ def _banner(state: clusterstate.ClusterState) -> str:
 def _watch(cluster_dir: Path) -> None:
     """Until interrupted, report processes that die or come back (other terminals may run
     `hexmq cluster kill/start` on this cluster meanwhile)."""
-    seen: dict[tuple[int, str], int | None] = {}
+    seen: dict[str, int | None] = {}
     while True:
         time.sleep(1.0)
         try:
             state = clusterstate.require_state(cluster_dir)
         except ClusterError:  # cluster.json being replaced or removed by hand: look again
             continue
-        for node in state.nodes:
-            for service, record in node.processes.items():
-                pid = record.identity.pid if record.identity and record.running() else None
-                key = (node.node, service)
-                if key in seen and seen[key] != pid:
-                    if pid is None:
-                        print(f"hexmq: node {node.node} {service} is no longer running", flush=True)
-                    else:
-                        print(
-                            f"hexmq: node {node.node} {service} is running (pid {pid})", flush=True
-                        )
-                seen[key] = pid
+        records = [
+            (f"node {node.node} {service}", record)
+            for node in state.nodes
+            for service, record in node.processes.items()
+        ]
+        if state.consul is not None:
+            records.append(("the agreement server", state.consul))
+        for name, record in records:
+            pid = record.identity.pid if record.identity and record.running() else None
+            if name in seen and seen[name] != pid:
+                if pid is None:
+                    print(f"hexmq: {name} is no longer running", flush=True)
+                else:
+                    print(f"hexmq: {name} is running (pid {pid})", flush=True)
+            seen[name] = pid
 
 
 def _run(args: argparse.Namespace) -> int:
