@@ -6,19 +6,30 @@ check-and-set; a lost CAS re-reads and plans again. The function is pure (no I/O
 propose the same view, and any agent's proposal is as good as another's.
 
 One proposal does one of two things to the membership, never both: it removes the members
-that are lost (rule 2 below), or, when nobody is lost, it admits the nodes ready to join.
-Either way it then applies the planning node's own requests (in-sync changes and handovers of
-the partitions it masters) and takes every partition one step towards its goal placement.
+that are lost, or, when nobody is lost, it admits the nodes ready to join. Either way it then
+applies the planning node's own requests (in-sync changes and handovers of the partitions it
+masters) and takes every partition one step towards its goal placement. docs/failover.md
+("Placement", "Who changes the view") is the operator's account of the same rules.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from hexmq.api.membership.v1 import membership_pb2 as pb
 from services.membership.goal import goal, goal_orders
+from services.membership.observed import (
+    REFUSED,
+    SILENT,
+    HandoverRequest,
+    InSyncRequest,
+    Observed,
+    PlanConfig,
+    Registration,
+    Request,
+)
 
 __all__ = [
     "REFUSED",
@@ -29,6 +40,7 @@ __all__ = [
     "Outcome",
     "PlanConfig",
     "Registration",
+    "Request",
     "ViewError",
     "check_view",
     "failover_records",
@@ -38,127 +50,11 @@ __all__ = [
     "request_outcome",
 ]
 
-# How an agent found a node unreachable: "refused" (the process is gone: connection refused or
-# reset, confirmed by a second probe) is strong evidence; "silent" (timeouts) is not.
-REFUSED = "refused"
-SILENT = "silent"
-_KINDS = (REFUSED, SILENT)
-
 Outcome = Literal["done", "pending", "moot"]
 
 
 class ViewError(ValueError):
     """A view breaks the table's invariants; the message names the view epoch and the field."""
-
-
-@dataclass(frozen=True, slots=True)
-class Registration:
-    """A live hexmq/<cluster>/members/<node> key."""
-
-    node_id: str
-    partition_addr: str
-    mqtt_addr: str
-    membership_addr: str
-    incarnation: int  # 0: its partition service is not serving
-    since_ms: int  # when the agent first saw this exact value
-
-    def __post_init__(self) -> None:
-        if not self.node_id:
-            raise ValueError("a Registration needs a node_id")
-        if self.incarnation < 0:
-            raise ValueError(
-                f"registration of {self.node_id}: incarnation {self.incarnation} is negative"
-            )
-
-    def member(self) -> pb.Member:
-        return pb.Member(
-            node_id=self.node_id,
-            partition_addr=self.partition_addr,
-            mqtt_addr=self.mqtt_addr,
-            membership_addr=self.membership_addr,
-            incarnation=self.incarnation,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class InSyncRequest:
-    """From this node's partition service, which masters the partition at `epoch`."""
-
-    partition: int
-    epoch: int
-    add: frozenset[str] = frozenset()
-    remove: frozenset[str] = frozenset()
-
-    def __post_init__(self) -> None:
-        _check_request(self.partition, self.epoch, "InSyncRequest")
-        both = self.add & self.remove
-        if both:
-            raise ValueError(
-                f"InSyncRequest for partition {self.partition}: {sorted(both)} both added and"
-                " removed"
-            )
-        if "" in self.add or "" in self.remove:
-            raise ValueError(f"InSyncRequest for partition {self.partition}: empty node id")
-
-
-@dataclass(frozen=True, slots=True)
-class HandoverRequest:
-    """From this node's partition service: make `to` master (it has quiesced the partition)."""
-
-    partition: int
-    epoch: int
-    to: str
-
-    def __post_init__(self) -> None:
-        _check_request(self.partition, self.epoch, "HandoverRequest")
-        if not self.to:
-            raise ValueError(f"HandoverRequest for partition {self.partition}: no node to")
-
-
-Request = InSyncRequest | HandoverRequest
-
-
-def _check_request(partition: int, epoch: int, what: str) -> None:
-    if partition < 0:
-        raise ValueError(f"{what}: partition {partition} is negative")
-    if epoch < 1:
-        raise ValueError(f"{what} for partition {partition}: epoch {epoch} is not positive")
-
-
-@dataclass(frozen=True, slots=True)
-class Observed:
-    registry: Mapping[str, Registration]  # node -> registration (live sessions only)
-    suspicions: Mapping[str, Mapping[str, str]]  # reporter -> {node: "refused" | "silent"}
-    requests: Sequence[Request] = field(default_factory=tuple)  # this node's, pending
-
-    def __post_init__(self) -> None:
-        for node, reg in self.registry.items():
-            if node != reg.node_id:
-                raise ValueError(f"registry key {node!r} holds the registration of {reg.node_id!r}")
-        for reporter, reports in self.suspicions.items():
-            for node, kind in reports.items():
-                if kind not in _KINDS:
-                    raise ValueError(
-                        f"{reporter} reports {node} {kind!r}: expected one of {', '.join(_KINDS)}"
-                    )
-
-
-@dataclass(frozen=True, slots=True)
-class PlanConfig:
-    node_id: str  # the planning agent's node
-    partitions: int  # used only to create the first view
-    rf: int
-    expect: int  # registered serving nodes needed to create the first view
-    rejoin_settle_ms: int  # a (re)joining node's registration must be this old and unsuspected
-
-    def __post_init__(self) -> None:
-        if not self.node_id:
-            raise ValueError("PlanConfig needs the planning node's node_id")
-        for name in ("partitions", "rf", "expect"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"PlanConfig.{name} must be positive, got {getattr(self, name)}")
-        if self.rejoin_settle_ms < 0:
-            raise ValueError(f"PlanConfig.rejoin_settle_ms is negative: {self.rejoin_settle_ms}")
 
 
 @dataclass(slots=True)
@@ -196,27 +92,27 @@ def plan(
     parts = _read_table(view)
     before = [part.key() for part in parts]
     epoch = view.epoch + 1
+    old_members = set(_member_ids(view))
     members = {m.node_id: m for m in view.members}
     targets = set(view.target_members)
     lost = lost_members(view, observed)
+    # Removals and joins go in separate views, removals first: a join waits for a view in
+    # which nobody is lost, so a restarted node's old incarnation always leaves before its new
+    # one enters, and each view's changes have one cause.
     if lost:
         for node in lost:
             del members[node]
-        orders = goal_orders(targets, members, view.partition_count, view.replication_factor)
-        old_members = set(_member_ids(view))
-        for p, part in enumerate(parts):
-            _lose(part, lost, old_members, orders[p], epoch)
     else:
         for reg in _joiners(view, observed, config, now_ms):
             members[reg.node_id] = reg.member()
             targets.add(reg.node_id)
     _refresh_addresses(members, observed)
     orders = goal_orders(targets, members, view.partition_count, view.replication_factor)
-    if not lost:
-        old_members = set(_member_ids(view))
-        for p, part in enumerate(parts):
-            if part.master not in old_members:
-                _restore(part, members, orders[p], epoch)
+    for p, part in enumerate(parts):
+        if lost:
+            _lose(part, lost, old_members, orders[p], epoch)
+        elif part.master not in old_members:
+            _restore(part, members, orders[p], epoch)
     for request in observed.requests:
         _apply_request(parts, request, config.node_id, members, epoch)
     rf = view.replication_factor
@@ -244,7 +140,8 @@ def _member_ids(view: pb.View) -> list[str]:
 
 
 def _first_view(observed: Observed, config: PlanConfig) -> pb.View | None:
-    """Rule 1: the first view, once `expect` nodes are registered and serving."""
+    """The first view, once `expect` nodes are registered and serving: every partition placed
+    by assign(), at epoch 1, all in sync."""
     serving = sorted(
         (r for r in observed.registry.values() if r.incarnation > 0), key=lambda r: r.node_id
     )
@@ -272,7 +169,7 @@ def _live_reporters(view: pb.View, observed: Observed) -> list[str]:
 
 
 def lost_members(view: pb.View, observed: Observed) -> list[str]:
-    """Rule 2: the members of `view` that are lost, sorted.
+    """The members of `view` that are lost, sorted.
 
     Lost: no registration; a registration with another incarnation (0 included: not serving,
     or restarted); reported "refused" by any live member; or reported (any kind) by more than
@@ -298,8 +195,8 @@ def lost_members(view: pb.View, observed: Observed) -> list[str]:
 def _joiners(
     view: pb.View, observed: Observed, config: PlanConfig, now_ms: int
 ) -> list[Registration]:
-    """Rule 4: registered and serving, not a member, reported by no live member, and its
-    registration at least rejoin_settle_ms old."""
+    """The nodes ready to join: registered and serving, not members, reported by no live
+    member, and registered (as the agent counts it: since_ms) at least rejoin_settle_ms."""
     members = set(_member_ids(view))
     reporters = _live_reporters(view, observed)
     suspected = {n for r in reporters for n in observed.suspicions.get(r, {}) if n != r}
@@ -334,8 +231,8 @@ def _first_of(order: Sequence[str], among: Collection[str]) -> str | None:
 def _lose(
     part: _Part, lost: Sequence[str], old_members: set[str], order: Sequence[str], epoch: int
 ) -> None:
-    """Rule 3 for one partition: the lost nodes leave it, its master is replaced by the first
-    in-sync member in goal order, or it goes offline keeping its last in-sync replicas."""
+    """The lost nodes leave one partition: its master is replaced by the first in-sync member
+    in goal order, or it goes offline keeping its last in-sync replicas."""
     gone = set(lost)
     if part.master not in old_members:
         # Offline already: its in-sync replicas are not members; only followers can go.
@@ -377,7 +274,7 @@ def _restore(
 def _apply_request(
     parts: list[_Part], request: Request, node: str, members: Mapping[str, pb.Member], epoch: int
 ) -> None:
-    """Rule 6: a request counts only from the partition's master, at the partition's epoch."""
+    """A local request counts only from the partition's master, at the partition's epoch."""
     if request.partition >= len(parts):
         return
     part = parts[request.partition]
@@ -398,8 +295,8 @@ def _apply_request(
 def _towards_goal(
     part: _Part, members: Mapping[str, pb.Member], order: Sequence[str], rf: int
 ) -> None:
-    """Rule 5: add missing goal replicas as followers, ask for the handover to the goal master
-    once it is in sync, and drop surplus replicas once the goal holds in full."""
+    """One step towards the goal: add missing goal replicas as followers, ask for the handover
+    to the goal master once it is in sync, drop surplus replicas once the goal holds in full."""
     if part.master not in members:
         return  # offline: nothing can move until an in-sync replica is back
     want = [n for n in order if n in members][:rf]
