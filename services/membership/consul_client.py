@@ -10,7 +10,9 @@
 a running loop and closed with `await consul.close()` (the same as `await consul.http.close()`,
 or `async with make_consul(...) as consul:`); an unclosed one warns "Unclosed client session".
 Its requests time out after aiohttp's default 300 s: keep blocking queries' `wait` well below
-that ("30s"), Consul's own default wait being 5 min.
+that ("30s"), Consul's own default wait being 5 min. Its connector holds at most 100
+connections (aiohttp's default) and each blocking query holds one while it waits: a client
+with 100 queries blocked makes every other request wait for one of them to return.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Request bodies as Consul reads them: JSON keys without regard to case (Go's encoding/json),
-Consul's defaults and fix-ups, and a 400 naming the field for anything malformed.
+"""Requests as Consul reads them: KV keys, query parameters, and JSON bodies (keys matched
+without regard to case, as Go's encoding/json does), with Consul's defaults and fix-ups and a
+400 naming what is malformed.
 
 Consul ignores JSON fields it does not know; this server refuses them (400), so that a typo or
 a feature it lacks shows at once instead of being silently dropped.
@@ -8,12 +9,14 @@ a feature it lacks shows at once instead of being silently dropped.
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlencode
 
 from services.membership.consul_dev.model import (
     BEHAVIOR_RELEASE,
-    CRITICAL,
     HEALTH_STATUSES,
     LOCK_DELAY_DEFAULT_NS,
     LOCK_DELAY_SECONDS_BELOW_NS,
@@ -307,5 +310,60 @@ def check_definition(value: Any, where: str) -> CheckDefinition:
     return check
 
 
-def initial_status(check: CheckDefinition) -> str:
-    return check.status or CRITICAL
+# Extensions Consul refuses at the end of a key (proxies might cache such URLs).
+_SUSPICIOUS_EXTENSIONS = (
+    *("js", "css", "html", "htm", "xml", "json", "txt", "log", "php", "asp", "jsp", "cgi"),
+    *("pl", "py", "rb", "sh", "exe", "dll", "bat", "cmd", "com", "scr", "vbs", "pdf", "doc"),
+    *("docx", "xls", "xlsx", "ppt", "pptx", "zip", "rar", "tar", "gz", "7z", "bz2", "jpg"),
+    *("jpeg", "png", "gif", "svg", "ico", "bmp", "mp3", "mp4", "avi", "mov", "wmv", "flv"),
+    *("swf", "woff", "woff2", "ttf", "eot", "otf"),
+)
+_KEY_CHAR = re.compile(r"[A-Za-z0-9,\-_./]")
+
+
+def validate_kv_key(key: str) -> None:
+    """Consul's validateKVKey (agent/kvs_endpoint.go): the keys current Consul accepts."""
+    if key.startswith("/"):
+        raise bad_request("key must not begin with a '/'")
+    for i, ch in enumerate(key):
+        if not _KEY_CHAR.fullmatch(ch):
+            raise bad_request(
+                f"key contains invalid character '{ch}' at position {len(key[:i].encode())}. "
+                "Only alphanumeric characters and ,-_./ are allowed"
+            )
+    if "../" in key:
+        raise bad_request("key contains path traversal sequence")
+    for ext in (f".{e}" for e in _SUSPICIOUS_EXTENSIONS):
+        if key.lower().endswith(ext):
+            raise bad_request(
+                f"key contains suspicious file extension '{ext}' that may be cached by proxies"
+            )
+
+
+def query_uint(query: Mapping[str, str], name: str) -> int:
+    """?cas=, ?flags=: unsigned 64-bit numbers (Consul answers 500 with Go's parse error)."""
+    text = query[name]
+    if not text.isdigit() or int(text) >= 2**64:
+        raise bad_request(f"Invalid {name}: expected a whole number 0-18446744073709551615")
+    return int(text)
+
+
+def query_bool(query: Mapping[str, str], name: str) -> bool:
+    """getBoolQueryParam: present and empty means true."""
+    if name not in query:
+        return False
+    text = query[name]
+    if text == "":
+        return True
+    if text in ("1", "t", "T", "TRUE", "true", "True"):
+        return True
+    if text in ("0", "f", "F", "FALSE", "false", "False"):
+        return False
+    raise bad_request(f"Invalid value for ?{name}")
+
+
+def refuse_conflicting(query: Mapping[str, str], *flags: str) -> None:
+    """conflictingFlags: at most one of `flags`, else Consul's 400 listing the parameters."""
+    if sum(f in query for f in flags) > 1:
+        encoded = urlencode(sorted(query.items(), key=lambda item: item[0]))
+        raise bad_request(f"Conflicting flags: {encoded}\n")

@@ -15,9 +15,7 @@ import logging
 import random
 import re
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import urlencode
 
 from aiohttp import web
 
@@ -30,7 +28,6 @@ from services.membership.consul_dev.model import (
     NS,
     PASSING,
     WARNING,
-    Change,
     CheckCritical,
     ConsulError,
     DurationError,
@@ -44,6 +41,7 @@ from services.membership.consul_dev.model import (
     server_error,
 )
 from services.membership.consul_dev.state import ConsulState
+from services.membership.consul_dev.watches import WatchHub
 
 log = logging.getLogger("hexmq.consul_dev")
 
@@ -57,105 +55,7 @@ class PersistError(Exception):
     """The state could not be written to --data-dir."""
 
 
-@dataclass(slots=True)
-class _Waiter:
-    watch: Watch
-    woken: asyncio.Future[None]
-
-
-class WatchHub:
-    """Blocked queries waiting for a change their Watch matches."""
-
-    def __init__(self) -> None:
-        self._waiters: list[_Waiter] = []
-        self.closed = False
-
-    def __len__(self) -> int:
-        return len(self._waiters)
-
-    async def wait(self, watch: Watch, within: float) -> bool:
-        """True if a matching change came within `within` seconds; False on timeout or
-        shutdown."""
-        if self.closed:
-            return False
-        waiter = _Waiter(watch, asyncio.get_running_loop().create_future())
-        self._waiters.append(waiter)
-        try:
-            await asyncio.wait({waiter.woken}, timeout=within)
-        finally:
-            self._waiters.remove(waiter)
-        return waiter.woken.done() and not self.closed
-
-    def notify(self, changes: list[Change]) -> None:
-        for waiter in self._waiters:
-            if not waiter.woken.done() and any(waiter.watch.matches(c) for c in changes):
-                waiter.woken.set_result(None)
-
-    def close(self) -> None:
-        """Shutdown: every blocked query answers its current result now."""
-        self.closed = True
-        for waiter in self._waiters:
-            if not waiter.woken.done():
-                waiter.woken.set_result(None)
-
-
 Handler = Callable[[web.Request, str], Awaitable[web.StreamResponse]]
-
-# Extensions Consul refuses at the end of a key (proxies might cache such URLs).
-_SUSPICIOUS_EXTENSIONS = (
-    *("js", "css", "html", "htm", "xml", "json", "txt", "log", "php", "asp", "jsp", "cgi"),
-    *("pl", "py", "rb", "sh", "exe", "dll", "bat", "cmd", "com", "scr", "vbs", "pdf", "doc"),
-    *("docx", "xls", "xlsx", "ppt", "pptx", "zip", "rar", "tar", "gz", "7z", "bz2", "jpg"),
-    *("jpeg", "png", "gif", "svg", "ico", "bmp", "mp3", "mp4", "avi", "mov", "wmv", "flv"),
-    *("swf", "woff", "woff2", "ttf", "eot", "otf"),
-)
-_KEY_CHAR = re.compile(r"[A-Za-z0-9,\-_./]")
-
-
-def validate_kv_key(key: str) -> None:
-    """Consul's validateKVKey (agent/kvs_endpoint.go): the keys current Consul accepts."""
-    if key.startswith("/"):
-        raise bad_request("key must not begin with a '/'")
-    for i, ch in enumerate(key):
-        if not _KEY_CHAR.fullmatch(ch):
-            raise bad_request(
-                f"key contains invalid character '{ch}' at position {len(key[:i].encode())}. "
-                "Only alphanumeric characters and ,-_./ are allowed"
-            )
-    if "../" in key:
-        raise bad_request("key contains path traversal sequence")
-    for ext in (f".{e}" for e in _SUSPICIOUS_EXTENSIONS):
-        if key.lower().endswith(ext):
-            raise bad_request(
-                f"key contains suspicious file extension '{ext}' that may be cached by proxies"
-            )
-
-
-def _uint(request: web.Request, name: str) -> int:
-    text = request.query[name]
-    if not text.isdigit() or int(text) >= 2**64:
-        raise bad_request(f"Invalid {name}: expected a whole number 0-18446744073709551615")
-    return int(text)
-
-
-def _bool_param(request: web.Request, name: str) -> bool:
-    """getBoolQueryParam: present and empty means true."""
-    if name not in request.query:
-        return False
-    text = request.query[name]
-    if text == "":
-        return True
-    if text in ("1", "t", "T", "TRUE", "true", "True"):
-        return True
-    if text in ("0", "f", "F", "FALSE", "false", "False"):
-        return False
-    raise bad_request(f"Invalid value for ?{name}")
-
-
-def _conflicting(request: web.Request, *flags: str) -> None:
-    if sum(f in request.query for f in flags) > 1:
-        encoded = urlencode(sorted(request.query.items(), key=lambda item: item[0]))
-        raise bad_request(f"Conflicting flags: {encoded}\n")
 
 
 def _suffix(path: str, prefix: str) -> str:
@@ -229,14 +129,16 @@ class ConsulHTTP:
         for notice in effects.notices:
             _log_notice(notice)
         if effects.changes:
-            self.hub.notify(effects.changes)
             if self._persist is not None:
+                # Durable before anyone hears of it: the request's answer and the watchers
+                # both come after this. (A blocking write: the state is small.)
                 try:
                     self._persist(self.state.snapshot())
                 except OSError as exc:
                     log.error("cannot persist the state: %s; stopping", exc)
                     self.failed.set()
                     raise PersistError(str(exc)) from exc
+            self.hub.notify(effects.changes)
         self._rearm()
 
     def _rearm(self) -> None:
@@ -342,7 +244,7 @@ class ConsulHTTP:
         if re.search("%2e%2e%2f|%2e%2e/|\\.\\.%2f|%2e%2e%5c|%252e%252e%252f", raw_path, re.I):
             raise bad_request("URL path contains encoded traversal sequence")
         if key:
-            validate_kv_key(key)
+            decode.validate_kv_key(key)
         if request.method == "GET":
             return await self._kv_get(request, key)
         if request.method == "PUT":
@@ -385,9 +287,9 @@ class ConsulHTTP:
     async def _kv_put(self, request: web.Request, key: str) -> web.StreamResponse:
         if not key:
             raise bad_request("Missing key name")
-        _conflicting(request, "cas", "acquire", "release")
-        flags = _uint(request, "flags") if "flags" in request.query else 0
-        cas = _uint(request, "cas") if "cas" in request.query else None
+        decode.refuse_conflicting(request.query, "cas", "acquire", "release")
+        flags = decode.query_uint(request.query, "flags") if "flags" in request.query else 0
+        cas = decode.query_uint(request.query, "cas") if "cas" in request.query else None
         size = request.content_length or 0
         if size > KV_MAX_VALUE_SIZE:
             raise ConsulError(
@@ -411,11 +313,11 @@ class ConsulHTTP:
         return self._json(request, done)
 
     def _kv_delete(self, request: web.Request, key: str) -> web.StreamResponse:
-        _conflicting(request, "recurse", "cas")
+        decode.refuse_conflicting(request.query, "recurse", "cas")
         recurse = "recurse" in request.query
         if not recurse and not key:
             raise bad_request("Missing key name")
-        cas = _uint(request, "cas") if "cas" in request.query else None
+        cas = decode.query_uint(request.query, "cas") if "cas" in request.query else None
         done = self._step(lambda now: self.state.kv_delete(key, now=now, recurse=recurse, cas=cas))
         return self._json(request, done)
 
@@ -522,7 +424,7 @@ class ConsulHTTP:
     async def _health_service(self, request: web.Request, name: str) -> web.StreamResponse:
         if not name:
             raise bad_request("Missing service name")
-        passing = _bool_param(request, "passing")
+        passing = decode.query_bool(request.query, "passing")
         tags = request.query.getall("tag", [])
         index, entries = await self._blocking(
             request,
