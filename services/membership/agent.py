@@ -56,6 +56,9 @@ RECENT_FAILOVERS: Final = 50
 # A Propose call is answered with the current view epoch after this long at most, even if its
 # changes are not agreed yet; the partition service asks again if it still needs them.
 PROPOSE_WAIT_S: Final = 5.0
+# A loop iteration this late means the agent stalled (see _watch_for_stalls).
+STALL_TICK_S: Final = 0.1
+STALL_GAP_S: Final = 1.0
 # Plans in a row after lost CAS races before waiting for the next change.
 MAX_CAS_RETRIES: Final = 5
 
@@ -131,6 +134,8 @@ class MembershipAgent:
         self._written: dict[str, tuple[str, bytes]] = {}  # key -> (session, value) written
         self._mismatch_logged = False
         self._plan_error: tuple[int | None, str] | None = None
+        self._watch_failures: collections.Counter[str] = collections.Counter()
+        self._members_failures_seen = 0
         self._tasks: list[asyncio.Task[None]] = []
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -152,6 +157,7 @@ class MembershipAgent:
             "suspects-watch": lambda: self._watch_prefix(self.keys.suspects, self._on_suspects),
             "key-writer": self._write_keys,
             "planner": self._planner,
+            "stall-watch": self._watch_for_stalls,
         }
         self._tasks = [asyncio.create_task(run(), name=name) for name, run in runs.items()]
         for task in self._tasks:
@@ -296,6 +302,7 @@ class MembershipAgent:
                 )
             except CONSUL_ERRORS as exc:
                 self.reachability.report(part, exc)
+                self._watch_failures[part] += 1
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
                 # Read afresh (no blocking) after an error: whatever changed meanwhile, and a
@@ -400,10 +407,17 @@ class MembershipAgent:
             if node is None:
                 continue
             try:
-                records[node] = parse_member_record(key, node, entry.get("Value"))
+                record = parse_member_record(key, node, entry.get("Value"))
             except RecordError as exc:
                 log.warning("%s; that node counts as unregistered", exc)
-        self.registry.update(records, monotonic_ms())
+                continue
+            records[node] = (record, int(entry.get("CreateIndex") or 0))
+        now = monotonic_ms()
+        self.registry.update(records, now)
+        if self._watch_failures["members"] != self._members_failures_seen:
+            # A gap in the watch: what happened meanwhile is unknown.
+            self._members_failures_seen = self._watch_failures["members"]
+            self.registry.unsettle_all(now)
         self._update_peers()
         self._replan.set()
 
@@ -423,10 +437,29 @@ class MembershipAgent:
         self._replan.set()
 
     def _unsettle_suspected(self) -> None:
+        """Doubts of the moment: a report by anyone, or this agent's own probe not answering
+        (docs/failover.md: the settle counts from the last doubt)."""
         now = monotonic_ms()
         for reports in self.suspicions.values():
             for node in reports:
                 self.registry.unsettle(node, now)
+        for node, probe in self._detector.probe_states(now).items():
+            if probe != "ok":
+                self.registry.unsettle(node, now)
+
+    async def _watch_for_stalls(self) -> None:
+        """An agent that was paused (SIGSTOP, a VM freeze, a long GC) did not watch meanwhile:
+        after a stall it vouches for no registration it saw before."""
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(STALL_TICK_S)
+            now = time.monotonic()
+            if now - last > STALL_GAP_S:
+                log.warning(
+                    "this agent stalled for %.1f s: every registration counts as new", now - last
+                )
+                self.registry.unsettle_all(monotonic_ms())
+            last = now
 
     # --- writing this node's keys --------------------------------------------------------------
 

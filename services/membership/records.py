@@ -199,29 +199,38 @@ def service_registration(record: MemberRecord, ttl_s: int) -> dict[str, Any]:
 class RegistryTracker:
     """Folds the members/ listing into the planner's registrations, remembering since when each
     node's exact record has been seen (`Registration.since_ms`: a rejoin waits for it to
-    settle). A node that leaves the view or is suspected is unsettled: its registration counts
-    as new from then on, so a removed node rejoins only after --rejoin-settle without
-    suspicion, not at once with a registration that is merely old."""
+    settle; docs/failover.md). Any doubt unsettles a node: it left the view, a member reports
+    it, this agent's own probe of it does not answer, or this agent did not watch (a failed
+    watch, a stall). So a removed node rejoins only after --rejoin-settle without doubt, not at
+    once with a registration that is merely old."""
 
     def __init__(self) -> None:
-        self._seen: dict[str, tuple[MemberRecord, int]] = {}
+        # node -> (record, the key's CreateIndex, since_ms)
+        self._seen: dict[str, tuple[MemberRecord, int, int]] = {}
 
-    def update(self, records: Mapping[str, MemberRecord], now_ms: int) -> None:
+    def update(self, records: Mapping[str, tuple[MemberRecord, int]], now_ms: int) -> None:
+        """The members/ keys now: node -> (record, the key's CreateIndex). A key deleted and
+        written again (another CreateIndex) is a new registration even with the same value."""
         seen = {}
-        for node, record in records.items():
+        for node, (record, created) in records.items():
             previous = self._seen.get(node)
-            since = previous[1] if previous is not None and previous[0] == record else now_ms
-            seen[node] = (record, since)
+            if previous is not None and previous[:2] == (record, created):
+                seen[node] = previous
+            else:
+                seen[node] = (record, created, now_ms)
         self._seen = seen
 
     def unsettle(self, node: str, now_ms: int) -> None:
+        """A doubt about the node now: its registration counts from here."""
         entry = self._seen.get(node)
         if entry is not None:
-            self._seen[node] = (entry[0], now_ms)
+            self._seen[node] = (entry[0], entry[1], max(entry[2], now_ms))
+
+    def unsettle_all(self, now_ms: int) -> None:
+        """This agent did not watch for a while (its watch failed, or it stalled): it vouches
+        for nothing it did not see."""
+        for node in list(self._seen):
+            self.unsettle(node, now_ms)
 
     def registrations(self) -> dict[str, Registration]:
-        return {node: record.registration(since) for node, (record, since) in self._seen.items()}
-
-    def record(self, node: str) -> MemberRecord | None:
-        entry = self._seen.get(node)
-        return entry[0] if entry else None
+        return {node: record.registration(since) for node, (record, _, since) in self._seen.items()}

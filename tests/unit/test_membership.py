@@ -149,18 +149,28 @@ def test_the_service_registration_carries_addresses_and_a_passing_ttl_check() ->
 
 def test_a_registration_is_as_old_as_its_exact_record() -> None:
     tracker = RegistryTracker()
-    tracker.update({"n1": record(), "n2": record("n2")}, now_ms=1000)
-    tracker.update({"n1": record(), "n2": record("n2", incarnation=8)}, now_ms=2500)
+    tracker.update({"n1": (record(), 10), "n2": (record("n2"), 11)}, now_ms=1000)
+    tracker.update({"n1": (record(), 10), "n2": (record("n2", incarnation=8), 11)}, now_ms=2500)
     regs = tracker.registrations()
     assert regs["n1"].since_ms == 1000  # unchanged
     assert regs["n2"].since_ms == 2500  # a new incarnation is a new registration
     assert regs["n2"].incarnation == 8
-    tracker.update({"n2": record("n2", incarnation=8)}, now_ms=3000)
+    tracker.update({"n2": (record("n2", incarnation=8), 11)}, now_ms=3000)
     assert set(tracker.registrations()) == {"n2"}  # n1's key is gone
-    # Suspected, or removed from the view: the registration counts as new from then on.
-    tracker.unsettle("n2", now_ms=4000)
-    tracker.update({"n2": record("n2", incarnation=8)}, now_ms=4500)
+    # The same value in a key deleted and written again (another CreateIndex) is new.
+    tracker.update({"n2": (record("n2", incarnation=8), 12)}, now_ms=3500)
+    assert tracker.registrations()["n2"].since_ms == 3500
+
+
+def test_a_doubt_about_a_node_restarts_its_settle_time() -> None:
+    tracker = RegistryTracker()
+    tracker.update({"n1": (record(), 10), "n2": (record("n2"), 11)}, now_ms=1000)
+    tracker.unsettle("n2", now_ms=4000)  # suspected, unanswered, or removed from the view
+    tracker.update({"n1": (record(), 10), "n2": (record("n2"), 11)}, now_ms=4500)
     assert tracker.registrations()["n2"].since_ms == 4000
+    assert tracker.registrations()["n1"].since_ms == 1000
+    tracker.unsettle_all(now_ms=6000)  # this agent stalled or lost its watch
+    assert {r.since_ms for r in tracker.registrations().values()} == {6000}
 
 
 # --- failure detection --------------------------------------------------------------------------
