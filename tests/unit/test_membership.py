@@ -9,15 +9,17 @@ import json
 import logging
 import socket
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import pytest
 
+from hexmq import telemetry
 from hexmq.api.membership.v1 import membership_pb2 as pb
 from hexmq.api.membership.v1 import membership_pb2_grpc as pb_grpc
 from hexmq.health import NOT_SERVING, SERVING, add_health
 from services.membership import main as membership_main
-from services.membership.changes import describe, partition_health
+from services.membership.changes import describe, partition_health, record_view_change
 from services.membership.client import ViewWatcher
 from services.membership.plan import HandoverRequest, InSyncRequest
 from services.membership.probes import (
@@ -535,3 +537,32 @@ async def test_a_failing_listener_does_not_stop_later_views() -> None:
         await server.stop(grace=None)
     assert seen == [1, 2, 3]
     assert servicer.requests == [pb.WatchRequest(after_epoch=0, incarnation=42)]
+
+
+def test_a_view_change_is_counted_and_traced(tmp_path: Path) -> None:
+    tracing = telemetry.setup_tracing("membership", "n1", trace_dir=tmp_path)
+    registry = telemetry.METRICS.registry
+
+    def sample(name: str, labels: dict[str, str] | None = None) -> float:
+        return registry.get_sample_value(name, labels or {}) or 0.0
+
+    before = (
+        sample("hexmq_view_changes_total"),
+        sample("hexmq_failovers_total", {"kind": "failover"}),
+    )
+    old, new = view(4), view(5, members=("n1", "n3"))
+    records = [
+        pb.FailoverRecord(partition=1, epoch=5, from_node="n2", to_node="n3", kind="failover")
+    ]
+    try:
+        record_view_change(tracing, "n1", old, new, records)
+    finally:
+        tracing.shutdown()
+    assert sample("hexmq_view_changes_total") == before[0] + 1
+    assert sample("hexmq_failovers_total", {"kind": "failover"}) == before[1] + 1
+    assert sample("hexmq_view_epoch") == 5
+    assert sample("hexmq_partitions_offline") == 1  # p1's master n2 is not a member
+    assert sample("hexmq_partitions_under_replicated") == 1
+    lines = "".join(p.read_text() for p in tmp_path.glob("*.jsonl"))
+    assert '"membership.view"' in lines
+    assert '"hexmq.view.previous_epoch"' in lines
