@@ -103,8 +103,12 @@ def wall_ms() -> int:
 
 
 class MembershipAgent:
-    def __init__(self, config: AgentConfig, tracing: Tracing) -> None:
+    def __init__(
+        self, config: AgentConfig, tracing: Tracing, on_fatal: Callable[[], None] = lambda: None
+    ) -> None:
         self.config = config
+        self._on_fatal = on_fatal
+        self.failed = False
         self.keys = ClusterKeys(config.cluster)
         self._tracing = tracing
         self.board = ViewBoard()
@@ -175,9 +179,11 @@ class MembershipAgent:
 
     def _task_ended(self, task: asyncio.Task[None]) -> None:
         # Every loop handles its own errors; one that ends is a bug, and the agent would go
-        # on serving a view it no longer follows.
+        # on serving a view it no longer follows: stop, so that a supervisor restarts it.
         if not task.cancelled():
-            log.critical("agent task %s ended: %r", task.get_name(), task.exception())
+            log.critical("agent task %s ended (%r); stopping", task.get_name(), task.exception())
+            self.failed = True
+            self._on_fatal()
 
     # --- the node's own state ----------------------------------------------------------------
 

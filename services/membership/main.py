@@ -192,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             log.error("cannot serve metrics on %s: %s", args.metrics_listen, exc.strerror)
             return 1
-        agent = MembershipAgent(config, obs.tracing)
+        agent = MembershipAgent(config, obs.tracing, on_fatal=stop.set)
         server = grpc.aio.server()
         pb_grpc.add_MembershipServiceServicer_to_server(MembershipServicer(agent), server)
         try:
@@ -219,6 +219,6 @@ def run(args: argparse.Namespace) -> int:
         await server.stop(grace=1.0)
         await agent.stop()
         await obs.close()
-        return 0
+        return 1 if agent.failed else 0
 
     return run_service(main)

@@ -19,6 +19,7 @@ from hexmq.api.membership.v1 import membership_pb2 as pb
 from hexmq.api.membership.v1 import membership_pb2_grpc as pb_grpc
 from hexmq.health import NOT_SERVING, SERVING, add_health
 from services.membership import main as membership_main
+from services.membership.agent import MembershipAgent
 from services.membership.changes import describe, partition_health, record_view_change
 from services.membership.client import ViewWatcher
 from services.membership.plan import HandoverRequest, InSyncRequest
@@ -566,3 +567,22 @@ def test_a_view_change_is_counted_and_traced(tmp_path: Path) -> None:
     lines = "".join(p.read_text() for p in tmp_path.glob("*.jsonl"))
     assert '"membership.view"' in lines
     assert '"hexmq.view.previous_epoch"' in lines
+
+
+async def test_an_agent_whose_loop_dies_asks_to_stop(tmp_path: Path) -> None:
+    config = membership_main.agent_config(parse())
+    tracing = telemetry.setup_tracing("membership", "n1")
+    stopped = asyncio.Event()
+    agent = MembershipAgent(config, tracing, on_fatal=stopped.set)
+
+    async def broken_loop() -> None:
+        raise RuntimeError("a bug")
+
+    task = asyncio.create_task(broken_loop())
+    task.add_done_callback(agent._task_ended)
+    with pytest.raises(RuntimeError):
+        await task
+    await asyncio.sleep(0)
+    assert stopped.is_set()
+    assert agent.failed
+    tracing.shutdown()
