@@ -148,6 +148,7 @@ class MembershipAgent:
         self._consul = make_consul(self.config.consul_addr)
         self._session = LivenessSession(
             self._consul,
+            name=f"hexmq/{self.config.cluster}/{self.config.node_id}",
             ttl_s=self.config.session_ttl_s,
             on_new_session=lambda _sid: self._rewrite.set(),
             on_lease_change=self._notify_lease,

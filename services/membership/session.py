@@ -83,6 +83,7 @@ class LivenessSession:
         self,
         client: Any,
         *,
+        name: str,
         ttl_s: int,
         on_new_session: Callable[[str], None],
         on_lease_change: Callable[[], None],
@@ -90,7 +91,9 @@ class LivenessSession:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._consul = client
+        self._name = name
         self._ttl_s = ttl_s
+        self._cleared_old = False
         self._on_new_session = on_new_session
         self._on_lease_change = on_lease_change
         self._reachability = reachability
@@ -159,11 +162,14 @@ class LivenessSession:
             else:
                 self.renewed_at = self._clock()
                 return
+        if not self._cleared_old:
+            await self._end_sessions_of_a_previous_agent()
+            self._cleared_old = True
         # Only the node's own check: a critical check then ends the session too (passing
         # `checks` replaces Consul's default serfHealth, which a dev server may not run).
         started = self._clock()
         session_id = await self._consul.session.create(
-            name=f"hexmq-{record.node_id}",
+            name=self._name,
             checks=[check_id],
             lock_delay=0,
             behavior="delete",
@@ -175,6 +181,21 @@ class LivenessSession:
             "session %s created for node %s (ttl %d s)", session_id, record.node_id, self._ttl_s
         )
         self._on_new_session(session_id)
+
+    async def _end_sessions_of_a_previous_agent(self) -> None:
+        """A session of this node's previous agent (killed, restarted) still holds the node's
+        keys until Consul ends it, up to 2 x TTL later: this agent could not write them
+        meanwhile, and the node would drop out of the view when that session finally lapsed.
+        End it now instead (its keys go, and this agent writes them again at once)."""
+        _, sessions = await self._consul.session.list()
+        for session in sessions or []:
+            if session.get("Name") == self._name:
+                log.warning(
+                    "ending session %s of a previous agent of this node (%s)",
+                    session.get("ID"),
+                    self._name,
+                )
+                await self._consul.session.destroy(session["ID"])
 
     def _set_reachable(self, reachable: bool, exc: BaseException | None) -> None:
         self.reachable = reachable

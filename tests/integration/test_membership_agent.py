@@ -6,6 +6,7 @@ since only the agent is under test here. Full nodes run in test_cluster_cli.py.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -22,6 +23,7 @@ import pytest
 from hexmq import procs
 from hexmq.api.membership.v1 import membership_pb2 as pb
 from hexmq.api.membership.v1 import membership_pb2_grpc as pb_grpc
+from services.membership.consul_client import make_consul
 from tests.conftest import HEXMQ
 
 # The agent's defaults, except a 10 s session TTL made explicit.
@@ -392,6 +394,48 @@ def test_an_agent_keeps_its_view_while_consul_is_away(agents: AgentCluster, tmp_
         assert agents.node(1).view().epoch >= epoch  # type: ignore[union-attr]
     finally:
         end(server)
+
+
+def node_sessions(consul: str, cluster: str, node: str) -> tuple[list[str], str | None]:
+    """The ids of the live sessions named for the node's agent, and the session holding the
+    node's members/ key."""
+
+    async def ask() -> tuple[list[str], str | None]:
+        client = make_consul(consul)
+        try:
+            _, sessions = await client.session.list()
+            _, entry = await client.kv.get(f"hexmq/{cluster}/members/{node}")
+        finally:
+            await client.close()
+        named = [s["ID"] for s in sessions or [] if s.get("Name") == f"hexmq/{cluster}/{node}"]
+        return named, (entry or {}).get("Session")
+
+    return asyncio.run(ask())
+
+
+@pytest.mark.timeout(60)
+def test_a_restarted_agent_takes_over_at_once_from_its_killed_predecessor(
+    agents: AgentCluster,
+) -> None:
+    agents.start()
+    agents.wait_members(1, ALL, timeout=15)
+    (old,), holder = node_sessions(agents.consul, agents.name, "n3")
+    assert holder == old
+    agent = agents.node(3).agent
+    assert agent is not None
+    agent.kill()
+    agent.wait(timeout=5)
+    agents.start_agent(3)
+
+    # The old session would hold n3's keys for up to 2 x TTL (20 s): the new agent ends it,
+    # writes the keys with its own, and n3 is back in the view (its partition service's watch
+    # reconnects to the new agent meanwhile).
+    def taken_over() -> bool:
+        named, holder = node_sessions(agents.consul, agents.name, "n3")
+        return len(named) == 1 and named[0] != old and holder == named[0]
+
+    wait_until("the new agent holds n3's key with the only session of n3", taken_over, 5)
+    agents.wait_members(1, ALL, timeout=8)
 
 
 @pytest.mark.fault
