@@ -87,7 +87,7 @@ async def test_lock_delay_refuses_acquire_after_invalidation_until_it_ends(
     consul_client: consul.aio.Consul, scratch: Scratch
 ) -> None:
     key = scratch.key("leader")
-    holder = await scratch.session(lock_delay=1)
+    holder = await scratch.session(lock_delay=2)  # seconds: room for a loaded machine
     await consul_client.kv.put(key, b"old leader", acquire=holder)
     await consul_client.session.destroy(holder)
     destroyed_at = time.monotonic()
@@ -96,7 +96,8 @@ async def test_lock_delay_refuses_acquire_after_invalidation_until_it_ends(
     assert freed["Value"] == b"old leader"  # behavior release keeps the key
     successor = await scratch.session(lock_delay=0)
     assert await consul_client.kv.put(key, b"new leader", acquire=successor) is False
-    await asyncio.sleep(max(0.0, destroyed_at + 1.2 - time.monotonic()))
+    assert time.monotonic() - destroyed_at < 2, "too slow to see the lock-delay at work"
+    await asyncio.sleep(max(0.0, destroyed_at + 2.2 - time.monotonic()))
     assert await consul_client.kv.put(key, b"new leader", acquire=successor) is True
 
 

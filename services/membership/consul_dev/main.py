@@ -63,6 +63,10 @@ def _advertised(host: str) -> str:
     return "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
 
 
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def run(args: argparse.Namespace) -> int:
     setup_logging("consul-dev", args.node_name, args.log_level)
     try:
@@ -108,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
             )
         server = ConsulHTTP(
             state,
-            leader=f"{_advertised(host)}:8300",
+            leader=_host_port(_advertised(host), 8300),
             persist=data_dir.save if data_dir is not None else None,
         )
         if data_dir is not None and doc is None:
@@ -127,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
             await runner.cleanup()
             return 1
         bound = runner.addresses[0]
-        address = f"[{bound[0]}]:{bound[1]}" if ":" in bound[0] else f"{bound[0]}:{bound[1]}"
+        address = _host_port(bound[0], bound[1])
         server.start()
         log.info(
             "serving the Consul HTTP API on http://%s (node %s, %s)",
