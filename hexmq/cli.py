@@ -108,8 +108,15 @@ def _add_cluster_shape(p: argparse.ArgumentParser) -> None:
         default=clusterstate.DEFAULT_BASE_PORT,
         metavar="P",
         help="node i serves MQTT on P+i-1; internal ports are P+1000+10*(i-1)+0..5 "
-        "(redis, membership, partition, then edge, partition, membership metrics) "
-        "(default %(default)s)",
+        "(redis, membership, partition, then edge, partition, membership metrics); the "
+        "agreement server of N nodes is on P+1000+10*N (default %(default)s)",
+    )
+    p.add_argument(
+        "--consul",
+        default=os.environ.get("CONSUL_HTTP_ADDR") or None,
+        metavar="HOST:PORT",
+        help="use this external Consul for agreement instead of starting `hexmq consul-dev` "
+        "(default: $CONSUL_HTTP_ADDR if set, else the cluster's own agreement server)",
     )
     p.add_argument(
         "--rf",
@@ -401,6 +408,18 @@ def _service_args(args: argparse.Namespace) -> dict[str, list[str]]:
     }
 
 
+def _consul_arg(args: argparse.Namespace) -> str | None:
+    if args.consul is None:
+        return None
+    from services.membership.consul_client import parse_consul_addr
+
+    try:
+        parse_consul_addr(args.consul)
+    except ValueError as exc:
+        raise UsageError(f"--consul: {exc}") from None
+    return str(args.consul)
+
+
 def _up(args: argparse.Namespace) -> int:
     state = localcluster.up(
         args.dir,
@@ -411,6 +430,7 @@ def _up(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         service_args=_service_args(args),
         trace_dir=args.trace_dir,
+        consul=_consul_arg(args),
     )
     _print_json(state.summary())
     return EXIT_OK
@@ -453,6 +473,8 @@ def _status(args: argparse.Namespace) -> int:
         f"cluster {doc['dir']}: {len(doc['nodes'])} node(s), {doc['partitions']} partitions, "
         f"rf {doc['rf']}"
     )
+    _print_agreement(doc["agreement"], doc["membership"])
+    print()
     rows: list[tuple[str, ...]] = [("NODE", "ID", "SERVICE", "PID", "STATE", "PORT")]
     for node in doc["nodes"]:
         for service, p in node["processes"].items():
@@ -507,6 +529,63 @@ def _status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _print_table(rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _print_agreement(agreement: dict[str, Any], membership: dict[str, Any] | None) -> None:
+    """The agreement server, the view and its members' liveness, recent failovers."""
+    if agreement["embedded"]:
+        how = "alive" if agreement["alive"] else "dead"
+        print(
+            f"agreement: hexmq consul-dev on {agreement['addr']} (pid {agreement['pid']}, "
+            f"{how}), cluster {agreement['cluster_name']!r}"
+        )
+    else:
+        print(f"agreement: Consul at {agreement['addr']}, cluster {agreement['cluster_name']!r}")
+    if membership is None:
+        print("view: (no membership agent answers)")
+        return
+    epoch = membership["view_epoch"]
+    print(
+        f"view: epoch {epoch if epoch is not None else '- (none agreed yet)'} as node "
+        f"{membership['from_node']} sees it; Consul "
+        f"{'reachable' if membership['consul_reachable'] else 'UNREACHABLE'}, lease "
+        f"{'valid' if membership['lease_valid'] else 'NOT valid'}"
+    )
+    rows: list[tuple[str, ...]] = [
+        ("MEMBER", "IN-VIEW", "REGISTERED", "PROBE", "SUSPECTED-BY", "MASTERS", "FOLLOWS")
+    ]
+    roles = membership["partitions"]
+    for m in membership["members"]:
+        role = roles.get(m["node_id"], {})
+        rows.append(
+            (
+                m["node_id"],
+                "yes" if m["in_view"] else "no",
+                f"yes ({m['incarnation']})" if m["registered"] else "no",
+                m["probe"] or "-",
+                ",".join(m["suspected_by"]) or "-",
+                str(role.get("masters", 0)),
+                str(role.get("follows", 0)),
+            )
+        )
+    print()
+    _print_table(rows)
+    recent = membership["recent_failovers"][-10:]
+    if recent:
+        print()
+        failovers: list[tuple[str, ...]] = [("PARTITION", "KIND", "FROM", "TO", "EPOCH", "AT")]
+        for r in recent:
+            at = time.strftime("%H:%M:%S", time.localtime(r["at_ms"] / 1000))
+            failovers.append(
+                (f"p{r['partition']}", r["kind"], r["from"], r["to"] or "-", str(r["epoch"]), at)
+            )
+        _print_table(failovers)
+
+
 def _banner(state: clusterstate.ClusterState) -> str:
     first = state.nodes[0].ports.mqtt
     lines = [f"hexmq: {len(state.nodes)}-node cluster running (state and logs in {state.dir})"]
@@ -514,6 +593,8 @@ def _banner(state: clusterstate.ClusterState) -> str:
         f"  node {n.node} ({n.node_id}): MQTT on 127.0.0.1:{n.ports.mqtt}   logs {n.dir}/*.log"
         for n in state.nodes
     ]
+    server = "hexmq consul-dev" if state.consul is not None else "Consul"
+    lines.append(f"  agreement: {server} on {state.consul_addr}")
     lines += [
         "Try it:",
         f"  mosquitto_sub -h 127.0.0.1 -p {first} -t 'demo/#' -v",
@@ -527,25 +608,28 @@ def _banner(state: clusterstate.ClusterState) -> str:
 def _watch(cluster_dir: Path) -> None:
     """Until interrupted, report processes that die or come back (other terminals may run
     `hexmq cluster kill/start` on this cluster meanwhile)."""
-    seen: dict[tuple[int, str], int | None] = {}
+    seen: dict[str, int | None] = {}
     while True:
         time.sleep(1.0)
         try:
             state = clusterstate.require_state(cluster_dir)
         except ClusterError:  # cluster.json being replaced or removed by hand: look again
             continue
-        for node in state.nodes:
-            for service, record in node.processes.items():
-                pid = record.identity.pid if record.identity and record.running() else None
-                key = (node.node, service)
-                if key in seen and seen[key] != pid:
-                    if pid is None:
-                        print(f"hexmq: node {node.node} {service} is no longer running", flush=True)
-                    else:
-                        print(
-                            f"hexmq: node {node.node} {service} is running (pid {pid})", flush=True
-                        )
-                seen[key] = pid
+        records = [
+            (f"node {node.node} {service}", record)
+            for node in state.nodes
+            for service, record in node.processes.items()
+        ]
+        if state.consul is not None:
+            records.append(("the agreement server", state.consul))
+        for name, record in records:
+            pid = record.identity.pid if record.identity and record.running() else None
+            if name in seen and seen[name] != pid:
+                if pid is None:
+                    print(f"hexmq: {name} is no longer running", flush=True)
+                else:
+                    print(f"hexmq: {name} is running (pid {pid})", flush=True)
+            seen[name] = pid
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -558,6 +642,7 @@ def _run(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         service_args=_service_args(args),
         trace_dir=args.trace_dir,
+        consul=_consul_arg(args),
     )
     print(_banner(state), flush=True)
     try:

@@ -1,8 +1,11 @@
 """The layout of a local cluster: its port scheme, its directory, and its state file.
 
 A node is four processes: redis-server, `hexmq membership`, `hexmq partition`, `hexmq edge`
-(SERVICES, in start order). Nothing here starts or signals a process (that is
-hexmq.localcluster); this module says where everything is and what each command line is.
+(SERVICES, in start order). The cluster has one more: its agreement server, `hexmq consul-dev`
+(the embedded Consul-API server), started before the nodes and stopped after them, unless the
+membership agents use an external Consul (`--consul ADDR`). Nothing here starts or signals a
+process (that is hexmq.localcluster); this module says where everything is and what each
+command line is.
 
 Port scheme, from the base port P (default 1883), for node i (1-based):
     MQTT (edge)            P + i - 1
@@ -13,12 +16,16 @@ Port scheme, from the base port P (default 1883), for node i (1-based):
     partition metrics      P + 1000 + 10*(i-1) + 4
     membership metrics     P + 1000 + 10*(i-1) + 5
     reserved for later     P + 1000 + 10*(i-1) + 6..9   (WebSocket, TLS ...)
+and for the cluster as a whole, in the block after the last node's (N nodes):
+    agreement server       P + 1000 + 10*N + 0          (hexmq consul-dev, Consul's HTTP API)
+    reserved for later     P + 1000 + 10*N + 1..9
 MQTT ports are consecutive so "node i listens on P+i-1" is easy to remember; every other port
 is in a separate block of ten per node. Everything binds 127.0.0.1 only.
 
 Layout of DIR:
     cluster.json          the state: config, ports, and per process argv, log, pid, start time
-    members.json          the static member list every membership service reads
+    consul/               the agreement server's state (the view survives its restart)
+    consul.log            its log
     node<i>/redis.conf    node<i>/redis/ (Redis data: append-only file)
     node<i>/<service>.log one log per process, appended to across restarts
 """
@@ -29,6 +36,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -49,9 +57,14 @@ DEFAULT_BASE_PORT: Final = 1883
 DEFAULT_PARTITIONS: Final = 256
 
 STATE_FILE: Final = "cluster.json"
-MEMBERS_FILE: Final = "members.json"
 LOCK_FILE: Final = ".cluster.lock"
-STATE_FORMAT: Final = 1
+# 2: the agreement server (consul, consul_addr, cluster_name). Format 1 files still load (no
+# agreement server recorded); `up` plans every command line afresh.
+STATE_FORMAT: Final = 2
+READABLE_FORMATS: Final = (1, 2)
+AGREEMENT_SERVER: Final = "consul-dev"
+# Consul's own default address, for agents pointed at an external Consul.
+DEFAULT_CONSUL_ADDR: Final = "127.0.0.1:8500"
 # Set in every process's environment: finds leftovers even when cluster.json is gone.
 ENV_MARKER: Final = "HEXMQ_CLUSTER_DIR"
 
@@ -91,9 +104,14 @@ def node_ports(base_port: int, node: int) -> NodePorts:
     )
 
 
+def agreement_port(base_port: int, nodes: int) -> int:
+    """The embedded agreement server's port: the first of the block after the last node's."""
+    return base_port + INTERNAL_OFFSET + NODE_STRIDE * nodes
+
+
 def highest_port(base_port: int, nodes: int) -> int:
-    """The top of the port range a cluster reserves (the last node's whole block)."""
-    return base_port + INTERNAL_OFFSET + NODE_STRIDE * nodes - 1
+    """The top of the port range a cluster reserves (the cluster block after the nodes')."""
+    return base_port + INTERNAL_OFFSET + NODE_STRIDE * (nodes + 1) - 1
 
 
 def validate_cluster_args(*, nodes: int, base_port: int, partitions: int, rf: int) -> None:
@@ -102,10 +120,10 @@ def validate_cluster_args(*, nodes: int, base_port: int, partitions: int, rf: in
     if not MIN_BASE_PORT <= base_port <= 65535:
         raise UsageError(f"--base-port must be between {MIN_BASE_PORT} and 65535, got {base_port}")
     if highest_port(base_port, nodes) > 65535:
-        top = 65535 - INTERNAL_OFFSET - NODE_STRIDE * nodes + 1
+        span = highest_port(0, nodes)
         raise UsageError(
             f"--base-port {base_port} is too high for {nodes} node(s): the cluster uses ports up "
-            f"to base+{INTERNAL_OFFSET + NODE_STRIDE * nodes - 1}; use at most {top}"
+            f"to base+{span}; use at most {65535 - span}"
         )
     if partitions < 1:
         raise UsageError(f"--partitions must be at least 1, got {partitions}")
@@ -119,8 +137,9 @@ def cluster_ports(base_port: int, nodes: int) -> list[NodePorts]:
     return [node_ports(base_port, i) for i in range(1, nodes + 1)]
 
 
-def busy_ports(ports: Sequence[NodePorts]) -> list[str]:
-    """'PORT (node I SERVICE)' for every port that is taken on 127.0.0.1 now."""
+def busy_ports(ports: Sequence[NodePorts], agreement: int | None = None) -> list[str]:
+    """'PORT (node I SERVICE)' for every port that is taken on 127.0.0.1 now (and the
+    agreement server's port, if given)."""
     wanted = [
         (port, f"node {i} {label}")
         for i, p in enumerate(ports, start=1)
@@ -130,6 +149,8 @@ def busy_ports(ports: Sequence[NodePorts]) -> list[str]:
             + ([(p.metrics(service), f"{service} metrics")] if service in METRICS_SLOTS else [])
         )
     ]
+    if agreement is not None:
+        wanted.append((agreement, "agreement server"))
     return [f"{port} ({label})" for port, label in wanted if procs.port_in_use(port)]
 
 
@@ -186,6 +207,16 @@ class ClusterState:
     # Set once every node has answered MQTT: from then on the Redis data may hold client state
     # placed for this shape of cluster.
     served: bool = False
+    # The agreement server the membership agents use, and its process when the cluster runs
+    # its own (`hexmq consul-dev`); None: an external Consul at consul_addr.
+    consul_addr: str = DEFAULT_CONSUL_ADDR
+    consul: ProcessRecord | None = None
+    # The agents' KV prefix is hexmq/<cluster_name>/.
+    cluster_name: str = "hexmq"
+
+    @property
+    def consul_port(self) -> int:
+        return int(self.consul_addr.rpartition(":")[2])
 
     def node(self, number: int) -> NodeState:
         if not 1 <= number <= len(self.nodes):
@@ -196,7 +227,16 @@ class ClusterState:
         return self.nodes[number - 1]
 
     def summary(self) -> dict[str, Any]:
-        return {"dir": str(self.dir), "nodes": [n.summary() for n in self.nodes]}
+        return {
+            "dir": str(self.dir),
+            "consul": {
+                "addr": self.consul_addr,
+                "embedded": self.consul is not None,
+                "pid": self.consul.identity.pid if self.consul and self.consul.identity else None,
+            },
+            "cluster_name": self.cluster_name,
+            "nodes": [n.summary() for n in self.nodes],
+        }
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -207,6 +247,9 @@ class ClusterState:
             "rf": self.rf,
             "served": self.served,
             "trace_dir": str(self.trace_dir) if self.trace_dir else None,
+            "consul_addr": self.consul_addr,
+            "consul": _record_to_json(self.consul) if self.consul else None,
+            "cluster_name": self.cluster_name,
             "nodes": [
                 {
                     **n.summary(),
@@ -219,7 +262,7 @@ class ClusterState:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> ClusterState:
-        if doc.get("format") != STATE_FORMAT:
+        if doc.get("format") not in READABLE_FORMATS:
             raise ValueError(f"unknown format {doc.get('format')!r}")
         nodes = [
             NodeState(
@@ -243,6 +286,9 @@ class ClusterState:
             nodes=nodes,
             trace_dir=Path(doc["trace_dir"]) if doc.get("trace_dir") else None,
             served=bool(doc.get("served", False)),
+            consul_addr=doc.get("consul_addr", DEFAULT_CONSUL_ADDR),
+            consul=_record_from_json(doc["consul"]) if doc.get("consul") else None,
+            cluster_name=doc.get("cluster_name", "hexmq"),
         )
 
 
@@ -343,7 +389,10 @@ def service_argv(
         return [
             *hexmq,
             *("--listen", loopback_addr(ports.membership)),
-            *("--members", str(state.dir / MEMBERS_FILE)),
+            *("--consul", state.consul_addr, "--cluster", state.cluster_name),
+            *("--partition-addr", loopback_addr(ports.partition)),
+            *("--mqtt-addr", loopback_addr(ports.mqtt)),
+            *("--expect", str(len(state.nodes))),
             *("--partitions", str(state.partitions)),
             *("--rf", str(state.rf)),
         ]
@@ -363,6 +412,22 @@ def service_argv(
     raise ValueError(f"unknown service {service!r}")
 
 
+def agreement_argv(state: ClusterState, python: str) -> list[str]:
+    """The embedded agreement server's command line (state in DIR/consul)."""
+    return [
+        *(python, "-P", "-m", "hexmq.cli", AGREEMENT_SERVER),
+        *("--listen", state.consul_addr),
+        *("--data-dir", str(state.dir / "consul")),
+    ]
+
+
+def cluster_name_of(cluster_dir: Path) -> str:
+    """The agents' cluster name for a DIR: its base name, in the characters a KV path segment
+    takes (so local clusters sharing an external Consul keep apart)."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", cluster_dir.name).strip("-.")[:63]
+    return name or "hexmq"
+
+
 def plan_cluster(
     cluster_dir: Path,
     *,
@@ -374,8 +439,10 @@ def plan_cluster(
     redis_server: str,
     service_args: Mapping[str, Sequence[str]] | None = None,
     trace_dir: Path | None = None,
+    consul_addr: str | None = None,
 ) -> ClusterState:
-    """The cluster's full state before anything runs (pure: touches no file)."""
+    """The cluster's full state before anything runs (pure: touches no file). `consul_addr`
+    names an external Consul; None: the cluster runs its own agreement server."""
     state = ClusterState(
         dir=cluster_dir,
         base_port=base_port,
@@ -383,15 +450,22 @@ def plan_cluster(
         rf=rf,
         nodes=[],
         trace_dir=trace_dir,
+        consul_addr=consul_addr or loopback_addr(agreement_port(base_port, nodes)),
+        cluster_name=cluster_name_of(cluster_dir),
     )
-    for i, ports in enumerate(cluster_ports(base_port, nodes), start=1):
-        node_dir = cluster_dir / f"node{i}"
-        node = NodeState(node=i, ports=ports, dir=node_dir, processes={})
+    if consul_addr is None:
+        state.consul = ProcessRecord(
+            argv=agreement_argv(state, python), log=cluster_dir / "consul.log"
+        )
+    state.nodes = [
+        NodeState(node=i, ports=ports, dir=cluster_dir / f"node{i}", processes={})
+        for i, ports in enumerate(cluster_ports(base_port, nodes), start=1)
+    ]
+    for node in state.nodes:
         for service in SERVICES:
             argv = service_argv(service, state, node, python=python, redis_server=redis_server)
             argv += (service_args or {}).get(service, ())
-            node.processes[service] = ProcessRecord(argv=argv, log=node_dir / f"{service}.log")
-        state.nodes.append(node)
+            node.processes[service] = ProcessRecord(argv=argv, log=node.dir / f"{service}.log")
     return state
 
 
@@ -422,22 +496,7 @@ def redis_config(node: NodeState) -> str:
     )
 
 
-def members_document(state: ClusterState) -> dict[str, Any]:
-    return {
-        "members": [
-            {
-                "node_id": n.node_id,
-                "partition_addr": loopback_addr(n.ports.partition),
-                "mqtt_addr": loopback_addr(n.ports.mqtt),
-                "membership_addr": loopback_addr(n.ports.membership),
-            }
-            for n in state.nodes
-        ]
-    }
-
-
 def write_config(state: ClusterState) -> None:
-    (state.dir / MEMBERS_FILE).write_text(json.dumps(members_document(state), indent=2) + "\n")
     for node in state.nodes:
         (node.dir / "redis").mkdir(parents=True, exist_ok=True)
         (node.dir / "redis.conf").write_text(redis_config(node))

@@ -1,9 +1,10 @@
 """Local clusters: N hexmq nodes on one machine as background processes (dev, tests, demos).
 
-The lifecycle behind `hexmq cluster`: up, start, stop, kill, status. A node's processes start
-in SERVICES order, each once the previous one serves, and stop in reverse; where everything
-lives (ports, DIR, cluster.json) is hexmq.clusterstate, and how a process is spawned and
-signalled safely is hexmq.procs.
+The lifecycle behind `hexmq cluster`: up, start, stop, kill, status. The cluster's agreement
+server (`hexmq consul-dev`, unless the agents use an external Consul) starts first and stops
+last; a node's processes start in SERVICES order, each once the previous one serves, and stop
+in reverse. Where everything lives (ports, DIR, cluster.json) is hexmq.clusterstate, and how a
+process is spawned and signalled safely is hexmq.procs.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from hexmq import procs
 from hexmq.clusterstate import (
@@ -38,8 +39,11 @@ from hexmq.clusterstate import (
     validate_cluster_args,
     write_config,
 )
-from hexmq.hashring import assign, partition_of
+from hexmq.hashring import partition_of
 from hexmq.procs import LOOPBACK
+
+if TYPE_CHECKING:
+    from hexmq.api.membership.v1 import membership_pb2
 
 log = logging.getLogger("hexmq.cluster")
 
@@ -140,18 +144,40 @@ def _client_id_mastered_by(master: str, table: Sequence[tuple[str, ...]]) -> str
     raise ClusterError(f"found no client id whose partition is mastered by {master}")
 
 
-def _probe_pairs(state: ClusterState, targets: Sequence[NodeState]) -> list[tuple[NodeState, str]]:
+def agreed_view(
+    state: ClusterState, nodes: Sequence[NodeState], timeout: float = 2.0
+) -> membership_pb2.View | None:
+    """The newest view that the membership agents of these nodes serve (GetView), or None
+    while none of them has one."""
+    import grpc  # imported here: `hexmq cluster` commands that do not ask stay fast
+
+    from hexmq.api.membership.v1 import membership_pb2, membership_pb2_grpc
+
+    best = None
+    for node in nodes:
+        if not node.processes["membership"].running():
+            continue
+        try:
+            with grpc.insecure_channel(loopback_addr(node.ports.membership)) as channel:
+                stub = membership_pb2_grpc.MembershipServiceStub(channel)
+                view = stub.GetView(membership_pb2.GetViewRequest(), timeout=timeout)
+        except grpc.RpcError:
+            continue
+        if best is None or view.epoch > best.epoch:
+            best = view
+    return best
+
+
+def _probe_pairs(
+    state: ClusterState, targets: Sequence[NodeState], view: membership_pb2.View
+) -> list[tuple[NodeState, str]]:
     """(edge node, master node id) pairs to probe: every running node's edge must accept a
     client whose session lives on each running node, where one side is a target. One CONNECT
     per edge is not enough: an edge that has not yet linked to a peer's partition service
     refuses that peer's clients (CONNACK 3), and a test or user would meet that refusal.
-
-    The partition table is the one the membership service builds today from the static
-    members file (hashring.assign over every member); when membership becomes dynamic, take
-    it from the membership service's GetView instead.
-    """
-    table = assign([n.node_id for n in state.nodes], state.partitions, state.rf)
-    masters = {replicas[0] for replicas in table}
+    Masters are those of the agreed view (`view`)."""
+    members = {m.node_id for m in view.members}
+    masters = {pa.replicas[0] for pa in view.partitions if pa.replicas} & members
     running = [n for n in state.nodes if all(r.running() for r in n.processes.values())]
     target_ids = {n.node_id for n in targets}
     return [
@@ -168,9 +194,12 @@ def _wait_mqtt(
     timeout: float,
     started: list[tuple[NodeState, str]],
 ) -> None:
-    table = assign([n.node_id for n in state.nodes], state.partitions, state.rf)
+    """Wait until the agreed view admits every target node, then until every edge accepts
+    clients whose sessions live on each running node (by that view's table)."""
     deadline = time.monotonic() + timeout
-    pending = _probe_pairs(state, targets)
+    view = _wait_admitted(state, targets, deadline, timeout, started)
+    table = [tuple(pa.replicas) for pa in view.partitions]
+    pending = _probe_pairs(state, targets, view)
     last: dict[tuple[int, str], int | None] = {}
     while pending:
         _check_alive(started)
@@ -199,13 +228,100 @@ def _wait_mqtt(
         log.info("node %d: accepting MQTT connections on %s", node.node, addr)
 
 
+def _wait_admitted(
+    state: ClusterState,
+    targets: Sequence[NodeState],
+    deadline: float,
+    timeout: float,
+    started: list[tuple[NodeState, str]],
+) -> membership_pb2.View:
+    """The first agreed view that lists every target node as a member."""
+    wanted = {n.node_id for n in targets}
+    view = None
+    while True:
+        _check_alive(started)
+        view = agreed_view(state, targets)
+        if view is not None and wanted <= {m.node_id for m in view.members}:
+            log.info("view %d admits node(s) %s", view.epoch, ", ".join(sorted(wanted)))
+            return view
+        if time.monotonic() >= deadline:
+            node = targets[0]
+            log_path = node.processes["membership"].log
+            seen = (
+                "no view agreed"
+                if view is None
+                else f"view {view.epoch} has members {', '.join(m.node_id for m in view.members)}"
+            )
+            raise StartFailure(
+                f"the cluster view does not admit node(s) {', '.join(sorted(wanted))} after "
+                f"{timeout:g} s ({seen}; log: {log_path})",
+                log_path,
+            )
+        time.sleep(0.1)
+
+
+def _start_agreement(state: ClusterState, timeout: float) -> bool:
+    """Start the cluster's own agreement server unless it runs (or the agents use an external
+    Consul); True if this call started it."""
+    record = state.consul
+    if record is None or record.running():
+        return False
+    if procs.port_in_use(state.consul_port):
+        raise ClusterError(
+            f"port {state.consul_port} (agreement server) already in use on {LOOPBACK}"
+        )
+    now = datetime.now(UTC).isoformat(timespec="seconds")
+    with record.log.open("a") as f:
+        f.write(f"---- hexmq cluster: starting consul-dev at {now}: {' '.join(record.argv)}\n")
+    record.identity = procs.spawn(record.argv, record.log, child_environment(state))
+    record.started_at = now
+    save_state(state)
+    log.info(
+        "agreement server: started consul-dev (pid %d, port %d)",
+        record.identity.pid,
+        state.consul_port,
+    )
+    deadline = time.monotonic() + timeout
+    while not procs.tcp_accepts(state.consul_port):
+        if not record.running():
+            how = procs.describe_exit(record.identity.pid)
+            raise StartFailure(
+                f"the agreement server (pid {record.identity.pid}) {how} during startup "
+                f"(log: {record.log})",
+                record.log,
+            )
+        if time.monotonic() >= deadline:
+            raise StartFailure(
+                f"the agreement server is not serving on {state.consul_addr} after "
+                f"{timeout:g} s (log: {record.log})",
+                record.log,
+            )
+        time.sleep(0.05)
+    return True
+
+
+def _stop_agreement(state: ClusterState, grace: float) -> list[str]:
+    record = state.consul
+    if record is None or record.identity is None or not record.running():
+        return []
+    killed = procs.terminate([record.identity], grace)
+    if killed:
+        return [
+            f"the agreement server (pid {record.identity.pid}) did not stop within {grace:g} s "
+            "and was killed"
+        ]
+    return []
+
+
 def _start_nodes(state: ClusterState, targets: Sequence[NodeState], timeout: float) -> None:
     """Start whatever is not running on the target nodes, layer by layer across the nodes
     (every redis, then every membership ...), so a service that looks for its peers' service
     of the same layer at startup finds it already serving. On any failure or interrupt, stop
     what this call started, so a failed start leaves nothing running."""
     started: list[tuple[NodeState, str]] = []
+    agreement_started = False
     try:
+        agreement_started = _start_agreement(state, timeout)
         for service in SERVICES:
             todo = [n for n in targets if not n.processes[service].running()]
             _start_layer(state, todo, service, timeout, started)
@@ -214,6 +330,8 @@ def _start_nodes(state: ClusterState, targets: Sequence[NodeState], timeout: flo
         if started:
             log.info("start failed: stopping the %d process(es) it started", len(started))
             _stop_processes([(n, s) for n, s in reversed(started)], ABORT_GRACE)
+        if agreement_started:
+            _stop_agreement(state, ABORT_GRACE)
         save_state(state)
         raise
 
@@ -226,6 +344,9 @@ def _refuse_if_running(cluster_dir: Path, previous: ClusterState | None) -> None
             for s, r in n.processes.items()
             if r.identity is not None and r.running()
         ]
+        server = previous.consul
+        if server is not None and server.identity is not None and server.running():
+            running.append(f"agreement server pid {server.identity.pid}")
         if running:
             raise ClusterError(
                 f"{cluster_dir} holds a running cluster ({', '.join(running[:4])}"
@@ -257,10 +378,12 @@ def up(
     timeout: float = DEFAULT_TIMEOUT,
     service_args: Mapping[str, Sequence[str]] | None = None,
     trace_dir: Path | None = None,
+    consul: str | None = None,
 ) -> ClusterState:
     """Start a cluster in `cluster_dir` and wait until every node answers MQTT CONNECT.
     `service_args` adds arguments to a service's command line on every node (e.g.
-    {"edge": ["--sys-interval=1"]})."""
+    {"edge": ["--sys-interval=1"]}). `consul` names an external Consul (HOST:PORT) for the
+    membership agents; None: the cluster starts its own agreement server first."""
     validate_cluster_args(nodes=nodes, base_port=base_port, partitions=partitions, rf=rf)
     cluster_dir = cluster_dir.absolute()
     try:
@@ -293,9 +416,12 @@ def up(
             redis_server=find_redis_server(),
             service_args=service_args,
             trace_dir=trace_dir.absolute() if trace_dir else None,
+            consul_addr=consul,
         )
         state.served = previous is not None and previous.served
-        busy = busy_ports([n.ports for n in state.nodes])
+        busy = busy_ports(
+            [n.ports for n in state.nodes], state.consul_port if state.consul else None
+        )
         if busy:
             raise ClusterError(f"port(s) already in use on {LOOPBACK}: {', '.join(busy)}")
         write_config(state)
@@ -365,7 +491,13 @@ def stop_nodes(
         nodes = state.nodes if numbers is None else [state.node(i) for i in numbers]
         targets = [(n, s) for n in nodes for s in SERVICES if n.processes[s].running()]
         notes = _stop_processes(targets, grace)
-        return len(targets), notes
+        count = len(targets)
+        if numbers is None:  # the whole cluster: its agreement server last
+            server = state.consul
+            if server is not None and server.running():
+                notes += _stop_agreement(state, grace)
+                count += 1
+        return count, notes
 
 
 def kill_node(cluster_dir: Path, number: int) -> int:
@@ -446,6 +578,80 @@ def partition_status(node: NodeState, timeout: float = 2.0) -> dict[str, Any]:
     }
 
 
+def agreement_status(state: ClusterState) -> dict[str, Any]:
+    record = state.consul
+    return {
+        "addr": state.consul_addr,
+        "embedded": record is not None,
+        "pid": record.identity.pid if record and record.identity else None,
+        "alive": record.running() if record else None,
+        "log": str(record.log) if record else None,
+        "cluster_name": state.cluster_name,
+    }
+
+
+def membership_status(state: ClusterState, timeout: float = 2.0) -> dict[str, Any] | None:
+    """What the membership agent of the first running node knows of the cluster: the view
+    epoch, members with their liveness, recent failovers (None: no agent answers)."""
+    import grpc
+
+    from hexmq.api.membership.v1 import membership_pb2, membership_pb2_grpc
+
+    for node in state.nodes:
+        if not node.processes["membership"].running():
+            continue
+        try:
+            with grpc.insecure_channel(loopback_addr(node.ports.membership)) as channel:
+                stub = membership_pb2_grpc.MembershipServiceStub(channel)
+                reply = stub.Status(membership_pb2.MembershipStatusRequest(), timeout=timeout)
+        except grpc.RpcError:
+            continue
+        view = reply.view if reply.HasField("view") else None
+        return {
+            "from_node": reply.node_id,
+            "consul_reachable": reply.consul_reachable,
+            "lease_valid": reply.lease_valid,
+            "view_epoch": view.epoch if view else None,
+            "members": [
+                {
+                    "node_id": m.node_id,
+                    "in_view": m.in_view,
+                    "registered": m.registered,
+                    "incarnation": m.incarnation,
+                    "probe": m.probe,
+                    "suspected_by": list(m.suspected_by),
+                }
+                for m in reply.members
+            ],
+            "partitions": _view_roles(view) if view else {},
+            "recent_failovers": [
+                {
+                    "partition": r.partition,
+                    "kind": r.kind,
+                    "from": r.from_node,
+                    "to": r.to_node,
+                    "epoch": r.epoch,
+                    "view_epoch": r.view_epoch,
+                    "at_ms": r.at_ms,
+                }
+                for r in reply.recent
+            ],
+        }
+    return None
+
+
+def _view_roles(view: membership_pb2.View) -> dict[str, dict[str, int]]:
+    """Per node: partitions it masters and follows in the view, and of those how many it
+    holds in sync."""
+    roles: dict[str, dict[str, int]] = {}
+    for pa in view.partitions:
+        for i, node in enumerate(pa.replicas):
+            row = roles.setdefault(node, {"masters": 0, "follows": 0, "in_sync": 0})
+            row["masters" if i == 0 else "follows"] += 1
+            row["in_sync"] += int(node in pa.in_sync)
+    return roles
+
+
 def cluster_status(
     cluster_dir: Path,
     gather: Callable[[ClusterState, NodeState], dict[str, Any]] = node_status,
@@ -453,13 +659,23 @@ def cluster_status(
     cluster_dir = cluster_dir.absolute()
     state = require_state(cluster_dir)
     nodes = [gather(state, n) for n in state.nodes]
+    agreement = agreement_status(state)
+    membership = (
+        membership_status(state)
+        if any(n["processes"]["membership"]["alive"] for n in nodes)
+        else None
+    )
     known = {p["pid"] for n in nodes for p in n["processes"].values() if p["alive"]}
+    if agreement["alive"]:
+        known.add(agreement["pid"])
     strays = [p for p in procs.pids_with_env(ENV_MARKER, str(cluster_dir)) if p not in known]
     return {
         "dir": str(cluster_dir),
         "base_port": state.base_port,
         "partitions": state.partitions,
         "rf": state.rf,
+        "agreement": agreement,
+        "membership": membership,
         "nodes": nodes,
         # Processes started for this DIR that cluster.json does not know (a manager killed
         # between spawn and save); listed so an operator can deal with them by hand.

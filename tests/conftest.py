@@ -83,10 +83,11 @@ def running_processes(cluster_dir: Path) -> list[int]:
     pids = set(procs.pids_with_env(clusterstate.ENV_MARKER, str(cluster_dir)))
     state = clusterstate.load_state(cluster_dir)
     if state is not None:
-        for node in state.nodes:
-            for record in node.processes.values():
-                if record.identity is not None and procs.is_running(record.identity):
-                    pids.add(record.identity.pid)
+        records = [r for node in state.nodes for r in node.processes.values()]
+        records += [state.consul] if state.consul is not None else []
+        for record in records:
+            if record.identity is not None and procs.is_running(record.identity):
+                pids.add(record.identity.pid)
     return sorted(pids)
 
 

@@ -80,7 +80,9 @@ grpc.aio channel; the server starts its span with
 Metrics: `METRICS` holds every hexmq_ metric, so services only `.inc()`/`.set()`/`.observe()`:
 connections, messages_in/messages_out{qos} (and `messages_in_by_qos[q]` children for the hot
 path), queue_depth{queue}, replication_lag{follower}, partition_roles{role}, view_epoch,
-failovers, rejected_packets{packet,reason_code} (via `METRICS.reject(packet, code)`),
+failovers{kind}, view_changes, partitions_offline, partitions_under_replicated (the
+membership agent's account of agreed views), rejected_packets{packet,reason_code} (via
+`METRICS.reject(packet, code)`),
 grpc_latency{method,side} (histogram, seconds), and hexmq_spans_dropped_total{reason} once
 `bind_tracing` is called; plus process_* and python_* metrics. Labels never hold client ids
 or topics.

@@ -136,9 +136,27 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        # The membership agent's account of agreed view changes (every agent counts every
+        # change it sees, so sum one node's series, not the cluster's).
         self.failovers = Counter(
             "hexmq_failovers",
-            "Partitions this node became master of because their master was lost",
+            "Partitions that changed hands in agreed views, by kind (failover: the master was "
+            "lost; handover: moved while alive; offline: no in-sync replica left; restored: an "
+            "offline partition got a master again)",
+            ["kind"],
+            registry=r,
+        )
+        self.view_changes = Counter(
+            "hexmq_view_changes", "Agreed cluster views this agent has seen change", registry=r
+        )
+        self.partitions_offline = Gauge(
+            "hexmq_partitions_offline",
+            "Partitions of the agreed view whose master is not a member (no in-sync replica alive)",
+            registry=r,
+        )
+        self.partitions_under_replicated = Gauge(
+            "hexmq_partitions_under_replicated",
+            "Partitions of the agreed view with fewer in-sync replicas than the replication factor",
             registry=r,
         )
         self.rejected_packets = Counter(

@@ -1,14 +1,17 @@
-"""ViewWatcher: how edge and partition follow the cluster view of their local membership agent.
+"""Clients of the node's membership agent, for the edge and the partition service.
 
-Keeps the newest view, reconnects with backoff when the agent is away (a dead agent never makes
-a service hang: the last view stays in force), and calls a listener on every newer view.
+`ViewWatcher` keeps the newest agreed view, reconnects with backoff when the agent is away (a
+dead agent never makes a service hang: the last view stays in force), and calls a listener on
+every newer view; the partition service passes its incarnation, which the agent registers for
+as long as the watch is open. `MembershipClient` asks for view changes (Propose) and follows
+the node's liveness lease (Lease), its stream reconnecting on its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
 
@@ -19,12 +22,17 @@ from hexmq.service import cancel_and_wait
 log = logging.getLogger(__name__)
 
 ViewListener = Callable[[pb.View], Awaitable[None]]
+LeaseListener = Callable[[pb.LeaseState], None]
+
+_FIRST_BACKOFF_S = 0.05
+_MAX_BACKOFF_S = 2.0
 
 
 class ViewWatcher:
-    def __init__(self, target: str, listener: ViewListener) -> None:
+    def __init__(self, target: str, listener: ViewListener, incarnation: int = 0) -> None:
         self._target = target
         self._listener = listener
+        self._incarnation = incarnation
         self.view: pb.View | None = None
         self._have_view = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -42,17 +50,18 @@ class ViewWatcher:
         await cancel_and_wait(self._task)
 
     async def _run(self) -> None:
-        backoff = 0.05
+        backoff = _FIRST_BACKOFF_S
         while True:
             try:
                 async with grpc.aio.insecure_channel(self._target) as channel:
                     stub = pb_grpc.MembershipServiceStub(channel)
                     after = self.view.epoch if self.view is not None else 0
-                    async for view in stub.Watch(pb.WatchRequest(after_epoch=after)):
-                        backoff = 0.05
+                    request = pb.WatchRequest(after_epoch=after, incarnation=self._incarnation)
+                    async for view in stub.Watch(request):
+                        backoff = _FIRST_BACKOFF_S
                         if self.view is None or view.epoch > self.view.epoch:
                             self.view = view
-                            await self._listener(view)
+                            await self._tell(view)
                             self._have_view.set()
             except grpc.aio.AioRpcError as exc:
                 log.warning(
@@ -62,4 +71,72 @@ class ViewWatcher:
                     self.view.epoch if self.view else None,
                 )
             await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 2.0)
+            backoff = min(backoff * 2, _MAX_BACKOFF_S)
+
+    async def _tell(self, view: pb.View) -> None:
+        # A listener's bug must not stop the views that follow: later views may fix what this
+        # one could not apply, and a service stuck on an old view is worse than a logged error.
+        try:
+            await self._listener(view)
+        except Exception:
+            log.exception("the view listener failed on view epoch %d; watching on", view.epoch)
+
+
+class MembershipClient:
+    """Propose and Lease for the node's partition service."""
+
+    def __init__(self, target: str, incarnation: int) -> None:
+        self._target = target
+        self._incarnation = incarnation
+        self._channel: grpc.aio.Channel | None = None
+        self._lease_task: asyncio.Task[None] | None = None
+        self.lease: pb.LeaseState | None = None
+
+    def _stub(self) -> pb_grpc.MembershipServiceStub:
+        if self._channel is None:
+            self._channel = grpc.aio.insecure_channel(self._target)
+        return pb_grpc.MembershipServiceStub(self._channel)
+
+    async def propose(
+        self,
+        in_sync: Sequence[pb.InSyncChange] = (),
+        handovers: Sequence[pb.Handover] = (),
+        *,
+        deadline_s: float = 10.0,
+    ) -> pb.ProposeReply:
+        """Ask for view changes; the reply names the view epoch in which they hold (or the
+        current one, if they are not agreed within the agent's bound). Raises
+        grpc.aio.AioRpcError (UNAVAILABLE: no view yet or no agent; FAILED_PRECONDITION: a stale
+        incarnation; INVALID_ARGUMENT: a malformed change)."""
+        request = pb.ProposeRequest(
+            incarnation=self._incarnation, in_sync=list(in_sync), handovers=list(handovers)
+        )
+        reply: pb.ProposeReply = await self._stub().Propose(request, timeout=deadline_s)
+        return reply
+
+    def follow_lease(self, listener: LeaseListener) -> None:
+        """Call `listener` with every LeaseState, reconnecting while the agent is away (then
+        the last state stands; its valid_for_ms tells how long it can be trusted)."""
+        self._lease_task = asyncio.create_task(self._follow(listener), name="lease")
+
+    async def _follow(self, listener: LeaseListener) -> None:
+        backoff = _FIRST_BACKOFF_S
+        while True:
+            try:
+                async for state in self._stub().Lease(pb.LeaseRequest()):
+                    backoff = _FIRST_BACKOFF_S
+                    self.lease = state
+                    try:
+                        listener(state)
+                    except Exception:
+                        log.exception("the lease listener failed; following on")
+            except grpc.aio.AioRpcError as exc:
+                log.warning("lease stream to %s broke (%s)", self._target, exc.code().name)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, _MAX_BACKOFF_S)
+
+    async def close(self) -> None:
+        await cancel_and_wait(self._lease_task)
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None

@@ -1,72 +1,193 @@
-"""`hexmq membership`: serve the cluster view to the node's edge and partition services."""
+"""`hexmq membership`: the node's membership agent (docs/failover.md, docs/operations.md).
+
+Agrees on the cluster view with the other nodes' agents through Consul and serves it to the
+node's edge and partition services over gRPC.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
-from collections.abc import AsyncIterator
-from pathlib import Path
+import os
 
 import grpc
 
-from hexmq import telemetry
-from hexmq.api.membership.v1 import membership_pb2 as pb
 from hexmq.api.membership.v1 import membership_pb2_grpc as pb_grpc
 from hexmq.hashring import DEFAULT_PARTITIONS
 from hexmq.health import add_health
 from hexmq.netaddr import parse_hostport
 from hexmq.readiness import Readiness, follow_in_health
 from hexmq.service import (
-    Observability,
     add_observability_arguments,
     cancel_and_wait,
     run_service,
     setup_logging,
     start_observability,
 )
-from services.membership.backend import (
-    MembershipBackend,
-    MembershipEvent,
-    StaticMembership,
-    ViewBuilder,
-)
-from services.membership.server import MembershipServicer, ViewBoard
-from services.membership.view import MembersFileError, load_members
+from services.membership.agent import AgentConfig, MembershipAgent
+from services.membership.consul_client import parse_consul_addr
+from services.membership.records import check_cluster_name, check_node_id
+from services.membership.server import MembershipServicer
 
 log = logging.getLogger("hexmq.membership")
+
+DEFAULT_CONSUL = "127.0.0.1:8500"
+# Consul's bounds on a session TTL.
+MIN_SESSION_TTL_S, MAX_SESSION_TTL_S = 10, 86400
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-id", required=True, help="this node's id, e.g. n1")
     parser.add_argument("--listen", required=True, help="gRPC HOST:PORT to serve on")
     parser.add_argument(
-        "--members",
-        required=True,
-        type=Path,
-        help="JSON file listing every member (static membership, the embedded default)",
+        "--advertise",
+        default=None,
+        metavar="HOST:PORT",
+        help="the address other nodes reach this agent at (default: --listen)",
     )
-    parser.add_argument("--partitions", type=int, default=DEFAULT_PARTITIONS)
-    parser.add_argument("--rf", type=int, default=1, help="replication factor")
+    parser.add_argument(
+        "--consul",
+        default=os.environ.get("CONSUL_HTTP_ADDR") or DEFAULT_CONSUL,
+        metavar="HOST:PORT",
+        help="the Consul HTTP API, or `hexmq consul-dev` (default: $CONSUL_HTTP_ADDR, else "
+        f"{DEFAULT_CONSUL})",
+    )
+    parser.add_argument(
+        "--cluster",
+        default="hexmq",
+        metavar="NAME",
+        help="the cluster's name: its keys live under hexmq/NAME/ in Consul KV (default hexmq)",
+    )
+    parser.add_argument(
+        "--partition-addr",
+        required=True,
+        metavar="HOST:PORT",
+        help="this node's partition service, as other nodes reach it",
+    )
+    parser.add_argument(
+        "--mqtt-addr",
+        required=True,
+        metavar="HOST:PORT",
+        help="this node's MQTT listener, as clients reach it",
+    )
+    parser.add_argument(
+        "--expect",
+        type=int,
+        default=1,
+        metavar="N",
+        help="nodes serving before the first view is made (default 1)",
+    )
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        default=DEFAULT_PARTITIONS,
+        help="partitions of the first view; an existing view's count wins",
+    )
+    parser.add_argument(
+        "--rf",
+        type=int,
+        default=1,
+        help="replication factor of the first view; an existing view's wins",
+    )
+    parser.add_argument(
+        "--session-ttl",
+        type=int,
+        default=MIN_SESSION_TTL_S,
+        metavar="S",
+        help="TTL of the node's Consul session in whole seconds (its liveness lease; "
+        f"{MIN_SESSION_TTL_S}-{MAX_SESSION_TTL_S}, default {MIN_SESSION_TTL_S})",
+    )
+    parser.add_argument(
+        "--probe-interval",
+        type=float,
+        default=0.2,
+        metavar="S",
+        help="seconds between health checks of each peer's partition service (default 0.2)",
+    )
+    parser.add_argument(
+        "--probe-timeout",
+        type=float,
+        default=0.5,
+        metavar="S",
+        help="seconds a health check may take (default 0.5)",
+    )
+    parser.add_argument(
+        "--suspect-after",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="seconds without an answer before a peer is reported silent (default 1)",
+    )
+    parser.add_argument(
+        "--rejoin-settle",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="seconds a (re)joining node must be registered and unsuspected before it is "
+        "admitted (default 1)",
+    )
     parser.add_argument("--log-level", default="INFO")
     add_observability_arguments(parser)
+
+
+def agent_config(args: argparse.Namespace) -> AgentConfig:
+    """The agent's settings, or a ValueError naming the option that is wrong."""
+    check_node_id(args.node_id)
+    check_cluster_name(args.cluster)
+    parse_hostport(args.listen, what="--listen")
+    advertise = args.advertise or args.listen
+    parse_hostport(advertise, what="--advertise")
+    try:
+        parse_consul_addr(args.consul)
+    except ValueError as exc:
+        raise ValueError(f"--consul: {exc}") from None
+    parse_hostport(args.partition_addr, what="--partition-addr")
+    parse_hostport(args.mqtt_addr, what="--mqtt-addr")
+    for option, value in (("--expect", args.expect), ("--partitions", args.partitions)):
+        if value < 1:
+            raise ValueError(f"{option} must be at least 1, got {value}")
+    if args.rf < 1:
+        raise ValueError(f"--rf must be at least 1, got {args.rf}")
+    if not MIN_SESSION_TTL_S <= args.session_ttl <= MAX_SESSION_TTL_S:
+        raise ValueError(
+            f"--session-ttl must be {MIN_SESSION_TTL_S}-{MAX_SESSION_TTL_S} seconds (Consul's "
+            f"bounds), got {args.session_ttl}"
+        )
+    for option, seconds in (
+        ("--probe-interval", args.probe_interval),
+        ("--probe-timeout", args.probe_timeout),
+        ("--suspect-after", args.suspect_after),
+    ):
+        if not seconds > 0:
+            raise ValueError(f"{option} must be more than 0 seconds, got {seconds}")
+    if args.rejoin_settle < 0:
+        raise ValueError(f"--rejoin-settle must be 0 or more seconds, got {args.rejoin_settle}")
+    return AgentConfig(
+        node_id=args.node_id,
+        cluster=args.cluster,
+        consul_addr=args.consul,
+        partition_addr=args.partition_addr,
+        mqtt_addr=args.mqtt_addr,
+        membership_addr=advertise,
+        partitions=args.partitions,
+        rf=args.rf,
+        expect=args.expect,
+        session_ttl_s=args.session_ttl,
+        probe_interval_s=args.probe_interval,
+        probe_timeout_s=args.probe_timeout,
+        suspect_after_s=args.suspect_after,
+        rejoin_settle_s=args.rejoin_settle,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     setup_logging("membership", args.node_id, args.log_level)
     try:
-        parse_hostport(args.listen, what="--listen")
-        members = load_members(args.members)
-        if args.partitions < 1 or args.rf < 1:
-            raise ValueError("--partitions and --rf must be at least 1")
-    except (ValueError, MembersFileError) as exc:
+        config = agent_config(args)
+    except ValueError as exc:
         log.error("%s", exc)
         return 2
-    if args.node_id not in {m.node_id for m in members}:
-        log.error("--node-id %s is not in %s", args.node_id, args.members)
-        return 2
-    backend: MembershipBackend = StaticMembership(members)
-    builder = ViewBuilder(partitions=args.partitions, rf=args.rf)
 
     async def main(stop: asyncio.Event) -> int:
         try:
@@ -74,15 +195,10 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             log.error("cannot serve metrics on %s: %s", args.metrics_listen, exc.strerror)
             return 1
-        changes = aiter(backend.events())
-        view = None
-        while view is None:
-            view = builder.apply(await anext(changes))
-        _record_view(obs, view)
-        board = ViewBoard(view)
-        obs.ready_when(lambda: membership_readiness(board))
+        agent = MembershipAgent(config, obs.tracing, on_fatal=stop.set)
+        obs.ready_when(lambda: membership_readiness(agent))
         server = grpc.aio.server()
-        pb_grpc.add_MembershipServiceServicer_to_server(MembershipServicer(board), server)
+        pb_grpc.add_MembershipServiceServicer_to_server(MembershipServicer(agent), server)
         health = add_health(server)
         try:
             server.add_insecure_port(args.listen)
@@ -90,58 +206,34 @@ def run(args: argparse.Namespace) -> int:
             log.error("cannot listen on %s: %s", args.listen, exc)
             await obs.close()
             return 1
+        await agent.start()
         await server.start()
         health_follower = asyncio.create_task(follow_in_health(obs.readiness, health))
         log.info(
-            "serving view epoch %d (%d members, %d partitions, rf %d) on %s",
-            view.epoch,
-            len(view.members),
-            view.partition_count,
-            view.replication_factor,
+            "membership agent of %s on %s: cluster %r at Consul %s, expecting %d node(s) for "
+            "a first view",
+            config.node_id,
             args.listen,
+            config.cluster,
+            config.consul_addr,
+            config.expect,
         )
-        follow = asyncio.create_task(_follow(changes, builder, board, obs))
         await stop.wait()
-        follow.cancel()
+        log.info("shutting down")
         await cancel_and_wait(health_follower)
+        # Stop serving first (the node's services see the agent go), then end the session:
+        # its keys vanish at once and the peers remove this node without waiting for its TTL.
         await server.stop(grace=1.0)
+        await agent.stop()
         await obs.close()
-        return 0
+        return 1 if agent.failed else 0
 
     return run_service(main)
 
 
-def membership_readiness(board: ViewBoard) -> Readiness:
-    """Ready once it has a view to serve (the static backend builds it before serving; the
-    Consul-backed agent refines this to an agreed view)."""
-    view = board.view
+def membership_readiness(agent: MembershipAgent) -> Readiness:
+    """Ready once the cluster has agreed on a view (the agent then serves it)."""
+    view = agent.board.view
+    if view is None:
+        return Readiness(False, "no view agreed yet")
     return Readiness(True, f"view {view.epoch}: {len(view.members)} members")
-
-
-async def _follow(
-    changes: AsyncIterator[list[MembershipEvent]],
-    builder: ViewBuilder,
-    board: ViewBoard,
-    obs: Observability,
-) -> None:
-    """Publish a new view for every change the backend reports."""
-    async for events in changes:
-        view = builder.apply(events)
-        if view is not None:
-            log.info("view %d: %d members", view.epoch, len(view.members))
-            _record_view(obs, view)
-            await board.publish(view)
-
-
-def _record_view(obs: Observability, view: pb.View) -> None:
-    """A membership.view span and the view epoch gauge."""
-    telemetry.METRICS.view_epoch.set(view.epoch)
-    with obs.tracing.span(telemetry.SpanName.MEMBERSHIP_VIEW) as span:
-        if span.is_recording():
-            span.set_attributes(
-                {
-                    telemetry.Attr.VIEW_EPOCH: view.epoch,
-                    telemetry.Attr.NODE: obs.node_id,
-                    "hexmq.view.members": len(view.members),
-                }
-            )

@@ -1,79 +1,115 @@
-"""gRPC MembershipService: serves the current view and streams every new one.
+"""gRPC MembershipService: the agent's face to the node's own services.
 
-The backend here is the embedded static one (the members file); the Consul-backed agreement of
-a later issue publishes views through the same `ViewBoard`, so the gRPC surface stays the same.
+Watch streams agreed views (nothing until the first view exists) and, when the caller is the
+partition service (incarnation > 0), registers that incarnation for as long as the stream is
+open; GetView, Propose, Lease and Status answer from the agent (services/membership/agent.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import grpc
 
 from hexmq.api.membership.v1 import membership_pb2 as pb
 from hexmq.api.membership.v1 import membership_pb2_grpc as pb_grpc
+from services.membership.proposals import ProposalError, requests_from_proto
+
+if TYPE_CHECKING:
+    from services.membership.agent import MembershipAgent
+
+log = logging.getLogger("hexmq.membership")
 
 
 class ViewBoard:
-    """Holds the latest view and wakes watchers when a newer one is published."""
+    """Holds the latest agreed view (None before the first) and wakes watchers when a newer
+    one is published."""
 
-    def __init__(self, view: pb.View) -> None:
+    def __init__(self, view: pb.View | None = None) -> None:
         self._view = view
-        self._changed = asyncio.Condition()
+        self._changed = asyncio.Event()
 
     @property
-    def view(self) -> pb.View:
+    def view(self) -> pb.View | None:
         return self._view
 
-    async def publish(self, view: pb.View) -> None:
-        if view.epoch <= self._view.epoch:
+    def publish(self, view: pb.View) -> None:
+        if self._view is not None and view.epoch <= self._view.epoch:
             raise ValueError(f"view epoch {view.epoch} is not newer than {self._view.epoch}")
-        async with self._changed:
-            self._view = view
-            self._changed.notify_all()
+        self._view = view
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
     async def newer_than(self, epoch: int) -> pb.View:
-        async with self._changed:
-            await self._changed.wait_for(lambda: self._view.epoch > epoch)
-            return self._view
+        while self._view is None or self._view.epoch <= epoch:
+            await self._changed.wait()
+        return self._view
 
 
 class MembershipServicer(pb_grpc.MembershipServiceServicer):
-    def __init__(self, board: ViewBoard) -> None:
-        self._board = board
+    def __init__(self, agent: MembershipAgent) -> None:
+        self._agent = agent
 
     async def Watch(
         self, request: pb.WatchRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.View]:
-        epoch = request.after_epoch
-        while True:
-            view = await self._board.newer_than(epoch)
-            epoch = view.epoch
-            yield view
+        incarnation = request.incarnation
+        if incarnation:
+            self._agent.partition_attached(incarnation)
+        try:
+            epoch = request.after_epoch
+            while True:
+                view = await self._agent.board.newer_than(epoch)
+                epoch = view.epoch
+                yield view
+        finally:
+            if incarnation:
+                self._agent.partition_detached(incarnation)
 
     async def GetView(
         self, request: pb.GetViewRequest, context: grpc.aio.ServicerContext
     ) -> pb.View:
-        return self._board.view
-
-    # The static backend agrees on nothing: proposals, leases and status arrive with the
-    # Consul-backed agent (docs/failover.md).
+        view = self._agent.board.view
+        if view is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no view agreed yet")
+            raise AssertionError("unreachable")
+        return view
 
     async def Propose(
         self, request: pb.ProposeRequest, context: grpc.aio.ServicerContext
     ) -> pb.ProposeReply:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "static membership takes no proposals")
-        raise AssertionError("unreachable")
+        view = self._agent.board.view
+        if view is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no view agreed yet")
+            raise AssertionError("unreachable")
+        current = self._agent.incarnation
+        if request.incarnation != current or current == 0:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"incarnation {request.incarnation} is not the partition service this agent "
+                f"serves ({current or 'none is watching'})",
+            )
+            raise AssertionError("unreachable")
+        try:
+            requests = requests_from_proto(request, view.partition_count)
+        except ProposalError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise AssertionError("unreachable") from exc
+        return await self._agent.propose(requests)
 
     async def Lease(
         self, request: pb.LeaseRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.LeaseState]:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "static membership holds no lease")
-        yield pb.LeaseState()
+        seen = self._agent.lease_version
+        while True:
+            lease = self._agent.lease()
+            yield pb.LeaseState(valid=lease.valid, valid_for_ms=lease.valid_for_ms)
+            seen = await self._agent.lease_changes(seen)
 
     async def Status(
         self, request: pb.MembershipStatusRequest, context: grpc.aio.ServicerContext
     ) -> pb.MembershipStatus:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "static membership has no status")
-        raise AssertionError("unreachable")
+        return self._agent.status()

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import time
 
 import grpc
 import redis.asyncio as redis
@@ -141,7 +142,9 @@ def run(args: argparse.Namespace) -> int:
             await node.apply_view(view)
             ready.set()
 
-        watcher = ViewWatcher(args.membership, on_view)
+        # This process's incarnation: the view admits the node only with the partition service
+        # that runs now (a restart is a new incarnation, docs/failover.md).
+        watcher = ViewWatcher(args.membership, on_view, incarnation=time.time_ns())
         server = grpc.aio.server(options=LINK_OPTIONS)
         pb_grpc.add_PartitionServiceServicer_to_server(
             PartitionServicer(node, replication, ready), server

@@ -507,10 +507,10 @@ class Replicator:
             else:
                 del m.followers[node]
         for node in sorted(wanted):
-            fp = m.followers.get(node)
-            if fp is None or fp.departed:
-                if fp is None:
-                    fp = m.followers[node] = FollowerProgress(node)
+            known = m.followers.get(node)
+            fp = known if known is not None else FollowerProgress(node)
+            if known is None or known.departed:
+                m.followers[node] = fp
                 fp.departed = False
                 if node in self.feeds:
                     # Its stream is open already: it joins on it when asked (it may not

@@ -13,10 +13,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import pytest
 import redis
 
 from hexmq import clusterstate
+from hexmq.api.membership.v1 import membership_pb2 as mpb
+from hexmq.api.membership.v1 import membership_pb2_grpc as mpb_grpc
 from hexmq.hashring import assign, partition_of
 from hexmq.mqtt import ConnAck, Connect
 from services.edge.auth import PasswordFile
@@ -55,6 +58,14 @@ def client_id_mastered_by(node_id: str, nodes: int = 2) -> str:
         for cid in (f"clustercli{k}" for k in range(1000))
         if table[partition_of(cid, partitions)][0] == node_id
     )
+
+
+def agreed_view(membership_port: int) -> mpb.View:
+    """The view a node's membership agent serves (GetView)."""
+    with grpc.insecure_channel(f"127.0.0.1:{membership_port}") as channel:
+        stub = mpb_grpc.MembershipServiceStub(channel)
+        view: mpb.View = stub.GetView(mpb.GetViewRequest(), timeout=5)
+        return view
 
 
 def process_gone(pid: int) -> bool:
@@ -121,8 +132,8 @@ def test_two_nodes_stop_and_start_one(hexmq_cluster: ClusterFactory) -> None:
     for i in (1, 2):
         assert mqtt_connect(cluster.mqtt_port(i)) == 0
 
-    members = json.loads((cluster.dir / "members.json").read_text())["members"]
-    assert [m["mqtt_addr"] for m in members] == [
+    view = agreed_view(cluster.node(1)["membership_port"])
+    assert [m.mqtt_addr for m in view.members] == [
         f"127.0.0.1:{cluster.mqtt_port(1)}",
         f"127.0.0.1:{cluster.mqtt_port(2)}",
     ]
@@ -144,7 +155,7 @@ def test_two_nodes_stop_and_start_one(hexmq_cluster: ClusterFactory) -> None:
             assert mqtt_connect(cluster.mqtt_port(i), client_id) == 0
 
     human = cluster.cli("status").stdout
-    assert human.count("alive") == 8
+    assert human.count("alive") == 9  # 4 processes a node, and the agreement server
 
 
 @pytest.mark.timeout(120)
@@ -293,7 +304,7 @@ def test_run_stays_in_the_foreground_until_ctrl_c(
         assert "mosquitto_pub" in text
         assert mqtt_connect(base) == 0
         pids = running_processes(cluster_dir)
-        assert len(pids) == 4
+        assert len(pids) == 5  # the node's four processes and the agreement server
 
         os.killpg(manager.pid, signal.SIGINT)
         out, err = manager.communicate(timeout=60)
@@ -319,6 +330,90 @@ def test_status_reports_each_nodes_partitions(hexmq_cluster) -> None:  # type: i
     after = cluster.status()["nodes"]
     assert after[0]["partitions"]["roles"]["master"] == masters[0]
     assert after[1]["partitions"] is None  # its partition service is not running
+
+
+@pytest.mark.timeout(120)
+def test_status_shows_the_view_and_the_agreement_server(hexmq_cluster: ClusterFactory) -> None:
+    cluster = hexmq_cluster(nodes=2, extra=["--rf", "2"])
+    status = cluster.status()
+    agreement = status["agreement"]
+    assert agreement["embedded"]
+    assert agreement["alive"]
+    base = cluster.mqtt_port(1)
+    assert agreement["addr"] == f"127.0.0.1:{base + 1000 + 10 * 2}"  # the block after node 2's
+    view = status["membership"]
+    assert view["view_epoch"] >= 1
+    assert view["consul_reachable"]
+    members = {m["node_id"]: m for m in view["members"]}
+    assert set(members) == {"n1", "n2"}
+    assert all(m["in_view"] and m["registered"] and m["incarnation"] > 0 for m in members.values())
+    assert sum(r["masters"] for r in view["partitions"].values()) == 256
+    assert all(r["follows"] > 0 for r in view["partitions"].values())  # rf 2
+    human = cluster.cli("status").stdout
+    assert f"agreement: hexmq consul-dev on {agreement['addr']}" in human
+    assert f"view: epoch {view['view_epoch']}" in human
+    assert "SUSPECTED-BY" in human
+
+    cluster.kill(2)  # its partition service is gone: the view drops n2, n1 takes over
+    deadline = time.monotonic() + 10
+    while True:
+        view = cluster.status()["membership"]
+        if not next(m for m in view["members"] if m["node_id"] == "n2")["in_view"]:
+            break
+        assert time.monotonic() < deadline, view
+        time.sleep(0.2)
+    assert view["partitions"]["n1"]["masters"] == 256
+    assert {r["kind"] for r in view["recent_failovers"]} == {"failover"}
+    assert {(r["from"], r["to"]) for r in view["recent_failovers"]} == {("n2", "n1")}
+    human = cluster.cli("status").stdout
+    assert "failover" in human
+
+    consul_pid = agreement["pid"]
+    cluster.down()  # the agreement server last
+    assert process_gone(consul_pid)
+    assert cluster.running_processes() == []
+
+
+@pytest.mark.timeout(120)
+def test_up_with_an_external_consul_starts_no_agreement_server(
+    hexmq_cluster: ClusterFactory, tmp_path: Path
+) -> None:
+    port = pick_base_port(1)
+    addr = f"127.0.0.1:{port}"
+    argv = [str(HEXMQ), "consul-dev", "--listen", addr, "--data-dir", str(tmp_path / "consul")]
+    with (tmp_path / "consul.log").open("wb") as log:
+        server = subprocess.Popen(argv, stdout=log, stderr=log, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 15
+        while not _accepts(port):
+            assert time.monotonic() < deadline, "consul-dev did not serve"
+            time.sleep(0.05)
+        cluster = hexmq_cluster(nodes=1, extra=["--consul", addr])
+        status = cluster.status()
+        assert status["agreement"] == {
+            "addr": addr,
+            "embedded": False,
+            "pid": None,
+            "alive": None,
+            "log": None,
+            "cluster_name": "cluster1",
+        }
+        assert status["membership"]["view_epoch"] >= 1
+        assert len(cluster.running_processes()) == 4
+        assert mqtt_connect(cluster.mqtt_port(1)) == 0
+        cluster.down()
+        assert server.poll() is None  # not ours to stop
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def _accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
 
 
 # ----- hexmq passwd, and clusters with a password file --------------------------------------

@@ -37,12 +37,19 @@ def test_port_scheme_never_overlaps_for_the_largest_cluster() -> None:
     nodes = clusterstate.MAX_NODES
     ports = clusterstate.cluster_ports(20000, nodes)
     every = [p.of(s) for p in ports for s in clusterstate.SERVICES]
-    assert len(every) == len(set(every)) == 4 * nodes
+    every += [p.metrics(s) for p in ports for s in clusterstate.METRICS_SLOTS]
+    every.append(clusterstate.agreement_port(20000, nodes))
+    assert len(every) == len(set(every)) == 7 * nodes + 1
     assert max(every) <= clusterstate.highest_port(20000, nodes)
 
 
+def test_the_agreement_server_has_the_block_after_the_last_node() -> None:
+    assert clusterstate.agreement_port(1883, 3) == 1883 + 1000 + 30
+    assert clusterstate.highest_port(1883, 3) == 1883 + 1000 + 39
+
+
 def test_port_scheme_fits_up_to_the_last_valid_base_port() -> None:
-    top = 65535 - clusterstate.INTERNAL_OFFSET - clusterstate.NODE_STRIDE * 3 + 1
+    top = 65535 - clusterstate.INTERNAL_OFFSET - clusterstate.NODE_STRIDE * 4 + 1
     clusterstate.validate_cluster_args(nodes=3, base_port=top, partitions=256, rf=1)
     assert clusterstate.highest_port(top, 3) == 65535
     with pytest.raises(clusterstate.UsageError, match="too high"):
@@ -167,6 +174,20 @@ def test_up_fails_on_a_port_in_use_and_starts_nothing(
     assert running_processes(cluster_dir) == []
 
 
+def test_up_fails_on_the_agreement_servers_port_in_use(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], listener: socket.socket
+) -> None:
+    base = pick_base_port(2)
+    taken = clusterstate.agreement_port(base, 2)
+    listener.bind(("127.0.0.1", taken))
+    listener.listen()
+    cluster_dir = tmp_path / "c"
+    argv = ["cluster", "up", "--nodes", "2", "--dir", str(cluster_dir), "--base-port", str(base)]
+    assert cli.main(argv) == 1
+    assert f"already in use on 127.0.0.1: {taken} (agreement server)" in capsys.readouterr().err
+    assert running_processes(cluster_dir) == []
+
+
 def test_port_in_use_detection(listener: socket.socket) -> None:
     listener.bind(("127.0.0.1", 0))
     port = listener.getsockname()[1]
@@ -198,6 +219,8 @@ def test_state_round_trips_through_json(tmp_path: Path) -> None:
         tmp_path, nodes=2, base_port=30000, partitions=16, rf=1, python="py", redis_server="rs"
     )
     state.nodes[1].processes["edge"].identity = procs.ProcessIdentity(42, 1234, "boot")
+    assert state.consul is not None
+    state.consul.identity = procs.ProcessIdentity(43, 1235, "boot")
     clusterstate.save_state(state)
     loaded = clusterstate.load_state(tmp_path)
     assert loaded is not None
@@ -220,8 +243,30 @@ def test_plan_passes_the_service_flags_exactly(tmp_path: Path) -> None:
     assert n2["membership"].argv[4:] == [
         *("membership", "--node-id", "n2", "--metrics-listen", "127.0.0.1:31015"),
         *("--listen", "127.0.0.1:31011"),
-        *("--members", str(tmp_path / "members.json"), "--partitions", "64", "--rf", "1"),
+        *("--consul", "127.0.0.1:31020", "--cluster", tmp_path.name),
+        *("--partition-addr", "127.0.0.1:31012", "--mqtt-addr", "127.0.0.1:30001"),
+        *("--expect", "2", "--partitions", "64", "--rf", "1"),
     ]
+    assert state.consul is not None
+    assert state.consul.argv == [
+        *("py", "-P", "-m", "hexmq.cli", "consul-dev", "--listen", "127.0.0.1:31020"),
+        *("--data-dir", str(tmp_path / "consul")),
+    ]
+    assert state.consul.log == tmp_path / "consul.log"
+    external = clusterstate.plan_cluster(
+        tmp_path / "ext dir!",
+        nodes=1,
+        base_port=30000,
+        partitions=64,
+        rf=1,
+        python="py",
+        redis_server="rs",
+        consul_addr="127.0.0.9:8500",
+    )
+    assert external.consul is None  # an external Consul: no agreement server of its own
+    membership = external.nodes[0].processes["membership"].argv
+    assert membership[membership.index("--consul") + 1] == "127.0.0.9:8500"
+    assert membership[membership.index("--cluster") + 1] == "ext-dir"
     assert n2["partition"].argv[4:] == [
         *("partition", "--node-id", "n2", "--metrics-listen", "127.0.0.1:31014"),
         *("--listen", "127.0.0.1:31012"),
@@ -248,13 +293,6 @@ def test_plan_passes_the_service_flags_exactly(tmp_path: Path) -> None:
     assert edge[-1] == "--sys-interval=1"
     assert edge[edge.index("--trace-dir") + 1] == str(tmp_path / "traces")
     assert "--sys-interval=1" not in traced.nodes[0].processes["partition"].argv
-    members = clusterstate.members_document(state)["members"]
-    assert members[1] == {
-        "node_id": "n2",
-        "partition_addr": "127.0.0.1:31012",
-        "mqtt_addr": "127.0.0.1:30001",
-        "membership_addr": "127.0.0.1:31011",
-    }
     conf = clusterstate.redis_config(state.nodes[1]).splitlines()
     for line in (
         "port 31010",

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter
+from services.membership.view import MemberInfo, build_view
 
 from hexmq import health, healthprobe
 from hexmq.readiness import (
@@ -23,7 +24,6 @@ from hexmq.readiness import (
 )
 from hexmq.telemetry import start_metrics_server
 from services.edge.readiness import edge_readiness
-from services.membership.view import MemberInfo, build_view
 
 
 @dataclass

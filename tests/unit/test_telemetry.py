@@ -529,7 +529,10 @@ def test_metrics_are_served_with_bounded_labels() -> None:
     metrics.replication_lag.labels("n2").set(12)
     metrics.partition_roles.labels("master").set(85)
     metrics.view_epoch.set(4)
-    metrics.failovers.inc()
+    metrics.failovers.labels("failover").inc()
+    metrics.view_changes.inc()
+    metrics.partitions_offline.set(2)
+    metrics.partitions_under_replicated.set(5)
     metrics.reject("CONNECT", 0x87)
     metrics.grpc_latency.labels("/hexmq.api.partition.v1.Partition/Open", "client").observe(0.002)
     server = tm.start_metrics_server("127.0.0.1", 0, registry=metrics.registry)
@@ -549,7 +552,10 @@ def test_metrics_are_served_with_bounded_labels() -> None:
         'hexmq_partition_roles{role="master"} 85.0',
         'hexmq_partition_roles{role="follower"} 0.0',
         "hexmq_view_epoch 4.0",
-        "hexmq_failovers_total 1.0",
+        'hexmq_failovers_total{kind="failover"} 1.0',
+        "hexmq_view_changes_total 1.0",
+        "hexmq_partitions_offline 2.0",
+        "hexmq_partitions_under_replicated 5.0",
         'hexmq_rejected_packets_total{packet="CONNECT",reason_code="0x87"} 1.0',
         'hexmq_grpc_latency_seconds_bucket{le="0.0025",method="/hexmq.api.partition.v1.'
         'Partition/Open",side="client"} 1.0',

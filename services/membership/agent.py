@@ -1,0 +1,571 @@
+"""The membership agent: the I/O around the planner (docs/failover.md).
+
+It holds the node's liveness in Consul (services/membership/session.py), writes the node's
+keys (members/<node>, suspects/<node>, acquired with its session), watches the view key and the
+members/ and suspects/ prefixes with blocking queries, probes its peers
+(services/membership/probes.py), and on every change (and every local request) runs the pure
+`plan()`; a proposal is written with ?cas=<the view's ModifyIndex>, and a lost CAS re-reads
+and plans again. Agreed views go to the local services through `ViewBoard`
+(services/membership/server.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from google.protobuf.message import DecodeError
+
+from hexmq.api.membership.v1 import membership_pb2 as pb
+from hexmq.service import cancel_and_wait
+from hexmq.telemetry.tracing import Tracing
+from services.membership.changes import record_view_change
+from services.membership.consul_client import make_consul
+from services.membership.plan import Observed, PlanConfig, failover_records, plan
+from services.membership.probes import FailureDetector, Prober, monotonic_ms
+from services.membership.proposals import ProposalBook, Request
+from services.membership.records import (
+    ClusterKeys,
+    MemberRecord,
+    RecordError,
+    RegistryTracker,
+    encode_suspicions,
+    parse_member_record,
+    parse_suspicions,
+)
+from services.membership.server import ViewBoard
+from services.membership.session import (
+    CONSUL_ERRORS,
+    MAX_BACKOFF_S,
+    Lease,
+    LivenessSession,
+    Reachability,
+)
+
+log = logging.getLogger("hexmq.membership")
+
+# Blocking queries wait at most this long (below aiohttp's 300 s default timeout, STACK.md).
+BLOCKING_WAIT: Final = "20s"
+# How many failover records Status keeps, newest last.
+RECENT_FAILOVERS: Final = 50
+# A Propose call is answered with the current view epoch after this long at most, even if its
+# changes are not agreed yet; the partition service asks again if it still needs them.
+PROPOSE_WAIT_S: Final = 5.0
+# A loop iteration this late means the agent stalled (see _watch_for_stalls).
+STALL_TICK_S: Final = 0.1
+STALL_GAP_S: Final = 1.0
+# Plans in a row after lost CAS races before waiting for the next change.
+MAX_CAS_RETRIES: Final = 5
+
+
+class NotAcquiredError(Exception):
+    """A key this node writes is held by another session (an old one of ours, until Consul
+    invalidates it)."""
+
+
+WRITE_ERRORS: Final[tuple[type[BaseException], ...]] = (*CONSUL_ERRORS, NotAcquiredError)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    node_id: str
+    cluster: str
+    consul_addr: str
+    partition_addr: str
+    mqtt_addr: str
+    membership_addr: str
+    partitions: int
+    rf: int
+    expect: int
+    session_ttl_s: int
+    probe_interval_s: float
+    probe_timeout_s: float
+    suspect_after_s: float
+    rejoin_settle_s: float
+
+    def plan_config(self) -> PlanConfig:
+        return PlanConfig(
+            node_id=self.node_id,
+            partitions=self.partitions,
+            rf=self.rf,
+            expect=self.expect,
+            rejoin_settle_ms=int(self.rejoin_settle_s * 1000),
+        )
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class MembershipAgent:
+    def __init__(
+        self, config: AgentConfig, tracing: Tracing, on_fatal: Callable[[], None] = lambda: None
+    ) -> None:
+        self.config = config
+        self._on_fatal = on_fatal
+        self.failed = False
+        self.keys = ClusterKeys(config.cluster)
+        self._tracing = tracing
+        self.board = ViewBoard()
+        self.view_index = 0  # the view key's ModifyIndex (0: no view key)
+        self.registry = RegistryTracker()
+        self.suspicions: dict[str, dict[str, str]] = {}
+        self.proposals = ProposalBook()
+        self.recent: collections.deque[pb.FailoverRecord] = collections.deque(
+            maxlen=RECENT_FAILOVERS
+        )
+        self.reachability = Reachability()
+        self._attached: collections.Counter[int] = collections.Counter()
+        self._incarnation = 0
+        self._detector = FailureDetector(int(config.suspect_after_s * 1000))
+        self._prober = Prober(
+            self._detector,
+            interval_s=config.probe_interval_s,
+            timeout_s=config.probe_timeout_s,
+            on_change=self._reports_changed,
+        )
+        self._consul: Any = None
+        self._session: LivenessSession | None = None
+        self._replan = asyncio.Event()
+        self._rewrite = asyncio.Event()
+        self._lease_event = asyncio.Event()
+        self._lease_version = 0
+        self._written: dict[str, tuple[str, bytes]] = {}  # key -> (session, value) written
+        self._mismatch_logged = False
+        self._plan_error: tuple[int | None, str] | None = None
+        self._watch_failures: collections.Counter[str] = collections.Counter()
+        self._members_failures_seen = 0
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._consul = make_consul(self.config.consul_addr)
+        self._session = LivenessSession(
+            self._consul,
+            name=f"hexmq/{self.config.cluster}/{self.config.node_id}",
+            ttl_s=self.config.session_ttl_s,
+            on_new_session=lambda _sid: self._rewrite.set(),
+            on_lease_change=self._notify_lease,
+            reachability=self.reachability,
+        )
+        self._session.set_record(self.record())
+        runs: Mapping[str, Callable[[], Any]] = {
+            "session": self._session.run,
+            "view-watch": self._watch_view,
+            "members-watch": lambda: self._watch_prefix(self.keys.members, self._on_members),
+            "suspects-watch": lambda: self._watch_prefix(self.keys.suspects, self._on_suspects),
+            "key-writer": self._write_keys,
+            "planner": self._planner,
+            "stall-watch": self._watch_for_stalls,
+        }
+        self._tasks = [asyncio.create_task(run(), name=name) for name, run in runs.items()]
+        for task in self._tasks:
+            task.add_done_callback(self._task_ended)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.remove_done_callback(self._task_ended)
+            await cancel_and_wait(task)
+        await self._prober.stop()
+        if self._session is not None:
+            await self._session.close()
+        if self._consul is not None:
+            await self._consul.close()
+
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
+        # Every loop handles its own errors; one that ends is a bug, and the agent would go
+        # on serving a view it no longer follows: stop, so that a supervisor restarts it.
+        if not task.cancelled():
+            log.critical("agent task %s ended (%r); stopping", task.get_name(), task.exception())
+            self.failed = True
+            self._on_fatal()
+
+    # --- the node's own state ----------------------------------------------------------------
+
+    def record(self) -> MemberRecord:
+        c = self.config
+        return MemberRecord(
+            node_id=c.node_id,
+            partition_addr=c.partition_addr,
+            mqtt_addr=c.mqtt_addr,
+            membership_addr=c.membership_addr,
+            incarnation=self._incarnation,
+        )
+
+    @property
+    def incarnation(self) -> int:
+        """The incarnation of the local partition service with an open Watch (0: none)."""
+        return self._incarnation
+
+    def partition_attached(self, incarnation: int) -> None:
+        self._attached[incarnation] += 1
+        self._set_incarnation(incarnation)
+
+    def partition_detached(self, incarnation: int) -> None:
+        self._attached[incarnation] -= 1
+        if self._attached[incarnation] <= 0:
+            del self._attached[incarnation]
+        if incarnation == self._incarnation and incarnation not in self._attached:
+            # Another open watch (an older process still shutting down) does not count: the
+            # node serves only with the newest one.
+            self._set_incarnation(0)
+
+    def _set_incarnation(self, incarnation: int) -> None:
+        if incarnation == self._incarnation:
+            return
+        log.info("partition service incarnation %d -> %d", self._incarnation, incarnation)
+        self._incarnation = incarnation
+        if self._session is not None:
+            self._session.set_record(self.record())
+        self._rewrite.set()
+
+    def lease(self) -> Lease:
+        if self._session is None:
+            return Lease(False, 0)
+        return self._session.lease()
+
+    def _notify_lease(self) -> None:
+        self._lease_version += 1
+        event, self._lease_event = self._lease_event, asyncio.Event()
+        event.set()
+
+    @property
+    def lease_version(self) -> int:
+        return self._lease_version
+
+    async def lease_changes(self, seen: int) -> int:
+        """Wait until the lease was renewed or changed after version `seen`; the new version."""
+        while self._lease_version <= seen:
+            await self._lease_event.wait()
+        return self._lease_version
+
+    # --- local requests ------------------------------------------------------------------------
+
+    async def propose(self, requests: list[Request]) -> pb.ProposeReply:
+        view = self.board.view
+        assert view is not None, "the servicer refuses proposals before the first view"
+        ticket = self.proposals.add(requests, view)
+        self._replan.set()
+        try:
+            async with asyncio.timeout(PROPOSE_WAIT_S):
+                return await asyncio.shield(ticket.reply)
+        except TimeoutError:
+            current = self.board.view
+            return pb.ProposeReply(view_epoch=current.epoch if current else 0)
+        finally:
+            self.proposals.drop(ticket)
+
+    # --- status --------------------------------------------------------------------------------
+
+    def status(self) -> pb.MembershipStatus:
+        view = self.board.view
+        in_view = {m.node_id: m for m in view.members} if view is not None else {}
+        registrations = self.registry.registrations()
+        probes = self._detector.probe_states(monotonic_ms())
+        suspected_by: dict[str, list[str]] = {}
+        for reporter, reports in sorted(self.suspicions.items()):
+            for node in reports:
+                suspected_by.setdefault(node, []).append(reporter)
+        members = []
+        for node in sorted(in_view.keys() | registrations.keys()):
+            reg = registrations.get(node)
+            members.append(
+                pb.MemberHealth(
+                    node_id=node,
+                    in_view=node in in_view,
+                    registered=reg is not None,
+                    incarnation=reg.incarnation if reg else in_view[node].incarnation,
+                    probe="" if node == self.config.node_id else probes.get(node, ""),
+                    suspected_by=suspected_by.get(node, []),
+                )
+            )
+        return pb.MembershipStatus(
+            node_id=self.config.node_id,
+            view=view,
+            members=members,
+            recent=list(self.recent),
+            consul_reachable=self._session is not None and self._session.holds_session,
+            lease_valid=self.lease().valid,
+        )
+
+    # --- watching Consul -----------------------------------------------------------------------
+
+    async def _blocking_get(
+        self, part: str, key: str, index: int, *, recurse: bool
+    ) -> tuple[int, Any]:
+        """One blocking KV read; retries with backoff while Consul is away."""
+        backoff = 0.1
+        while True:
+            started = time.monotonic()
+            try:
+                new_index, data = await self._consul.kv.get(
+                    key, index=index or None, wait=BLOCKING_WAIT, recurse=recurse
+                )
+            except CONSUL_ERRORS as exc:
+                self.reachability.report(part, exc)
+                self._watch_failures[part] += 1
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                # Read afresh (no blocking) after an error: whatever changed meanwhile, and a
+                # restored server's lower index, show at once.
+                index = 0
+                continue
+            self.reachability.report(part, None)
+            new_index = int(new_index)
+            if index and new_index == index and time.monotonic() - started < 0.01:
+                await asyncio.sleep(0.05)  # a server that does not block: never spin
+            # An index that goes backwards (a restored server) resets the watch.
+            return (new_index if new_index >= index else 0), data
+
+    async def _watch_view(self) -> None:
+        index = 0
+        while True:
+            index, entry = await self._blocking_get("view", self.keys.view, index, recurse=False)
+            self._on_view_entry(entry)
+
+    async def _watch_prefix(self, prefix: str, handle: Callable[[list[Any]], None]) -> None:
+        index = 0
+        part = prefix.rstrip("/").rsplit("/", 1)[-1]
+        while True:
+            index, entries = await self._blocking_get(part, prefix, index, recurse=True)
+            handle(entries or [])
+
+    def _on_view_entry(self, entry: Mapping[str, Any] | None) -> None:
+        if entry is None:
+            if self.view_index:
+                log.warning(
+                    "the view key %s is gone; keeping view epoch %s",
+                    self.keys.view,
+                    self.board.view.epoch if self.board.view else None,
+                )
+            self.view_index = 0
+            self._replan.set()
+            return
+        try:
+            view = pb.View.FromString(entry.get("Value") or b"")
+        except DecodeError as exc:
+            log.error("the view key %s does not hold a View (%s); ignored", self.keys.view, exc)
+            return
+        current = self.board.view
+        if current is not None and view.epoch < current.epoch:
+            log.error(
+                "the view key %s went back from epoch %d to %d; ignored",
+                self.keys.view,
+                current.epoch,
+                view.epoch,
+            )
+            return
+        self.view_index = int(entry["ModifyIndex"])
+        if current is None or view.epoch > current.epoch:
+            self._adopt(current, view)
+        self._replan.set()
+
+    def _adopt(self, old: pb.View | None, view: pb.View) -> None:
+        records = failover_records(old, view, wall_ms()) if old is not None else []
+        self.recent.extend(records)
+        record_view_change(self._tracing, self.config.node_id, old, view, records)
+        if not self._mismatch_logged and (
+            view.partition_count != self.config.partitions
+            or view.replication_factor != self.config.rf
+        ):
+            self._mismatch_logged = True
+            log.error(
+                "the agreed view has %d partitions and rf %d, this agent was started with "
+                "--partitions %d --rf %d: the view's values win",
+                view.partition_count,
+                view.replication_factor,
+                self.config.partitions,
+                self.config.rf,
+            )
+        if old is not None:
+            now = monotonic_ms()
+            for node in {m.node_id for m in old.members} - {m.node_id for m in view.members}:
+                self.registry.unsettle(node, now)
+        self.board.publish(view)
+        self.proposals.settle(view)
+        self._update_peers()
+
+    def _update_peers(self) -> None:
+        """Probe every other member, and every registered node waiting to join: a node is
+        admitted only while nobody finds it unreachable, which only a probe can tell."""
+        view = self.board.view
+        if view is None:
+            return  # nobody to probe before the first view: its members start serving with it
+        peers = {
+            node: reg.partition_addr
+            for node, reg in self.registry.registrations().items()
+            if reg.incarnation > 0
+        }
+        peers.update({m.node_id: m.partition_addr for m in view.members})
+        peers.pop(self.config.node_id, None)
+        self._prober.set_peers(peers)
+
+    def _on_members(self, entries: list[Any]) -> None:
+        records = {}
+        for entry in entries:
+            key = entry["Key"]
+            node = self.keys.node_of(key, self.keys.members)
+            if node is None:
+                continue
+            try:
+                record = parse_member_record(key, node, entry.get("Value"))
+            except RecordError as exc:
+                log.warning("%s; that node counts as unregistered", exc)
+                continue
+            records[node] = (record, int(entry.get("CreateIndex") or 0))
+        now = monotonic_ms()
+        self.registry.update(records, now)
+        if self._watch_failures["members"] != self._members_failures_seen:
+            # A gap in the watch: what happened meanwhile is unknown.
+            self._members_failures_seen = self._watch_failures["members"]
+            self.registry.unsettle_all(now)
+        self._update_peers()
+        self._replan.set()
+
+    def _on_suspects(self, entries: list[Any]) -> None:
+        suspicions = {}
+        for entry in entries:
+            key = entry["Key"]
+            node = self.keys.node_of(key, self.keys.suspects)
+            if node is None:
+                continue
+            try:
+                suspicions[node] = parse_suspicions(key, entry.get("Value"))
+            except RecordError as exc:
+                log.warning("%s; ignored", exc)
+        self.suspicions = suspicions
+        self._unsettle_suspected()
+        self._replan.set()
+
+    def _unsettle_suspected(self) -> None:
+        """Doubts of the moment: a report by anyone, or this agent's own probe not answering
+        (docs/failover.md: the settle counts from the last doubt)."""
+        now = monotonic_ms()
+        for reports in self.suspicions.values():
+            for node in reports:
+                self.registry.unsettle(node, now)
+        for node, probe in self._detector.probe_states(now).items():
+            if probe != "ok":
+                self.registry.unsettle(node, now)
+
+    async def _watch_for_stalls(self) -> None:
+        """An agent that was paused (SIGSTOP, a VM freeze, a long GC) did not watch meanwhile:
+        after a stall it vouches for no registration it saw before."""
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(STALL_TICK_S)
+            now = time.monotonic()
+            if now - last > STALL_GAP_S:
+                log.warning(
+                    "this agent stalled for %.1f s: every registration counts as new", now - last
+                )
+                self.registry.unsettle_all(monotonic_ms())
+            last = now
+
+    # --- writing this node's keys --------------------------------------------------------------
+
+    def _reports_changed(self) -> None:
+        self._rewrite.set()
+
+    async def _write_keys(self) -> None:
+        """Keep members/<node> and suspects/<node> as this node's state says, acquired with its
+        session; each written only when its value (or the session) changed."""
+        backoff = 0.1
+        while True:
+            await self._rewrite.wait()
+            self._rewrite.clear()
+            session = self._session.session_id if self._session else None
+            if session is None:
+                continue  # written as soon as a session exists (on_new_session)
+            wanted = {
+                self.keys.member(self.config.node_id): self.record().to_json(),
+                self.keys.suspicions_of(self.config.node_id): encode_suspicions(
+                    self._prober.reports
+                ),
+            }
+            try:
+                for key, value in wanted.items():
+                    if self._written.get(key) == (session, value):
+                        continue
+                    if not await self._consul.kv.put(key, value, acquire=session):
+                        raise NotAcquiredError(f"{key} not acquired with session {session}")
+                    self._written[key] = (session, value)
+                self.reachability.report("keys", None)
+                backoff = 0.1
+            except WRITE_ERRORS as exc:
+                self.reachability.report("keys", exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                self._rewrite.set()
+
+    # --- planning ------------------------------------------------------------------------------
+
+    async def _planner(self) -> None:
+        """Plan on every change; while a registration waits to settle (a join) or a request is
+        pending, also plan on a clock tick, since time alone can make a plan differ."""
+        config = self.config.plan_config()
+        tick = max(self.config.probe_interval_s, 0.1)
+        while True:
+            try:
+                async with asyncio.timeout(tick if self._waiting_on_time() else None):
+                    await self._replan.wait()
+            except TimeoutError:
+                pass
+            self._replan.clear()
+            self._prober.refresh()
+            for _ in range(MAX_CAS_RETRIES):
+                if not await self._plan_once(config):
+                    break
+
+    def _waiting_on_time(self) -> bool:
+        view = self.board.view
+        members = {m.node_id for m in view.members} if view is not None else set()
+        return len(self.proposals) > 0 or any(
+            node not in members for node in self.registry.registrations()
+        )
+
+    async def _plan_once(self, config: PlanConfig) -> bool:
+        """Plan and propose once; True when a CAS was lost (plan again on the re-read view)."""
+        view = self.board.view
+        self._unsettle_suspected()
+        observed = Observed(
+            registry=self.registry.registrations(),
+            suspicions=self.suspicions,
+            requests=self.proposals.pending(),
+        )
+        try:
+            proposal = plan(view, observed, config, monotonic_ms())
+        except ValueError as exc:  # ViewError: a view in Consul that breaks the invariants
+            epoch = view.epoch if view is not None else None
+            if self._plan_error != (epoch, str(exc)):
+                self._plan_error = (epoch, str(exc))
+                log.error("cannot plan on view %s: %s; waiting for another view", epoch, exc)
+            return False
+        if proposal is None:
+            return False
+        # A failure here is not reported to `reachability`: the watches and the session,
+        # which retry until they succeed, say when Consul is away and when it is back; the
+        # proposal is made again on the next change they see.
+        try:
+            won = await self._consul.kv.put(
+                self.keys.view, proposal.SerializeToString(), cas=self.view_index
+            )
+        except CONSUL_ERRORS as exc:
+            log.debug("proposing view %d failed: %s", proposal.epoch, exc)
+            await asyncio.sleep(0.2)
+            return False
+        if won:
+            log.debug("proposed view %d", proposal.epoch)
+        try:
+            _, entry = await self._consul.kv.get(self.keys.view)
+        except CONSUL_ERRORS as exc:
+            log.debug("reading the view after a proposal failed: %s", exc)
+            return False
+        self._on_view_entry(entry)
+        return not won

@@ -1,0 +1,109 @@
+"""What an agreed view change says, for operators: one log line, metrics, a span.
+
+`describe` and `partition_health` are pure; `record_view_change` applies them to the process's
+metrics and tracing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hexmq import telemetry
+from hexmq.api.membership.v1 import membership_pb2 as pb
+from hexmq.telemetry.tracing import Tracing
+
+log = logging.getLogger("hexmq.membership")
+
+# Failover records listed in full in one log line; past that, counted by kind.
+_LOGGED_RECORDS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionHealth:
+    # Partitions whose master is not a member: no in-sync replica is alive.
+    offline: int
+    # Partitions with fewer in-sync replicas than the view's replication factor.
+    under_replicated: int
+
+
+def partition_health(view: pb.View) -> PartitionHealth:
+    members = {m.node_id for m in view.members}
+    offline = under = 0
+    for pa in view.partitions:
+        if not pa.replicas or pa.replicas[0] not in members:
+            offline += 1
+        if len(pa.in_sync) < view.replication_factor:
+            under += 1
+    return PartitionHealth(offline, under)
+
+
+def describe(old: pb.View | None, new: pb.View, records: Sequence[pb.FailoverRecord]) -> str:
+    """'view 7 (was 6): members -n2 (n1, n3); failover p3 n2->n1 epoch 7, ...'."""
+    if old is None:
+        names = ", ".join(m.node_id for m in new.members)
+        return (
+            f"view {new.epoch}: first view, members {names}, {new.partition_count} partitions, "
+            f"rf {new.replication_factor}"
+        )
+    parts = [f"view {new.epoch} (was {old.epoch})"]
+    before = {m.node_id: m.incarnation for m in old.members}
+    after = {m.node_id: m.incarnation for m in new.members}
+    moved = [f"-{n}" for n in sorted(before.keys() - after.keys())]
+    moved += [f"+{n}" for n in sorted(after.keys() - before.keys())]
+    moved += [
+        f"~{n} (incarnation {after[n]})"
+        for n in sorted(before.keys() & after.keys())
+        if before[n] != after[n]
+    ]
+    if moved:
+        parts.append(f"members {' '.join(moved)} ({', '.join(sorted(after))})")
+    shown = [
+        f"{r.kind} p{r.partition} {r.from_node}->{r.to_node or '-'} epoch {r.epoch}"
+        for r in records[:_LOGGED_RECORDS]
+    ]
+    if len(records) > _LOGGED_RECORDS:
+        rest: dict[str, int] = {}
+        for r in records[_LOGGED_RECORDS:]:
+            rest[r.kind] = rest.get(r.kind, 0) + 1
+        shown.append("and " + ", ".join(f"{n} more {k}" for k, n in sorted(rest.items())))
+    if shown:
+        parts.append(", ".join(shown))
+    health = partition_health(new)
+    parts.append(f"{health.offline} offline, {health.under_replicated} under-replicated")
+    return "; ".join(parts)
+
+
+def record_view_change(
+    tracing: Tracing,
+    node_id: str,
+    old: pb.View | None,
+    new: pb.View,
+    records: Sequence[pb.FailoverRecord],
+) -> None:
+    """The log line, the metrics and the membership.view span of one agreed view change, as
+    this agent saw it (every agent counts every change it sees)."""
+    log.info("%s", describe(old, new, records))
+    m = telemetry.METRICS
+    m.view_epoch.set(new.epoch)
+    m.view_changes.inc()
+    for r in records:
+        m.failovers.labels(r.kind).inc()
+    health = partition_health(new)
+    m.partitions_offline.set(health.offline)
+    m.partitions_under_replicated.set(health.under_replicated)
+    with tracing.span(telemetry.SpanName.MEMBERSHIP_VIEW) as span:
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    telemetry.Attr.VIEW_EPOCH: new.epoch,
+                    telemetry.Attr.NODE: node_id,
+                    "hexmq.view.previous_epoch": old.epoch if old is not None else 0,
+                    "hexmq.view.members": len(new.members),
+                    "hexmq.view.failovers": sum(1 for r in records if r.kind == "failover"),
+                    "hexmq.view.handovers": sum(1 for r in records if r.kind == "handover"),
+                    "hexmq.view.partitions_offline": health.offline,
+                    "hexmq.view.partitions_under_replicated": health.under_replicated,
+                }
+            )

@@ -1,0 +1,227 @@
+"""Failure detection (docs/failover.md, "Failure detection"): probe every other view member's
+partition service with the standard gRPC health check, and turn the outcomes into reports.
+
+`FailureDetector` is the pure core (outcomes in, with the time; reports out). `probe_once` is
+the I/O of one probe: a health check, and for a failure that looks like a gone process, one
+plain TCP connect to confirm it. `Prober` runs one loop per peer and feeds the detector.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from hexmq.netaddr import parse_hostport
+from hexmq.service import cancel_and_wait
+
+log = logging.getLogger(__name__)
+
+
+class Outcome(enum.Enum):
+    OK = "ok"
+    # Connection refused or reset, confirmed by a second, plain TCP connect: the process is gone.
+    REFUSED = "refused"
+    # No answer in time, or an answer that is not SERVING: evidence only when it lasts.
+    FAILED = "failed"
+
+
+@dataclass(slots=True)
+class _Peer:
+    # The last time the peer answered (or when probing it began): silence is counted from here.
+    last_ok_ms: int
+    last: Outcome | None = None
+    # Whether it has answered since this agent began probing it: until then a refusal is
+    # only silence (a partition service starts serving a moment after the view admits it).
+    answered: bool = False
+
+
+class FailureDetector:
+    """What this agent reports about its peers, from its probes' outcomes.
+
+    A confirmed refusal of a peer that has answered before is reported "refused" at once;
+    failures (and refusals of a peer that never answered yet) are reported "silent" once the
+    peer has not answered for `suspect_after_ms`; any answer clears the report."""
+
+    def __init__(self, suspect_after_ms: int) -> None:
+        if suspect_after_ms <= 0:
+            raise ValueError(f"suspect_after_ms must be positive, got {suspect_after_ms}")
+        self._suspect_after_ms = suspect_after_ms
+        self._peers: dict[str, _Peer] = {}
+
+    def watch(self, peers: Iterable[str], now_ms: int) -> None:
+        """Probe exactly these peers from now on: new ones start unsuspected at `now_ms`,
+        others are forgotten (with their reports)."""
+        wanted = set(peers)
+        self._peers = {
+            node: self._peers.get(node) or _Peer(last_ok_ms=now_ms) for node in sorted(wanted)
+        }
+
+    def record(self, node: str, outcome: Outcome, now_ms: int) -> None:
+        peer = self._peers.get(node)
+        if peer is None:
+            return  # a probe that finished after its peer left the view
+        if outcome is Outcome.REFUSED and not peer.answered:
+            outcome = Outcome.FAILED
+        peer.last = outcome
+        if outcome is Outcome.OK:
+            peer.last_ok_ms = now_ms
+            peer.answered = True
+
+    def reports(self, now_ms: int) -> dict[str, str]:
+        """{node: "refused" | "silent"} for the peers this agent finds unreachable now."""
+        found = {}
+        for node, peer in self._peers.items():
+            if peer.last is Outcome.REFUSED:
+                found[node] = "refused"
+            elif peer.last is Outcome.FAILED and now_ms - peer.last_ok_ms >= self._suspect_after_ms:
+                found[node] = "silent"
+        return found
+
+    def probe_states(self, now_ms: int) -> dict[str, str]:
+        """For Status: "ok", "silent" (failing, not yet or already reported) or "refused"."""
+        states = {}
+        for node, peer in self._peers.items():
+            if peer.last is None:
+                states[node] = ""
+            elif peer.last is Outcome.FAILED:
+                states[node] = "silent"
+            else:
+                states[node] = peer.last.value
+        return states
+
+
+def looks_gone(code: object) -> bool:
+    """A failed health check that may mean the process is gone (refused or reset connection):
+    gRPC reports those as UNAVAILABLE. Timeouts (DEADLINE_EXCEEDED) and every other status
+    are silence, never strong evidence."""
+    return bool(code == grpc.StatusCode.UNAVAILABLE)
+
+
+async def tcp_refused(addr: str, timeout_s: float) -> bool:
+    """True only if a TCP connect to `addr` is refused or reset: nothing listens there."""
+    host, port = parse_hostport(addr)
+    try:
+        async with asyncio.timeout(timeout_s):
+            _, writer = await asyncio.open_connection(host, port)
+    except (ConnectionRefusedError, ConnectionResetError):
+        return True
+    except (TimeoutError, OSError):
+        return False  # unreachable or slow: silence, not a refusal
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return False
+
+
+class ProbeChannel:
+    """One peer's health-check channel. A failed probe drops the channel, so the next probe
+    connects afresh instead of waiting out gRPC's reconnect backoff (up to minutes), which
+    would report a restarted peer silent long after it is back."""
+
+    def __init__(self, addr: str) -> None:
+        self.addr = addr
+        self._channel: grpc.aio.Channel | None = None
+
+    async def check(self, timeout_s: float) -> Outcome:
+        if self._channel is None:
+            self._channel = grpc.aio.insecure_channel(self.addr)
+        stub = health_pb2_grpc.HealthStub(self._channel)
+        try:
+            reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            await self.close()
+            if looks_gone(exc.code()) and await tcp_refused(self.addr, timeout_s):
+                return Outcome.REFUSED
+            return Outcome.FAILED
+        # Any status answers the question asked here: the process is alive and reachable.
+        # Whether it serves the view is its incarnation's business (NOT_SERVING while it
+        # starts or stops must not get it suspected by its peers).
+        del reply
+        return Outcome.OK
+
+    async def close(self) -> None:
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            await channel.close()
+
+
+Clock = Callable[[], int]
+
+
+def monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+class Prober:
+    """One probing loop per peer partition service; every outcome goes to the detector, and
+    `on_change` is called whenever the reports change."""
+
+    def __init__(
+        self,
+        detector: FailureDetector,
+        *,
+        interval_s: float,
+        timeout_s: float,
+        on_change: Callable[[], None],
+        clock: Clock = monotonic_ms,
+    ) -> None:
+        self._detector = detector
+        self._interval_s = interval_s
+        self._timeout_s = timeout_s
+        self._on_change = on_change
+        self._clock = clock
+        self._tasks: dict[str, tuple[str, asyncio.Task[None]]] = {}
+        self._reports: dict[str, str] = {}
+
+    @property
+    def reports(self) -> dict[str, str]:
+        return dict(self._reports)
+
+    def set_peers(self, peers: Mapping[str, str]) -> None:
+        """Probe exactly these peers ({node: partition address}) from now on."""
+        self._detector.watch(peers, self._clock())
+        for node, (addr, task) in list(self._tasks.items()):
+            if peers.get(node) != addr:
+                del self._tasks[node]
+                task.cancel()  # its loop closes its channel on the way out
+        for node, addr in sorted(peers.items()):
+            if node not in self._tasks:
+                task = asyncio.create_task(self._probe_loop(node, addr), name=f"probe-{node}")
+                self._tasks[node] = (addr, task)
+        self._refresh()
+
+    async def stop(self) -> None:
+        for _, task in self._tasks.values():
+            await cancel_and_wait(task)
+        self._tasks.clear()
+
+    def refresh(self) -> None:
+        """Re-evaluate the reports (silence grows with time, not only with outcomes)."""
+        self._refresh()
+
+    def _refresh(self) -> None:
+        reports = self._detector.reports(self._clock())
+        if reports != self._reports:
+            self._reports = reports
+            self._on_change()
+
+    async def _probe_loop(self, node: str, addr: str) -> None:
+        channel = ProbeChannel(addr)
+        try:
+            while True:
+                started = time.monotonic()
+                outcome = await channel.check(self._timeout_s)
+                self._detector.record(node, outcome, self._clock())
+                self._refresh()
+                spent = time.monotonic() - started
+                await asyncio.sleep(max(0.0, self._interval_s - spent))
+        finally:
+            await channel.close()

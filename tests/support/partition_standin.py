@@ -1,0 +1,62 @@
+"""A stand-in for a node's partition service, where only its membership side is under test:
+a real process that serves the standard gRPC health check on --listen (what peers' agents
+probe) and watches its agent with an incarnation (what admits the node to the view).
+
+    python -m tests.support.partition_standin --listen HOST:PORT --membership HOST:PORT
+
+SIGUSR1 stops the health server while the watch stays open (the process is alive to its own
+agent but refuses its peers' probes); SIGTERM ends it. It prints "serving <incarnation>" once
+its health server is up, and "view <epoch>" for every view it receives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import time
+
+import grpc
+
+from hexmq.api.membership.v1 import membership_pb2 as pb
+from hexmq.health import SERVING, add_health
+from services.membership.client import ViewWatcher
+
+
+async def main(args: argparse.Namespace) -> None:
+    incarnation = args.incarnation or time.time_ns()
+    server = grpc.aio.server()
+    health = add_health(server)
+    server.add_insecure_port(args.listen)
+    await server.start()
+    await health.set("", SERVING)
+    print(f"serving {incarnation}", flush=True)
+
+    async def on_view(view: pb.View) -> None:
+        print(f"view {view.epoch}", flush=True)
+
+    watcher = ViewWatcher(args.membership, on_view, incarnation=incarnation)
+    watcher.start()
+    stop = asyncio.Event()
+    refuse = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, refuse.set)
+    either = [asyncio.create_task(stop.wait()), asyncio.create_task(refuse.wait())]
+    await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+    if not stop.is_set():
+        await server.stop(grace=None)
+        print("refusing", flush=True)
+        await stop.wait()
+    for task in either:
+        task.cancel()
+    await watcher.stop()
+    await server.stop(grace=None)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--listen", required=True)
+    parser.add_argument("--membership", required=True)
+    parser.add_argument("--incarnation", type=int, default=0)
+    asyncio.run(main(parser.parse_args()))
