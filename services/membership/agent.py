@@ -255,10 +255,10 @@ class MembershipAgent:
         try:
             async with asyncio.timeout(PROPOSE_WAIT_S):
                 return await asyncio.shield(ticket.reply)
-        except TimeoutError:
-            current = self.board.view
-            return pb.ProposeReply(view_epoch=current.epoch if current else 0)
         finally:
+            # Answered, or not within PROPOSE_WAIT_S: the caller hears TimeoutError (and asks
+            # again); an answer that does not say the change holds would let a master stop
+            # counting a follower the view still has in sync.
             self.proposals.drop(ticket)
 
     # --- status --------------------------------------------------------------------------------

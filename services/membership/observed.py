@@ -59,6 +59,12 @@ class InSyncRequest:
     epoch: int
     add: frozenset[str] = frozenset()
     remove: frozenset[str] = frozenset()
+    # (node, incarnation) of added followers, as their master knows them: a follower is added
+    # only while the view has it with that incarnation (0 or absent: any).
+    add_incarnations: tuple[tuple[str, int], ...] = ()
+
+    def incarnation_of(self, follower: str) -> int:
+        return dict(self.add_incarnations).get(follower, 0)
 
     def __post_init__(self) -> None:
         _check_request(self.partition, self.epoch, "InSyncRequest")

@@ -282,7 +282,9 @@ def _apply_request(
         return
     if isinstance(request, InSyncRequest):
         for follower in sorted(request.add):
-            if follower in part.replicas and follower in members:
+            wanted = request.incarnation_of(follower)
+            same = follower in members and wanted in (0, members[follower].incarnation)
+            if follower in part.replicas and same:
                 part.in_sync.add(follower)
         # The master never leaves, so in_sync never empties.
         part.in_sync -= request.remove - {part.master}
@@ -371,8 +373,12 @@ def request_outcome(request: Request, view: pb.View) -> Outcome:
     if a.epoch != request.epoch or a.replicas[0] not in members:
         return "moot"
     outcomes: list[Outcome] = []
+    incarnations = {m.node_id: m.incarnation for m in view.members}
     for f in sorted(request.add):
-        if f in a.in_sync:
+        wanted = request.incarnation_of(f)
+        if wanted and f in incarnations and incarnations[f] != wanted:
+            outcomes.append("moot")  # restarted since its master asked: it catches up anew
+        elif f in a.in_sync:
             outcomes.append("done")
         elif f in a.replicas and f in members:
             outcomes.append("pending")

@@ -36,8 +36,11 @@ def requests_from_proto(msg: pb.ProposeRequest, partition_count: int) -> list[Re
             raise ProposalError(f"{where}: {sorted(add & remove)} both added and removed")
         if "" in add | remove:
             raise ProposalError(f"{where}: an empty node id")
+        incarnations = tuple(sorted((n, i) for n, i in change.add_incarnations.items() if n in add))
         try:
-            requests.append(InSyncRequest(change.partition, change.epoch, add, remove))
+            requests.append(
+                InSyncRequest(change.partition, change.epoch, add, remove, incarnations)
+            )
         except ValueError as exc:  # the planner's own checks (e.g. an epoch of 0)
             raise ProposalError(f"{where}: {exc}") from exc
     for handover in msg.handovers:

@@ -98,7 +98,14 @@ class MembershipServicer(pb_grpc.MembershipServiceServicer):
         except ProposalError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise AssertionError("unreachable") from exc
-        return await self._agent.propose(requests)
+        try:
+            return await self._agent.propose(requests)
+        except TimeoutError:
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                "the change does not hold in an agreed view yet; ask again",
+            )
+            raise AssertionError("unreachable") from None
 
     async def Lease(
         self, request: pb.LeaseRequest, context: grpc.aio.ServicerContext

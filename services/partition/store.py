@@ -165,7 +165,7 @@ def put_position(
 
 
 def format_history(history: History) -> str:
-    """"epoch:first_seq,..." oldest first, as hx:{p}:meta's history field holds it."""
+    """ "epoch:first_seq,..." oldest first, as hx:{p}:meta's history field holds it."""
     return ",".join(f"{epoch}:{seq}" for epoch, seq in history)
 
 

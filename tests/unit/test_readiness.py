@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter
-from services.membership.view import MemberInfo, build_view
 
 from hexmq import health, healthprobe
+from hexmq.api.membership.v1 import membership_pb2 as mpb
+from hexmq.hashring import assign
 from hexmq.readiness import (
     STARTING,
     STOPPING,
@@ -31,9 +32,21 @@ class FakeLink:
     ready: bool
 
 
-def view_of(*nodes: str, partitions: int = 16, rf: int = 2):  # type: ignore[no-untyped-def]
-    members = [MemberInfo(n, f"{n}:7001", f"{n}:1883", f"{n}:7000") for n in nodes]
-    return build_view(members, partitions=partitions, rf=rf, epoch=3)
+def view_of(*nodes: str, partitions: int = 16, rf: int = 2) -> mpb.View:
+    table = assign(nodes, partitions, rf)
+    return mpb.View(
+        epoch=3,
+        partition_count=partitions,
+        replication_factor=rf,
+        members=[
+            mpb.Member(node_id=n, partition_addr=f"{n}:7001", mqtt_addr=f"{n}:1883")
+            for n in nodes
+        ],
+        partitions=[
+            mpb.PartitionAssignment(partition=p, epoch=3, replicas=r, in_sync=r)
+            for p, r in enumerate(table)
+        ],
+    )
 
 
 # ----- the edge's predicate ---------------------------------------------------------------
