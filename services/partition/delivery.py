@@ -211,8 +211,16 @@ class MessageDelivery(MasterState):
     def _delivery_ack(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
         req = cmd.delivery_ack
         session = self.sessions.get(req.client_id)
-        if session is None:
+        if session is None or session.partition not in self.mastered:
+            if cmd.request_id and self.mastered.get(cmd.partition) != cmd.partition_epoch:
+                # Not mastered here (any more): the edge gives them to the new master when it
+                # re-attaches the connection (AttachSession.acked_ids).
+                self._check_owner(link, cmd, cmd.partition, cmd.partition_epoch)
+            else:
+                self._reply(link, cmd)
             return
+        # Answered once the removals are durable: the edge then forgets these acknowledgements.
+        self._reply(link, cmd)
         # PUBACK / PUBCOMP from an earlier connection of the session (its acknowledgement still
         # on the way when the client reconnected elsewhere) still counts: the client has the
         # message, and dropping the ack would only make it come again.
@@ -230,10 +238,11 @@ class MessageDelivery(MasterState):
         # for this batch (whose only news is that acknowledged messages are gone).
         self._pump(session)
 
-    def _release(self, session: Session, message_ids: list[int]) -> None:
+    def _release(self, session: Session, message_ids: list[int], *, send: bool = True) -> None:
         """QoS 2 out: the client sent PUBREC for these messages. Each becomes a released stub,
         durably; only then is it sent back to the edge, which sends PUBREL (a PUBREL must never
-        be followed by the PUBLISH again, even after a restart)."""
+        be followed by the PUBLISH again, even after a restart). With `send` False the edge
+        has sent the PUBREL already."""
         stubs = session.release(message_ids)
         if not stubs:
             return
@@ -241,14 +250,14 @@ class MessageDelivery(MasterState):
         for stub in stubs:
             self.store.put_message(batch, session.partition, session.client_id, stub)
         conn = session.connection
-        if conn is None:
+        if conn is None or not send:
             return
 
-        def send() -> None:
+        def send_stubs() -> None:
             if session.connection is conn and self.sessions.get(session.client_id) is session:
                 _send_delivery(session, conn, stubs)
 
-        self.commit.after(send)
+        self.commit.after(send_stubs)
 
     def _durable(self, session: Session, message_id: int) -> None:
         if message_id > session.durable_mid:

@@ -15,7 +15,7 @@ from hexmq import telemetry
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
 from hexmq.grpc_options import LINK_OPTIONS
-from hexmq.health import SERVING, add_health
+from hexmq.health import NOT_SERVING, SERVING, add_health
 from hexmq.netaddr import parse_hostport
 from hexmq.service import (
     add_observability_arguments,
@@ -24,11 +24,13 @@ from hexmq.service import (
     start_observability,
 )
 from services.membership.client import ViewWatcher
+from services.partition.agreement import AgreementClient
 from services.partition.delivery import DEFAULT_MAX_QUEUED, QueueLimits
 from services.partition.node import PartitionNode
 from services.partition.peers import ReplicationDriver
 from services.partition.qos2_seen import DEFAULT_RETENTION_S, SeenOrigins
 from services.partition.replication import DEFAULT_LOG_ENTRIES, ReplicationLimits, Replicator
+from services.partition.roles import WAIT_S
 from services.partition.server import PartitionServicer
 from services.partition.store import GroupCommit, RedisStore
 
@@ -79,6 +81,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "of (its edge died); a retry of that routing later than this is stored again "
         "(default %(default)g: 24 h)",
     )
+    parser.add_argument(
+        "--redis-timeout",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="a Redis command (or connect) that takes longer fails, and the service stops: its "
+        "partitions fail over (default %(default)g)",
+    )
     parser.add_argument("--log-level", default="INFO")
     add_observability_arguments(parser)
 
@@ -92,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--max-queued-messages must be at least 1")
         if args.replication_log_entries < 1:
             raise ValueError("--replication-log-entries must be at least 1")
+        if not args.redis_timeout > 0:
+            raise ValueError("--redis-timeout must be positive")
         if args.replica_lag_timeout <= 0:
             raise ValueError("--replica-lag-timeout must be positive")
         if not args.qos2_dedupe_retention > 0:
@@ -108,7 +120,13 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             log.error("cannot serve metrics on %s: %s", args.metrics_listen, exc.strerror)
             return 1
-        client = redis.Redis.from_url(args.redis)
+        # Timeouts stated, not redis-py's defaults (none): a Redis that stops answering stops
+        # this service within --redis-timeout (fail-stop), and the cluster fails over.
+        client = redis.Redis.from_url(
+            args.redis,
+            socket_timeout=args.redis_timeout,
+            socket_connect_timeout=args.redis_timeout,
+        )
         try:
             await asyncio.wait_for(_wait_for_redis(client), args.startup_timeout)
         except TimeoutError:
@@ -129,22 +147,50 @@ def run(args: argparse.Namespace) -> int:
                 lag_ticks=max(1, round(args.replica_lag_timeout / TICK_S)),
             ),
         )
+        # This process's incarnation: the view admits the node only with the partition service
+        # that runs now (a restart is a new incarnation, docs/failover.md).
+        incarnation = time.time_ns()
         commit = GroupCommit(client, replicator, storage_failed)
         store = RedisStore(client)
-        replication = ReplicationDriver(replicator, store, commit, storage_failed, tick_s=TICK_S)
+        agent = AgreementClient(args.membership, incarnation)
+        replication = ReplicationDriver(
+            replicator,
+            store,
+            commit,
+            storage_failed,
+            tick_s=TICK_S,
+            incarnation=incarnation,
+            agent=agent,
+        )
         limits = QueueLimits(args.max_queued_messages, args.queue_overflow == "drop-oldest")
         seen = SeenOrigins(int(args.qos2_dedupe_retention * 1000))
-        node = PartitionNode(args.node_id, store, commit, obs.tracing, limits, replicator, seen)
+        node = PartitionNode(
+            args.node_id,
+            store,
+            commit,
+            obs.tracing,
+            limits,
+            replicator,
+            seen,
+            on_failure=storage_failed,
+        )
+        replication.roles = node
         ready = asyncio.Event()
 
         async def on_view(view: mpb.View) -> None:
+            node.apply_view(view)
             await replication.apply_view(view)
-            await node.apply_view(view)
-            ready.set()
+            if not ready.is_set():
+                ready.set()
+                await health.set("", SERVING)
+            if not replication.admitted(view):
+                log.info(
+                    "view %d does not admit this partition service (incarnation %d): no roles",
+                    view.epoch,
+                    incarnation,
+                )
 
-        # This process's incarnation: the view admits the node only with the partition service
-        # that runs now (a restart is a new incarnation, docs/failover.md).
-        watcher = ViewWatcher(args.membership, on_view, incarnation=time.time_ns())
+        watcher = ViewWatcher(args.membership, on_view, incarnation=incarnation)
         server = grpc.aio.server(options=LINK_OPTIONS)
         pb_grpc.add_PartitionServiceServicer_to_server(
             PartitionServicer(node, replication, ready), server
@@ -155,6 +201,10 @@ def run(args: argparse.Namespace) -> int:
         except RuntimeError as exc:
             log.error("cannot listen on %s: %s", args.listen, exc)
             return 1
+        # Serving (health first) before the first view: the membership agents probe this
+        # process from the start, and edges wait on `ready` for their links.
+        await health.set("", NOT_SERVING)
+        await server.start()
         commit.start()
         replication.start()
         watcher.start()
@@ -166,8 +216,6 @@ def run(args: argparse.Namespace) -> int:
                 "no view from membership at %s within %.0fs", args.membership, args.startup_timeout
             )
             return 1
-        await server.start()
-        await health.set("", SERVING)
         log.info("serving edges on %s (pid %d)", args.listen, os.getpid())
         sweeper = asyncio.create_task(_sweep(node))
         metrics = asyncio.create_task(_report_metrics(node, commit, replicator))
@@ -179,6 +227,7 @@ def run(args: argparse.Namespace) -> int:
         await commit.stop()
         await replication.stop()
         await watcher.stop()
+        await agent.close()
         await client.aclose()
         await obs.close()
         return exit_code
@@ -198,6 +247,14 @@ async def _wait_for_redis(client: redis.Redis) -> None:
 async def _sweep(node: PartitionNode) -> None:
     while True:
         await asyncio.sleep(1.0)
+        waited = node.expire_waiting()
+        if waited:
+            log.warning(
+                "%d commands waited %.0f s for partitions this node was to serve; answered "
+                "UNAVAILABLE (their edges ask again)",
+                waited,
+                WAIT_S,
+            )
         expired = node.expire_sessions()
         node.hand_out_wills()
         node.hand_out_shared()

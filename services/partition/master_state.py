@@ -16,6 +16,7 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.topics import TopicTrie
 from services.partition.links import EdgeLink
 from services.partition.qos2_seen import SeenOrigins
+from services.partition.replication import Replicator
 from services.partition.sessions import Session
 from services.partition.shared import SharedGroups
 from services.partition.store import GroupCommit, RedisStore
@@ -35,6 +36,7 @@ def _result(
 
 class MasterState:
     node_id: str
+    replicator: Replicator | None
     store: RedisStore
     commit: GroupCommit
     view: mpb.View | None
@@ -83,6 +85,16 @@ class MasterState:
                 SC.STATUS_CODE_STALE_EPOCH,
                 message=f"partition {p} is at epoch {current}, not {epoch}",
                 current_master=self.node_id,
+                current_epoch=current,
+            )
+            return False
+        replicator = self.replicator
+        if replicator is not None and not replicator.accepts_writes(p):
+            self._reply(
+                link,
+                cmd,
+                SC.STATUS_CODE_MOVED,
+                message=f"partition {p} is being handed over",
                 current_epoch=current,
             )
             return False

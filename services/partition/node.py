@@ -4,15 +4,17 @@ Handling a command changes memory at once (so the next command sees it), puts it
 current group-commit batch, and defers everything the edge will hear (results, deliveries, index
 updates) until that batch is durable. Commands of one link are handled in arrival order.
 
-This module holds the view, the edge links, session open/attach/close and expiry, and the one
-command table. Each other kind of command is a mixin PartitionNode inherits, a MasterState
-(master_state.py: the shared state, fencing and replies): Subscriptions (subscriptions.py),
-MessageDelivery (delivery.py: publish, queues, retained, acks), InboundQos2 (qos2_inbound.py),
-SessionWills (wills.py).
+This module holds the edge links, session open/attach/close and expiry, and the one command
+table. Each other kind of work is a mixin PartitionNode inherits, a MasterState (master_state.py:
+the shared state, fencing and replies): PartitionRoles (roles.py: the view, promotion and
+demotion, commands waiting for a partition), Subscriptions (subscriptions.py), MessageDelivery
+(delivery.py: publish, queues, retained, acks), InboundQos2 (qos2_inbound.py), SessionWills
+(wills.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import Callable
@@ -30,9 +32,15 @@ from services.partition.qos2_inbound import InboundQos2
 from services.partition.qos2_seen import SeenOrigins
 from services.partition.redelivery import SharedRedelivery
 from services.partition.replication import Replicator
+from services.partition.roles import (
+    WILL_LINK_GRACE_MS,
+    PartitionRoles,
+    Waiting,
+    command_targets,
+)
 from services.partition.sessions import NEVER_EXPIRES, LiveConnection, Session
 from services.partition.shared import SharedGroups
-from services.partition.store import GroupCommit, RedisStore
+from services.partition.store import GroupCommit, RedisStore, Scope
 from services.partition.subscriptions import Subscriptions
 from services.partition.sysstats import NodeStatsBoard
 from services.partition.tracing import AppendTracer
@@ -44,12 +52,13 @@ DEFAULT_RECEIVE_MAXIMUM = 65535
 # A session of a connection whose edge link dropped is kept this long for the edge to re-attach
 # it, even if its expiry interval is 0.
 LINK_GRACE_MS = 30_000
-# A connection lost with its edge link may yet be re-attached by that edge: its will waits this
-# much longer than its delay, so a brief link outage does not publish the wills of live clients.
-WILL_LINK_GRACE_MS = 5_000
 
 
-class PartitionNode(Subscriptions, MessageDelivery, InboundQos2, SessionWills):
+def _stop_on_failure(exc: BaseException) -> None:
+    raise exc
+
+
+class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2, SessionWills):
     def __init__(
         self,
         node_id: str,
@@ -59,8 +68,15 @@ class PartitionNode(Subscriptions, MessageDelivery, InboundQos2, SessionWills):
         limits: QueueLimits | None = None,
         replicator: Replicator | None = None,
         seen: SeenOrigins | None = None,
+        on_failure: Callable[[BaseException], None] = _stop_on_failure,
     ) -> None:
         self.node_id = node_id
+        self.on_failure = on_failure
+        # Partitions promoted here and being loaded (partition -> epoch), the commands waiting
+        # for a partition this node is about to serve, and the loads under way.
+        self.loading: dict[int, int] = {}
+        self._waiting: dict[int, Waiting] = {}
+        self._loads: set[asyncio.Task[None]] = set()
         # Read for spans only; writes reach it through the group commit.
         self.replicator = replicator
         self.limits = limits or QueueLimits()
@@ -113,52 +129,6 @@ class PartitionNode(Subscriptions, MessageDelivery, InboundQos2, SessionWills):
         self.messages_in = 0
         self.messages_out = 0
 
-    # ----- view and loading -------------------------------------------------------------
-
-    async def apply_view(self, view: mpb.View) -> None:
-        """Take over the partitions the view makes this node master of. Moving partitions
-        between nodes (handover, catch-up) arrives with the cluster data plane."""
-        first = self.view is None
-        self.view = view
-        mine = {a.partition: a.epoch for a in view.partitions if a.replicas[0] == self.node_id}
-        if not first and set(mine) != set(self.mastered):
-            log.error(
-                "view %d moves partitions; live repartitioning is not supported yet", view.epoch
-            )
-            return
-        for p, epoch in sorted(mine.items()):
-            for stored in await self.store.load_partition(p):
-                session = Session(p, stored.record)
-                for spec in stored.subscriptions:
-                    self._add_subscription(session, spec, announce=False)
-                for qm in stored.queue:
-                    session.queue[qm.message_id] = qm
-                    session.durable_mid = max(session.durable_mid, qm.message_id)
-                    # Unknown whether it was sent before the restart: resend as a duplicate.
-                    session.ever_sent.add(qm.message_id)
-                session.q2in = stored.qos2_inbound
-                rec = session.record
-                if rec.will_due_at_ms:
-                    self.wills.schedule(rec.client_id, rec.will_due_at_ms)
-                if not rec.disconnected_at_ms:
-                    # Its connection was lost with the old process; edges re-attach live ones.
-                    rec.disconnected_at_ms = now_ms()
-                    if rec.HasField("will"):
-                        due = rec.disconnected_at_ms + WILL_LINK_GRACE_MS
-                        self.wills.schedule(rec.client_id, due + rec.will.delay_interval_s * 1000)
-                self.sessions[session.client_id] = session
-            for msg in await self.store.load_retained(p):
-                self.retained[msg.topic] = (p, msg)
-            self.seen.load(p, await self.store.load_qos2_seen(p))
-            self.redelivery.load(await self.store.load_handoffs(p))
-            self.mastered[p] = epoch
-        log.info(
-            "view %d: master of %d partitions, %d sessions loaded",
-            view.epoch,
-            len(self.mastered),
-            len(self.sessions),
-        )
-
     # ----- links ------------------------------------------------------------------------
 
     def open_link(self, hello: pb.Hello) -> EdgeLink:
@@ -167,11 +137,12 @@ class PartitionNode(Subscriptions, MessageDelivery, InboundQos2, SessionWills):
             self.close_link(old)
         link = EdgeLink(hello.edge_id, hello.edge_incarnation)
         self.links[hello.edge_id] = link
-        # The edge's routing index for this node: reset, snapshot, done.
-        entries = [pb.IndexEntry(partition=p, filter=f, present=True) for (p, f) in self.index_refs]
-        entries += self.shared.entries()
+        # The edge's routing index for the partitions mastered here: reset each (at its epoch),
+        # snapshot, done.
+        entries = self._index_entries(self.mastered)
         chunk = 4096
-        link.send(pb.PartitionEvent(index_update=pb.IndexUpdate(reset=True)))
+        resets = [pb.PartitionEpoch(partition=p, epoch=e) for p, e in sorted(self.mastered.items())]
+        link.send(pb.PartitionEvent(index_update=pb.IndexUpdate(reset_partitions=resets)))
         for i in range(0, len(entries), chunk):
             link.send(
                 pb.PartitionEvent(index_update=pb.IndexUpdate(entries=entries[i : i + chunk]))
@@ -208,12 +179,25 @@ class PartitionNode(Subscriptions, MessageDelivery, InboundQos2, SessionWills):
     # ----- commands ---------------------------------------------------------------------
 
     def handle(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
-        kind = cmd.WhichOneof("command")
-        handler = self._handlers.get(kind or "")
+        kind = cmd.WhichOneof("command") or ""
+        handler = self._handlers.get(kind)
         if handler is None:
             self._reply(link, cmd, SC.STATUS_CODE_INVALID, message=f"unknown command {kind!r}")
             return
-        handler(self, link, cmd)
+        targets = command_targets(cmd, kind)
+        if not targets:
+            handler(self, link, cmd)
+            return
+        if self._holds(link, cmd, targets):
+            return
+        # What the command adds to the batch is its own: dropped (and the command answered
+        # MOVED) if a partition it wrote is aborted before the batch is released.
+        commit = self.commit
+        commit.scope = Scope(frozenset(p for p, _ in targets), link.send, cmd.request_id)
+        try:
+            handler(self, link, cmd)
+        finally:
+            commit.scope = None
 
     def _open_session(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
         req = cmd.open_session
@@ -223,14 +207,21 @@ class PartitionNode(Subscriptions, MessageDelivery, InboundQos2, SessionWills):
         batch = self.commit.batch
         stamp = now_ms()
         session = self.sessions.get(req.client_id)
-        if session is not None and _expired(session, stamp):
+        # The same connection's OpenSession again: its edge re-sent it to this (new) master
+        # after the first one's answer was lost with the old master. Not a takeover.
+        again = session is not None and session.record.connection_id == req.connection_id
+        if session is not None and _expired(session, stamp) and not again:
             # Past its expiry but not swept yet (the sweep runs once a second): it is gone.
             self._delete_session(session)
             session = None
-        if session is not None and session.connection is not None:
+        if session is not None and session.connection is not None and not again:
             self._kick(session, reason_code=0x8E)
             self._connection_lost(session, stamp)
-        if session is not None and req.clean_start:
+        elif session is not None and session.orphan and not again:
+            # Live on an edge that has not re-attached it to this new master yet.
+            self._kick_orphan(session, reason_code=0x8E)
+            self._connection_lost(session, stamp)
+        if session is not None and req.clean_start and not again:
             self._delete_session(session)
             session = None
         elif session is not None and session.record.will_due_at_ms:
@@ -239,9 +230,12 @@ class PartitionNode(Subscriptions, MessageDelivery, InboundQos2, SessionWills):
             if session.record.will_due_at_ms <= stamp:
                 self._publish_will_now(session)
             self._clear_will(session)
-        present = session is not None
+        present = session is not None and session.record.created_by != req.connection_id
         if session is None:
-            session = Session(p, pb.SessionRecord(client_id=req.client_id, created_at_ms=now_ms()))
+            record = pb.SessionRecord(
+                client_id=req.client_id, created_at_ms=now_ms(), created_by=req.connection_id
+            )
+            session = Session(p, record)
             self.sessions[req.client_id] = session
         session.record.session_expiry_s = req.session_expiry_s
         session.record.protocol_version = req.protocol_version
@@ -263,16 +257,35 @@ class PartitionNode(Subscriptions, MessageDelivery, InboundQos2, SessionWills):
         if not self._check_owner(link, cmd, cmd.partition, cmd.partition_epoch):
             return
         session = self.sessions.get(req.client_id)
-        if session is None:
+        if session is None or session.partition != cmd.partition:
             self._reply(link, cmd, SC.STATUS_CODE_NOT_FOUND, message="session ended")
             return
-        if session.connection is not None and session.connection.connection_id != req.connection_id:
+        conn = session.connection
+        holder = (
+            conn.connection_id
+            if conn is not None
+            else (session.orphan or session.record.connection_id)
+        )
+        if holder != req.connection_id:
             self._reply(link, cmd, SC.STATUS_CODE_TAKEN_OVER, message="connection replaced")
             return
+        # What the edge knows and this master may not: acknowledgements and PUBRECs it sent
+        # that never got here (lost with the old master), and what its client has in flight.
+        if req.acked_ids:
+            removed = session.acknowledge(list(req.acked_ids))
+            if removed:
+                self.store.delete_messages(
+                    self.commit.batch, session.partition, session.client_id, removed
+                )
         conn = LiveConnection(
             link, req.connection_id, req.receive_maximum or DEFAULT_RECEIVE_MAXIMUM
         )
-        session.attach(conn)
+        session.attach(conn, inflight=[*req.inflight_ids, *req.released_ids, *req.received_ids])
+        # PUBREL went out for these: released stubs from now on (they are, unless the write of
+        # the stub was lost with the old master), not sent again.
+        self._release(session, list(req.released_ids), send=False)
+        # PUBREC'd, PUBREL not sent yet: released, then sent as PUBREL once stored.
+        self._release(session, list(req.received_ids))
         self._presence(session)
         if session.record.will_due_at_ms:
             # The connection lives on (its edge re-linked): its will is not due after all.

@@ -38,6 +38,10 @@ class SeenOrigins:
         """Partition p's stored origins (as RedisStore.load_qos2_seen gives them, oldest first)."""
         self._by_partition[p] = dict(entries)
 
+    def unload(self, p: int) -> None:
+        """Partition p is no longer mastered here."""
+        self._by_partition.pop(p, None)
+
     def remembers(self, p: int, origin: bytes) -> bool:
         seen = self._by_partition.get(p)
         return seen is not None and origin in seen

@@ -180,6 +180,15 @@ class SharedRedelivery:
         for event in handoffs:
             self.pending[event.handoff_id] = Handoff(event, None, [], stored=True, ready=True)
 
+    def unload(self, p: int) -> None:
+        """Partition p is no longer mastered here: its handoffs stay in its store for the new
+        master to hand out again; answers to those handed out here go there too."""
+        for hid in [h for h, handoff in self.pending.items() if handoff.event.from_partition == p]:
+            del self.pending[hid]
+            self._handed_at.forget(hid)
+        for cid in [c for c, (session, _at) in self._recheck.items() if session.partition == p]:
+            del self._recheck[cid]
+
     def sweep(self, now_ms: int) -> None:
         """Once a second: members whose connection ended RECHECK_MS ago or more are looked at
         once more (if still offline), and handoffs without an answer are handed out again."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import enum
 import os
 from collections import OrderedDict, deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -84,6 +85,10 @@ class Session:
     durable_mid: int = 0
     # Inbound QoS 2: packet id -> its state, from the first PUBLISH until PUBREL.
     q2in: dict[int, pb.Qos2Inbound] = field(default_factory=dict)
+    # The connection this session had on the master this node took the partition over from
+    # ("" when none): its edge re-attaches it, or another connection takes the session over
+    # and this one is kicked (services/partition/roles.py).
+    orphan: str = ""
     # Queued shared-subscription messages being given to another member of their group
     # (services/partition/redelivery.py): not sent to this session meanwhile; the delivery
     # order waits at the first one until it is moved (deleted here) or given back.
@@ -98,12 +103,18 @@ class Session:
         self.record.next_message_id = mid + 1
         return mid
 
-    def attach(self, connection: LiveConnection) -> None:
-        """A new connection holds the session: everything unacknowledged goes out again."""
+    def attach(self, connection: LiveConnection, inflight: Iterable[int] = ()) -> None:
+        """A connection holds the session: everything unacknowledged goes out again, except
+        what `inflight` names (a re-attached connection's messages its client has already been
+        sent and not acknowledged: they are not sent again without a reconnect, MQTT-4.4.0-1)."""
         self.connection = connection
+        self.orphan = ""
         self.record.disconnected_at_ms = 0
-        self.inflight.clear()
-        self.unsent = deque(self.queue)
+        self.record.connection_id = connection.connection_id
+        sent = {mid for mid in inflight if mid in self.queue}
+        self.inflight = sent
+        self.ever_sent |= sent
+        self.unsent = deque(mid for mid in self.queue if mid not in sent)
         self.transient = 0
 
     def detach(self, now_ms: int) -> None:

@@ -12,6 +12,8 @@ session queues the message.
 
 from __future__ import annotations
 
+from collections.abc import Container
+
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from services.partition.sessions import Session
 
@@ -126,6 +128,16 @@ class SharedGroups:
         group = self._groups.get((p, filt))
         return group.pick() if group is not None else None
 
-    def entries(self) -> list[pb.IndexEntry]:
-        """The whole index of the groups here (for a new edge link's snapshot)."""
-        return [_entry(p, filt, group) for (p, filt), group in self._groups.items()]
+    def entries(self, partitions: Container[int] | None = None) -> list[pb.IndexEntry]:
+        """The index of the groups here (of these partitions only, if given)."""
+        return [
+            _entry(p, filt, group)
+            for (p, filt), group in self._groups.items()
+            if partitions is None or p in partitions
+        ]
+
+    def unload(self, p: int) -> None:
+        """Partition p is no longer mastered here: its groups go (the members' sessions are
+        dropped by the caller)."""
+        for key in [key for key in self._groups if key[0] == p]:
+            del self._groups[key]

@@ -6,6 +6,8 @@ filter to the index waits until every edge routes by it (IndexBarrier).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.topics import SHARED_PREFIX
 from services.partition.index_barrier import IndexBarrier
@@ -103,9 +105,28 @@ class Subscriptions(MasterState):
             if entries:
                 self._announce(entries)
 
+    def _index_entries(self, partitions: Iterable[int]) -> list[pb.IndexEntry]:
+        """Everything these partitions tell the edges' index, at their epochs here."""
+        wanted = set(partitions)
+        entries = [
+            pb.IndexEntry(partition=p, filter=f, present=True)
+            for (p, f) in self.index_refs
+            if p in wanted
+        ]
+        entries += self.shared.entries(wanted)
+        self._stamp(entries)
+        return entries
+
+    def _stamp(self, entries: Iterable[pb.IndexEntry]) -> None:
+        """Each entry carries its partition's epoch (edges keep the newest master's word)."""
+        mastered = self.mastered
+        for entry in entries:
+            entry.epoch = mastered.get(entry.partition, 0)
+
     def _announce(self, entries: list[pb.IndexEntry]) -> None:
         """Sent to every edge right away, ahead of the SUBACK that follows the commit, so the
         subscriber's own edge routes by it before its client hears the subscription holds."""
+        self._stamp(entries)
         seq = self.index_barrier.next_seq()
         event = pb.PartitionEvent(index_update=pb.IndexUpdate(entries=entries, seq=seq))
         for link in self.links.values():

@@ -141,6 +141,7 @@ class FakeCommit:
         self._oks: list[tuple[Callable[[int], None], int]] = []
         self._finishers: list[Callable[[WriteBatch], None]] = []
         self.releasing = None
+        self.scope = None
         self.written: list[tuple[int, Any]] = []
 
     @property

@@ -1,0 +1,307 @@
+"""How the partition node takes the roles the agreed view gives it (docs/failover.md).
+
+The replication state machine decides when this node starts or stops mastering a partition
+(services/partition/replication.py: promoted once what it received as follower is durable,
+demoted at once or once its own writes are stored); this mixin carries that into memory:
+
+- **Promoted**: the partition is loaded from this node's Redis (sessions, subscriptions,
+  queues, retained messages, QoS 2 state), then served: its subscription index goes to every
+  edge under the new epoch, and the commands that waited for it are handled in arrival order.
+  A session whose connection was live on the old master is kept as its connection's: its edge
+  re-attaches it (AttachSession), and its will waits WILL_LINK_GRACE_MS for that.
+- **Demoted**: its memory state is dropped (the new master has it); writes of it still waiting
+  for followers are never acknowledged (the group commit answers their commands MOVED).
+- **Fencing before a handler runs**: a command for a partition this node is about to serve (it
+  is loading, or the edge already knows a newer epoch than this node's view) waits, in order,
+  up to WAIT_S, instead of being refused and bounced between nodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
+
+import redis.asyncio as redis
+
+from hexmq.api.common.v1 import common_pb2 as common_pb
+from hexmq.api.membership.v1 import membership_pb2 as mpb
+from hexmq.api.partition.v1 import partition_pb2 as pb
+from services.partition.index_barrier import IndexBarrier
+from services.partition.links import EdgeLink
+from services.partition.master_state import SC, MasterState, _result, now_ms
+from services.partition.redelivery import SharedRedelivery
+from services.partition.replication import Replicator
+from services.partition.sessions import Session
+from services.partition.store import StorageFailed, StoredSession
+from services.partition.wills import WillBoard
+
+log = logging.getLogger(__name__)
+
+# A command for a partition this node is about to serve waits this long at most, then is
+# answered UNAVAILABLE (its edge holds it and asks again).
+WAIT_S = 5.0
+# A connection lost with its edge link (or with the old master) may yet be re-attached by its
+# edge: its will waits this much longer than its delay, so that a failover or a brief link
+# outage does not publish the wills of live clients.
+WILL_LINK_GRACE_MS = 5_000
+
+Waiting = deque[tuple[EdgeLink, pb.EdgeCommand, float]]
+
+
+def command_targets(cmd: pb.EdgeCommand, kind: str) -> list[tuple[int, int]]:
+    """(partition, epoch) of every partition a command writes or reads as its master."""
+    if kind == "publish":
+        req = cmd.publish
+        targets = [(t.partition, t.epoch) for t in req.targets]
+        if req.HasField("retained"):
+            targets.append((req.retained.partition, req.retained.epoch))
+        return targets
+    if kind in UNADDRESSED:
+        return []
+    return [(cmd.partition, cmd.partition_epoch)]
+
+
+# Commands that name no partition of theirs: node-wide, or checked by their handler.
+UNADDRESSED = frozenset(
+    {
+        "index_ack",
+        "qos2_forget",
+        "node_stats",
+        "retained_query",
+        "will_published",
+        "shared_handoff_done",
+    }
+)
+
+
+class PartitionRoles(MasterState):
+    replicator: Replicator | None
+    # partition -> epoch, for partitions promoted here and being loaded from Redis.
+    loading: dict[int, int]
+    _waiting: dict[int, Waiting]
+    _loads: set[asyncio.Task[None]]
+    on_failure: Callable[[BaseException], None]
+    retained: dict[str, tuple[int, common_pb.Message]]
+    index_refs: dict[tuple[int, str], int]
+    index_barrier: IndexBarrier
+    wills: WillBoard
+    redelivery: SharedRedelivery
+    _dirty: dict[str, Session]
+    _q2_attempts: dict[tuple[str, int], tuple[str, EdgeLink]]
+    _q2_waiters: dict[tuple[str, int], list[tuple[EdgeLink, pb.EdgeCommand]]]
+
+    if TYPE_CHECKING:  # defined by PartitionNode and the Subscriptions mixin
+
+        def handle(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None: ...
+        def _add_subscription(
+            self, session: Session, spec: pb.SubscriptionSpec, *, announce: bool
+        ) -> None: ...
+        def _index_entries(self, partitions: Iterable[int]) -> list[pb.IndexEntry]: ...
+
+    # ----- the view ----------------------------------------------------------------------
+
+    def apply_view(self, view: mpb.View) -> None:
+        """The agreed view: who masters what (for fencing answers). The roles themselves come
+        from the replication state machine (`promoted`, `demoted`)."""
+        self.view = view
+        self.retry_waiting()
+
+    def _view_master(self, p: int) -> tuple[str, int]:
+        view = self.view
+        if view is None or p >= len(view.partitions):
+            return "", 0
+        a = view.partitions[p]
+        return (a.replicas[0] if a.replicas else ""), a.epoch
+
+    # ----- waiting commands --------------------------------------------------------------
+
+    def _holds(
+        self, link: EdgeLink, cmd: pb.EdgeCommand, targets: Sequence[tuple[int, int]]
+    ) -> bool:
+        """Queue the command if a partition it addresses is about to be served here (or has
+        commands queued already, which it must not overtake); True if it was queued."""
+        for p, epoch in targets:
+            if self._waiting.get(p) or self._about_to_serve(p, epoch):
+                queue = self._waiting.setdefault(p, deque())
+                queue.append((link, cmd, time.monotonic() + WAIT_S))
+                return True
+        return False
+
+    def _about_to_serve(self, p: int, epoch: int) -> bool:
+        if self.mastered.get(p) == epoch:
+            return False
+        if self.loading.get(p) == epoch:
+            return True
+        master, known = self._view_master(p)
+        # The edge knows a newer epoch than this node's view (it will arrive), or the view
+        # already makes this node master and the promotion is on its way.
+        return epoch > known or (master == self.node_id and epoch == known)
+
+    def retry_waiting(self, partitions: Iterable[int] | None = None) -> None:
+        """Handle again, in order, the commands waiting for these partitions (all: None)."""
+        for p in list(self._waiting if partitions is None else partitions):
+            queue = self._waiting.pop(p, None)
+            while queue:
+                link, cmd, _deadline = queue.popleft()
+                if self.links.get(link.edge_id) is link:
+                    self.handle(link, cmd)
+
+    def expire_waiting(self) -> int:
+        """Answer UNAVAILABLE the commands that waited past WAIT_S (their edges ask again)."""
+        now = time.monotonic()
+        expired = 0
+        for p, queue in list(self._waiting.items()):
+            while queue and queue[0][2] <= now:
+                link, cmd, _deadline = queue.popleft()
+                expired += 1
+                if cmd.request_id:
+                    link.send(
+                        _result(
+                            cmd.request_id,
+                            SC.STATUS_CODE_UNAVAILABLE,
+                            message=f"partition {p} is not served by {self.node_id} yet",
+                        )
+                    )
+            if not queue:
+                del self._waiting[p]
+                self.retry_waiting([p])  # what queued behind the expired ones
+        return expired
+
+    # ----- promotion and demotion (RoleListener) ---------------------------------------
+
+    def promoted(self, p: int) -> None:
+        """This node masters p from now on: load it, then serve it."""
+        assert self.replicator is not None
+        epoch = self.replicator.mastered[p].epoch
+        if p in self.mastered:
+            self._unload(p)  # a new tenure of a partition mastered here already
+        self.loading[p] = epoch
+        task = asyncio.get_running_loop().create_task(self._load(p, epoch), name=f"load-p{p}")
+        self._loads.add(task)
+        task.add_done_callback(self._loads.discard)
+
+    def demoted(self, p: int) -> None:
+        """This node no longer masters p: drop its memory state."""
+        self.loading.pop(p, None)
+        if p in self.mastered:
+            self._unload(p)
+            log.info("partition %d: no longer master here", p)
+        self.retry_waiting([p])
+
+    async def _load(self, p: int, epoch: int) -> None:
+        store = self.store
+        started = time.monotonic()
+        try:
+            sessions = await store.load_partition(p)
+            retained = await store.load_retained(p)
+            seen = await store.load_qos2_seen(p)
+            handoffs = await store.load_handoffs(p)
+        except (redis.RedisError, OSError) as exc:
+            self.on_failure(StorageFailed(f"redis read of partition {p} failed: {exc}"))
+            return
+        if self.loading.get(p) != epoch:
+            return  # demoted (or promoted anew) meanwhile
+        del self.loading[p]
+        self._activate(p, epoch, sessions, retained)
+        self.seen.load(p, seen)
+        self.redelivery.load(handoffs)
+        log.info(
+            "partition %d: master at epoch %d (%d sessions, %d retained loaded in %.0f ms)",
+            p,
+            epoch,
+            len(sessions),
+            len(retained),
+            (time.monotonic() - started) * 1000,
+        )
+        self.retry_waiting([p])
+
+    def _activate(
+        self,
+        p: int,
+        epoch: int,
+        sessions: Sequence[StoredSession],
+        retained: Sequence[common_pb.Message],
+    ) -> None:
+        stamp = now_ms()
+        for stored in sessions:
+            session = Session(p, stored.record)
+            for spec in stored.subscriptions:
+                self._add_subscription(session, spec, announce=False)
+            for qm in stored.queue:
+                session.queue[qm.message_id] = qm
+                session.durable_mid = max(session.durable_mid, qm.message_id)
+                # Unknown whether it was sent before (the edge says when it re-attaches): a
+                # resend carries DUP.
+                session.ever_sent.add(qm.message_id)
+            session.q2in = stored.qos2_inbound
+            rec = session.record
+            if rec.will_due_at_ms:
+                self.wills.schedule(rec.client_id, rec.will_due_at_ms)
+            if not rec.disconnected_at_ms:
+                # Its connection lives on an edge that will re-attach it, unless that edge
+                # went with the old master: then the connection is lost, and so counted.
+                session.orphan = rec.connection_id
+                rec.disconnected_at_ms = stamp
+                if rec.HasField("will"):
+                    due = stamp + WILL_LINK_GRACE_MS + rec.will.delay_interval_s * 1000
+                    self.wills.schedule(rec.client_id, due)
+            self.sessions[session.client_id] = session
+        for msg in retained:
+            self.retained[msg.topic] = (p, msg)
+        self.mastered[p] = epoch
+        self._announce_partitions([p])
+
+    def _announce_partitions(self, partitions: Sequence[int]) -> None:
+        """Tell every edge what these partitions hold, from scratch, at their epochs."""
+        update = pb.IndexUpdate(
+            reset_partitions=[
+                pb.PartitionEpoch(partition=p, epoch=self.mastered[p]) for p in partitions
+            ],
+            entries=self._index_entries(partitions),
+            seq=self.index_barrier.next_seq(),
+        )
+        event = pb.PartitionEvent(index_update=update)
+        for link in self.links.values():
+            link.send(event)
+
+    def _unload(self, p: int) -> None:
+        """Forget partition p's memory state (its store keeps it, as a follower's)."""
+        del self.mastered[p]
+        gone = [s for s in self.sessions.values() if s.partition == p]
+        for session in gone:
+            cid = session.client_id
+            del self.sessions[cid]
+            self._dirty.pop(cid, None)
+            self.wills.cancel(cid)
+            for filt in session.subscriptions:
+                self.trie.remove(filt, cid)
+            session.connection = None  # its pumps and deliveries stop here
+            for attempt in [k for k in self._q2_attempts if k[0] == cid]:
+                del self._q2_attempts[attempt]
+            for waiter in [k for k in self._q2_waiters if k[0] == cid]:
+                del self._q2_waiters[waiter]
+        self.shared.unload(p)
+        for ref in [k for k in self.index_refs if k[0] == p]:
+            del self.index_refs[ref]
+        for topic in [t for t, (q, _msg) in self.retained.items() if q == p]:
+            del self.retained[topic]
+        self.seen.unload(p)
+        self.redelivery.unload(p)
+
+    def _kick_orphan(self, session: Session, reason_code: int) -> None:
+        """Close the connection a promoted master inherited for the session (on whichever edge
+        holds it), before another connection takes the session over (G5)."""
+        conn_id, session.orphan = session.orphan, ""
+        link = self.links.get(conn_id.split(".", 1)[0])
+        if link is None:
+            return
+        event = pb.PartitionEvent(
+            kick=pb.Kick(
+                client_id=session.client_id, connection_id=conn_id, reason_code=reason_code
+            )
+        )
+        self.commit.after(lambda: link.send(event))
