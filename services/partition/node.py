@@ -76,7 +76,8 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         # for a partition this node is about to serve, and the loads under way.
         self.loading: dict[int, int] = {}
         self._waiting: dict[int, Waiting] = {}
-        self._loads: set[asyncio.Task[None]] = set()
+        self._to_load: set[int] = set()
+        self._loader: asyncio.Task[None] | None = None
         # Read for spans only; writes reach it through the group commit.
         self.replicator = replicator
         self.limits = limits or QueueLimits()

@@ -31,6 +31,7 @@ from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
 from hexmq.grpc_options import LINK_OPTIONS
+from hexmq.ranges import ranges
 from hexmq.service import cancel_and_wait
 from services.partition.agreement import AgreementClient
 from services.partition.replication import (
@@ -307,6 +308,8 @@ class ReplicationDriver:
             self._commit.release(ready.committed)
         roles = self.roles
         if roles is not None:
+            if ready.demoted:
+                log.info("no longer master of partitions %s", ranges(ready.demoted))
             for p in ready.demoted:
                 roles.demoted(p)
             for p in ready.promoted:

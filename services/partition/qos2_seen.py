@@ -35,7 +35,7 @@ class SeenOrigins:
         return sum(len(seen) for seen in self._by_partition.values())
 
     def load(self, p: int, entries: Iterable[tuple[bytes, int]]) -> None:
-        """Partition p's stored origins (as RedisStore.load_qos2_seen gives them, oldest first)."""
+        """Partition p's stored origins (as RedisStore.load_partitions gives them, oldest first)."""
         self._by_partition[p] = dict(entries)
 
     def unload(self, p: int) -> None:

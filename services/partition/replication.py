@@ -208,6 +208,9 @@ class FollowerProgress:
     # No longer one of the view's replicas, but still counted until the agent settles the
     # in-sync change asked for it (an addition might yet be made).
     departed: bool = False
+    # It has joined since this master took the partition (until then its stream may simply
+    # not be open yet: a new master waits lag_ticks, not down_ticks, before asking to drop it).
+    joined: bool = False
 
     @property
     def counted(self) -> bool:
@@ -487,7 +490,7 @@ class Replicator:
             seq=position[1],
             durable=position[1],
             durable_epoch=position[0],
-            followers={n: FollowerProgress(n) for n in a.replicas[1:]},
+            followers={n: FollowerProgress(n, down_since=self.now) for n in a.replicas[1:]},
             history=history,
             log=log,
         )
@@ -508,7 +511,7 @@ class Replicator:
                 del m.followers[node]
         for node in sorted(wanted):
             known = m.followers.get(node)
-            fp = known if known is not None else FollowerProgress(node)
+            fp = known if known is not None else FollowerProgress(node, down_since=self.now)
             if known is None or known.departed:
                 m.followers[node] = fp
                 fp.departed = False
@@ -647,7 +650,7 @@ class Replicator:
 
     def _accept_join(self, m: MasteredPartition, fp: FollowerProgress, pos: Position) -> None:
         fp.snapshot_started = False
-        fp.down_since = 0
+        fp.joined = True
         if on_history(m.history, m.durable, pos) and m.log.reaches(pos[1] + 1):
             fp.state = LIVE if pos[1] == m.durable else LOG
             fp.next, fp.acked = pos[1] + 1, pos[1]
@@ -1079,7 +1082,8 @@ class Replicator:
             for fp in m.followers.values():
                 if fp.isr not in (IN, ADDING):
                     continue
-                down = fp.state == DOWN and now - fp.down_since >= limits.down_ticks
+                grace = limits.down_ticks if fp.joined else limits.lag_ticks
+                down = fp.state == DOWN and now - fp.down_since >= grace
                 lagging = fp.acked < m.durable and now - fp.caught_up_at > limits.lag_ticks
                 if down or lagging:
                     self._ask_removal(m, fp)

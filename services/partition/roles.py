@@ -30,6 +30,7 @@ import redis.asyncio as redis
 from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.ranges import ranges
 from services.partition.index_barrier import IndexBarrier
 from services.partition.links import EdgeLink
 from services.partition.master_state import SC, MasterState, _result, now_ms
@@ -44,6 +45,8 @@ log = logging.getLogger(__name__)
 # A command for a partition this node is about to serve waits this long at most, then is
 # answered UNAVAILABLE (its edge holds it and asks again).
 WAIT_S = 5.0
+# Partitions loaded together after a promotion.
+LOAD_BATCH = 32
 # A connection lost with its edge link (or with the old master) may yet be re-attached by its
 # edge: its will waits this much longer than its delay, so that a failover or a brief link
 # outage does not publish the wills of live clients.
@@ -83,7 +86,8 @@ class PartitionRoles(MasterState):
     # partition -> epoch, for partitions promoted here and being loaded from Redis.
     loading: dict[int, int]
     _waiting: dict[int, Waiting]
-    _loads: set[asyncio.Task[None]]
+    _to_load: set[int]
+    _loader: asyncio.Task[None] | None
     on_failure: Callable[[BaseException], None]
     retained: dict[str, tuple[int, common_pb.Message]]
     index_refs: dict[tuple[int, str], int]
@@ -180,44 +184,50 @@ class PartitionRoles(MasterState):
         if p in self.mastered:
             self._unload(p)  # a new tenure of a partition mastered here already
         self.loading[p] = epoch
-        task = asyncio.get_running_loop().create_task(self._load(p, epoch), name=f"load-p{p}")
-        self._loads.add(task)
-        task.add_done_callback(self._loads.discard)
+        self._to_load.add(p)
+        if self._loader is None or self._loader.done():
+            self._loader = asyncio.get_running_loop().create_task(self._load(), name="loader")
 
     def demoted(self, p: int) -> None:
         """This node no longer masters p: drop its memory state."""
         self.loading.pop(p, None)
+        self._to_load.discard(p)
         if p in self.mastered:
             self._unload(p)
-            log.info("partition %d: no longer master here", p)
         self.retry_waiting([p])
 
-    async def _load(self, p: int, epoch: int) -> None:
-        store = self.store
-        started = time.monotonic()
-        try:
-            sessions = await store.load_partition(p)
-            retained = await store.load_retained(p)
-            seen = await store.load_qos2_seen(p)
-            handoffs = await store.load_handoffs(p)
-        except (redis.RedisError, OSError) as exc:
-            self.on_failure(StorageFailed(f"redis read of partition {p} failed: {exc}"))
-            return
-        if self.loading.get(p) != epoch:
-            return  # demoted (or promoted anew) meanwhile
-        del self.loading[p]
-        self._activate(p, epoch, sessions, retained)
-        self.seen.load(p, seen)
-        self.redelivery.load(handoffs)
-        log.info(
-            "partition %d: master at epoch %d (%d sessions, %d retained loaded in %.0f ms)",
-            p,
-            epoch,
-            len(sessions),
-            len(retained),
-            (time.monotonic() - started) * 1000,
-        )
-        self.retry_waiting([p])
+    async def _load(self) -> None:
+        """Load promoted partitions, LOAD_BATCH at a time (a failover promotes many at once:
+        two Redis round trips per batch, not per partition)."""
+        while self._to_load:
+            batch = sorted(self._to_load)[:LOAD_BATCH]
+            self._to_load.difference_update(batch)
+            epochs = {p: self.loading[p] for p in batch if p in self.loading}
+            started = time.monotonic()
+            try:
+                loaded = await self.store.load_partitions(list(epochs))
+            except (redis.RedisError, OSError) as exc:
+                self.on_failure(StorageFailed(f"redis read of partitions {batch} failed: {exc}"))
+                return
+            served = []
+            for p, epoch in epochs.items():
+                if self.loading.get(p) != epoch:
+                    continue  # demoted (or promoted anew) meanwhile
+                del self.loading[p]
+                part = loaded[p]
+                self._activate(p, epoch, part.sessions, part.retained)
+                self.seen.load(p, part.seen)
+                self.redelivery.load(part.handoffs)
+                served.append(p)
+            if served:
+                self._announce_partitions(served)
+                log.info(
+                    "master of partitions %s from now on (%d sessions loaded in %.0f ms)",
+                    ranges(served),
+                    sum(len(loaded[p].sessions) for p in served),
+                    (time.monotonic() - started) * 1000,
+                )
+                self.retry_waiting(served)
 
     def _activate(
         self,
@@ -253,7 +263,6 @@ class PartitionRoles(MasterState):
         for msg in retained:
             self.retained[msg.topic] = (p, msg)
         self.mastered[p] = epoch
-        self._announce_partitions([p])
 
     def _announce_partitions(self, partitions: Sequence[int]) -> None:
         """Tell every edge what these partitions hold, from scratch, at their epochs."""

@@ -102,6 +102,16 @@ class StoredSession:
     qos2_inbound: dict[int, pb.Qos2Inbound] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class StoredPartition:
+    """A partition as a master loads it (RedisStore.load_partitions)."""
+
+    sessions: list[StoredSession] = field(default_factory=list)
+    retained: list[common_pb.Message] = field(default_factory=list)
+    seen: list[tuple[bytes, int]] = field(default_factory=list)
+    handoffs: list[pb.SharedHandoff] = field(default_factory=list)
+
+
 class StorageFailed(RuntimeError):
     """A batch could not be made durable. The partition stops (fail-stop) so that its memory
     never runs ahead of what Redis holds; on restart it reloads from Redis."""
@@ -419,11 +429,6 @@ class RedisStore:
     def delete_qos2_seen(batch: WriteBatch, p: int, origin: bytes) -> None:
         batch.add(p, (HDEL, qos2_seen_key(p), origin, b""))
 
-    async def load_qos2_seen(self, p: int) -> list[tuple[bytes, int]]:
-        """The origin ids partition p remembers, oldest first."""
-        raw = cast("dict[bytes, bytes]", await self.client.hgetall(qos2_seen_key(p)))
-        return sorted(((k, int(v)) for k, v in raw.items()), key=lambda item: item[1])
-
     @staticmethod
     def put_retained(batch: WriteBatch, p: int, msg: common_pb.Message) -> None:
         batch.add(p, (HSET, retained_key(p), msg.topic.encode(), msg.SerializeToString()))
@@ -440,16 +445,6 @@ class RedisStore:
     @staticmethod
     def delete_handoff(batch: WriteBatch, p: int, handoff_id: int) -> None:
         batch.add(p, (HDEL, handoff_key(p), b"%d" % handoff_id, b""))
-
-    async def load_handoffs(self, p: int) -> list[pb.SharedHandoff]:
-        raw = cast("dict[bytes, bytes]", await self.client.hgetall(handoff_key(p)))
-        return sorted(
-            (pb.SharedHandoff.FromString(v) for v in raw.values()), key=lambda h: h.handoff_id
-        )
-
-    async def load_retained(self, p: int) -> list[common_pb.Message]:
-        raw = cast("dict[bytes, bytes]", await self.client.hgetall(retained_key(p)))
-        return [common_pb.Message.FromString(v) for v in raw.values()]
 
     async def load_positions(self, partitions: Sequence[int]) -> dict[int, Stored]:
         """This node's replication position and epoch history of each partition (NOWHERE and
@@ -501,26 +496,44 @@ class RedisStore:
         async for fld, value in self.client.hscan_iter(key, count=count):
             yield cast("bytes", fld), cast("bytes", value)
 
-    async def load_partition(self, p: int) -> list[StoredSession]:
-        """Every session of partition p with its subscriptions and queue (queue in id order)."""
+    async def load_partitions(self, partitions: Sequence[int]) -> dict[int, StoredPartition]:
+        """Everything of these partitions a master holds in memory, in two round trips for the
+        lot: sessions with their subscriptions, queues (in id order) and inbound QoS 2 state;
+        retained messages; remembered QoS 2 origins (oldest first); stored handoffs."""
         # The client runs with decode_responses off: keys and values are bytes.
-        raw = cast("dict[bytes, bytes]", await self.client.hgetall(sessions_key(p)))
-        if not raw:
-            return []
-        records = [pb.SessionRecord.FromString(value) for value in raw.values()]
         pipe = self.client.pipeline(transaction=False)
-        for record in records:
-            for key in session_keys(p, record.client_id):
-                pipe.hgetall(key)
-        replies = await pipe.execute()
-        loaded = []
-        for i, record in enumerate(records):
-            subs_raw, queue_raw, q2in_raw = replies[3 * i : 3 * i + 3]
-            subs = [pb.SubscriptionSpec.FromString(v) for v in subs_raw.values()]
-            queue = sorted(
-                (pb.QueuedMessage.FromString(v) for v in queue_raw.values()),
-                key=lambda qm: qm.message_id,
+        for p in partitions:
+            pipe.hgetall(sessions_key(p))
+            pipe.hgetall(retained_key(p))
+            pipe.hgetall(qos2_seen_key(p))
+            pipe.hgetall(handoff_key(p))
+        first = await pipe.execute()
+        loaded: dict[int, StoredPartition] = {}
+        records: list[tuple[int, pb.SessionRecord]] = []
+        for i, p in enumerate(partitions):
+            sessions_raw, retained_raw, seen_raw, handoffs_raw = first[4 * i : 4 * i + 4]
+            records += [(p, pb.SessionRecord.FromString(v)) for v in sessions_raw.values()]
+            loaded[p] = StoredPartition(
+                retained=[common_pb.Message.FromString(v) for v in retained_raw.values()],
+                seen=sorted(((k, int(v)) for k, v in seen_raw.items()), key=lambda kv: kv[1]),
+                handoffs=sorted(
+                    (pb.SharedHandoff.FromString(v) for v in handoffs_raw.values()),
+                    key=lambda h: h.handoff_id,
+                ),
             )
-            q2in = {int(k): pb.Qos2Inbound.FromString(v) for k, v in q2in_raw.items()}
-            loaded.append(StoredSession(record, subs, queue, q2in))
+        if records:
+            pipe = self.client.pipeline(transaction=False)
+            for p, record in records:
+                for key in session_keys(p, record.client_id):
+                    pipe.hgetall(key)
+            replies = await pipe.execute()
+            for i, (p, record) in enumerate(records):
+                subs_raw, queue_raw, q2in_raw = replies[3 * i : 3 * i + 3]
+                subs = [pb.SubscriptionSpec.FromString(v) for v in subs_raw.values()]
+                queue = sorted(
+                    (pb.QueuedMessage.FromString(v) for v in queue_raw.values()),
+                    key=lambda qm: qm.message_id,
+                )
+                q2in = {int(k): pb.Qos2Inbound.FromString(v) for k, v in q2in_raw.items()}
+                loaded[p].sessions.append(StoredSession(record, subs, queue, q2in))
         return loaded

@@ -5,16 +5,11 @@ nothing leaves before the batch is durable)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 from hexmq.api.partition.v1 import partition_pb2 as pb
-from services.partition.node import PartitionNode
 from services.partition.replication import HDEL, HSET
 from services.partition.sessions import Claim, LiveConnection, Routed, Session
-from services.partition.store import RedisStore, WriteBatch, qos2_inbound_key, queue_key
-
-P, EPOCH = 3, 7
+from services.partition.store import qos2_inbound_key, queue_key
+from tests.support.partition_harness import Edge, P, connect, make_node
 
 
 def message(mid: int, qos: int = 2) -> pb.QueuedMessage:
@@ -130,90 +125,6 @@ def test_a_failed_routing_drops_only_its_own_claim() -> None:
 
 
 # ----- PartitionNode over a fake group commit --------------------------------------------
-
-
-class FakeCommit:
-    """GroupCommit's interface; `durable()` plays the commit: writes out, then actions."""
-
-    def __init__(self) -> None:
-        self._batch = WriteBatch()
-        self._actions: list[Callable[[], None]] = []
-        self._oks: list[tuple[Callable[[int], None], int]] = []
-        self._finishers: list[Callable[[WriteBatch], None]] = []
-        self.releasing = None
-        self.scope = None
-        self.written: list[tuple[int, Any]] = []
-
-    @property
-    def batch(self) -> WriteBatch:
-        return self._batch
-
-    def after(self, action: Callable[[], None]) -> None:
-        self._actions.append(action)
-
-    def after_ok(self, sink: Callable[[int], None], request_id: int) -> None:
-        self._oks.append((sink, request_id))
-
-    def add_finisher(self, finisher: Callable[[WriteBatch], None]) -> None:
-        self._finishers.append(finisher)
-
-    def durable(self) -> None:
-        for finisher in self._finishers:
-            finisher(self._batch)
-        for p, ops in self._batch.ops.items():
-            self.written += [(p, op) for op in ops]
-        self._batch = WriteBatch()
-        actions, self._actions = self._actions, []
-        oks, self._oks = self._oks, []
-        for action in actions:
-            action()
-        for sink, request_id in oks:
-            sink(request_id)
-
-
-class Edge:
-    """One edge's link, and what it heard."""
-
-    def __init__(self, node: PartitionNode, edge_id: str) -> None:
-        self.node = node
-        self.link = node.open_link(pb.Hello(edge_id=edge_id, edge_incarnation=1))
-        self.next_id = 1
-        self.link._events.clear()  # the index snapshot
-
-    def command(self, cid: str, **kind: Any) -> int:
-        request_id = self.next_id
-        self.next_id += 1
-        cmd = pb.EdgeCommand(request_id=request_id, partition=P, partition_epoch=EPOCH, **kind)
-        self.node.handle(self.link, cmd)
-        return request_id
-
-    def heard(self) -> tuple[dict[int, pb.Result], list[pb.Delivery]]:
-        results = {rid: pb.Result(request_id=rid) for rid in self.link._ok_ids}
-        deliveries = []
-        for event in self.link._events:
-            if event.HasField("result"):
-                results[event.result.request_id] = event.result
-            elif event.HasField("delivery"):
-                deliveries.append(event.delivery)
-        self.link._events.clear()
-        self.link._ok_ids.clear()
-        return results, deliveries
-
-
-def make_node() -> tuple[PartitionNode, FakeCommit]:
-    commit = FakeCommit()
-    node = PartitionNode("n1", RedisStore(None), commit)  # type: ignore[arg-type]
-    node.mastered[P] = EPOCH
-    return node, commit
-
-
-def connect(edge: Edge, cid: str, conn: str) -> None:
-    edge.command(
-        cid,
-        open_session=pb.OpenSession(
-            client_id=cid, connection_id=conn, session_expiry_s=600, receive_maximum=10
-        ),
-    )
 
 
 def receive(edge: Edge, cid: str, conn: str, pid: int) -> int:

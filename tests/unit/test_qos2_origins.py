@@ -308,4 +308,4 @@ async def test_a_partition_snapshot_and_reload_carry_its_remembered_origins() ->
     assert {(op[1], op[2], op[3]) for op in ops if op[1] == qos2_seen_key(P)} == {
         (qos2_seen_key(P), k, v) for k, v in seen.items()
     }
-    assert await store.load_qos2_seen(P) == [(b"a", 1000), (b"b", 2000)]
+    assert (await store.load_partitions([P]))[P].seen == [(b"a", 1000), (b"b", 2000)]

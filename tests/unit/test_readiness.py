@@ -39,8 +39,7 @@ def view_of(*nodes: str, partitions: int = 16, rf: int = 2) -> mpb.View:
         partition_count=partitions,
         replication_factor=rf,
         members=[
-            mpb.Member(node_id=n, partition_addr=f"{n}:7001", mqtt_addr=f"{n}:1883")
-            for n in nodes
+            mpb.Member(node_id=n, partition_addr=f"{n}:7001", mqtt_addr=f"{n}:1883") for n in nodes
         ],
         partitions=[
             mpb.PartitionAssignment(partition=p, epoch=3, replicas=r, in_sync=r)

@@ -23,7 +23,7 @@ from services.partition.replication import HDEL, HSET
 from services.partition.sessions import LiveConnection, Session
 from services.partition.shared import SharedGroups
 from services.partition.store import queue_key
-from tests.unit.test_qos2 import EPOCH, Edge, FakeCommit, P, connect, make_node
+from tests.support.partition_harness import EPOCH, Edge, FakeCommit, P, connect, make_node
 
 PARTITIONS = 8
 NODES = ("n1", "n2")

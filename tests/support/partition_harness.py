@@ -1,0 +1,101 @@
+"""A partition node without processes: its group commit faked (the commit is a method call,
+the release is GroupCommit's own), its edges' links read back as results and deliveries.
+
+    node, commit = make_node()            # masters partition P at EPOCH
+    edge = Edge(node, "e1")
+    rid = connect(edge, "c", "c1")
+    commit.durable()                      # the batch is durable and replicated: answers go out
+    results, deliveries = edge.heard()
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hexmq.api.partition.v1 import partition_pb2 as pb
+from services.partition.node import PartitionNode
+from services.partition.replication import Op
+from services.partition.store import GroupCommit, RedisStore, _Released
+
+P, EPOCH = 3, 7
+
+
+class FakeCommit(GroupCommit):
+    """GroupCommit without Redis: `durable()` plays the commit of the batch gathered so far
+    (finishers, the writes recorded in `written`), then GroupCommit.release runs its actions
+    (with `aborted`, those of commands that wrote an aborted partition are answered MOVED)."""
+
+    def __init__(self) -> None:
+        super().__init__(None, None, lambda exc: None)  # type: ignore[arg-type]
+        self.written: list[tuple[int, Op]] = []
+
+    def durable(self, aborted: frozenset[int] = frozenset()) -> None:
+        batch = self.batch
+        for finisher in self._finishers:
+            finisher(batch)
+        for p, ops in batch.ops.items():
+            self.written += [(p, op) for op in ops]
+        self._batch = None
+        actions, self._actions = self._actions, []
+        oks, self._oks = self._oks, []
+        self.release([(_Released(actions, oks, 0, {}), aborted)])
+
+
+class Edge:
+    """One edge's link, and what it heard."""
+
+    def __init__(self, node: PartitionNode, edge_id: str) -> None:
+        self.node = node
+        self.link = node.open_link(pb.Hello(edge_id=edge_id, edge_incarnation=1))
+        self.next_id = 1
+        self.link._events.clear()  # the index snapshot
+
+    def command(self, cid: str, *, partition: int = P, epoch: int = EPOCH, **kind: Any) -> int:
+        request_id = self.next_id
+        self.next_id += 1
+        cmd = pb.EdgeCommand(
+            request_id=request_id, partition=partition, partition_epoch=epoch, **kind
+        )
+        self.node.handle(self.link, cmd)
+        return request_id
+
+    def heard(self) -> tuple[dict[int, pb.Result], list[pb.Delivery]]:
+        results = {rid: pb.Result(request_id=rid) for rid in self.link._ok_ids}
+        deliveries = []
+        for event in self.link._events:
+            if event.HasField("result"):
+                results[event.result.request_id] = event.result
+            elif event.HasField("delivery"):
+                deliveries.append(event.delivery)
+        self.link._events.clear()
+        self.link._ok_ids.clear()
+        return results, deliveries
+
+    def events(self) -> list[pb.PartitionEvent]:
+        """Everything the link carried since the last call (results as events only)."""
+        events, self.link._events = self.link._events, []
+        return events
+
+
+def make_node() -> tuple[PartitionNode, FakeCommit]:
+    commit = FakeCommit()
+    node = PartitionNode("n1", RedisStore(None), commit)  # type: ignore[arg-type]
+    node.mastered[P] = EPOCH
+    return node, commit
+
+
+def connect(
+    edge: Edge, cid: str, conn: str, *, partition: int = P, epoch: int = EPOCH, **options: Any
+) -> int:
+    return edge.command(
+        cid,
+        partition=partition,
+        epoch=epoch,
+        open_session=pb.OpenSession(
+            client_id=cid,
+            connection_id=conn,
+            session_expiry_s=600,
+            receive_maximum=10,
+            **options,
+        ),
+    )

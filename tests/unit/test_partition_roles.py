@@ -1,0 +1,311 @@
+"""The partition node across role changes, without processes (services/partition/roles.py and
+node.py): promotion loads and then serves, commands wait for it in order, demotion unloads,
+aborted writes are answered MOVED, a quiesced partition answers MOVED, a re-attached connection
+is not sent again what its client has, an OpenSession sent again by its own connection is no
+takeover, and a takeover closes the connection the new master inherited."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from hexmq.api.common.v1.common_pb2 import Message
+from hexmq.api.membership.v1 import membership_pb2 as mpb
+from hexmq.api.partition.v1 import partition_pb2 as pb
+from services.partition.node import PartitionNode
+from services.partition.replication import Assignment, Replicator
+from services.partition.store import RedisStore, StoredPartition, StoredSession
+from tests.support.partition_harness import Edge, FakeCommit, connect
+
+P = 5
+SC = pb.StatusCode
+
+
+class FakeStore:
+    """What a promoted master loads, held back until `release()` (a slow Redis)."""
+
+    def __init__(self) -> None:
+        self.partitions: dict[int, StoredPartition] = {}
+        self.gate = asyncio.Event()
+        self.loads: list[list[int]] = []
+
+    async def load_partitions(self, partitions: Sequence[int]) -> dict[int, StoredPartition]:
+        self.loads.append(list(partitions))
+        await self.gate.wait()
+        return {p: self.partitions.get(p, StoredPartition()) for p in partitions}
+
+    def __getattr__(self, name: str) -> object:
+        # The write helpers are RedisStore's own (they only add to a batch).
+        return getattr(RedisStore, name)
+
+
+def view(epoch: int, master: str = "n1", p: int = P, handover_to: str = "") -> mpb.View:
+    replicas = [master, "n2" if master != "n2" else "n1"]
+    return mpb.View(
+        epoch=epoch,
+        partition_count=8,
+        replication_factor=2,
+        members=[mpb.Member(node_id="n1"), mpb.Member(node_id="n2")],
+        partitions=[
+            mpb.PartitionAssignment(
+                partition=q,
+                epoch=epoch if q == p else 1,
+                replicas=replicas if q == p else ["n2", "n1"],
+                in_sync=replicas if q == p else ["n2", "n1"],
+                handover_to=handover_to if q == p else "",
+            )
+            for q in range(8)
+        ],
+    )
+
+
+class Cluster:
+    """Node n1 with a real Replicator, a fake store and commit; views applied as the partition
+    service applies them (node first, then the replicator, whose roles reach the node)."""
+
+    def __init__(self) -> None:
+        self.store = FakeStore()
+        self.commit = FakeCommit()
+        self.rep = Replicator("n1")
+        self.commit._replicator = self.rep
+        self.node = PartitionNode("n1", self.store, self.commit, replicator=self.rep)  # type: ignore[arg-type]
+        self.edge = Edge(self.node, "n2")
+
+    def take(self, v: mpb.View) -> None:
+        self.node.apply_view(v)
+        assignments = {
+            a.partition: Assignment(a.epoch, tuple(a.replicas), frozenset(a.in_sync), a.handover_to)
+            for a in v.partitions
+        }
+        self.rep.set_view(assignments, {})
+        ready = self.rep.ready()
+        for p in ready.demoted:
+            self.node.demoted(p)
+        for p in ready.promoted:
+            self.node.promoted(p)
+
+    async def loaded(self) -> None:
+        self.store.gate.set()
+        for _ in range(10):
+            await asyncio.sleep(0)
+
+
+def stored_session(cid: str, connection_id: str = "", queued: Sequence[int] = ()) -> StoredSession:
+    record = pb.SessionRecord(
+        client_id=cid, session_expiry_s=600, connection_id=connection_id, next_message_id=100
+    )
+    queue = []
+    for mid in queued:
+        qm = pb.QueuedMessage(message_id=mid, qos=1)
+        qm.message.topic = "t"
+        qm.message.payload = b"m%d" % mid
+        queue.append(qm)
+    return StoredSession(record, [pb.SubscriptionSpec(filter="t", qos=1)], queue)
+
+
+async def test_commands_for_a_partition_being_loaded_wait_and_are_handled_in_order() -> None:
+    c = Cluster()
+    c.store.partitions[P] = StoredPartition(sessions=[stored_session("a")])
+    c.take(view(4))
+    assert c.node.loading == {P: 4}
+    first = connect(c.edge, "b", "b1", partition=P, epoch=4)
+    second = c.edge.command(
+        "b",
+        partition=P,
+        epoch=4,
+        publish=pb.Publish(
+            message=Message(topic="t", payload=b"x", qos=1),
+            targets=[pb.PartitionTarget(partition=P, epoch=4)],
+        ),
+    )
+    c.commit.durable()
+    assert c.edge.heard() == ({}, [])  # neither refused nor answered: waiting
+    await c.loaded()
+    assert c.node.mastered == {P: 4}
+    assert set(c.node.sessions) == {"a", "b"}
+    c.commit.durable()
+    results, _ = c.edge.heard()
+    assert results[first].status == SC.STATUS_CODE_OK
+    assert results[second].status == SC.STATUS_CODE_OK
+    # The publish was handled after the session it follows, and reached the loaded one.
+    assert [qm.message.payload for qm in c.node.sessions["a"].queue.values()] == [b"x"]
+
+
+async def test_a_promoted_master_announces_its_partitions_index_at_its_epoch() -> None:
+    c = Cluster()
+    c.store.partitions[P] = StoredPartition(sessions=[stored_session("a")])
+    c.take(view(4))
+    c.edge.events()
+    await c.loaded()
+    updates = [e.index_update for e in c.edge.events() if e.HasField("index_update")]
+    assert [(r.partition, r.epoch) for r in updates[0].reset_partitions] == [(P, 4)]
+    assert [(e.partition, e.filter, e.epoch) for e in updates[0].entries] == [(P, "t", 4)]
+
+
+async def test_a_command_naming_a_newer_epoch_than_the_nodes_view_waits_for_that_view() -> None:
+    c = Cluster()
+    c.take(view(2, master="n2"))
+    rid = connect(c.edge, "b", "b1", partition=P, epoch=6)  # the edge saw view 6 first
+    c.commit.durable()
+    assert c.edge.heard() == ({}, [])
+    c.take(view(6))
+    await c.loaded()
+    c.commit.durable()
+    assert c.edge.heard()[0][rid].status == SC.STATUS_CODE_OK
+
+
+async def test_a_command_that_waited_too_long_is_answered_unavailable() -> None:
+    c = Cluster()
+    c.take(view(2, master="n2"))
+    rid = connect(c.edge, "b", "b1", partition=P, epoch=6)
+    for queue in c.node._waiting.values():
+        queue[0] = (queue[0][0], queue[0][1], 0.0)  # its WAIT_S is over
+    assert c.node.expire_waiting() == 1
+    result = c.edge.heard()[0][rid]
+    assert result.status == SC.STATUS_CODE_UNAVAILABLE
+    assert f"partition {P}" in result.message
+
+
+async def test_a_demoted_partition_is_unloaded_and_its_commands_go_elsewhere() -> None:
+    c = Cluster()
+    c.store.partitions[P] = StoredPartition(sessions=[stored_session("a")])
+    c.take(view(4))
+    await c.loaded()
+    c.take(view(5, master="n2"))
+    assert c.node.mastered == {}
+    assert "a" not in c.node.sessions
+    assert not list(c.node.trie.match("t"))
+    rid = connect(c.edge, "a", "a1", partition=P, epoch=4)
+    c.commit.durable()
+    result = c.edge.heard()[0][rid]
+    assert result.status == SC.STATUS_CODE_WRONG_MASTER
+    assert (result.current_master, result.current_epoch) == ("n2", 5)
+
+
+async def test_writes_of_a_partition_aborted_before_release_are_answered_moved() -> None:
+    c = Cluster()
+    c.take(view(4))
+    await c.loaded()
+    connect(c.edge, "a", "a1", partition=P, epoch=4)
+    c.commit.durable()
+    c.edge.heard()
+    pub = c.edge.command(
+        "a",
+        partition=P,
+        epoch=4,
+        publish=pb.Publish(
+            message=Message(topic="t", payload=b"x", qos=1),
+            targets=[pb.PartitionTarget(partition=P, epoch=4)],
+        ),
+    )
+    ping = c.edge.command("a", node_stats=pb.NodeStatsQuery())
+    c.commit.durable(aborted=frozenset({P}))
+    results, deliveries = c.edge.heard()
+    assert results[pub].status == SC.STATUS_CODE_MOVED
+    assert results[ping].status == SC.STATUS_CODE_OK  # not a write of P: answered as usual
+    assert deliveries == []
+    assert c.commit.moved == 1
+
+
+async def test_a_partition_being_handed_over_answers_moved() -> None:
+    c = Cluster()
+    c.take(view(4))
+    await c.loaded()
+    c.take(view(4, handover_to="n2"))
+    rid = connect(c.edge, "a", "a1", partition=P, epoch=4)
+    c.commit.durable()
+    result = c.edge.heard()[0][rid]
+    assert result.status == SC.STATUS_CODE_MOVED
+    assert result.current_epoch == 4
+
+
+async def test_an_open_session_sent_again_by_its_connection_is_not_a_takeover() -> None:
+    c = Cluster()
+    c.take(view(4))
+    await c.loaded()
+    first = connect(c.edge, "a", "a1", partition=P, epoch=4)
+    again = connect(c.edge, "a", "a1", partition=P, epoch=4)
+    c.commit.durable()
+    events = c.edge.events()
+    assert not [e for e in events if e.HasField("kick")]
+    results, _ = c.edge.heard()
+    results.update({e.result.request_id: e.result for e in events if e.HasField("result")})
+    assert not results[first].session_present
+    assert not results[again].session_present  # created by this same connection
+
+
+async def test_a_takeover_closes_the_connection_the_new_master_inherited() -> None:
+    c = Cluster()
+    c.store.partitions[P] = StoredPartition(sessions=[stored_session("a", "n2.1.9")])
+    c.take(view(4))
+    await c.loaded()
+    assert c.node.sessions["a"].orphan == "n2.1.9"
+    rid = connect(c.edge, "a", "n2.1.10", partition=P, epoch=4)
+    c.commit.durable()
+    events = c.edge.events()
+    kicks = [e.kick for e in events if e.HasField("kick")]
+    assert [(k.client_id, k.connection_id, k.reason_code) for k in kicks] == [("a", "n2.1.9", 0x8E)]
+    (result,) = [e.result for e in events if e.HasField("result")]
+    assert result.request_id == rid
+    assert result.session_present  # the session lives on, now this connection's
+
+
+async def test_a_reattached_connection_is_not_sent_again_what_its_client_has() -> None:
+    c = Cluster()
+    c.store.partitions[P] = StoredPartition(
+        sessions=[stored_session("a", "n2.1.9", queued=[1, 2, 3, 4])]
+    )
+    c.take(view(4))
+    await c.loaded()
+    rid = c.edge.command(
+        "a",
+        partition=P,
+        epoch=4,
+        attach_session=pb.AttachSession(
+            client_id="a",
+            connection_id="n2.1.9",
+            receive_maximum=10,
+            inflight_ids=[2],  # sent, not yet acknowledged: not sent again
+            acked_ids=[1],  # acknowledged on the old master, the ack lost with it
+        ),
+    )
+    c.commit.durable()
+    results, deliveries = c.edge.heard()
+    assert results[rid].status == SC.STATUS_CODE_OK
+    # 2 is in flight on the client's connection: not sent again (MQTT-4.4.0-1); 1 is gone.
+    assert [qm.message_id for d in deliveries for qm in d.messages] == [3, 4]
+    assert 1 not in c.node.sessions["a"].queue
+    assert c.node.sessions["a"].orphan == ""
+
+
+async def test_a_reattach_by_another_connection_is_refused() -> None:
+    c = Cluster()
+    c.store.partitions[P] = StoredPartition(sessions=[stored_session("a", "n2.1.9")])
+    c.take(view(4))
+    await c.loaded()
+    rid = c.edge.command(
+        "a",
+        partition=P,
+        epoch=4,
+        attach_session=pb.AttachSession(client_id="a", connection_id="n3.1.1"),
+    )
+    c.commit.durable()
+    assert c.edge.heard()[0][rid].status == SC.STATUS_CODE_TAKEN_OVER
+
+
+async def test_delivery_acks_are_answered_once_durable_and_refused_where_not_mastered() -> None:
+    c = Cluster()
+    c.store.partitions[P] = StoredPartition(sessions=[stored_session("a", "n2.1.9", [1])])
+    c.take(view(4))
+    await c.loaded()
+    ack = pb.DeliveryAck(client_id="a", connection_id="n2.1.9", message_ids=[1])
+    rid = c.edge.command("a", partition=P, epoch=4, delivery_ack=ack)
+    assert c.edge.heard() == ({}, [])
+    c.commit.durable()
+    assert c.edge.heard()[0][rid].status == SC.STATUS_CODE_OK
+    c.take(view(5, master="n2"))
+    moved = c.edge.command("a", partition=P, epoch=4, delivery_ack=ack)
+    c.commit.durable()
+    result = c.edge.heard()[0][moved]
+    assert result.status == SC.STATUS_CODE_WRONG_MASTER  # its edge re-attaches with it instead
+    assert (result.current_master, result.current_epoch) == ("n2", 5)
