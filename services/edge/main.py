@@ -403,10 +403,15 @@ async def _report_metrics(edge: Edge) -> None:
     sent_in = [0, 0, 0]
     sent_out = [0, 0, 0]
     sent_rejected: dict[tuple[str, int], int] = {}
+    no_master = m.dropped_messages.labels("no_master")
+    sent_no_master = 0
     while True:
         m.connections.set(edge.connected_clients())
         m.queue_depth.labels("partition_link").set(edge.link_backlog())
         m.queue_depth.labels("failover_hold").set(edge.dispatcher.held)
+        dropped = edge.dispatcher.core.dropped_qos0
+        no_master.inc(dropped - sent_no_master)
+        sent_no_master = dropped
         if edge.router.view is not None:
             m.view_epoch.set(edge.router.view.epoch)
         for qos in (0, 1, 2):

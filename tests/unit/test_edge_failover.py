@@ -6,6 +6,9 @@ where, held, answered, refused, in which order), and the subscription index by e
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -604,3 +607,13 @@ def test_the_index_is_complete_once_every_partition_had_one_from_some_master() -
     assert index.indexed == {0, 1}  # n2's snapshot has not ended
     index.apply("n2", index_update(done=True), v)
     assert index.indexed == {0, 1, 2}
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "3601"])
+def test_the_edge_refuses_a_bad_failover_hold_naming_it(bad: str) -> None:
+    hexmq = Path(sys.executable).with_name("hexmq")
+    argv = [str(hexmq), "edge", "--node-id", "n1", "--listen", "127.0.0.1:1"]
+    argv += ["--membership", "127.0.0.1:2", f"--failover-hold={bad}"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert "--failover-hold must be more than 0 and at most 3600 seconds" in done.stderr

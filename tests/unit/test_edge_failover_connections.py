@@ -32,6 +32,7 @@ from hexmq.mqtt import (
 )
 from services.edge.connection import ClientConnection
 from services.edge.links import PartitionLink
+from services.edge.qos2_origins import RoutedOrigin
 from services.edge.server import Edge, EdgeConfig
 
 SC = pb.StatusCode
@@ -412,3 +413,26 @@ async def test_a_will_and_its_confirmation_wait_for_their_partitions(edge: Edge)
     (confirm,) = taken(n2)
     assert confirm.will_published.will_id == 3
     assert (confirm.partition, confirm.partition_epoch) == (6, 2)
+
+
+async def test_qos2_forgets_go_per_master_and_wait_for_partitions_without_one(edge: Edge) -> None:
+    n1, n2 = edge.router.links["n1"], edge.router.links["n2"]
+    edge.apply_view(view(2, {5: ("n2", 2)}))
+    n2._fail("killed")
+    routing = []
+    for node, partitions in (("n1", (0, 3)), ("n2", (5,))):
+        cmd = pb.EdgeCommand()
+        for p in partitions:
+            cmd.publish.targets.add(partition=p, epoch=1)
+        routing.append((node, cmd))
+    edge.qos2_forgets.forget(RoutedOrigin(b"origin", routing))
+    edge.qos2_forgets.flush()
+    (now,) = taken(n1)  # one command for n1's partitions, at their epochs
+    assert [(o.partition, o.epoch, o.origin) for o in now.qos2_forget.origins] == [
+        (0, 1, b"origin"),
+        (3, 1, b"origin"),
+    ]
+    assert not now.request_id  # fire and forget
+    up(n2)
+    (held,) = taken(n2)  # partition 5's, held until its master is back, at its epoch now
+    assert [(o.partition, o.epoch) for o in held.qos2_forget.origins] == [(5, 2)]
