@@ -26,12 +26,10 @@ from services.edge.tickets import (
     Answer,
     Effect,
     Kind,
-    Log,
     ResultCallback,
     Route,
     Send,
     Ticket,
-    address,
     publish_partitions,
 )
 
@@ -40,6 +38,7 @@ log = logging.getLogger("hexmq.edge.dispatch")
 # How often the core is ticked while anything is held.
 TICK = 0.1
 
+OK = pb.StatusCode.STATUS_CODE_OK
 # What a command sent on a link that turned out to be down is answered (held and sent again).
 _LINK_DOWN = pb.Result(status=pb.StatusCode.STATUS_CODE_UNAVAILABLE, message="link down")
 
@@ -67,8 +66,23 @@ class Dispatcher:
     def request(self, p: int, cmd: pb.EdgeCommand, on_result: ResultCallback) -> Ticket:
         """A command for partition p that wants a Result (held while p has no master)."""
         ticket = Ticket(Kind.REQUEST, (p,), cmd, on_result)
-        self._run(self.core.submit(ticket, self.clock()))
+        self._submit_request(ticket)
         return ticket
+
+    def _submit_request(self, ticket: Ticket) -> None:
+        now = self.clock()
+        route = self.core.send_at_once(ticket, now)
+        if route is None:
+            self._run(self.core.submit(ticket, now))
+            return
+        attempt = ticket.attempt
+        link = self._links.get(route.node)
+        cmd = ticket.command
+        assert cmd is not None
+        if link is None or not link.track(
+            cmd, lambda result: self._answered(ticket, attempt, result)
+        ):
+            self._answered(ticket, attempt, _LINK_DOWN)
 
     def attach(self, p: int, cmd: pb.EdgeCommand, on_result: ResultCallback) -> Ticket:
         """AttachSession: ahead of p's held commands, and p's other commands wait for it."""
@@ -88,12 +102,16 @@ class Dispatcher:
     def publish(self, cmd: pb.EdgeCommand, on_result: ResultCallback) -> None:
         """A QoS >= 1 Publish for one master's partitions: one answer once every partition
         has one (split per partition if some are held)."""
-        ticket = Ticket(Kind.REQUEST, publish_partitions(cmd), cmd, on_result)
-        self._run(self.core.submit(ticket, self.clock()))
+        # Its targets carry the epochs of the view the router just routed it by.
+        ticket = Ticket(Kind.REQUEST, publish_partitions(cmd), cmd, on_result, addressed=True)
+        if len(ticket.partitions) == 1:
+            self._submit_request(ticket)
+        else:
+            self._run(self.core.submit(ticket, self.clock()))
 
     def publish_qos0(self, cmd: pb.EdgeCommand) -> None:
         """A QoS 0 Publish: to the partitions that take commands now, dropped for the rest."""
-        ticket = Ticket(Kind.ONEWAY, publish_partitions(cmd), cmd, None)
+        ticket = Ticket(Kind.ONEWAY, publish_partitions(cmd), cmd, None, addressed=True)
         self._run(self.core.submit_qos0(ticket, self.clock()))
 
     def after_index(self, on_result: ResultCallback) -> None:
@@ -111,7 +129,8 @@ class Dispatcher:
         if route is None or link is None:
             return False
         cmd.command_id = self.core.next_command_id()
-        address(cmd, p, route.epoch)
+        cmd.partition = p
+        cmd.partition_epoch = route.epoch
         return link.track(cmd, on_result, urgent=True, expendable=True)
 
     def forget_origins(self, origins: Mapping[int, list[bytes]]) -> None:
@@ -180,48 +199,59 @@ class Dispatcher:
     # ----- effects ------------------------------------------------------------------------
 
     def _answered(self, ticket: Ticket, attempt: int, result: pb.Result) -> None:
+        if result.status == OK and self.core.answered_ok(ticket, attempt):
+            on_result = ticket.on_result
+            if on_result is not None:
+                if self._busy:
+                    self._effects.append(Answer(ticket, result))  # in turn
+                else:
+                    on_result(result)
+            return
         self._run(self.core.answered(ticket, attempt, result, self.clock()))
 
     def _run(self, effects: list[Effect]) -> None:
-        if effects:
-            self._effects.extend(effects)
         if self._busy:
-            return  # the outer call runs them, in order
+            self._effects.extend(effects)  # the outer call runs them, after its own, in order
+            return
         self._busy = True
         try:
+            for effect in effects:
+                self._do(effect)
             queue = self._effects
             while queue:
-                effect = queue.popleft()
-                try:
-                    self._do(effect)
-                except Exception:
-                    log.exception("failed to carry out %s", type(effect).__name__)
+                self._do(queue.popleft())
         finally:
             self._busy = False
         if self._timer is None and self.core.waiting:
             self._arm()
 
     def _do(self, effect: Effect) -> None:
-        if isinstance(effect, Send):
-            ticket, route = effect.ticket, effect.route
-            cmd = ticket.command
-            assert cmd is not None
-            link = self._links.get(route.node)
-            if ticket.kind is Kind.ONEWAY:
-                if link is not None:
-                    link.send(cmd)
-                return
-            attempt = effect.attempt
-            if link is None or not link.track(
-                cmd, lambda result: self._answered(ticket, attempt, result)
-            ):
-                self._answered(ticket, attempt, _LINK_DOWN)
-        elif isinstance(effect, Answer):
-            on_result = effect.ticket.on_result
-            if on_result is not None:
-                on_result(effect.result)
-        elif isinstance(effect, Log):
-            log.log(effect.level, "%s", effect.message)
+        try:
+            if isinstance(effect, Send):
+                self._send(effect)
+            elif isinstance(effect, Answer):
+                on_result = effect.ticket.on_result
+                if on_result is not None:
+                    on_result(effect.result)
+            else:
+                log.log(effect.level, "%s", effect.message)
+        except Exception:
+            log.exception("failed to carry out %s", type(effect).__name__)
+
+    def _send(self, effect: Send) -> None:
+        ticket, route = effect.ticket, effect.route
+        cmd = ticket.command
+        assert cmd is not None
+        link = self._links.get(route.node)
+        if ticket.kind is Kind.ONEWAY:
+            if link is not None:
+                link.send(cmd)
+            return
+        attempt = effect.attempt
+        if link is None or not link.track(
+            cmd, lambda result: self._answered(ticket, attempt, result)
+        ):
+            self._answered(ticket, attempt, _LINK_DOWN)
 
     def _arm(self) -> None:
         if self._timer is None and self.core.waiting:

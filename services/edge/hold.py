@@ -70,8 +70,8 @@ RETRY_PAUSE = 0.25
 class _Partition:
     # Held commands, single-partition only, in order (ATTACH first, then by command id).
     held: list[Ticket] = field(default_factory=list)
-    # Sent and not answered, by ticket serial.
-    in_flight: dict[int, Ticket] = field(default_factory=dict)
+    # Requests sent and not answered (the tickets are kept per node, to take back).
+    in_flight: int = 0
     # How many of those went to an earlier route than the current one: newer commands wait.
     stale: int = 0
     # ATTACH tickets in flight: the partition's other commands wait.
@@ -96,7 +96,9 @@ class PartitionCommands:
             raise ValueError(f"the failover hold must be more than 0 seconds, not {hold!r}")
         self.hold = hold
         self._command_ids = itertools.count(1)
-        self._serials = itertools.count(1)
+        # Tickets are keyed by serial: a whole command's is its command id; a part of a split
+        # publish (which shares its command's id) gets a negative one of its own.
+        self._part_serials = itertools.count(-1, -1)
         self._parts: list[_Partition] = []
         # Per partition, by the view: its epoch, its master ("" if none), and its route (None
         # while its master is no view member or the link to it is not up).
@@ -192,11 +194,58 @@ class PartitionCommands:
             st = self._parts[p]
             st.min_epoch = max(st.min_epoch, epoch)
 
+    def send_at_once(self, ticket: Ticket, now: float) -> Route | None:
+        """The hot path of `submit` for a single-partition REQUEST: when its partition is open,
+        it is sent (recorded in flight) and its route returned, no effects needed; else None
+        and nothing changed (the caller submits it)."""
+        p = ticket.partitions[0]
+        st = self._parts[p]
+        route = self._routes[p]
+        if (
+            route is None
+            or st.held
+            or st.attaching
+            or st.stale
+            or st.min_epoch > route.epoch
+            or now < st.retry_at
+        ):
+            return None
+        ticket.submitted = now
+        ticket.serial = ticket.command_id = command_id = next(self._command_ids)
+        cmd = ticket.command
+        assert cmd is not None
+        cmd.command_id = command_id
+        if not ticket.addressed:
+            address(cmd, p, route.epoch)
+        st.refusing = False
+        ticket.attempt = 1
+        ticket.routes = (route,)
+        ticket.in_flight = True
+        serial = ticket.serial
+        st.in_flight += 1
+        by_node = self._by_node.get(route.node)
+        if by_node is None:
+            by_node = self._by_node[route.node] = {}
+        by_node[serial] = ticket
+        return route
+
+    def answered_ok(self, ticket: Ticket, attempt: int) -> bool:
+        """The hot path of `answered` for an OK answer: True when the caller may hand the
+        answer to the ticket's caller itself (a whole request, answered, with nothing of its
+        partitions held); False and nothing changed otherwise (the caller uses `answered`)."""
+        if ticket.parent is not None or not ticket.in_flight or ticket.attempt != attempt:
+            return False
+        parts = self._parts
+        for p in ticket.partitions:
+            if parts[p].held:
+                return False
+        self._unflight(ticket)
+        return True
+
     def submit(self, ticket: Ticket, now: float) -> list[Effect]:
         """A new command (or gate): sent now if its partitions are open, else held."""
-        ticket.serial = next(self._serials)
         ticket.submitted = now
-        ticket.command_id = next(self._command_ids)
+        ticket.serial = ticket.command_id = next(self._command_ids)
         if ticket.command is not None:
             ticket.command.command_id = ticket.command_id
         effects: list[Effect] = []
@@ -228,9 +277,8 @@ class PartitionCommands:
     def submit_qos0(self, ticket: Ticket, now: float) -> list[Effect]:
         """A QoS 0 publish (ONEWAY): sent to the open partitions, dropped (and counted) for the
         others, never held."""
-        ticket.serial = next(self._serials)
         ticket.submitted = now
-        ticket.command_id = next(self._command_ids)
+        ticket.serial = ticket.command_id = next(self._command_ids)
         assert ticket.command is not None
         ticket.command.command_id = ticket.command_id
         effects: list[Effect] = []
@@ -241,7 +289,7 @@ class PartitionCommands:
             if self.open(p, now):
                 part = Ticket(Kind.ONEWAY, (p,), publish_part(ticket.command, p), None)
                 part.command_id = ticket.command_id
-                part.serial = next(self._serials)
+                part.serial = next(self._part_serials)
                 self._send(part, effects)
             else:
                 self.dropped_qos0 += 1
@@ -321,7 +369,7 @@ class PartitionCommands:
     def await_index(self, ticket: Ticket, now: float) -> list[Effect]:
         """A GATE answered once every partition's subscription index has arrived (at once if
         they have), or refused past the bound."""
-        ticket.serial = next(self._serials)
+        ticket.serial = ticket.command_id = next(self._command_ids)
         ticket.submitted = now
         if self.index_complete:
             return [Answer(ticket, OK_RESULT)]
@@ -357,7 +405,7 @@ class PartitionCommands:
                 self._routes[p] = new
                 st = self._parts[p]
                 # Everything in flight went to an earlier route now.
-                st.stale = len(st.in_flight)
+                st.stale = st.in_flight
                 changed.add(p)
         return changed
 
@@ -398,13 +446,15 @@ class PartitionCommands:
         assert cmd is not None
         if len(partitions) == 1:
             ticket.routes = (route,)
-            address(cmd, partitions[0], route.epoch)
+            if not ticket.addressed:
+                address(cmd, partitions[0], route.epoch)
         else:
             routes = []
             for p in partitions:
                 p_route = self._routes[p]
                 assert p_route is not None
-                address(cmd, p, p_route.epoch)
+                if not ticket.addressed:
+                    address(cmd, p, p_route.epoch)
                 routes.append(p_route)
             ticket.routes = tuple(routes)
         if ticket.kind is not Kind.ONEWAY:
@@ -412,7 +462,7 @@ class PartitionCommands:
             serial = ticket.serial
             for p in partitions:
                 st = self._parts[p]
-                st.in_flight[serial] = ticket
+                st.in_flight += 1
                 if ticket.kind is Kind.ATTACH:
                     st.attaching += 1
             by_node = self._by_node.get(route.node)
@@ -427,17 +477,15 @@ class PartitionCommands:
         routes = ticket.routes
         for i, p in enumerate(ticket.partitions):
             st = self._parts[p]
-            if st.in_flight.pop(serial, None) is not None:
-                if routes[i] != self._routes[p]:
-                    st.stale -= 1
-                if ticket.kind is Kind.ATTACH:
-                    st.attaching -= 1
-        node = routes[0].node
-        by_node = self._by_node.get(node)
+            st.in_flight -= 1
+            # (A route is replaced only by a different one: identity tells.)
+            if routes[i] is not self._routes[p]:
+                st.stale -= 1
+            if ticket.kind is Kind.ATTACH:
+                st.attaching -= 1
+        by_node = self._by_node.get(routes[0].node)
         if by_node is not None:
             by_node.pop(serial, None)
-            if not by_node:
-                del self._by_node[node]
 
     def _take_back(self, node: str) -> None:
         """Requests in flight to `node` are held again (it left the view, or its link broke);
@@ -474,14 +522,16 @@ class PartitionCommands:
                 None,
                 submitted=ticket.submitted,
                 command_id=ticket.command_id,
-                serial=next(self._serials),
+                serial=next(self._part_serials),
                 parent=ticket,
+                addressed=ticket.addressed,
             )
             parts.append(part)
         ticket.parts_left = len(parts)
         return parts
 
     def _hold(self, ticket: Ticket) -> None:
+        ticket.addressed = False  # sent later, maybe under another view: stamped then
         p = ticket.partitions[0]
         bisect.insort(self._parts[p].held, ticket, key=_order)
         self._holding.add(p)

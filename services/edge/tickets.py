@@ -62,6 +62,9 @@ class Ticket:
     # The routes of its last send, one per partition (one node): where its answer comes from.
     routes: tuple[Route, ...] = ()
     in_flight: bool = False
+    # The command already carries the epochs of the edge's current view (a publish the router
+    # has just built): no need to stamp it again when it goes at once. Cleared when held.
+    addressed: bool = False
     # A part of a split publish, and on the whole: its parts still unanswered and the first
     # failure among them.
     parent: Ticket | None = None
@@ -99,8 +102,12 @@ Effect = Send | Answer | Log
 def publish_partitions(cmd: pb.EdgeCommand) -> tuple[int, ...]:
     """The partitions a Publish command addresses: its targets and its retained target."""
     publish = cmd.publish
-    parts = {t.partition for t in publish.targets}
-    if publish.HasField("retained"):
+    targets = publish.targets
+    has_retained = publish.HasField("retained")
+    if len(targets) == 1 and not has_retained:
+        return (targets[0].partition,)
+    parts = {t.partition for t in targets}
+    if has_retained:
         parts.add(publish.retained.partition)
     return tuple(sorted(parts))
 
