@@ -71,7 +71,10 @@ class Dispatcher:
 
     def _submit_request(self, ticket: Ticket) -> None:
         now = self.clock()
-        route = self.core.send_at_once(ticket, now)
+        # The fast path sends at once, so only when no decided effect is still to be carried
+        # out (an answer's callback submitting while sends wait in the queue: it must not pass
+        # them).
+        route = None if self._busy else self.core.send_at_once(ticket, now)
         if route is None:
             self._run(self.core.submit(ticket, now))
             return

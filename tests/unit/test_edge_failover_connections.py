@@ -436,3 +436,20 @@ async def test_qos2_forgets_go_per_master_and_wait_for_partitions_without_one(ed
     up(n2)
     (held,) = taken(n2)  # partition 5's, held until its master is back, at its epoch now
     assert [(o.partition, o.epoch) for o in held.qos2_forget.origins] == [(5, 2)]
+
+
+async def test_a_command_submitted_by_an_answer_does_not_pass_commands_already_released(
+    edge: Edge,
+) -> None:
+    """A CONNECT's wait for its partition ends in the same pump that releases the commands
+    held behind it; its OpenSession, submitted from that answer, goes after them."""
+    n1 = edge.router.links["n1"]
+    n1._fail("killed")
+
+    def on_open(result: pb.Result) -> None:
+        edge.dispatcher.request(1, pb.EdgeCommand(open_session=pb.OpenSession()), lambda r: None)
+
+    edge.dispatcher.gate(1, on_open)
+    edge.dispatcher.request(1, pb.EdgeCommand(subscribe=pb.Subscribe()), lambda r: None)
+    up(n1)
+    assert [c.WhichOneof("command") for c in taken(n1)] == ["subscribe", "open_session"]
