@@ -453,3 +453,50 @@ async def test_a_command_submitted_by_an_answer_does_not_pass_commands_already_r
     edge.dispatcher.request(1, pb.EdgeCommand(subscribe=pb.Subscribe()), lambda r: None)
     up(n1)
     assert [c.WhichOneof("command") for c in taken(n1)] == ["subscribe", "open_session"]
+
+
+async def test_a_publish_waits_until_every_partitions_index_has_arrived(clock: Clock) -> None:
+    edge = Edge(
+        EdgeConfig(
+            node_id="n1",
+            host="127.0.0.1",
+            port=0,
+            membership="127.0.0.1:1",
+            failover_hold=HOLD,
+            sys_interval=0,
+        )
+    )
+    edge.dispatcher.clock = clock
+    hello = pb.Hello(edge_id="n1", edge_incarnation=1)
+    for node in ("n1", "n2"):
+        edge.router.links[node] = PartitionLink(node, f"{node}:0", hello, edge)
+    edge.apply_view(view(1, {7: ("n2", 1)}))  # n2 masters partition 7; its link is not up yet
+    n1, n2 = edge.router.links["n1"], edge.router.links["n2"]
+    up(n1)
+    assert not edge.router.index_complete
+    pub = await connected(edge, client_id_in(1, "early"))
+    pub.send(Publish("t/x", b"early", qos=1, packet_id=1))
+    assert taken(n1) == []
+    assert await pub.received() == []
+    n2.connected = True
+    n2._dispatch(
+        pb.PartitionFrame(
+            events=[
+                pb.PartitionEvent(
+                    index_update=pb.IndexUpdate(
+                        reset=True,
+                        entries=[pb.IndexEntry(partition=7, filter="t/#", present=True)],
+                        snapshot_done=True,
+                    )
+                )
+            ]
+        )
+    )
+    assert edge.router.index_complete
+    (to_n1,) = taken(n1)
+    (to_n2,) = taken(n2)
+    assert [t.partition for t in to_n1.publish.targets] == [0, 3]
+    assert [t.partition for t in to_n2.publish.targets] == [7]
+    ok(n1, to_n1)
+    ok(n2, to_n2)
+    assert [(type(p), p.packet_id) for p in await pub.received()] == [(PubAck, 1)]  # type: ignore[attr-defined]
