@@ -54,7 +54,8 @@ ABORT_GRACE: Final = 5.0
 # CONNACK return codes (3.1.1) showing that an edge serves clients whose session lives on the
 # probed node: accepted (0), or refused for credentials (4 bad user name or password, 5 not
 # authorized: an edge with a password file and no --allow-anonymous), which the edge checks
-# only once it has a link to the session's partition node (it refuses with 3 before that).
+# only once it has a link to the session's partition node (before that the CONNECT waits, and
+# past the edge's --failover-hold it is refused with 3).
 SERVING_CODES: Final = frozenset({0, 4, 5})
 
 
@@ -174,8 +175,8 @@ def _probe_pairs(
     """(edge node, master node id) pairs to probe: every running node's edge must accept a
     client whose session lives on each running node, where one side is a target. One CONNECT
     per edge is not enough: an edge that has not yet linked to a peer's partition service
-    refuses that peer's clients (CONNACK 3), and a test or user would meet that refusal.
-    Masters are those of the agreed view (`view`)."""
+    holds that peer's clients' CONNECTs (and refuses them with 3 past its --failover-hold), and
+    a test or user would meet that delay. Masters are those of the agreed view (`view`)."""
     members = {m.node_id for m in view.members}
     masters = {pa.replicas[0] for pa in view.partitions if pa.replicas} & members
     running = [n for n in state.nodes if all(r.running() for r in n.processes.values())]

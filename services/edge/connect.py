@@ -24,9 +24,10 @@ from hexmq.mqtt import (
     ProtocolError,
 )
 from services.edge.connection_base import OK, RC, V5, ConnectionBase, State
-from services.edge.enhanced_auth import ConnectionAuth, Continue, Step, Success
+from services.edge.dispatch import SessionRoute
+from services.edge.enhanced_auth import AuthMethod, ConnectionAuth, Continue, Step, Success
 from services.edge.limits import Admission
-from services.edge.links import unavailable
+from services.edge.tickets import refused_by_hold
 from services.edge.topic_alias import outbound_aliases
 from services.edge.translate import fill_message, v311_return_code
 
@@ -81,13 +82,39 @@ class ConnectHandling(ConnectionBase):
         if will_refusal:
             self._refuse_connect(RC.TOPIC_NAME_INVALID, f"will {will_refusal}")
             return
-        route = self.edge.router.session_route(client_id)
-        if not route.link.connected:
+        p = self.edge.router.session_partition(client_id)
+        if not self.edge.dispatcher.open(p):
+            # The session's partition cannot take its OpenSession now (no master in the view,
+            # its link down): wait in turn with its held commands, within the failover bound.
             # Before the credentials, so that a refusal for them also shows that this edge
             # reaches the session's node (what `hexmq cluster up` probes with an anonymous
             # CONNECT when a password file is set).
-            self._refuse_connect(RC.SERVER_UNAVAILABLE, unavailable(route.link.node_id).message)
+            self.state = State.CONNECTING
+            self._pause_reading("connect")
+            self.edge.dispatcher.gate(
+                p, lambda result: self._on_partition_open(packet, method, result)
+            )
             return
+        self._authenticate(packet, method)
+
+    def _on_partition_open(
+        self, packet: Connect, method: AuthMethod | None, result: pb.Result
+    ) -> None:
+        """The CONNECT waited for its session's partition (`_on_connect`)."""
+        if self.state is not State.CONNECTING:
+            return  # the client left meanwhile
+        if result.status != OK:
+            self._refuse_connect(RC.SERVER_UNAVAILABLE, result.message, quiet=True)
+            return
+        self.state = State.AWAITING_CONNECT
+        self._resume_reading("connect")
+        self._authenticate(packet, method)
+        if self.state is State.AUTHENTICATING:
+            self._process()  # AUTH packets that came meanwhile
+
+    def _authenticate(self, packet: Connect, method: AuthMethod | None) -> None:
+        client_id = self.client_id
+        props = packet.properties
         if method is not None:
             # The method decides who the client is; CONNECT's User Name and Password are not
             # checked. Only AUTH (or DISCONNECT) may come until CONNACK [MQTT-3.1.2-30].
@@ -152,7 +179,8 @@ class ConnectHandling(ConnectionBase):
             expiry = 0 if packet.clean_start else NEVER_EXPIRES
             self.receive_maximum = self.config.max_inflight_v311
         self.connect_expiry = expiry
-        self.route = route = self.edge.router.session_route(client_id)
+        p = self.edge.router.session_partition(client_id)
+        self.route = route = SessionRoute(p, self.edge.dispatcher)
         open_session = pb.OpenSession(
             client_id=client_id,
             connection_id=self.connection_id,
@@ -180,7 +208,9 @@ class ConnectHandling(ConnectionBase):
             )
         self.state = State.CONNECTING
         self._pause_reading("connect")
-        route.request(pb.EdgeCommand(open_session=open_session), self._on_open_result)
+        self._open_ticket = route.request(
+            pb.EdgeCommand(open_session=open_session), self._on_open_result
+        )
 
     def _grant_keepalive(self, asked: int) -> bool:
         """The Keep Alive this connection runs on, within --max-keepalive: a 5.0 client asking
@@ -207,8 +237,13 @@ class ConnectHandling(ConnectionBase):
                 self._close_session(graceful=False)
             return
         if result.status != OK:
-            self._refuse_connect(RC.SERVER_UNAVAILABLE, result.message)  # logs one line
+            # Logs one line (a refusal past the failover bound: only at DEBUG).
+            self._refuse_connect(
+                RC.SERVER_UNAVAILABLE, result.message, quiet=refused_by_hold(result)
+            )
             return
+        ticket, self._open_ticket = self._open_ticket, None
+        self.attached = ticket.sent_to if ticket is not None else None
         self.state = State.CONNECTED
         self.stats.connects += 1
         if self._session_span is not None and self._session_span.is_recording():
@@ -240,6 +275,10 @@ class ConnectHandling(ConnectionBase):
         if self.keepalive:
             self._timer = self._loop.call_later(self.keepalive * 1.5, self._on_timer)
         self._resume_reading("connect")
+        route = self.route
+        if route is not None and self.edge.dispatcher.route(route.partition) != self.attached:
+            # The partition moved while the session was being opened.
+            self.reattach()
         self._process()
 
     def _on_timer(self) -> None:
@@ -251,6 +290,10 @@ class ConnectHandling(ConnectionBase):
                 RC.NOT_AUTHORIZED,
                 f"authentication not completed within {self.config.connect_timeout:g}s",
             )
+            return
+        if self.state is State.CONNECTING:
+            # The session is being opened (or waits for its partition's master): answered
+            # within the failover bound, by CONNACK either way.
             return
         if self.state is not State.CONNECTED:
             self._close(f"no CONNECT within {self.config.connect_timeout:g}s")
@@ -281,6 +324,7 @@ class ConnectHandling(ConnectionBase):
         auth_data: bytes | None = None,
         *,
         server_reference: str | None = None,
+        quiet: bool = False,
     ) -> None:
         self._end_session_span(why, reason)
         self.stats.rejected["connect", reason] += 1
@@ -296,4 +340,4 @@ class ConnectHandling(ConnectionBase):
         else:
             self._write(self.codec.send(ConnAck(False, v311_return_code(reason))))
         self.state = State.CLOSED
-        self._close(f"CONNECT refused (0x{reason:02X}): {why}")
+        self._close(f"CONNECT refused (0x{reason:02X}): {why}", quiet=quiet)

@@ -6,7 +6,10 @@ gRPC frame of results) leave in a single transport.write.
 
 This module keeps the packet dispatch and the hot path (PUBLISH QoS 0/1, deliveries, writes);
 the other parts are mixins over services/edge/connection_base.py (state and shared plumbing):
-CONNECT in connect.py, inbound QoS 2 in inbound_qos2.py, SUBSCRIBE in subscriptions.py.
+CONNECT in connect.py, inbound QoS 2 in inbound_qos2.py, SUBSCRIBE in subscriptions.py, the
+re-attach after a failover and the delivery acknowledgements in reattach.py. Commands go to
+partitions through the edge's dispatcher (services/edge/dispatch.py), which holds them while a
+partition has no reachable master.
 """
 
 from __future__ import annotations
@@ -42,7 +45,9 @@ from services.edge.connect import ConnectHandling
 from services.edge.connection_base import OK, RC, V5, State, log
 from services.edge.inbound_qos2 import InboundQos2Handling
 from services.edge.limits import Admission
+from services.edge.reattach import SessionAttachment
 from services.edge.subscriptions import SubscribeHandling
+from services.edge.tickets import refused_by_hold
 from services.edge.translate import (
     packet_id_for,
     publish_commands,
@@ -56,7 +61,7 @@ __all__ = ["ClientConnection", "State"]
 QOS0_DROP_BUFFER = 4 * 1024 * 1024
 
 
-class ClientConnection(ConnectHandling, InboundQos2Handling, SubscribeHandling):
+class ClientConnection(ConnectHandling, InboundQos2Handling, SubscribeHandling, SessionAttachment):
     """One MQTT client connection at the edge (asyncio.Protocol): see the module docstring."""
 
     # ----- asyncio.Protocol -------------------------------------------------------------
@@ -174,17 +179,46 @@ class ClientConnection(ConnectHandling, InboundQos2Handling, SubscribeHandling):
         span = route_span = None
         if tracer.enabled and (started := tracer.start_publish(self.client_id, packet)):
             span, route_span = started
-        route = self.edge.router.route_publish(packet.topic)
+        if packet.qos and not self.edge.router.index_complete:
+            # Some partition's subscription index has not arrived: a route now could miss its
+            # subscribers. Held, in arrival order, until it has (within the failover bound).
+            if route_span is not None:
+                route_span.end()
+            self.edge.dispatcher.after_index(
+                lambda result: self._publish_indexed(packet, span, result)
+            )
+            return
+        self._route_publish(packet, span, route_span)
+
+    def _publish_indexed(self, packet: Publish, span: Span | None, result: pb.Result) -> None:
+        """A publish that waited for the subscription index (`_on_publish`)."""
+        if self.state is not State.CONNECTED:
+            if span is not None:
+                self.edge.tracer.finish(span, error="connection closed before PUBACK")
+            return
+        if result.status != OK:
+            assert packet.packet_id is not None
+            self._publish_refused(
+                packet.packet_id, result.message, span, qos=packet.qos, quiet=True
+            )
+            return
+        self._route_publish(packet, span, None)
+
+    def _route_publish(self, packet: Publish, span: Span | None, route_span: Span | None) -> None:
+        tracer = self.edge.tracer
+        router = self.edge.router
+        dispatcher = self.edge.dispatcher
+        route = router.route_publish(packet.topic)
         if route_span is not None:
             tracer.routed(route_span, route)
-        retained = self.edge.router.retained_route(packet.topic) if packet.retain else None
+        retained = router.retained_route(packet.topic) if packet.retain else None
         if packet.qos == 0:
             commands = publish_commands(self.client_id, packet, route.targets, retained)
             if span is not None:
                 tracer.stamp(span, commands)
-            for link, cmd in commands:
-                link.send(cmd)
-                self._throttle(link)
+            for node, cmd in commands:
+                dispatcher.publish_qos0(cmd)
+                self._throttle(node)
             if span is not None:
                 tracer.finish(span)
             return
@@ -192,9 +226,6 @@ class ClientConnection(ConnectHandling, InboundQos2Handling, SubscribeHandling):
         assert pid is not None
         if packet.qos == 2:
             self._on_publish_qos2(packet, pid, route, retained, span)
-            return
-        if not route.complete:
-            self._publish_refused(pid, "a partition node is unavailable", span)
             return
         if not route.targets and retained is None:
             self._write(
@@ -211,9 +242,9 @@ class ClientConnection(ConnectHandling, InboundQos2Handling, SubscribeHandling):
         done = self._publish_done(pid, len(commands), span)
         if span is not None:
             tracer.stamp(span, commands)
-        for link, cmd in commands:
-            link.request(cmd, done)
-            self._throttle(link)
+        for node, cmd in commands:
+            dispatcher.publish(cmd, done)
+            self._throttle(node)
 
     def _publish_refusal(self, topic: str) -> tuple[int, str] | None:
         """Why a client may not publish to `topic` (reason code, reason string), or None: only
@@ -256,7 +287,7 @@ class ClientConnection(ConnectHandling, InboundQos2Handling, SubscribeHandling):
     def _on_pubrec(self, packet: PubRec) -> None:
         mid = self._q2_out.pop(packet.packet_id, None)
         if mid is None:
-            return  # not in flight on this connection (e.g. sent before a re-attach)
+            return  # not in flight on this connection
         if packet.reason_code >= 0x80:
             # The client refused it: the exchange ends here (no PUBREL), the message is done.
             self._acks.append(mid)
@@ -275,14 +306,14 @@ class ClientConnection(ConnectHandling, InboundQos2Handling, SubscribeHandling):
             self._acks.append(mid)
 
     def _publish_done(self, pid: int, parts: int, span: Span | None) -> Callable[[pb.Result], None]:
-        failures: list[str] = []
+        failures: list[pb.Result] = []
         remaining = parts
 
         def on_result(result: pb.Result) -> None:
             nonlocal remaining
             remaining -= 1
             if result.status != OK:
-                failures.append(result.message)
+                failures.append(result)
             if remaining:
                 return
             self._uncount_in()
@@ -291,7 +322,8 @@ class ClientConnection(ConnectHandling, InboundQos2Handling, SubscribeHandling):
                     self.edge.tracer.finish(span, error="connection closed before PUBACK")
                 return
             if failures:
-                self._publish_refused(pid, failures[0], span)
+                failure = failures[0]
+                self._publish_refused(pid, failure.message, span, quiet=refused_by_hold(failure))
             else:
                 self._write(self.codec.send(PubAck(pid)))
                 if span is not None:
@@ -300,23 +332,32 @@ class ClientConnection(ConnectHandling, InboundQos2Handling, SubscribeHandling):
         return on_result
 
     def _publish_refused(
-        self, pid: int, why: str, span: Span | None = None, *, qos: int = 1, close: bool = False
+        self,
+        pid: int,
+        why: str,
+        span: Span | None = None,
+        *,
+        qos: int = 1,
+        close: bool = False,
+        quiet: bool = False,
     ) -> None:
         """Never acknowledge what was not stored: 5.0 gets a failing PUBACK (PUBREC for QoS 2,
         which ends that exchange), 3.1.1 (which has none) or `close` loses the connection and
-        the client will resend the unacknowledged message."""
+        the client will resend the unacknowledged message. `quiet`: a refusal past the failover
+        bound, logged once per partition and burst (services/edge/hold.py), not here."""
         self.stats.refused_publishes += 1
         if span is not None:
             self.edge.tracer.finish(span, reason_code=RC.UNSPECIFIED_ERROR, error=why)
         if self.version == V5 and not close:
-            log.warning("%s: PUBLISH %d refused: %s", self.client_id, pid, why)
+            if not quiet:
+                log.warning("%s: PUBLISH %d refused: %s", self.client_id, pid, why)
             ack = PubRec if qos == 2 else PubAck
             props = self._reason(
                 lambda p: ack(pid, RC.UNSPECIFIED_ERROR, p), why, problem_information=True
             )
             self._write(self.codec.send(ack(pid, RC.UNSPECIFIED_ERROR, props)))
         else:
-            self._close(f"PUBLISH {pid} cannot be stored: {why}")
+            self._close(f"PUBLISH {pid} cannot be stored: {why}", quiet=quiet)
 
     def _on_disconnect(self, packet: Disconnect) -> None:
         expiry = packet.properties.session_expiry_interval
@@ -434,69 +475,7 @@ class ClientConnection(ConnectHandling, InboundQos2Handling, SubscribeHandling):
             self._write(self.codec.send(packet))
         self._close(None)
 
-    def reattach(self) -> None:
-        """The session's partition link came back: make this connection its live one again."""
-        route = self.route
-        if self.state is not State.CONNECTED or route is None:
-            return
-        # The partition resends everything unacknowledged, under the same packet ids.
-        self._inflight_out.clear()
-        self._q2_out.clear()
-        self._rel_out.clear()
-        self._end_deliver_spans("partition link lost before PUBACK")
-
-        def on_result(result: pb.Result) -> None:
-            if result.status != OK and self.state is State.CONNECTED:
-                log.warning(
-                    "%s: session could not be re-attached: %s", self.client_id, result.message
-                )
-                self.state = State.CLOSED
-                if self.version == V5:
-                    self._write(
-                        self.codec.send(
-                            Disconnect(
-                                RC.SESSION_TAKEN_OVER
-                                if result.status == pb.StatusCode.STATUS_CODE_TAKEN_OVER
-                                else RC.UNSPECIFIED_ERROR
-                            )
-                        )
-                    )
-                self._close(None)
-
-        route.request(
-            pb.EdgeCommand(
-                attach_session=pb.AttachSession(
-                    client_id=self.client_id,
-                    connection_id=self.connection_id,
-                    receive_maximum=self.receive_maximum,
-                ),
-            ),
-            on_result,
-        )
-        # QoS 2 publishes stored everywhere whose routing could not be recorded: now it can.
-        unrecorded, self._q2_unrecorded = self._q2_unrecorded, {}
-        for pid, (reason, span, routed) in unrecorded.items():
-            self._q2_routing.add(pid)
-            self._record_qos2(pid, None, reason, span, routed)
-
     # ----- helpers ----------------------------------------------------------------------
-
-    def _flush_acks(self) -> None:
-        if (self._acks or self._recs) and self.route is not None:
-            route = self.route
-            acks, self._acks = self._acks, []
-            recs, self._recs = self._recs, []
-            route.send(
-                pb.EdgeCommand(
-                    delivery_ack=pb.DeliveryAck(
-                        client_id=self.client_id,
-                        connection_id=self.connection_id,
-                        message_ids=acks,
-                        received_ids=recs,
-                    ),
-                ),
-                urgent=True,
-            )
 
     def _write(self, data: bytes) -> None:
         self._out.append(data)

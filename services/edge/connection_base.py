@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
+import itertools
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -41,9 +43,9 @@ from services.edge.topic_alias import InboundTopicAliases, OutboundTopicAliases
 from services.edge.translate import reason_name
 
 if TYPE_CHECKING:
-    from services.edge.links import PartitionLink
-    from services.edge.router import SessionRoute
+    from services.edge.dispatch import SessionRoute
     from services.edge.server import Edge
+    from services.edge.tickets import Route, Ticket
 
 
 log = logging.getLogger("hexmq.edge.connection")
@@ -75,7 +77,19 @@ class ConnectionBase(asyncio.Protocol):
         self.state = State.AWAITING_CONNECT
         self.client_id = ""
         self.version = 4
+        # The session's partition (set with the OpenSession), and where the session was last
+        # opened or re-attached: a re-attach is owed when the partition's route is another
+        # (services/edge/reattach.py).
         self.route: SessionRoute | None = None
+        self.attached: Route | None = None
+        self._open_ticket: Ticket | None = None
+        # The AttachSession on its way, and whether another is owed after it.
+        self._attach: Ticket | None = None
+        self._attach_again = False
+        # Delivery acknowledgements sent (or not sendable) whose confirmation has not come:
+        # token -> (acknowledged message ids, PUBREC'd message ids). A re-attach carries them.
+        self._unconfirmed: OrderedDict[int, tuple[list[int], list[int]]] = OrderedDict()
+        self._ack_tokens = itertools.count(1)
         self.peer = "?"
         self.transport: asyncio.Transport | None = None
         self.keepalive = 0
@@ -98,7 +112,8 @@ class ConnectionBase(asyncio.Protocol):
         self._out_bytes = 0
         self._flush_scheduled = False
         self._acks: list[int] = []
-        # Deliveries sent to the client and not acknowledged: packet id -> message id.
+        # Deliveries sent to the client and not acknowledged: packet id -> message id. Kept
+        # across a re-attach, so that a PUBACK arriving after it still maps to its message.
         self._inflight_out: dict[int, int] = {}
         # QoS 2 deliveries: PUBLISH sent, awaiting PUBREC (packet id -> message id); PUBREC'd
         # message ids for the partition (flushed with the acks); PUBREL sent, awaiting PUBCOMP.
@@ -108,8 +123,9 @@ class ConnectionBase(asyncio.Protocol):
         # Publishes being stored (QoS 1 until PUBACK, QoS 2 until PUBREC).
         self._pending_in = 0
         # Inbound QoS 2 on this connection: packet ids being claimed and routed; those whose
-        # routing could not be recorded because the session's link dropped (recorded again on
-        # re-attach, then PUBREC: reason code, span, origin); those answered with PUBREC and
+        # routing could not be recorded because the session's partition had no master within
+        # the failover bound (recorded again on re-attach, then PUBREC: reason code, span,
+        # origin); those answered with PUBREC and
         # awaiting PUBREL (they count against our Receive Maximum until PUBCOMP, MQTT-4.9).
         self._q2_routing: set[int] = set()
         self._q2_unrecorded: dict[int, tuple[int, Span | None, RoutedOrigin | None]] = {}
@@ -140,8 +156,27 @@ class ConnectionBase(asyncio.Protocol):
         def _process(self) -> None: ...
         def _count_in(self) -> bool: ...
         def _uncount_in(self) -> None: ...
+        def _record_qos2(
+            self,
+            pid: int,
+            failure: str | None,
+            reason: int,
+            span: Span | None,
+            routed: RoutedOrigin | None = None,
+            *,
+            quiet: bool = False,
+        ) -> None: ...
+        def _flush_acks(self) -> None: ...
+        def reattach(self) -> bool: ...
         def _publish_refused(
-            self, pid: int, why: str, span: Span | None = None, *, qos: int = 1, close: bool = False
+            self,
+            pid: int,
+            why: str,
+            span: Span | None = None,
+            *,
+            qos: int = 1,
+            close: bool = False,
+            quiet: bool = False,
         ) -> None: ...
 
     # ----- helpers ----------------------------------------------------------------------
@@ -165,7 +200,8 @@ class ConnectionBase(asyncio.Protocol):
         )
         if expiry is not None:
             close.session_expiry_s = expiry
-        route.send(pb.EdgeCommand(close_session=close))
+        # A request (its answer unneeded): sent again if its link breaks first.
+        route.request_ignored(pb.EdgeCommand(close_session=close))
 
     def _pause_reading(self, why: str) -> None:
         if not self._paused_for and self.transport is not None:
@@ -179,9 +215,11 @@ class ConnectionBase(asyncio.Protocol):
         if not self._paused_for and self.transport is not None and not self.transport.is_closing():
             self.transport.resume_reading()
 
-    def _throttle(self, link: PartitionLink) -> None:
-        """Stop reading while `link` has more queued than it can send (backpressure)."""
-        if link.congested and "link" not in self._paused_for:
+    def _throttle(self, node: str) -> None:
+        """Stop reading while the link to `node` has more queued than it can send
+        (backpressure)."""
+        link = self.edge.router.links.get(node)
+        if link is not None and link.congested and "link" not in self._paused_for:
             self._pause_reading("link")
             link.when_drained(lambda: self._resume_reading("link"))
 
@@ -248,9 +286,17 @@ class ConnectionBase(asyncio.Protocol):
             return
         self._fail(exc.reason_code, exc.message)
 
-    def _close(self, why: str | None) -> None:
+    def _close(self, why: str | None, *, quiet: bool = False) -> None:
+        """Close the connection; `why` is logged (at DEBUG when `quiet`: a refusal of a command
+        held past the failover bound, which is logged once per partition and burst)."""
         if why is not None:
-            log.warning("closing %s (%s): %s", self.peer, self.client_id or "-", why)
+            log.log(
+                logging.DEBUG if quiet else logging.WARNING,
+                "closing %s (%s): %s",
+                self.peer,
+                self.client_id or "-",
+                why,
+            )
         if self.state is State.CONNECTED:
             self._close_session(graceful=False)
         self.state = State.CLOSED

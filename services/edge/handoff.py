@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from hexmq.api.partition.v1 import partition_pb2 as pb
-from services.edge.links import PartitionLink
+from services.edge.dispatch import Dispatcher
 from services.edge.router import Router
 from services.edge.translate import message_commands
 
@@ -21,10 +21,12 @@ OK = pb.StatusCode.STATUS_CODE_OK
 
 
 def when_stored(
-    commands: Sequence[tuple[PartitionLink, pb.EdgeCommand]], then: Callable[[], None]
+    dispatcher: Dispatcher,
+    commands: Sequence[tuple[str, pb.EdgeCommand]],
+    then: Callable[[], None],
 ) -> None:
-    """Send every command; call `then` once all of them are answered OK (never if one fails:
-    the partition hands the work out again)."""
+    """Send every publish command; call `then` once all of them are answered OK (never if one
+    fails: the partition hands the work out again)."""
     if not commands:
         then()
         return
@@ -38,13 +40,13 @@ def when_stored(
         if remaining == 0 and not failed:
             then()
 
-    for link, cmd in commands:
-        link.request(cmd, done)
+    for _node, cmd in commands:
+        dispatcher.publish(cmd, done)
 
 
-def publish_will(router: Router, will: pb.PublishWill) -> None:
+def publish_will(router: Router, dispatcher: Dispatcher, will: pb.PublishWill) -> None:
     """Route a due will like a PUBLISH from its client; WillPublished once every target
-    partition has it."""
+    partition has it. (With some partition's index unknown it waits for a later hand-out.)"""
     if router.view is None:
         return
     msg = will.message
@@ -53,28 +55,28 @@ def publish_will(router: Router, will: pb.PublishWill) -> None:
         return
     retained = router.retained_route(msg.topic) if msg.retain else None
     commands = message_commands(lambda m: m.CopyFrom(msg), route.targets, retained)
-    session = router.session_route(will.client_id)
+    session = router.session_partition(will.client_id)
     confirm = pb.EdgeCommand(
         will_published=pb.WillPublished(client_id=will.client_id, will_id=will.will_id),
     )
 
     def confirmed() -> None:
-        session.send(confirm)
+        dispatcher.oneway(session, confirm)
 
-    when_stored(commands, confirmed)
-    log.info("publishing the will of a session of partition %d", session.partition)
+    when_stored(dispatcher, commands, confirmed)
+    log.info("publishing the will of a session of partition %d", session)
 
 
-def hand_off_shared(router: Router, handoff: pb.SharedHandoff) -> None:
+def hand_off_shared(router: Router, dispatcher: Dispatcher, handoff: pb.SharedHandoff) -> None:
     """Give a member's shared-subscription messages to another partition holding members of
     the group (online ones first), as one EnqueueShared naming only the group; then say so
     (moved), or that no other partition holds a member (online, if online_only): not moved."""
     if router.view is None:
         return
-    source = router.partition_route(handoff.from_partition)
 
     def answer(moved: bool) -> None:
-        source.send(
+        dispatcher.oneway(
+            handoff.from_partition,
             pb.EdgeCommand(
                 shared_handoff_done=pb.SharedHandoffDone(
                     client_id=handoff.client_id,
@@ -82,11 +84,13 @@ def hand_off_shared(router: Router, handoff: pb.SharedHandoff) -> None:
                     moved=moved,
                     online_only=handoff.online_only,
                 ),
-            )
+            ),
         )
 
     target = router.shared_candidate(handoff.group, exclude=handoff.from_partition)
-    if target is None or (handoff.online_only and not (target.online and target.link.connected)):
+    if target is None or (
+        handoff.online_only and not (target.online and dispatcher.open(target.partition))
+    ):
         if not handoff.online_only and not router.index_complete:
             # A member may be where this edge cannot see yet (its node's index has not come):
             # "nobody else" would drop the messages. Answered on a later hand-out.
@@ -100,10 +104,9 @@ def hand_off_shared(router: Router, handoff: pb.SharedHandoff) -> None:
         elif result.status == pb.StatusCode.STATUS_CODE_NOT_FOUND and handoff.online_only:
             answer(False)  # its members went offline (or left) meanwhile: stored nowhere
 
-    target.link.request(
+    dispatcher.request(
+        target.partition,
         pb.EdgeCommand(
-            partition=target.partition,
-            partition_epoch=target.epoch,
             enqueue_shared=pb.EnqueueShared(
                 group=handoff.group,
                 messages=handoff.messages,

@@ -18,10 +18,10 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.mqtt import PubComp, Publish, PubRec, PubRel
 from services.edge.connection_base import GONE, OK, RC, UNAVAILABLE, V5, ConnectionBase, State
 from services.edge.qos2_origins import RoutedOrigin, carry_origin, fault_stall
+from services.edge.tickets import refused_by_hold
 from services.edge.translate import publish_commands
 
 if TYPE_CHECKING:
-    from services.edge.links import PartitionLink
     from services.edge.router import PublishRoute
 
 
@@ -33,7 +33,7 @@ class InboundQos2Handling(ConnectionBase):
         packet: Publish,
         pid: int,
         route: PublishRoute,
-        retained: tuple[PartitionLink, pb.PartitionTarget] | None,
+        retained: tuple[str, pb.PartitionTarget] | None,
         span: Span | None,
     ) -> None:
         if pid in self._q2_received:
@@ -46,9 +46,6 @@ class InboundQos2Handling(ConnectionBase):
             if span is not None:
                 self.edge.tracer.finish(span, error="duplicate of a publish being stored")
             return  # a resend of the one being stored: its PUBREC follows
-        if not route.complete:
-            self._publish_refused(pid, "a partition node is unavailable", span, qos=2)
-            return
         if not self._count_in():
             return
         self._q2_routing.add(pid)
@@ -57,7 +54,9 @@ class InboundQos2Handling(ConnectionBase):
             if result.status != OK:
                 self._q2_settled(pid)
                 if result.status not in GONE and self.state is State.CONNECTED:
-                    self._publish_refused(pid, result.message, span, qos=2)
+                    self._publish_refused(
+                        pid, result.message, span, qos=2, quiet=refused_by_hold(result)
+                    )
                 elif span is not None:
                     self.edge.tracer.finish(span, error=result.message)
                 return
@@ -83,7 +82,7 @@ class InboundQos2Handling(ConnectionBase):
         self,
         packet: Publish,
         pid: int,
-        retained: tuple[PartitionLink, pb.PartitionTarget] | None,
+        retained: tuple[str, pb.PartitionTarget] | None,
         span: Span | None,
         origin: bytes,
     ) -> None:
@@ -99,22 +98,29 @@ class InboundQos2Handling(ConnectionBase):
             return
         commands = publish_commands(self.client_id, packet, route.targets, retained)
         routed = carry_origin(origin, commands)
-        failures: list[str] = []
+        failures: list[pb.Result] = []
         remaining = len(commands)
 
         def done(result: pb.Result) -> None:
             nonlocal remaining
             remaining -= 1
             if result.status != OK:
-                failures.append(result.message)
-            if not remaining:
-                self._record_qos2(pid, failures[0] if failures else None, 0, span, routed)
+                failures.append(result)
+            if remaining:
+                return
+            if failures:
+                failure = failures[0]
+                quiet = refused_by_hold(failure)
+                self._record_qos2(pid, failure.message, 0, span, routed, quiet=quiet)
+            else:
+                self._record_qos2(pid, None, 0, span, routed)
 
         if span is not None:
             self.edge.tracer.stamp(span, commands)
-        for link, cmd in fault_stall(self.config.fault_stall_qos2_routing, packet, commands):
-            link.request(cmd, done)
-            self._throttle(link)
+        dispatcher = self.edge.dispatcher
+        for node, cmd in fault_stall(self.config.fault_stall_qos2_routing, packet, commands):
+            dispatcher.publish(cmd, done)
+            self._throttle(node)
 
     def _record_qos2(
         self,
@@ -123,9 +129,12 @@ class InboundQos2Handling(ConnectionBase):
         reason: int,
         span: Span | None,
         routed: RoutedOrigin | None = None,
+        *,
+        quiet: bool = False,
     ) -> None:
         """Tell the session's partition how the routing ended; PUBREC once it is recorded.
-        Once the claim is settled (routed, or dropped) its targets forget its origin id."""
+        Once the claim is settled (routed, or dropped) its targets forget its origin id.
+        `quiet`: the failure is a refusal past the failover bound (logged per partition)."""
         # A failed routing drops the claim only when a 5.0 PUBREC 0x80 is about to end the
         # exchange (the id is a new message after it, MQTT-4.3.3-9). Otherwise the client
         # resends this same message (3.1.1 is disconnected; a 5.0 client that left heard
@@ -144,13 +153,14 @@ class InboundQos2Handling(ConnectionBase):
                     # Not stored everywhere: refused. If the drop of the claim was not
                     # confirmed, no PUBREC 0x80 (which would free the id while the claim and
                     # its origin id may stand): the connection closes and the client resends.
-                    self._publish_refused(pid, failure, span, qos=2, close=not dropped)
+                    self._publish_refused(pid, failure, span, qos=2, close=not dropped, quiet=quiet)
                 elif span is not None:
                     self.edge.tracer.finish(span, error=failure)
                 return
             if result.status == UNAVAILABLE and self.state is State.CONNECTED:
-                # Stored everywhere but not recorded: say it again once the link is back
-                # (reattach), and only then PUBREC.
+                # Stored everywhere but not recorded (the session's partition had no master
+                # within the failover bound): say it again once the connection is re-attached
+                # (services/edge/reattach.py), and only then PUBREC.
                 self._q2_routing.discard(pid)
                 self._q2_unrecorded[pid] = (reason, span, routed)
                 return

@@ -2,8 +2,12 @@
 
 Commands queue up while a frame is on the wire and leave together in the next one, so a burst
 of publishes costs one gRPC frame, not one call each. Results come back matched by request id
-and are handed to plain callbacks (no coroutine or future per message). While the stream is down
-every command fails at once with STATUS_CODE_UNAVAILABLE: the edge refuses rather than waits.
+and are handed to plain callbacks (no coroutine or future per message).
+
+The link knows nothing of partitions: the edge's partition commands go through
+services/edge/dispatch.py, which sends them only while the link is up and holds them again when
+it breaks (`track`). Node-wide queries (`request`) fail at once with STATUS_CODE_UNAVAILABLE
+while the stream is down.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
@@ -32,10 +37,12 @@ MAX_FRAME_BYTES = 1 << 20
 # reading their sockets; they resume once the queue is under LOW_WATER (or the link fails).
 HIGH_WATER = 8 * MAX_COMMANDS_PER_FRAME
 LOW_WATER = 2 * MAX_COMMANDS_PER_FRAME
+# Unanswered expendable requests kept per link (see `track`).
+EXPENDABLE_LIMIT = 4096
 
 GRPC_OPTIONS = [
     *LINK_OPTIONS,
-    # Reconnect fast after a partition restart: the edge refuses work until the link is back.
+    # Reconnect fast after a partition restart: the edge holds work until the link is back.
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
@@ -51,10 +58,7 @@ class LinkListener(Protocol):
     def on_index_update(self, link: PartitionLink, update: pb.IndexUpdate) -> None: ...
     def on_publish_will(self, will: pb.PublishWill) -> None: ...
     def on_shared_handoff(self, handoff: pb.SharedHandoff) -> None: ...
-    def reroute(self, cmd: pb.EdgeCommand, result: pb.Result, callback: ResultCallback) -> bool: ...
 
-
-MISROUTED = (pb.StatusCode.STATUS_CODE_WRONG_MASTER, pb.StatusCode.STATUS_CODE_STALE_EPOCH)
 
 # Shared by every plain OK answer; callbacks only read it.
 OK_RESULT = pb.Result(status=pb.StatusCode.STATUS_CODE_OK)
@@ -80,9 +84,11 @@ class PartitionLink:
         self._hello = hello
         self._listener = listener
         self._next_id = 1
-        # request id -> (callback, the command, whether it was re-routed here already: a
-        # WRONG_MASTER / STALE_EPOCH answer re-sends a command once, see Edge.reroute).
-        self._pending: dict[int, tuple[ResultCallback, pb.EdgeCommand, bool]] = {}
+        # request id -> (callback, whether it hears of a broken link: `request` yes, `track` no).
+        self._pending: dict[int, tuple[ResultCallback, bool]] = {}
+        # Tracked requests whose answer may never come (delivery acknowledgements, which a
+        # partition service of an older version does not answer): the newest only.
+        self._expendable: OrderedDict[int, ResultCallback] = OrderedDict()
         self._outgoing: list[pb.EdgeCommand] = []
         # Sent ahead of _outgoing: acknowledgements that free a subscriber's delivery window
         # must not wait behind a backlog of publishes.
@@ -103,6 +109,9 @@ class PartitionLink:
         self.connected = False
         # True once the node's subscription index snapshot has arrived on this stream.
         self.ready = False
+        # Bumped each time the link becomes ready: the partition behind it may have restarted,
+        # so the edge's connections attached through an earlier session re-attach.
+        self.session = 0
 
     def __repr__(self) -> str:
         return f"PartitionLink({self.node_id}@{self.target})"
@@ -113,19 +122,46 @@ class PartitionLink:
     async def stop(self) -> None:
         await cancel_and_wait(self._task)
 
-    def request(
-        self, cmd: pb.EdgeCommand, callback: ResultCallback, *, rerouted: bool = False
-    ) -> None:
-        """Send `cmd`; `callback(result)` runs exactly once (UNAVAILABLE if the link fails)."""
+    def request(self, cmd: pb.EdgeCommand, callback: ResultCallback) -> None:
+        """Send a node-wide query; `callback(result)` runs exactly once (UNAVAILABLE if the
+        link fails)."""
         if not self.connected:
             callback(unavailable(self.node_id))
             return
         request_id = self._next_id
         self._next_id += 1
         cmd.request_id = request_id
-        self._pending[request_id] = (callback, cmd, rerouted)
+        self._pending[request_id] = (callback, True)
         self._outgoing.append(cmd)
         self._wake.set()
+
+    def track(
+        self,
+        cmd: pb.EdgeCommand,
+        callback: ResultCallback,
+        *,
+        urgent: bool = False,
+        expendable: bool = False,
+    ) -> bool:
+        """Send `cmd` with a request id; `callback(result)` runs when its answer comes, and
+        never if the link breaks first (the caller learns of that from on_link_down). False if
+        the link is down. `expendable`: forgotten, unanswered, once EXPENDABLE_LIMIT newer ones
+        wait. `urgent`: as for `send`."""
+        if not self.connected:
+            return False
+        request_id = self._next_id
+        self._next_id += 1
+        cmd.request_id = request_id
+        if expendable:
+            waiting = self._expendable
+            waiting[request_id] = callback
+            if len(waiting) > EXPENDABLE_LIMIT:
+                waiting.popitem(last=False)
+        else:
+            self._pending[request_id] = (callback, False)
+        (self._urgent if urgent else self._outgoing).append(cmd)
+        self._wake.set()
+        return True
 
     def send(self, cmd: pb.EdgeCommand, *, urgent: bool = False) -> bool:
         """Send `cmd` without wanting a result; False if the link is down. An urgent command
@@ -218,13 +254,17 @@ class PartitionLink:
         self._outgoing = []
         self._urgent = []
         pending, self._pending = self._pending, {}
+        self._expendable.clear()
         self._probes.clear()
         if was_up:
-            log.warning("link to %s lost (%s); %d requests failed", self.node_id, why, len(pending))
+            log.warning(
+                "link to %s lost (%s); %d requests were waiting", self.node_id, why, len(pending)
+            )
             self._listener.on_link_down(self)
         result = unavailable(self.node_id, why)
-        for callback, _cmd, _rerouted in pending.values():
-            callback(result)
+        for callback, told in pending.values():
+            if told:
+                callback(result)
         self._release_waiters()
 
     def _observe(self, request_id: int) -> None:
@@ -242,16 +282,12 @@ class PartitionLink:
                     self._observe(event.result.request_id)
                 result = event.result
                 entry = pending.pop(result.request_id, None)
-                if entry is None:
-                    continue
-                callback, cmd, rerouted = entry
-                if (
-                    result.status in MISROUTED
-                    and not rerouted
-                    and listener.reroute(cmd, result, callback)
-                ):
-                    continue
-                callback(result)
+                if entry is not None:
+                    entry[0](result)
+                elif self._expendable:
+                    callback = self._expendable.pop(result.request_id, None)
+                    if callback is not None:
+                        callback(result)
             elif kind == "delivery":
                 listener.on_delivery(event.delivery)
             elif kind == "kick":
@@ -265,6 +301,7 @@ class PartitionLink:
                 listener.on_index_update(self, update)
                 if update.snapshot_done and not self.ready:
                     self.ready = True
+                    self.session += 1
                     listener.on_link_up(self)
         if frame.ok_request_ids:
             ok = OK_RESULT
@@ -274,3 +311,7 @@ class PartitionLink:
                 entry = pending.pop(request_id, None)
                 if entry is not None:
                     entry[0](ok)
+                elif self._expendable:
+                    callback = self._expendable.pop(request_id, None)
+                    if callback is not None:
+                        callback(ok)

@@ -30,6 +30,7 @@ from services.edge.limits import TopicLimits, connection_ceiling
 from services.edge.listeners import PROXY_PROTOCOL_LISTENERS, tls_context
 from services.edge.readiness import edge_readiness
 from services.edge.server import (
+    DEFAULT_FAILOVER_HOLD,
     DEFAULT_MAX_INFLIGHT_V311,
     DEFAULT_MAX_OUTBOUND_TOPIC_ALIASES,
     DEFAULT_MAX_PACKET_SIZE,
@@ -96,6 +97,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="time from opening a connection to CONNACK: the CONNECT and any enhanced "
         "authentication exchange (default %(default)s)",
+    )
+    parser.add_argument(
+        "--failover-hold",
+        type=float,
+        default=DEFAULT_FAILOVER_HOLD,
+        metavar="SECONDS",
+        help="how long a command for a partition without a reachable master (a failover, a "
+        "restart, a link down) is held before it is refused: PUBACK/PUBREC 0x80 (5.0) or a "
+        "closed connection (3.1.1), CONNACK 0x88 / 3 (default %(default)s)",
     )
     parser.add_argument(
         "--fault-stall-qos2-routing",
@@ -319,6 +329,11 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
         if args.connect_timeout <= 0:
             raise ValueError("--connect-timeout must be more than 0")
+        if not 0 < args.failover_hold <= 3600:
+            raise ValueError(
+                f"--failover-hold must be more than 0 and at most 3600 seconds, not "
+                f"{args.failover_hold:g}"
+            )
         if not 0 <= args.topic_alias_maximum <= 65535:
             raise ValueError("--topic-alias-maximum must be 0-65535")
         if not 0 <= args.max_outbound_topic_aliases <= 65535:
@@ -365,6 +380,7 @@ def run(args: argparse.Namespace) -> int:
         server_reference=args.server_reference,
         acl_deny_reason_code=args.acl_deny_reason_code,
         connect_timeout=args.connect_timeout,
+        failover_hold=args.failover_hold,
         fault_stall_qos2_routing=args.fault_stall_qos2_routing,
     )
 
@@ -441,9 +457,15 @@ async def _report_metrics(edge: Edge) -> None:
     sent_in = [0, 0, 0]
     sent_out = [0, 0, 0]
     sent_rejected: dict[tuple[str, int], int] = {}
+    no_master = m.dropped_messages.labels("no_master")
+    sent_no_master = 0
     while True:
         m.connections.set(edge.connected_clients())
         m.queue_depth.labels("partition_link").set(edge.link_backlog())
+        m.queue_depth.labels("failover_hold").set(edge.dispatcher.held)
+        dropped = edge.dispatcher.core.dropped_qos0
+        no_master.inc(dropped - sent_no_master)
+        sent_no_master = dropped
         if edge.router.view is not None:
             m.view_epoch.set(edge.router.view.epoch)
         for qos in (0, 1, 2):

@@ -5,9 +5,10 @@ each routing attempt of that claim carries it in its Publish commands, so that a
 partition that stored the message already (an earlier attempt, whose edge died mid-routing)
 does not store it again (services/partition/qos2_seen.py). Once the claim is settled (routed,
 or dropped before a PUBREC with a failure code) no attempt can be retried, and the targets are
-told to forget the origin: fire and forget, gathered per partition node and sent as one
-Qos2Forget per node per event-loop turn, so a burst of QoS 2 publishes costs a few commands,
-not one per message, and nothing waits for them.
+told to forget the origin: fire and forget, gathered per partition and sent as one Qos2Forget
+per master node per event-loop turn, so a burst of QoS 2 publishes costs a few commands, not
+one per message, and nothing waits for them (a partition without a reachable master gets its
+own, held until it has one: services/edge/dispatch.py).
 """
 
 from __future__ import annotations
@@ -22,14 +23,15 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.mqtt import Publish
 
 if TYPE_CHECKING:
-    from services.edge.links import PartitionLink
+    from services.edge.dispatch import Dispatcher
 
 log = logging.getLogger("hexmq.edge.qos2")
 
-# Origins per Qos2Forget command (a frame holds many commands; this keeps each one small).
+# Origins per flush and partition node (a frame holds many commands; this keeps each small).
 MAX_FORGETS_PER_COMMAND = 2048
 
-Commands = Sequence[tuple["PartitionLink", pb.EdgeCommand]]
+# (master node id, Publish command) per target node of one routing.
+Commands = Sequence[tuple[str, pb.EdgeCommand]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,16 +44,21 @@ class RoutedOrigin:
 
 def carry_origin(origin: bytes, commands: Commands) -> RoutedOrigin:
     """Stamp every Publish command of one routing with the claim's origin id."""
-    for _link, cmd in commands:
+    for _node, cmd in commands:
         cmd.publish.qos2_origin = origin
     return RoutedOrigin(origin, commands)
 
 
 class OriginForgets:
-    """Qos2Forget commands, gathered per partition link."""
+    """Qos2Forget commands, gathered per target partition. The epoch of each is the one the
+    partition has when the forget is sent: any master of the partition may forget a settled
+    claim, and one that does not (the forget lost with a link) sweeps it after its
+    retention."""
 
-    def __init__(self) -> None:
-        self._pending: dict[PartitionLink, list[pb.SeenOrigin]] = {}
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self._dispatcher = dispatcher
+        self._pending: dict[int, list[bytes]] = {}
+        self._count = 0
         self._scheduled = False
         self.sent = 0
 
@@ -60,33 +67,31 @@ class OriginForgets:
         origin = routed.origin
         if not origin:
             return  # a session partition that gives no origin ids: nothing was remembered
-        for link, cmd in routed.commands:
-            pending = self._pending.setdefault(link, [])
+        pending = self._pending
+        for _node, cmd in routed.commands:
             publish = cmd.publish
-            for target in publish.targets:
-                pending.append(
-                    pb.SeenOrigin(partition=target.partition, epoch=target.epoch, origin=origin)
-                )
-            retained = publish.retained
-            if publish.HasField("retained") and all(
-                t.partition != retained.partition for t in publish.targets
-            ):
-                pending.append(
-                    pb.SeenOrigin(partition=retained.partition, epoch=retained.epoch, origin=origin)
-                )
-        if not self._scheduled:
+            partitions = {t.partition for t in publish.targets}
+            if publish.HasField("retained"):
+                partitions.add(publish.retained.partition)
+            for p in partitions:
+                pending.setdefault(p, []).append(origin)
+            self._count += len(partitions)
+        if self._count >= MAX_FORGETS_PER_COMMAND:
+            self.flush()
+        elif not self._scheduled:
             self._scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush)
+            asyncio.get_running_loop().call_soon(self._scheduled_flush)
+
+    def _scheduled_flush(self) -> None:
+        self._scheduled = False
+        self.flush()
 
     def flush(self) -> None:
-        self._scheduled = False
         pending, self._pending = self._pending, {}
-        for link, entries in pending.items():
-            for i in range(0, len(entries), MAX_FORGETS_PER_COMMAND):
-                chunk = entries[i : i + MAX_FORGETS_PER_COMMAND]
-                # A link that is down drops them: those origins wait for the age sweep.
-                if link.send(pb.EdgeCommand(qos2_forget=pb.Qos2Forget(origins=chunk))):
-                    self.sent += len(chunk)
+        if pending:
+            self._dispatcher.forget_origins(pending)
+            self.sent += self._count
+        self._count = 0
 
 
 def fault_stall(prefix: str, packet: Publish, commands: Commands) -> Commands:
@@ -100,6 +105,6 @@ def fault_stall(prefix: str, packet: Publish, commands: Commands) -> Commands:
         "fault injection: QoS 2 PUBLISH %s on %r stalled after its first target node (%s)",
         packet.packet_id,
         packet.topic,
-        commands[0][0].node_id,
+        commands[0][0],
     )
     return commands[:1]

@@ -1,8 +1,10 @@
 """Router: where a session lives and which partition masters a publish must reach.
 
-The subscription index (filter -> partitions with subscribers) is fed by every partition node
-over its link; a publish goes only to the partitions whose filters match, one command per master
-node carrying all of that node's target partitions.
+The subscription index (filter -> partitions with subscribers, services/edge/
+subscription_index.py) is fed by every partition node over its link; a publish goes only to the
+partitions whose filters match, one command per master node (by the view) carrying all of that
+node's target partitions. Whether and when each command can go is services/edge/hold.py's
+business: the router only says where, by the edge's current view.
 
 Shared subscriptions are in the index under their full "$share/{ShareName}/{filter}" text,
 matched by their inner filter, with whether the partition has an online member of the group.
@@ -17,38 +19,19 @@ partition the first attempt picked (while the group's partitions and their state
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.hashring import partition_of
-from hexmq.topics import SHARED_PREFIX, TopicTrie
-from services.edge.links import PartitionLink, ResultCallback
+from hexmq.topics import SHARED_PREFIX
+from services.edge.links import PartitionLink
+from services.edge.subscription_index import SubscriptionIndex
 
 ROUTE_CACHE_LIMIT = 100_000
 # Round-robin positions kept for this many shared groups at most (then they start over).
 SHARED_TURNS_LIMIT = 100_000
-
-
-@dataclass(frozen=True, slots=True)
-class SessionRoute:
-    partition: int
-    epoch: int
-    link: PartitionLink
-
-    def _address(self, cmd: pb.EdgeCommand) -> pb.EdgeCommand:
-        # The master refuses a command for an epoch the partition has left (fencing).
-        cmd.partition = self.partition
-        cmd.partition_epoch = self.epoch
-        return cmd
-
-    def request(self, cmd: pb.EdgeCommand, callback: ResultCallback) -> None:
-        """Send `cmd` to the partition's master, addressed to the partition at this epoch."""
-        self.link.request(self._address(cmd), callback)
-
-    def send(self, cmd: pb.EdgeCommand, *, urgent: bool = False) -> bool:
-        """As `request`, without wanting a result (PartitionLink.send)."""
-        return self.link.send(self._address(cmd), urgent=urgent)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +41,6 @@ class SharedCandidate:
     partition: int
     epoch: int
     node_id: str
-    link: PartitionLink
     # Some member of the group in this partition is connected.
     online: bool
 
@@ -74,12 +56,12 @@ class SharedRoute:
 
 @dataclass(frozen=True, slots=True)
 class PublishRoute:
-    # (link, that node's target partitions); empty when nothing subscribes.
-    targets: tuple[tuple[PartitionLink, tuple[pb.PartitionTarget, ...]], ...]
-    # False while some partition node's index has never arrived (its link has not been up since
-    # this edge started): a QoS >= 1 publish must then be refused, since subscribers there might
-    # be missed. A node whose link went down keeps its last index: a publish it matches fails
-    # (its link refuses at once) while publishes for other nodes' partitions go on.
+    # (master node id by the view, that node's target partitions); empty when nothing
+    # subscribes.
+    targets: tuple[tuple[str, tuple[pb.PartitionTarget, ...]], ...]
+    # False while some partition's index has never arrived (no master of it has been linked
+    # since this edge started): a QoS >= 1 publish then waits (services/edge/hold.py), since
+    # subscribers there might be missed. A partition whose master is lost keeps its last index.
     complete: bool
     # Cached routes only: the shared groups still to be placed (one partition each, chosen per
     # message by Router.route_publish). The routes route_publish returns have none left.
@@ -90,41 +72,43 @@ class Router:
     def __init__(self) -> None:
         self.view: mpb.View | None = None
         self.links: dict[str, PartitionLink] = {}
-        # (filter, partition) -> for shared filters, whether the partition has an online
-        # member of the group (False for the others).
-        self._index: TopicTrie[int, bool] = TopicTrie()
-        self._index_by_node: dict[str, set[tuple[int, str]]] = {}
-        # Nodes whose full index snapshot has arrived at least once.
-        self._indexed: set[str] = set()
+        self.index = SubscriptionIndex()
         self._cache: dict[str, PublishRoute] = {}
         # Shared group -> where its next round-robin turn starts among its candidates.
         self._turns: dict[str, int] = {}
+        # Whether a partition takes commands now (services/edge/hold.py, set by the edge):
+        # shared groups prefer partitions that do.
+        self.partition_open: Callable[[int], bool] = lambda p: True
 
     def set_view(self, view: mpb.View) -> None:
         self.view = view
         self._cache.clear()
 
-    def session_route(self, client_id: str) -> SessionRoute:
+    def session_partition(self, client_id: str) -> int:
+        """The partition of a session (and of a topic's retained message)."""
         view = self.view
         assert view is not None
-        return self.partition_route(partition_of(client_id, view.partition_count))
+        return partition_of(client_id, view.partition_count)
 
-    def partition_route(self, p: int) -> SessionRoute:
-        """The master of partition p, by the view."""
+    def master(self, p: int) -> str:
+        """Partition p's master by the view ("" if the view names none)."""
         view = self.view
         assert view is not None
-        assignment = view.partitions[p]
-        return SessionRoute(p, assignment.epoch, self.links[assignment.replicas[0]])
+        replicas = view.partitions[p].replicas
+        return replicas[0] if replicas else ""
 
     @property
     def index_complete(self) -> bool:
-        """Every partition node's index has arrived at least once (see PublishRoute)."""
-        return all(n in self._indexed for n in self.links)
+        """Every partition's index has arrived at least once (see PublishRoute)."""
+        view = self.view
+        return view is not None and len(self.index.indexed) >= view.partition_count
 
-    def retained_route(self, topic: str) -> tuple[PartitionLink, pb.PartitionTarget]:
+    def retained_route(self, topic: str) -> tuple[str, pb.PartitionTarget]:
         """Where the topic's retained message lives: the master of partition(topic)."""
-        route = self.session_route(topic)  # the same keyed placement, keyed by the topic
-        return route.link, pb.PartitionTarget(partition=route.partition, epoch=route.epoch)
+        view = self.view
+        assert view is not None
+        p = self.session_partition(topic)  # the same keyed placement, keyed by the topic
+        return self.master(p), pb.PartitionTarget(partition=p, epoch=view.partitions[p].epoch)
 
     def route_publish(self, topic: str, key: bytes = b"") -> PublishRoute:
         """Where one message for `topic` goes. With shared groups matching, every call places
@@ -147,7 +131,7 @@ class Router:
         by_node: dict[str, list[pb.PartitionTarget]] = {}
         seen: set[int] = set()
         groups: dict[str, list[SharedCandidate]] | None = None
-        for filt, p, online in self._index.match(topic):
+        for filt, p, online in self.index.match(topic):
             if filt.startswith(SHARED_PREFIX):
                 if groups is None:
                     groups = {}
@@ -157,7 +141,8 @@ class Router:
                 continue
             seen.add(p)
             assignment = view.partitions[p]
-            by_node.setdefault(assignment.replicas[0], []).append(
+            master = assignment.replicas[0] if assignment.replicas else ""
+            by_node.setdefault(master, []).append(
                 pb.PartitionTarget(partition=p, epoch=assignment.epoch)
             )
         shared: tuple[SharedRoute, ...] = ()
@@ -167,26 +152,26 @@ class Router:
                 for group, cands in sorted(groups.items())
             )
         return PublishRoute(
-            targets=tuple((self.links[n], tuple(t)) for n, t in sorted(by_node.items())),
+            targets=tuple((n, tuple(t)) for n, t in sorted(by_node.items())),
             complete=self.index_complete,
             shared=shared,
         )
 
     def _candidate(self, view: mpb.View, p: int, online: bool) -> SharedCandidate:
         assignment = view.partitions[p]
-        master = assignment.replicas[0]
-        return SharedCandidate(p, assignment.epoch, master, self.links[master], online)
+        master = assignment.replicas[0] if assignment.replicas else ""
+        return SharedCandidate(p, assignment.epoch, master, online)
 
     def shared_candidate(self, group: str, *, exclude: int) -> SharedCandidate | None:
         """The partition, other than `exclude`, that gets a shared group's messages handed
         over from a member there (services/edge/handoff.py): chosen as for a publish, in turn,
-        online members and a working link first. None: no other partition holds members."""
+        online members and open partitions first. None: no other partition holds members."""
         view = self.view
         assert view is not None
         candidates = sorted(
             (
                 self._candidate(view, p, online)
-                for p, online in self._index.entries_of(group)
+                for p, online in self.index.entries_of(group)
                 if p != exclude
             ),
             key=lambda c: c.partition,
@@ -205,11 +190,11 @@ class Router:
                 chosen[candidate.partition] = (candidate, [shared.group])
             else:
                 entry[1].append(shared.group)
-        by_node: dict[str, tuple[PartitionLink, list[pb.PartitionTarget]]] = {
-            link.node_id: (link, list(targets)) for link, targets in route.targets
+        by_node: dict[str, list[pb.PartitionTarget]] = {
+            node: list(targets) for node, targets in route.targets
         }
         for candidate, groups in chosen.values():
-            _, targets = by_node.setdefault(candidate.node_id, (candidate.link, []))
+            targets = by_node.setdefault(candidate.node_id, [])
             target = pb.PartitionTarget(
                 partition=candidate.partition, epoch=candidate.epoch, shared=groups
             )
@@ -220,16 +205,16 @@ class Router:
             else:
                 targets.append(target)
         return PublishRoute(
-            targets=tuple((link, tuple(t)) for _, (link, t) in sorted(by_node.items())),
+            targets=tuple((node, tuple(t)) for node, t in sorted(by_node.items())),
             complete=route.complete,
         )
 
     def _pick(self, shared: SharedRoute, key: bytes) -> SharedCandidate:
-        """Round robin over the group's partitions that have an online member and a working
-        link to their master; else over those with a working link (the message is queued for
-        an offline member there); else the next one (whose link refuses the publish). With a
-        key the search starts where the key says (a stable hash: every edge agrees) and the
-        turn is left alone."""
+        """Round robin over the group's partitions that have an online member and take
+        commands now; else over those that take commands (the message is queued for an offline
+        member there); else the next one (where the publish is held). With a key the search
+        starts where the key says (a stable hash: every edge agrees) and the turn is left
+        alone."""
         candidates = shared.candidates
         n = len(candidates)
         if key:
@@ -237,10 +222,11 @@ class Router:
         else:
             start = self._turns.get(shared.group, 0) % n
         reachable = -1
+        partition_open = self.partition_open
         for k in range(n):
             i = (start + k) % n
             candidate = candidates[i]
-            if candidate.link.connected:
+            if partition_open(candidate.partition):
                 if candidate.online:
                     break
                 if reachable < 0:
@@ -254,29 +240,8 @@ class Router:
         self._turns[shared.group] = i + 1
         return candidates[i]
 
-    def apply_index_update(self, node_id: str, update: pb.IndexUpdate) -> None:
+    def apply_index_update(self, node_id: str, update: pb.IndexUpdate) -> list[tuple[int, int]]:
+        """An update from `node_id`'s link (SubscriptionIndex.apply): the (partition, epoch)
+        pairs it showed newer than the view."""
         self._cache.clear()
-        mine = self._index_by_node.setdefault(node_id, set())
-        if update.reset:
-            self.drop_node_index(node_id)
-            mine = self._index_by_node.setdefault(node_id, set())
-        for entry in update.entries:
-            key = (entry.partition, entry.filter)
-            if entry.present:
-                mine.add(key)
-                self._index.add(entry.filter, entry.partition, entry.online)
-            elif key in mine:
-                mine.discard(key)
-                self._index.remove(entry.filter, entry.partition)
-        if update.snapshot_done:
-            self._indexed.add(node_id)
-
-    def node_down(self, node_id: str) -> None:
-        """The node's link dropped. Its last index stays (see PublishRoute.complete); the
-        reset that opens its next snapshot replaces it."""
-        self._cache.clear()
-
-    def drop_node_index(self, node_id: str) -> None:
-        self._cache.clear()
-        for p, filt in self._index_by_node.pop(node_id, set()):
-            self._index.remove(filt, p)
+        return self.index.apply(node_id, update, self.view)

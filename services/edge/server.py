@@ -15,9 +15,10 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.mqtt.reason_codes import ReasonCode as RC
 from services.edge.auth import AccessControl
 from services.edge.connection import ClientConnection, State
+from services.edge.dispatch import Dispatcher
 from services.edge.handoff import hand_off_shared, publish_will
 from services.edge.limits import ConnectionLimit, ConnectionRate, TopicLimits, connection_ceiling
-from services.edge.links import PartitionLink, ResultCallback
+from services.edge.links import PartitionLink
 from services.edge.listeners import start_listeners
 from services.edge.qos2_origins import OriginForgets
 from services.edge.router import Router
@@ -34,6 +35,7 @@ DEFAULT_RECEIVE_MAXIMUM = 1024
 DEFAULT_MAX_INFLIGHT_V311 = 256
 DEFAULT_TOPIC_ALIAS_MAXIMUM = 64
 DEFAULT_MAX_OUTBOUND_TOPIC_ALIASES = 64
+DEFAULT_FAILOVER_HOLD = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +77,9 @@ class EdgeConfig:
     server_reference: str | None = None
     # The SUBACK code a 5.0 client gets for a subscription the ACL denies (3.1.1: 0x80).
     acl_deny_reason_code: int = RC.NOT_AUTHORIZED
+    # Seconds a command for a partition without a reachable master is held before it is
+    # refused (services/edge/hold.py).
+    failover_hold: float = DEFAULT_FAILOVER_HOLD
     # Fault injection for tests only (services/edge/qos2_origins.py, fault_stall): QoS 2
     # publishes on topics with this prefix stall after their first target node ("": off).
     fault_stall_qos2_routing: str = ""
@@ -100,6 +105,8 @@ class Edge:
         self._tls = tls
         self.tracer = EdgeTracer(tracing or telemetry.Tracing.disabled(), config.node_id)
         self.router = Router()
+        self.dispatcher = Dispatcher(self.router.links, config.failover_hold)
+        self.router.partition_open = self.dispatcher.open
         self.connections: dict[str, ClientConnection] = {}
         self.stats = EdgeStats()
         self._sys_task: asyncio.Task[None] | None = None
@@ -107,10 +114,8 @@ class Edge:
         self._counter = itertools.count(1)
         self._watcher = ViewWatcher(config.membership, self._on_view)
         self._servers: list[asyncio.Server] = []
-        # Commands sent again to the master a partition node named (see reroute).
-        self.rerouted = 0
         # Inbound QoS 2: origin ids whose claims are settled, for their targets to forget.
-        self.qos2_forgets = OriginForgets()
+        self.qos2_forgets = OriginForgets(self.dispatcher)
 
     def new_connection_id(self) -> str:
         return f"{self.config.node_id}.{self.incarnation:x}.{next(self._counter)}"
@@ -135,6 +140,7 @@ class Edge:
         for conn in list(self.connections.values()):
             conn.shutdown()
         await asyncio.sleep(min(0.2, self.config.shutdown_grace))
+        self.dispatcher.stop()
         for link in self.router.links.values():
             await link.stop()
         await self._watcher.stop()
@@ -143,40 +149,20 @@ class Edge:
         return sum(1 for c in self.connections.values() if c.state is State.CONNECTED)
 
     def on_publish_will(self, will: pb.PublishWill) -> None:
-        publish_will(self.router, will)
+        publish_will(self.router, self.dispatcher, will)
 
     def on_shared_handoff(self, handoff: pb.SharedHandoff) -> None:
-        hand_off_shared(self.router, handoff)
-
-    def reroute(self, cmd: pb.EdgeCommand, result: pb.Result, callback: ResultCallback) -> bool:
-        """A partition node answered that the command's partition is mastered by another node,
-        or is at another epoch (this edge's view is behind): send the command once more to the
-        master it named, at the epoch it named. Only commands for a single partition; others
-        fail and the client retries, routed by the view the membership watch brings."""
-        link = self.router.links.get(result.current_master)
-        if link is None or not link.ready or not result.current_epoch:
-            return False
-        if cmd.WhichOneof("command") == "publish":
-            targets = cmd.publish.targets
-            if len(targets) != 1 or cmd.publish.HasField("retained"):
-                return False
-            targets[0].epoch = result.current_epoch
-        cmd.partition_epoch = result.current_epoch
-        self.rerouted += 1
-        log.info(
-            "re-routing a command for partition %d to %s at epoch %d (%s)",
-            cmd.publish.targets[0].partition if cmd.HasField("publish") else cmd.partition,
-            result.current_master,
-            result.current_epoch,
-            result.message,
-        )
-        link.request(cmd, callback, rerouted=True)
-        return True
+        hand_off_shared(self.router, self.dispatcher, handoff)
 
     def link_backlog(self) -> int:
         return sum(link.backlog for link in self.router.links.values())
 
     async def _on_view(self, view: mpb.View) -> None:
+        self.apply_view(view)
+
+    def apply_view(self, view: mpb.View) -> None:
+        """A newer view: route by it, link to new members, re-attach the live connections whose
+        session partition moved, then send what the partitions that opened hold."""
         self.router.set_view(view)
         hello = pb.Hello(edge_id=self.config.node_id, edge_incarnation=self.incarnation)
         for member in view.members:
@@ -184,20 +170,45 @@ class Edge:
                 link = PartitionLink(member.node_id, member.partition_addr, hello, self)
                 self.router.links[member.node_id] = link
                 link.start()
-        log.info("view %d: %d partition nodes", view.epoch, len(view.members))
+        moved = self.dispatcher.set_view(view)
+        reattached = self._reattach(moved)
+        self.dispatcher.pump()
+        if self.router.index_complete:
+            self.dispatcher.index_completed()
+        log.info(
+            "view %d: %d partition nodes; %d partitions moved, %d sessions re-attached",
+            view.epoch,
+            len(view.members),
+            len(moved),
+            reattached,
+        )
+
+    def _reattach(self, moved: set[int]) -> int:
+        """Re-attach the live connections whose session partition is among `moved` (another
+        master, epoch or link session than the one they are attached through)."""
+        if not moved:
+            return 0
+        reattached = 0
+        for conn in list(self.connections.values()):
+            route = conn.route
+            if (
+                conn.state is State.CONNECTED
+                and route is not None
+                and route.partition in moved
+                and conn.reattach()
+            ):
+                reattached += 1
+        return reattached
 
     # ----- LinkListener -----------------------------------------------------------------
 
     def on_link_up(self, link: PartitionLink) -> None:
-        reattached = 0
-        for conn in list(self.connections.values()):
-            if conn.state is State.CONNECTED and conn.route is not None and conn.route.link is link:
-                conn.reattach()
-                reattached += 1
+        reattached = self._reattach(self.dispatcher.link_up(link))
+        self.dispatcher.pump()
         log.info("partition node %s ready; re-attached %d sessions", link.node_id, reattached)
 
     def on_link_down(self, link: PartitionLink) -> None:
-        self.router.node_down(link.node_id)
+        self.dispatcher.link_down(link)
 
     def on_delivery(self, delivery: pb.Delivery) -> None:
         conn = self.connections.get(delivery.connection_id)
@@ -210,7 +221,10 @@ class Edge:
             conn.kick(kick.reason_code)
 
     def on_index_update(self, link: PartitionLink, update: pb.IndexUpdate) -> None:
-        self.router.apply_index_update(link.node_id, update)
+        for p, epoch in self.router.apply_index_update(link.node_id, update):
+            self.dispatcher.saw_epoch(p, epoch)
+        if update.snapshot_done and self.router.index_complete:
+            self.dispatcher.index_completed()
         if update.seq:
             # Applied: the partition may now answer the SUBSCRIBE that caused it.
             link.send(pb.EdgeCommand(index_ack=pb.IndexAck(seq=update.seq)), urgent=True)

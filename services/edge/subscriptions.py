@@ -9,6 +9,7 @@ from hexmq.mqtt import MQTTError, SubAck, Subscribe, UnsubAck, Unsubscribe
 from hexmq.topics import split_shared, validate_topic_filter
 from services.edge import retained
 from services.edge.connection_base import OK, RC, V5, ConnectionBase, State
+from services.edge.tickets import refused_by_hold
 
 
 class SubscribeHandling(ConnectionBase):
@@ -110,7 +111,9 @@ class SubscribeHandling(ConnectionBase):
                 return
             if self.version != V5:
                 if result.status != OK:
-                    self._close(f"UNSUBSCRIBE failed: {result.message}")
+                    self._close(
+                        f"UNSUBSCRIBE failed: {result.message}", quiet=refused_by_hold(result)
+                    )
                     return
                 self._write(self.codec.send(UnsubAck(packet.packet_id)))
                 return

@@ -38,6 +38,7 @@ from hexmq.mqtt import NO_PROPERTIES
 from services.edge.translate import fill_message, message_commands
 
 if TYPE_CHECKING:
+    from services.edge.dispatch import Dispatcher
     from services.edge.router import Router
     from services.edge.server import Edge
 
@@ -130,7 +131,9 @@ class SysTopics:
 
     def publish(self, messages: Sequence[tuple[str, bytes]]) -> None:
         """Broker-originated retained QoS 0 messages, routed like any publish."""
-        publish_retained(self.edge.router, self._publisher, messages, self.expiry_ms)
+        publish_retained(
+            self.edge.router, self.edge.dispatcher, self._publisher, messages, self.expiry_ms
+        )
 
 
 class ClusterTotals:
@@ -156,7 +159,11 @@ class ClusterTotals:
 
 
 def publish_retained(
-    router: Router, publisher: str, messages: Sequence[tuple[str, bytes]], expiry_ms: int
+    router: Router,
+    dispatcher: Dispatcher,
+    publisher: str,
+    messages: Sequence[tuple[str, bytes]],
+    expiry_ms: int,
 ) -> None:
     if router.view is None:
         return
@@ -164,8 +171,8 @@ def publish_retained(
     for topic, payload in messages:
         fill = functools.partial(_fill, publisher, topic, payload, expires_at_ms)
         route = router.route_publish(topic)
-        for link, cmd in message_commands(fill, route.targets, router.retained_route(topic)):
-            link.send(cmd)
+        for _node, cmd in message_commands(fill, route.targets, router.retained_route(topic)):
+            dispatcher.publish_qos0(cmd)
 
 
 def _fill(publisher: str, topic: str, payload: bytes, expires_at_ms: int, m: cpb.Message) -> None:

@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TypeAlias
 
 from hexmq.api.common.v1 import common_pb2 as cpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.mqtt import NO_PROPERTIES, Properties, Publish
 from hexmq.mqtt.reason_codes import ConnectReturnCode, ReasonCode
-
-if TYPE_CHECKING:
-    from services.edge.links import PartitionLink
 
 RC = ReasonCode
 
@@ -56,16 +53,16 @@ def fill_message(
         m.user_properties.add(key=key, value=value)
 
 
-# What Router.route_publish gives: per master node, the partitions a message goes to.
-Targets: TypeAlias = "tuple[tuple[PartitionLink, tuple[pb.PartitionTarget, ...]], ...]"
+# What Router.route_publish gives: per master node (its id), the partitions a message goes to.
+Targets: TypeAlias = tuple[tuple[str, tuple[pb.PartitionTarget, ...]], ...]
 
 
 def publish_commands(
     publisher_id: str,
     packet: Publish,
     targets: Targets,
-    retained: tuple[PartitionLink, pb.PartitionTarget] | None = None,
-) -> list[tuple[PartitionLink, pb.EdgeCommand]]:
+    retained: tuple[str, pb.PartitionTarget] | None = None,
+) -> list[tuple[str, pb.EdgeCommand]]:
     """One Publish command per master node (plus, for RETAIN, the node mastering the topic's
     partition, if it is not one of them). The message is built in place in the first command
     and copied for the rest."""
@@ -87,23 +84,23 @@ def publish_commands(
 def message_commands(
     fill: Callable[[cpb.Message], None],
     targets: Targets,
-    retained: tuple[PartitionLink, pb.PartitionTarget] | None = None,
-) -> list[tuple[PartitionLink, pb.EdgeCommand]]:
+    retained: tuple[str, pb.PartitionTarget] | None = None,
+) -> list[tuple[str, pb.EdgeCommand]]:
     """publish_commands for a message that `fill` writes (e.g. a will, already built)."""
-    out: list[tuple[PartitionLink, pb.EdgeCommand]] = []
+    out: list[tuple[str, pb.EdgeCommand]] = []
     plan = list(targets)
-    if retained is not None and all(link is not retained[0] for link, _ in plan):
+    if retained is not None and all(node != retained[0] for node, _ in plan):
         plan.append((retained[0], ()))
-    for link, node_targets in plan:
+    for node, node_targets in plan:
         cmd = pb.EdgeCommand()
         if out:
             cmd.publish.message.CopyFrom(out[0][1].publish.message)
         else:
             fill(cmd.publish.message)
         cmd.publish.targets.extend(node_targets)
-        if retained is not None and link is retained[0]:
+        if retained is not None and node == retained[0]:
             cmd.publish.retained.CopyFrom(retained[1])
-        out.append((link, cmd))
+        out.append((node, cmd))
     return out
 
 

@@ -298,9 +298,24 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
 
     def _close_session(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
         req = cmd.close_session
-        session = self._live_session(link, cmd, req.client_id, req.connection_id)
-        if session is None:
+        if not self._check_owner(link, cmd, cmd.partition, cmd.partition_epoch):
             return
+        session = self.sessions.get(req.client_id)
+        if (
+            session is not None
+            and session.connection is None
+            and session.record.connection_id == req.connection_id
+        ):
+            # Its edge lost the link (or the old master) before this close got through: the
+            # connection it closes is still the session's last one, so the close counts (a
+            # graceful one must not publish the will).
+            session.orphan = ""
+            self.wills.cancel(session.client_id)
+            session.record.will_due_at_ms = 0
+        else:
+            session = self._live_session(link, cmd, req.client_id, req.connection_id)
+            if session is None:
+                return
         if req.HasField("session_expiry_s"):
             session.record.session_expiry_s = req.session_expiry_s
         stamp = now_ms()

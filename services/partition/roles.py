@@ -271,6 +271,9 @@ class PartitionRoles(MasterState):
                 pb.PartitionEpoch(partition=p, epoch=self.mastered[p]) for p in partitions
             ],
             entries=self._index_entries(partitions),
+            # The whole of each partition's index is in this update: edges stop routing by
+            # what they knew of these partitions before.
+            snapshot_done=True,
             seq=self.index_barrier.next_seq(),
         )
         event = pb.PartitionEvent(index_update=update)

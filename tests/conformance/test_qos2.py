@@ -49,6 +49,9 @@ from tests.support import v5client as v5
 from tests.support.rawclient import RawClient
 
 PARTITIONS = 32  # as the `trio` fixture (tests/conformance/conftest.py)
+# The failover hold of the clusters whose tests kill a node and expect a refusal: a command for
+# its partitions is held this long (seconds), then refused.
+HOLD = 2
 NODES = ["n1", "n2", "n3"]
 PERSISTENT = Properties(session_expiry_interval=3600)
 
@@ -342,7 +345,10 @@ async def test_g3_exactly_once_across_kill_and_start_of_the_sessions_master(hexm
     Also MQTT-4.3.3-8, -10 (the received packet id survives: the resend is not routed again)
     and MQTT-4.3.3-5, -6, MQTT-4.4.0-1 (PUBREL, not the PUBLISH, after the restart).
     """
-    cluster = hexmq_cluster(nodes=3, partitions=PARTITIONS, extra=["--rf", "2"])
+    # A short failover hold: the PUBREL below is held for it, then refused.
+    cluster = hexmq_cluster(
+        nodes=3, partitions=PARTITIONS, extra=["--rf", "2", f"--edge-arg=--failover-hold={HOLD}"]
+    )
     topic = f"g3/{uid()}"
     # Both sessions are mastered by n3, the node we kill; the clients use nodes 1 and 2.
     pub_id, sub_id = client_id_on("n3", "pub"), client_id_on("n3", "sub")
@@ -359,7 +365,8 @@ async def test_g3_exactly_once_across_kill_and_start_of_the_sessions_master(hexm
     await sub.close()
 
     cluster.kill(3)
-    # PUBREL while the session's partition is down: no PUBCOMP (the connection is closed).
+    # PUBREL while the session's partition is down for longer than the failover hold: no
+    # PUBCOMP (the connection is closed).
     await pub.send(PubRel(5))
     assert not any(isinstance(p, PubComp) for p in await pub.wait_closed(timeout=10))
     await pub.close()
@@ -605,6 +612,8 @@ def stalling_trio(hexmq_cluster_module):  # type: ignore[no-untyped-def]
             f"--edge-arg=--fault-stall-qos2-routing={STALL}",
             # A killed partition service stops holding writes up after 1 s, not 5.
             "--partition-arg=--replica-lag-timeout=1",
+            # Commands for its partitions are refused after HOLD s, not 10.
+            f"--edge-arg=--failover-hold={HOLD}",
         ],
     )
 
@@ -687,7 +696,8 @@ async def outage_of_n3(
 ) -> tuple[str, list[RawClient], str, RawClient]:
     """Subscribers in partitions of n1, n2 and n3 (on nodes 1 and 2), a publisher on node 1
     whose session n1 holds, and then n3's partition service SIGKILLed: a publish now fails
-    part-way. Returns (topic, subscribers, publisher's client id, publisher)."""
+    part-way (its part for n3 is held, then refused after HOLD s). Returns (topic, subscribers,
+    publisher's client id, publisher)."""
     topic = f"{prefix}/{uid()}"
     subs = await subscribers(cluster, topic, version, (1, 2))
     pub_id = client_id_on("n1", "pub")

@@ -125,7 +125,7 @@ def test_one_node_up_kill_start_down(hexmq_cluster: ClusterFactory) -> None:
 
 @pytest.mark.timeout(120)
 def test_two_nodes_stop_and_start_one(hexmq_cluster: ClusterFactory) -> None:
-    cluster = hexmq_cluster(nodes=2)
+    cluster = hexmq_cluster(nodes=2, extra=["--edge-arg=--failover-hold=1"])
     assert [n["node_id"] for n in cluster.nodes] == ["n1", "n2"]
     assert cluster.mqtt_port(2) == cluster.mqtt_port(1) + 1
     assert cluster.node(2)["redis_port"] == cluster.node(1)["redis_port"] + 10
@@ -139,14 +139,15 @@ def test_two_nodes_stop_and_start_one(hexmq_cluster: ClusterFactory) -> None:
     ]
 
     # With RF 1 a session lives only on its partition's master: while node 2 is down, a client
-    # whose session partition is on n2 is refused, one whose partition is on n1 is not.
+    # whose session partition is on n2 is held and, past the edge's failover hold (1 s here),
+    # refused with 3; one whose partition is on n1 is not.
     on_n1, on_n2 = client_id_mastered_by("n1"), client_id_mastered_by("n2")
     cluster.stop(2)
     status = cluster.status()
     assert alive_map(status, 1) == ALL_ALIVE
     assert alive_map(status, 2) == ALL_DEAD
     assert mqtt_connect(cluster.mqtt_port(1), on_n1) == 0
-    assert mqtt_connect(cluster.mqtt_port(1), on_n2) not in (0, None)
+    assert mqtt_connect(cluster.mqtt_port(1), on_n2) == 3
 
     cluster.start(2)
     assert alive_map(cluster.status(), 2) == ALL_ALIVE
@@ -477,7 +478,9 @@ async def test_up_with_a_password_file_needs_no_allow_anonymous(
     """`up` and `start` take a credentials refusal of their anonymous probe as serving."""
     path = tmp_path / "passwd"
     assert hexmq_passwd(str(path), "alice", "pw").returncode == 0
-    cluster = hexmq_cluster(nodes=2, extra=[f"--edge-arg=--password-file={path}"])
+    cluster = hexmq_cluster(
+        nodes=2, extra=[f"--edge-arg=--password-file={path}", "--edge-arg=--failover-hold=1"]
+    )
     on_n1, on_n2 = client_id_mastered_by("n1"), client_id_mastered_by("n2")
     for node in (1, 2):
         port = cluster.mqtt_port(node)
@@ -487,8 +490,9 @@ async def test_up_with_a_password_file_needs_no_allow_anonymous(
 
     cluster.kill(2)
     # Node 1's edge cannot reach n2's sessions: once it has seen its link drop (the kill takes
-    # effect there within moments), it says so before looking at credentials, so a refusal
-    # for credentials (the probe's answer) proves the session's node is reachable.
+    # effect there within moments), a CONNECT waits for n2 before its credentials are looked
+    # at, and is refused with 3 past the failover hold (1 s here); so a refusal for credentials
+    # (the probe's answer) proves the session's node is reachable.
     deadline = time.monotonic() + 15
     while (code := await login(cluster.mqtt_port(1), on_n2, None, None)) != 3:
         assert code == 5, code

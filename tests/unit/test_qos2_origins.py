@@ -16,8 +16,9 @@ from services.partition.qos2_seen import SeenOrigins
 from services.partition.replication import HDEL, HSET
 from services.partition.sessions import Claim, Routed, Session
 from services.partition.store import RedisStore, qos2_inbound_key, qos2_seen_key, queue_key
+from tests.support.partition_harness import EPOCH, Edge, P, connect, make_node
 from tests.support.replication_sim import Sim
-from tests.unit.test_qos2 import EPOCH, Edge, P, connect, make_node, receive, routed
+from tests.unit.test_qos2 import receive, routed
 from tests.unit.test_shared_subscriptions import announce, make_router
 
 # A second partition mastered by the same node (P is the first one).
@@ -290,9 +291,26 @@ class HashRedis:
     async def hgetall(self, key: str) -> dict[bytes, bytes]:
         return dict(self.data.get(key, {}))
 
+    def pipeline(self, transaction: bool = False) -> HashPipeline:
+        return HashPipeline(self)
+
     async def hscan_iter(self, key: str, count: int = 10) -> AsyncIterator[tuple[bytes, bytes]]:
         for item in list(self.data.get(key, {}).items()):
             yield item
+
+
+class HashPipeline:
+    """HashRedis's reads queued and answered together, as a pipeline."""
+
+    def __init__(self, redis: HashRedis) -> None:
+        self.redis = redis
+        self.keys: list[str] = []
+
+    def hgetall(self, key: str) -> None:
+        self.keys.append(key)
+
+    async def execute(self) -> list[dict[bytes, bytes]]:
+        return [await self.redis.hgetall(key) for key in self.keys]
 
 
 async def test_a_partition_snapshot_and_reload_carry_its_remembered_origins() -> None:

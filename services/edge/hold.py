@@ -1,0 +1,635 @@
+"""PartitionCommands: what the edge sends to partition masters, and what it holds while a
+partition has no master that can take it (a failover, a restart, a link that is down).
+
+Pure: no asyncio, no I/O. The clock is passed in (`now`, in seconds) and every call returns
+what to do as data (Send, Answer, Log); services/edge/dispatch.py carries it out over the
+partition links. The rules (docs/failover.md, "The edge during a failover"), per partition:
+
+- A command goes at once to the partition's master by the edge's view, stamped with the
+  partition's epoch, when the partition is *open*: its master is a view member, the link to it
+  is up (its index snapshot arrived), nothing has shown the partition moving to an epoch newer
+  than the view's, and nothing of the partition is held.
+- Otherwise it is *held*, behind the partition's other held commands, and sent when the
+  partition opens. Requests in flight when their link breaks, and requests answered MOVED,
+  WRONG_MASTER, STALE_EPOCH or UNAVAILABLE, go back among the held ones in their original order
+  (by command id), ahead of newer ones. A command keeps its command id when sent again.
+- Answers never redirect a command to the node they name: one naming an epoch newer than the
+  view's holds the partition until the view has it; one naming an older or equal epoch sends
+  the command again by the view (after RETRY_PAUSE if the view still routes it to the node that
+  answered: that node is behind the view, or has no role yet).
+- When the view moves a partition while requests to its old master are in flight, newer
+  commands wait for their answers (they may come back MOVED and must go first); if the old
+  master left the view they are taken back at once.
+- A re-attach (ATTACH) goes ahead of every held command of its partition, and the partition's
+  other commands wait until it is answered.
+- A publish for several partitions of one master goes whole when all of them are open, and is
+  split per partition otherwise (or when it comes back); its caller hears one answer, once
+  every part has one (the first failure, else OK).
+- A command held longer than `hold` seconds is answered with a refusal naming the partition
+  (status UNAVAILABLE: see `refused_by_hold`); one log line per partition and burst of refusals.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import logging
+from dataclasses import dataclass, field
+
+from hexmq.api.membership.v1 import membership_pb2 as mpb
+from hexmq.api.partition.v1 import partition_pb2 as pb
+from services.edge.tickets import (
+    OK_RESULT,
+    SC,
+    Answer,
+    Effect,
+    Kind,
+    Log,
+    Route,
+    Send,
+    Ticket,
+    address,
+    publish_part,
+)
+
+# Answers after which the command was not applied (or never will be acknowledged): held and
+# sent again.
+SEND_AGAIN = frozenset(
+    {
+        SC.STATUS_CODE_MOVED,
+        SC.STATUS_CODE_WRONG_MASTER,
+        SC.STATUS_CODE_STALE_EPOCH,
+        SC.STATUS_CODE_UNAVAILABLE,
+    }
+)
+# A node that answered UNAVAILABLE, or that is behind the edge's view, is asked again after this.
+RETRY_PAUSE = 0.25
+
+
+@dataclass(slots=True)
+class _Partition:
+    # Held commands, single-partition only, in order (ATTACH first, then by command id).
+    held: list[Ticket] = field(default_factory=list)
+    # Requests sent and not answered (the tickets are kept per node, to take back).
+    in_flight: int = 0
+    # How many of those went to an earlier route than the current one: newer commands wait.
+    stale: int = 0
+    # ATTACH tickets in flight: the partition's other commands wait.
+    attaching: int = 0
+    # The view's epoch for the partition must reach this before anything is sent (an answer
+    # or an index update showed a newer one, or MOVED showed the current one ending).
+    min_epoch: int = 0
+    # Not before this (a node answered UNAVAILABLE or is behind the view), and why.
+    retry_at: float = 0.0
+    retry_why: str = ""
+    # A refusal burst is under way (logged once).
+    refusing: bool = False
+
+
+def _order(ticket: Ticket) -> tuple[int, int]:
+    return (0 if ticket.kind is Kind.ATTACH else 1, ticket.command_id)
+
+
+class PartitionCommands:
+    def __init__(self, hold: float) -> None:
+        if not hold > 0:
+            raise ValueError(f"the failover hold must be more than 0 seconds, not {hold!r}")
+        self.hold = hold
+        self._command_ids = itertools.count(1)
+        # Tickets are keyed by serial: a whole command's is its command id; a part of a split
+        # publish (which shares its command's id) gets a negative one of its own.
+        self._part_serials = itertools.count(-1, -1)
+        self._parts: list[_Partition] = []
+        # Per partition, by the view: its epoch, its master ("" if none), and its route (None
+        # while its master is no view member or the link to it is not up).
+        self._epochs: list[int] = []
+        self._masters: list[str] = []
+        self._routes: list[Route | None] = []
+        self._members: frozenset[str] = frozenset()
+        self.view_epoch = 0
+        # Nodes whose link is up (index snapshot arrived), with the link's session.
+        self._links: dict[str, int] = {}
+        # Requests in flight, per node they went to, by serial.
+        self._by_node: dict[str, dict[int, Ticket]] = {}
+        # Partitions with held commands.
+        self._holding: set[int] = set()
+        # Publishes waiting for every partition's subscription index (GATE tickets).
+        self._index_waiters: list[Ticket] = []
+        self.index_complete = False
+        # Counters: commands held now; refused past the bound; QoS 0 publish parts dropped.
+        self.held = 0
+        self.refused = 0
+        self.dropped_qos0 = 0
+
+    # ----- what the adapter asks ----------------------------------------------------------
+
+    def route(self, p: int) -> Route | None:
+        """Where partition p's commands go now (None: no master with a link up)."""
+        return self._routes[p] if p < len(self._routes) else None
+
+    def open(self, p: int, now: float) -> bool:
+        """A command for p would be sent now (nothing held, nothing waited for)."""
+        if p >= len(self._parts):
+            return False
+        st = self._parts[p]
+        return not st.held and self._sendable(p, st, now, Kind.REQUEST)
+
+    def ack_route(self, p: int) -> Route | None:
+        """Where a delivery acknowledgement for p goes now: the view's live master, unless the
+        partition is moving away from it. (Acknowledgements are not held: a re-attach carries
+        those that were not confirmed.)"""
+        route = self.route(p)
+        if route is None or self._parts[p].min_epoch > route.epoch:
+            return None
+        return route
+
+    def next_command_id(self) -> int:
+        return next(self._command_ids)
+
+    @property
+    def waiting(self) -> bool:
+        """Something waits for time to pass (a bound, a retry pause): tick() has work."""
+        return bool(self.held or self._index_waiters)
+
+    # ----- events -------------------------------------------------------------------------
+
+    def set_view(self, view: mpb.View) -> set[int]:
+        """A newer view. Returns the partitions whose route changed (their live connections
+        re-attach: the adapter submits those, then calls pump_all). Requests in flight to nodes
+        that left the view are taken back at once."""
+        count = len(view.partitions)
+        if len(self._parts) < count:
+            grow = count - len(self._parts)
+            self._parts += [_Partition() for _ in range(grow)]
+            self._epochs += [0] * grow
+            self._masters += [""] * grow
+            self._routes += [None] * grow
+        for a in view.partitions:
+            self._epochs[a.partition] = a.epoch
+            self._masters[a.partition] = a.replicas[0] if a.replicas else ""
+        self._members = frozenset(m.node_id for m in view.members)
+        self.view_epoch = view.epoch
+        changed = self._recompute_routes()
+        for node in [n for n in self._by_node if n not in self._members]:
+            self._take_back(node)
+        return changed
+
+    def link_up(self, node: str, session: int) -> set[int]:
+        """The link to `node` is up again (its index snapshot arrived). Returns the partitions
+        whose route changed; the adapter re-attaches their connections, then calls pump_all."""
+        self._links[node] = session
+        return self._recompute_routes()
+
+    def link_down(self, node: str) -> set[int]:
+        """The link to `node` broke: its requests in flight are held again, in order."""
+        self._links.pop(node, None)
+        changed = self._recompute_routes()
+        self._take_back(node)
+        return changed
+
+    def saw_epoch(self, p: int, epoch: int) -> None:
+        """Something (an index reset) showed partition p at an epoch newer than the view's:
+        nothing more goes to it until the view has that epoch."""
+        if p < len(self._parts) and epoch > self._epochs[p]:
+            st = self._parts[p]
+            st.min_epoch = max(st.min_epoch, epoch)
+
+    def send_at_once(self, ticket: Ticket, now: float) -> Route | None:
+        """The hot path of `submit` for a single-partition REQUEST: when its partition is open,
+        it is sent (recorded in flight) and its route returned, no effects needed; else None
+        and nothing changed (the caller submits it)."""
+        p = ticket.partitions[0]
+        st = self._parts[p]
+        route = self._routes[p]
+        if (
+            route is None
+            or st.held
+            or st.attaching
+            or st.stale
+            or st.min_epoch > route.epoch
+            or now < st.retry_at
+        ):
+            return None
+        ticket.submitted = now
+        ticket.serial = ticket.command_id = command_id = next(self._command_ids)
+        cmd = ticket.command
+        assert cmd is not None
+        cmd.command_id = command_id
+        if not ticket.addressed:
+            address(cmd, p, route.epoch)
+        st.refusing = False
+        ticket.attempt = 1
+        ticket.routes = (route,)
+        ticket.in_flight = True
+        serial = ticket.serial
+        st.in_flight += 1
+        by_node = self._by_node.get(route.node)
+        if by_node is None:
+            by_node = self._by_node[route.node] = {}
+        by_node[serial] = ticket
+        return route
+
+    def answered_ok(self, ticket: Ticket, attempt: int) -> bool:
+        """The hot path of `answered` for an OK answer: True when the caller may hand the
+        answer to the ticket's caller itself (a whole request, answered, with nothing of its
+        partitions held); False and nothing changed otherwise (the caller uses `answered`)."""
+        if ticket.parent is not None or not ticket.in_flight or ticket.attempt != attempt:
+            return False
+        parts = self._parts
+        for p in ticket.partitions:
+            if parts[p].held:
+                return False
+        self._unflight(ticket)
+        return True
+
+    def submit(self, ticket: Ticket, now: float) -> list[Effect]:
+        """A new command (or gate): sent now if its partitions are open, else held."""
+        ticket.submitted = now
+        ticket.serial = ticket.command_id = next(self._command_ids)
+        if ticket.command is not None:
+            ticket.command.command_id = ticket.command_id
+        effects: list[Effect] = []
+        partitions = ticket.partitions
+        if len(partitions) == 1:
+            p = partitions[0]
+            st = self._parts[p]
+            if not st.held and self._sendable(p, st, now, ticket.kind):
+                if st.refusing:
+                    st.refusing = False  # the partition is open: its refusal burst is over
+                self._send(ticket, effects)
+                return effects
+            self._hold(ticket)
+            if ticket.kind is Kind.ATTACH:
+                effects += self._pump(p, now)  # an attach may pass the held ones
+            return effects
+        if self._whole_open(partitions, now):
+            self._send(ticket, effects)
+            return effects
+        for part in self._split(ticket):
+            p = part.partitions[0]
+            st = self._parts[p]
+            if not st.held and self._sendable(p, st, now, part.kind):
+                self._send(part, effects)
+            else:
+                self._hold(part)
+        return effects
+
+    def submit_qos0(self, ticket: Ticket, now: float) -> list[Effect]:
+        """A QoS 0 publish (ONEWAY): sent to the open partitions, dropped (and counted) for the
+        others, never held."""
+        ticket.submitted = now
+        ticket.serial = ticket.command_id = next(self._command_ids)
+        assert ticket.command is not None
+        ticket.command.command_id = ticket.command_id
+        effects: list[Effect] = []
+        if self._whole_open(ticket.partitions, now):
+            self._send(ticket, effects)
+            return effects
+        for p in ticket.partitions:
+            if self.open(p, now):
+                part = Ticket(Kind.ONEWAY, (p,), publish_part(ticket.command, p), None)
+                part.command_id = ticket.command_id
+                part.serial = next(self._part_serials)
+                self._send(part, effects)
+            else:
+                self.dropped_qos0 += 1
+        return effects
+
+    def answered(self, ticket: Ticket, attempt: int, result: pb.Result, now: float) -> list[Effect]:
+        """The answer to a request's send number `attempt` (an answer to an earlier send, or
+        to a request taken back, is ignored)."""
+        if not ticket.in_flight or ticket.attempt != attempt:
+            return []
+        self._unflight(ticket)
+        effects: list[Effect] = []
+        if result.status in SEND_AGAIN:
+            self._mark(ticket, result, now)
+            self._requeue(ticket)
+        else:
+            self._answer(ticket, result, effects)
+        for p in ticket.partitions:
+            if self._parts[p].held:
+                effects += self._pump(p, now)
+        return effects
+
+    def pump_all(self, now: float) -> list[Effect]:
+        """Send what every open partition holds (after a view or link change)."""
+        effects: list[Effect] = []
+        for p in sorted(self._holding):
+            effects += self._pump(p, now)
+        return effects
+
+    def tick(self, now: float) -> list[Effect]:
+        """Refuse what was held past the bound (in the order it came: a client hears its
+        refusals in the order of its packets); send what a pause held back."""
+        effects: list[Effect] = []
+        deadline = now - self.hold
+        refused: list[tuple[Ticket, pb.Result]] = []
+        for p in sorted(self._holding):
+            st = self._parts[p]
+            expired = [t for t in st.held if t.submitted <= deadline]
+            if expired:
+                why = self._why(p, now)
+                st.held = [t for t in st.held if t.submitted > deadline]
+                self.held -= len(expired)
+                self.refused += len(expired)
+                if not st.refusing:
+                    st.refusing = True
+                    effects.append(
+                        Log(
+                            logging.WARNING,
+                            f"partition {p}: refusing commands held over {self.hold:g} s: {why}",
+                        )
+                    )
+                refusal = pb.Result(
+                    status=SC.STATUS_CODE_UNAVAILABLE,
+                    message=f"partition {p} has no master that can take it "
+                    f"(held {self.hold:g} s: {why})",
+                )
+                refused += [(t, refusal) for t in expired]
+                if not st.held:
+                    self._holding.discard(p)
+            effects += self._pump(p, now)
+        refused.sort(key=lambda pair: pair[0].command_id)
+        for ticket, refusal in refused:
+            self._answer(ticket, refusal, effects)
+        if self._index_waiters:
+            expired = [t for t in self._index_waiters if t.submitted <= deadline]
+            if expired:
+                self._index_waiters = [t for t in self._index_waiters if t.submitted > deadline]
+                refusal = pb.Result(
+                    status=SC.STATUS_CODE_UNAVAILABLE,
+                    message="some partition has no master: its subscription index has not "
+                    f"arrived (held {self.hold:g} s)",
+                )
+                for t in expired:
+                    self._answer(t, refusal, effects)
+        return effects
+
+    def await_index(self, ticket: Ticket, now: float) -> list[Effect]:
+        """A GATE answered once every partition's subscription index has arrived (at once if
+        they have), or refused past the bound."""
+        ticket.serial = ticket.command_id = next(self._command_ids)
+        ticket.submitted = now
+        if self.index_complete:
+            return [Answer(ticket, OK_RESULT)]
+        self._index_waiters.append(ticket)
+        return []
+
+    def index_completed(self) -> list[Effect]:
+        """Every partition's subscription index has arrived (for good: it stays complete)."""
+        self.index_complete = True
+        waiters, self._index_waiters = self._index_waiters, []
+        return [Answer(t, OK_RESULT) for t in waiters]
+
+    # ----- internals ----------------------------------------------------------------------
+
+    def _recompute_routes(self) -> set[int]:
+        changed: set[int] = set()
+        links, members = self._links, self._members
+        for p, master in enumerate(self._masters):
+            session = links.get(master) if master in members else None
+            old = self._routes[p]
+            if session is None:
+                new = None
+            elif (
+                old is not None
+                and old.node == master
+                and old.epoch == self._epochs[p]
+                and old.link_session == session
+            ):
+                continue
+            else:
+                new = Route(master, self._epochs[p], session)
+            if new != old:
+                self._routes[p] = new
+                st = self._parts[p]
+                # Everything in flight went to an earlier route now.
+                st.stale = st.in_flight
+                changed.add(p)
+        return changed
+
+    def _sendable(self, p: int, st: _Partition, now: float, kind: Kind) -> bool:
+        route = self._routes[p]
+        return (
+            route is not None
+            and st.min_epoch <= route.epoch
+            and now >= st.retry_at
+            and (kind is Kind.ATTACH or not (st.attaching or st.stale))
+        )
+
+    def _whole_open(self, partitions: tuple[int, ...], now: float) -> bool:
+        """Every partition open, with one master: the command may go whole."""
+        node = None
+        for p in partitions:
+            st = self._parts[p]
+            if st.held or not self._sendable(p, st, now, Kind.REQUEST):
+                return False
+            route = self._routes[p]
+            assert route is not None
+            if node is None:
+                node = route.node
+            elif route.node != node:
+                return False
+        return True
+
+    def _send(self, ticket: Ticket, effects: list[Effect]) -> None:
+        partitions = ticket.partitions
+        route = self._routes[partitions[0]]
+        assert route is not None
+        ticket.attempt += 1
+        if ticket.kind is Kind.GATE:
+            ticket.routes = (route,)
+            self._answer(ticket, OK_RESULT, effects)
+            return
+        cmd = ticket.command
+        assert cmd is not None
+        if len(partitions) == 1:
+            ticket.routes = (route,)
+            if not ticket.addressed:
+                address(cmd, partitions[0], route.epoch)
+        else:
+            routes = []
+            for p in partitions:
+                p_route = self._routes[p]
+                assert p_route is not None
+                if not ticket.addressed:
+                    address(cmd, p, p_route.epoch)
+                routes.append(p_route)
+            ticket.routes = tuple(routes)
+        if ticket.kind is not Kind.ONEWAY:
+            ticket.in_flight = True
+            serial = ticket.serial
+            for p in partitions:
+                st = self._parts[p]
+                st.in_flight += 1
+                if ticket.kind is Kind.ATTACH:
+                    st.attaching += 1
+            by_node = self._by_node.get(route.node)
+            if by_node is None:
+                by_node = self._by_node[route.node] = {}
+            by_node[serial] = ticket
+        effects.append(Send(ticket, route, ticket.attempt))
+
+    def _unflight(self, ticket: Ticket) -> None:
+        ticket.in_flight = False
+        serial = ticket.serial
+        routes = ticket.routes
+        for i, p in enumerate(ticket.partitions):
+            st = self._parts[p]
+            st.in_flight -= 1
+            # (A route is replaced only by a different one: identity tells.)
+            if routes[i] is not self._routes[p]:
+                st.stale -= 1
+            if ticket.kind is Kind.ATTACH:
+                st.attaching -= 1
+        by_node = self._by_node.get(routes[0].node)
+        if by_node is not None:
+            by_node.pop(serial, None)
+
+    def _take_back(self, node: str) -> None:
+        """Requests in flight to `node` are held again (it left the view, or its link broke);
+        any answer that still comes for them is ignored."""
+        tickets = self._by_node.pop(node, None)
+        if not tickets:
+            return
+        for ticket in sorted(tickets.values(), key=lambda t: t.serial):
+            self._unflight(ticket)
+            self._requeue(ticket)
+
+    def _requeue(self, ticket: Ticket) -> None:
+        """Back among the held commands of its partitions, in its original place. A copy of
+        the command goes on: the old one may still sit in a live link's queue."""
+        if len(ticket.partitions) > 1:
+            for part in self._split(ticket):
+                self._hold(part)
+            return
+        assert ticket.command is not None
+        cmd = pb.EdgeCommand()
+        cmd.CopyFrom(ticket.command)
+        ticket.command = cmd
+        self._hold(ticket)
+
+    def _split(self, ticket: Ticket) -> list[Ticket]:
+        """One part per partition of a publish; the whole is answered when all parts are."""
+        assert ticket.command is not None
+        parts = []
+        for p in ticket.partitions:
+            part = Ticket(
+                ticket.kind,
+                (p,),
+                publish_part(ticket.command, p),
+                None,
+                submitted=ticket.submitted,
+                command_id=ticket.command_id,
+                serial=next(self._part_serials),
+                parent=ticket,
+                addressed=ticket.addressed,
+            )
+            parts.append(part)
+        ticket.parts_left = len(parts)
+        return parts
+
+    def _hold(self, ticket: Ticket) -> None:
+        ticket.addressed = False  # sent later, maybe under another view: stamped then
+        p = ticket.partitions[0]
+        bisect.insort(self._parts[p].held, ticket, key=_order)
+        self._holding.add(p)
+        self.held += 1
+
+    def _pump(self, p: int, now: float) -> list[Effect]:
+        st = self._parts[p]
+        held = st.held
+        if not held:
+            self._holding.discard(p)
+            return []
+        route = self._routes[p]
+        if route is None or st.min_epoch > route.epoch or now < st.retry_at:
+            return []
+        n = 0
+        attaching = st.attaching
+        for ticket in held:
+            if ticket.kind is Kind.ATTACH:
+                attaching += 1
+            elif attaching or st.stale:
+                break
+            n += 1
+        if not n:
+            return []
+        batch = held[:n]
+        del held[:n]
+        self.held -= n
+        st.refusing = False
+        if not held:
+            self._holding.discard(p)
+        effects: list[Effect] = []
+        for ticket in batch:
+            self._send(ticket, effects)
+        return effects
+
+    def _mark(self, ticket: Ticket, result: pb.Result, now: float) -> None:
+        """What an answer that sends the command again says about its partition."""
+        status = result.status
+        sent = ticket.sent_to
+        assert sent is not None
+        if len(ticket.partitions) > 1:
+            # Which of its partitions the answer is about is unknown: each part, sent alone,
+            # will say. A node without a role answers UNAVAILABLE for all of them.
+            if status == SC.STATUS_CODE_UNAVAILABLE:
+                for p in ticket.partitions:
+                    self._pause(p, now, f"{sent.node} answered: {result.message}")
+            return
+        p = ticket.partitions[0]
+        st = self._parts[p]
+        answered_epoch = result.current_epoch
+        if status == SC.STATUS_CODE_MOVED:
+            # The epoch it was sent under (or the one the answer names) is ending.
+            st.min_epoch = max(st.min_epoch, max(answered_epoch, sent.epoch) + 1)
+        elif status == SC.STATUS_CODE_UNAVAILABLE:
+            self._pause(p, now, f"{sent.node} answered: {result.message}")
+        elif answered_epoch > self._epochs[p]:
+            # Newer than the view: wait for the view to have it, never jump to the node named.
+            st.min_epoch = max(st.min_epoch, answered_epoch)
+        elif self._routes[p] == sent:
+            # The view sends it where it went: that node is behind the view.
+            self._pause(p, now, f"{sent.node} is behind the view: {result.message}")
+        # else the view has moved on since it was sent: it goes again by the view.
+
+    def _pause(self, p: int, now: float, why: str) -> None:
+        st = self._parts[p]
+        st.retry_at = now + RETRY_PAUSE
+        st.retry_why = why
+
+    def _answer(self, ticket: Ticket, result: pb.Result, effects: list[Effect]) -> None:
+        parent = ticket.parent
+        if parent is None:
+            effects.append(Answer(ticket, result))
+            return
+        parent.parts_left -= 1
+        if result.status != SC.STATUS_CODE_OK and parent.failure is None:
+            parent.failure = result
+        if not parent.parts_left:
+            self._answer(parent, parent.failure or result, effects)
+
+    def _why(self, p: int, now: float) -> str:
+        """Why partition p holds its commands, for refusals and the log."""
+        master = self._masters[p]
+        st = self._parts[p]
+        if not master:
+            return f"the view (epoch {self.view_epoch}) names no master"
+        if master not in self._members:
+            return f"its master {master} is not in the view (epoch {self.view_epoch})"
+        if master not in self._links:
+            return f"the link to its master {master} is down"
+        if st.min_epoch > self._epochs[p]:
+            return (
+                f"it is moving to a new master (epoch {st.min_epoch} or newer; the view has "
+                f"{self._epochs[p]})"
+            )
+        if now < st.retry_at:
+            return st.retry_why
+        if st.stale:
+            return "waiting for its previous master's answers"
+        if st.attaching:
+            return "re-attaching its sessions"
+        return st.retry_why or "waiting"

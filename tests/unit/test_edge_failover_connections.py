@@ -1,0 +1,502 @@
+"""Live MQTT connections at the edge during a failover, without processes: a ClientConnection
+over a fake socket, the edge's real links and dispatcher, and the partition played by hand
+(answers fed into the links). Publishes, CONNECTs and SUBSCRIBEs wait for a partition without a
+reachable master and go on when it has one, or are refused past the bound; a live connection is
+re-attached with its delivery state, never disconnected, and keeps its packet ids."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from hexmq.api.common.v1 import common_pb2 as cpb
+from hexmq.api.membership.v1 import membership_pb2 as mpb
+from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.hashring import partition_of
+from hexmq.mqtt import (
+    NEED_DATA,
+    ConnAck,
+    Connect,
+    Disconnect,
+    MQTTConnection,
+    Packet,
+    PubAck,
+    Publish,
+    PubRec,
+    Role,
+    SubAck,
+    Subscribe,
+    Subscription,
+)
+from services.edge.connection import ClientConnection
+from services.edge.links import PartitionLink
+from services.edge.qos2_origins import RoutedOrigin
+from services.edge.server import Edge, EdgeConfig
+
+SC = pb.StatusCode
+HOLD = 10.0
+PARTITIONS = 8
+
+
+def view(epoch: int, moved: dict[int, tuple[str, int]] | None = None) -> mpb.View:
+    """Every partition on n1 at epoch 1, but those `moved` (partition -> (master, epoch))."""
+    moved = moved or {}
+    return mpb.View(
+        epoch=epoch,
+        partition_count=PARTITIONS,
+        members=[mpb.Member(node_id=n) for n in ("n1", "n2")],
+        partitions=[
+            mpb.PartitionAssignment(
+                partition=p, epoch=moved.get(p, ("n1", 1))[1], replicas=[moved.get(p, ("n1", 1))[0]]
+            )
+            for p in range(PARTITIONS)
+        ],
+    )
+
+
+class Clock:
+    now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.closed = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 40000) if name == "peername" else default
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+class Client:
+    """An MQTT client on a fake socket to the edge."""
+
+    def __init__(self, edge: Edge, version: int = 5) -> None:
+        self.version = version
+        self.conn = ClientConnection(edge)
+        self.transport = FakeTransport()
+        self.conn.connection_made(self.transport)  # type: ignore[arg-type]
+        self.codec = MQTTConnection(Role.CLIENT)
+
+    def send(self, packet: Packet) -> None:
+        self.conn.data_received(self.codec.send(packet))
+
+    async def received(self) -> list[Packet]:
+        await asyncio.sleep(0)  # the connection's writes leave on the next loop turn
+        self.codec.receive_data(bytes(self.transport.data))
+        self.transport.data.clear()
+        out = []
+        while (event := self.codec.next_event()) is not NEED_DATA:
+            out.append(event)
+        return out
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def edge(clock: Clock) -> Edge:
+    edge = Edge(
+        EdgeConfig(
+            node_id="n1",
+            host="127.0.0.1",
+            port=0,
+            membership="127.0.0.1:1",
+            failover_hold=HOLD,
+            sys_interval=0,
+        )
+    )
+    edge.dispatcher.clock = clock
+    hello = pb.Hello(edge_id="n1", edge_incarnation=1)
+    for node in ("n1", "n2"):
+        edge.router.links[node] = PartitionLink(node, f"{node}:0", hello, edge)
+    edge.apply_view(view(1))
+    for link in edge.router.links.values():
+        up(link)
+    assert edge.router.index_complete
+    return edge
+
+
+def up(link: PartitionLink) -> None:
+    """As when its stream opens and its index snapshot arrives (an older partition service's
+    node-wide reset): n1's partitions 0 and 3 subscribe to t/#."""
+    link.connected = True
+    entries = [
+        pb.IndexEntry(partition=p, filter="t/#", present=True)
+        for p in (0, 3)
+        if link.node_id == "n1"
+    ]
+    update = pb.IndexUpdate(reset=True, entries=entries, snapshot_done=True)
+    link._dispatch(pb.PartitionFrame(events=[pb.PartitionEvent(index_update=update)]))
+
+
+def taken(link: PartitionLink) -> list[pb.EdgeCommand]:
+    """The commands queued on the link (urgent ones first, as in a frame), then cleared."""
+    out = link._urgent + link._outgoing
+    link._urgent, link._outgoing = [], []
+    return out
+
+
+def ok(link: PartitionLink, *cmds: pb.EdgeCommand, **fields: Any) -> None:
+    results = [pb.Result(request_id=c.request_id, **fields) for c in cmds]
+    link._dispatch(pb.PartitionFrame(events=[pb.PartitionEvent(result=r) for r in results]))
+
+
+def client_id_in(p: int, prefix: str) -> str:
+    return next(cid for i in range(10_000) if partition_of(cid := f"{prefix}-{i}", PARTITIONS) == p)
+
+
+async def connected(edge: Edge, client_id: str, version: int = 5) -> Client:
+    client = Client(edge, version)
+    client.send(Connect(client_id, protocol_version=version, clean_start=False))
+    link = edge.router.links[edge.router.master(edge.router.session_partition(client_id))]
+    (open_session,) = taken(link)
+    assert open_session.HasField("open_session")
+    ok(link, open_session)
+    (connack,) = await client.received()
+    assert isinstance(connack, ConnAck)
+    assert connack.reason_code == 0
+    return client
+
+
+def qos(mid: int, qos: int, topic: str = "t/x") -> pb.QueuedMessage:
+    return pb.QueuedMessage(message_id=mid, qos=qos, message=cpb.Message(topic=topic, qos=qos))
+
+
+async def test_a_live_subscriber_is_re_attached_with_its_delivery_state(edge: Edge) -> None:
+    n1 = edge.router.links["n1"]
+    sub = await connected(edge, "sub")
+    conn = sub.conn
+    edge.on_delivery(
+        pb.Delivery(
+            client_id="sub",
+            connection_id=conn.connection_id,
+            messages=[
+                qos(1, 1),
+                qos(2, 2),
+                pb.QueuedMessage(message_id=3, qos=2, released=True),
+                qos(4, 1),
+            ],
+        )
+    )
+    packets = await sub.received()
+    assert [(type(p).__name__, p.packet_id) for p in packets] == [  # type: ignore[attr-defined]
+        ("Publish", 1),
+        ("Publish", 2),
+        ("PubRel", 3),
+        ("Publish", 4),
+    ]
+    sub.send(PubAck(4))
+    (ack,) = taken(n1)
+    assert list(ack.delivery_ack.message_ids) == [4]
+    assert ack.request_id
+
+    n1._fail("killed")  # the partition service is gone; it comes back (same epoch)
+    up(n1)
+    (attach,) = taken(n1)
+    state = attach.attach_session
+    assert (state.client_id, state.connection_id) == ("sub", conn.connection_id)
+    assert sorted(state.inflight_ids) == [1, 2]  # QoS 1 unacknowledged, QoS 2 before PUBREC
+    assert list(state.released_ids) == [3]  # PUBREL sent, PUBCOMP not back
+    assert list(state.acked_ids) == [4]  # its DeliveryAck's result never came
+    assert list(state.received_ids) == []
+    # The client acknowledges meanwhile: the ack waits for the re-attach, and still maps.
+    sub.send(PubAck(1))
+    sub.send(PubRec(2))
+    assert taken(n1) == []
+    ok(n1, attach)
+    (after,) = taken(n1)
+    assert list(after.delivery_ack.message_ids) == [1]
+    assert list(after.delivery_ack.received_ids) == [2]
+    assert await sub.received() == []  # no DISCONNECT, nothing resent by the edge
+    assert not sub.transport.closed
+    # Confirmed acknowledgements are not carried by the next re-attach.
+    ok(n1, after)
+    n1._fail("killed again")
+    up(n1)
+    (attach,) = taken(n1)
+    assert list(attach.attach_session.acked_ids) == []
+    assert list(attach.attach_session.inflight_ids) == []
+    assert list(attach.attach_session.released_ids) == [3]
+
+
+async def test_a_session_moved_by_the_view_is_re_attached_at_the_new_master(edge: Edge) -> None:
+    n1, n2 = edge.router.links["n1"], edge.router.links["n2"]
+    cid = client_id_in(5, "mover")
+    sub = await connected(edge, cid)
+    edge.on_delivery(
+        pb.Delivery(client_id=cid, connection_id=sub.conn.connection_id, messages=[qos(7, 1)])
+    )
+    await sub.received()
+    edge.apply_view(view(2, {5: ("n2", 2)}))
+    (attach,) = taken(n2)
+    assert (attach.partition, attach.partition_epoch) == (5, 2)
+    assert list(attach.attach_session.inflight_ids) == [7]
+    sub.send(Subscribe(1, (Subscription("t/#", 1),)))  # waits behind the re-attach
+    assert taken(n2) == []
+    assert taken(n1) == []
+    ok(n2, attach)
+    (subscribe,) = taken(n2)
+    assert subscribe.HasField("subscribe")
+    assert subscribe.partition_epoch == 2
+    ok(n2, subscribe, reason_codes=[1], existed=[False])
+    (suback,) = await sub.received()
+    assert isinstance(suback, SubAck)
+    assert suback.reason_codes == (1,)
+    taken(n1), taken(n2)  # (the retained messages asked of every node)
+    sub.send(PubAck(7))  # the delivery of the old master, acknowledged to the new one
+    (ack,) = taken(n2)
+    assert list(ack.delivery_ack.message_ids) == [7]
+
+
+async def test_publishes_wait_for_a_link_and_are_acknowledged_after_it_returns(
+    edge: Edge,
+) -> None:
+    n1 = edge.router.links["n1"]
+    pub = await connected(edge, client_id_in(1, "pub"))
+    n1._fail("killed")
+    for pid in (1, 2):
+        pub.send(Publish("t/x", b"m%d" % pid, qos=1, packet_id=pid))
+    assert await pub.received() == []
+    assert taken(n1) == []
+    up(n1)
+    # The publisher's session is re-attached; the publishes, held per target partition (0
+    # and 3, both on n1), go in order in each.
+    attach, *publishes = taken(n1)
+    assert attach.HasField("attach_session")
+    assert [(c.publish.targets[0].partition, c.publish.message.payload) for c in publishes] == [
+        (0, b"m1"),
+        (0, b"m2"),
+        (3, b"m1"),
+        (3, b"m2"),
+    ]
+    ok(n1, *publishes[:3])
+    assert [(type(p), p.packet_id) for p in await pub.received()] == [(PubAck, 1)]  # type: ignore[attr-defined]
+    ok(n1, publishes[3], attach)
+    assert [(type(p), p.packet_id, p.reason_code) for p in await pub.received()] == [  # type: ignore[attr-defined]
+        (PubAck, 2, 0),
+    ]
+
+
+async def test_past_the_bound_5_0_hears_why_3_1_1_is_closed_and_sessions_stay(
+    edge: Edge, clock: Clock
+) -> None:
+    n1 = edge.router.links["n1"]
+    pub5 = await connected(edge, client_id_in(1, "pub5"))
+    pub4 = await connected(edge, client_id_in(2, "pub4"), version=4)
+    n1._fail("killed")
+    pub5.send(Publish("t/x", b"held", qos=1, packet_id=7))
+    pub5.send(Subscribe(8, (Subscription("t/#", 1), Subscription("u/#", 0))))
+    pub4.send(Publish("t/x", b"held", qos=1, packet_id=9))
+    late5, late4 = Client(edge), Client(edge, version=4)
+    late5.send(Connect("late5", protocol_version=5))
+    late4.send(Connect("late4", protocol_version=4))
+    clock.now += HOLD - 1
+    edge.dispatcher._tick()
+    assert await pub5.received() == []
+    assert await late5.received() == []
+    clock.now += 1
+    edge.dispatcher._tick()
+    puback, suback = await pub5.received()
+    assert isinstance(puback, PubAck)
+    assert (puback.packet_id, puback.reason_code) == (7, 0x80)
+    why = puback.properties.reason_string
+    assert why is not None
+    assert why.startswith("partition 0 has no master"), why
+    assert isinstance(suback, SubAck)
+    assert suback.reason_codes == (0x80, 0x80)
+    assert pub4.transport.closed  # 3.1.1 has no failing PUBACK
+    (connack5,) = await late5.received()
+    (connack4,) = await late4.received()
+    assert isinstance(connack5, ConnAck)
+    assert connack5.reason_code == 0x88
+    assert connack5.properties.reason_string
+    assert "no master" in connack5.properties.reason_string
+    assert isinstance(connack4, ConnAck)
+    assert connack4.reason_code == 3
+    # The 5.0 publisher's connection stays (its re-attach waits on), and works once the
+    # partition service is back.
+    assert not pub5.transport.closed
+    up(n1)
+    held = taken(n1)
+    # pub5's re-attach, and the 3.1.1 publisher's CloseSession (which must not be lost).
+    assert sorted(c.WhichOneof("command") for c in held) == ["attach_session", "close_session"]
+    ok(n1, *held)
+    pub5.send(Publish("t/x", b"after", qos=1, packet_id=10))
+    (publish,) = taken(n1)
+    ok(n1, publish)
+    assert [(type(p), p.reason_code) for p in await pub5.received()] == [(PubAck, 0)]  # type: ignore[attr-defined]
+
+
+async def test_a_connect_waits_for_its_sessions_partition(edge: Edge) -> None:
+    n1 = edge.router.links["n1"]
+    n1._fail("killed")
+    client = Client(edge)
+    client.send(Connect("waiting", protocol_version=5))
+    assert await client.received() == []
+    assert taken(n1) == []
+    up(n1)
+    (open_session,) = taken(n1)
+    ok(n1, open_session, session_present=False)
+    (connack,) = await client.received()
+    assert isinstance(connack, ConnAck)
+    assert connack.reason_code == 0
+
+
+async def test_a_qos0_publish_without_a_master_is_dropped_and_counted(edge: Edge) -> None:
+    n1 = edge.router.links["n1"]
+    pub = await connected(edge, client_id_in(1, "q0"))
+    n1._fail("killed")
+    pub.send(Publish("t/x", b"gone", qos=0))
+    up(n1)
+    (attach,) = taken(n1)
+    ok(n1, attach)
+    assert taken(n1) == []
+    assert edge.dispatcher.core.dropped_qos0 == 2  # partitions 0 and 3 subscribe to t/#
+
+
+async def test_a_disconnect_is_sent_again_when_its_link_broke_first(edge: Edge) -> None:
+    n1 = edge.router.links["n1"]
+    client = await connected(edge, client_id_in(4, "leaver"))
+    client.send(Disconnect())
+    (close,) = taken(n1)
+    assert close.close_session.graceful
+    assert close.request_id
+    n1._fail("killed")
+    up(n1)
+    (again,) = taken(n1)
+    assert again.HasField("close_session")
+    assert again.command_id == close.command_id
+
+
+async def test_a_will_and_its_confirmation_wait_for_their_partitions(edge: Edge) -> None:
+    n1, n2 = edge.router.links["n1"], edge.router.links["n2"]
+    will_of = client_id_in(6, "dead")
+    edge.apply_view(view(2, {6: ("n2", 2)}))  # the will's session lives on n2
+    handed_out = pb.PublishWill(
+        client_id=will_of, will_id=3, message=cpb.Message(topic="t/w", qos=1, payload=b"bye")
+    )
+    n2._dispatch(pb.PartitionFrame(events=[pb.PartitionEvent(publish_will=handed_out)]))
+    (publish,) = taken(n1)  # its subscribers are in partitions 0 and 3, on n1
+    n1._fail("killed")  # before the answer: the publish is held and sent again
+    n2._fail("killed")
+    up(n1)
+    again = taken(n1)  # one part per target partition, with the command's id
+    assert [c.command_id for c in again] == [publish.command_id] * 2
+    ok(n1, *again)
+    assert taken(n2) == []  # WillPublished waits for the session's partition
+    up(n2)
+    (confirm,) = taken(n2)
+    assert confirm.will_published.will_id == 3
+    assert (confirm.partition, confirm.partition_epoch) == (6, 2)
+
+
+async def test_qos2_forgets_go_per_master_and_wait_for_partitions_without_one(edge: Edge) -> None:
+    n1, n2 = edge.router.links["n1"], edge.router.links["n2"]
+    edge.apply_view(view(2, {5: ("n2", 2)}))
+    n2._fail("killed")
+    routing = []
+    for node, partitions in (("n1", (0, 3)), ("n2", (5,))):
+        cmd = pb.EdgeCommand()
+        for p in partitions:
+            cmd.publish.targets.add(partition=p, epoch=1)
+        routing.append((node, cmd))
+    edge.qos2_forgets.forget(RoutedOrigin(b"origin", routing))
+    edge.qos2_forgets.flush()
+    (now,) = taken(n1)  # one command for n1's partitions, at their epochs
+    assert [(o.partition, o.epoch, o.origin) for o in now.qos2_forget.origins] == [
+        (0, 1, b"origin"),
+        (3, 1, b"origin"),
+    ]
+    assert not now.request_id  # fire and forget
+    up(n2)
+    (held,) = taken(n2)  # partition 5's, held until its master is back, at its epoch now
+    assert [(o.partition, o.epoch) for o in held.qos2_forget.origins] == [(5, 2)]
+
+
+async def test_a_command_submitted_by_an_answer_does_not_pass_commands_already_released(
+    edge: Edge,
+) -> None:
+    """A CONNECT's wait for its partition ends in the same pump that releases the commands
+    held behind it; its OpenSession, submitted from that answer, goes after them."""
+    n1 = edge.router.links["n1"]
+    n1._fail("killed")
+
+    def on_open(result: pb.Result) -> None:
+        edge.dispatcher.request(1, pb.EdgeCommand(open_session=pb.OpenSession()), lambda r: None)
+
+    edge.dispatcher.gate(1, on_open)
+    edge.dispatcher.request(1, pb.EdgeCommand(subscribe=pb.Subscribe()), lambda r: None)
+    up(n1)
+    assert [c.WhichOneof("command") for c in taken(n1)] == ["subscribe", "open_session"]
+
+
+async def test_a_publish_waits_until_every_partitions_index_has_arrived(clock: Clock) -> None:
+    edge = Edge(
+        EdgeConfig(
+            node_id="n1",
+            host="127.0.0.1",
+            port=0,
+            membership="127.0.0.1:1",
+            failover_hold=HOLD,
+            sys_interval=0,
+        )
+    )
+    edge.dispatcher.clock = clock
+    hello = pb.Hello(edge_id="n1", edge_incarnation=1)
+    for node in ("n1", "n2"):
+        edge.router.links[node] = PartitionLink(node, f"{node}:0", hello, edge)
+    edge.apply_view(view(1, {7: ("n2", 1)}))  # n2 masters partition 7; its link is not up yet
+    n1, n2 = edge.router.links["n1"], edge.router.links["n2"]
+    up(n1)
+    assert not edge.router.index_complete
+    pub = await connected(edge, client_id_in(1, "early"))
+    pub.send(Publish("t/x", b"early", qos=1, packet_id=1))
+    assert taken(n1) == []
+    assert await pub.received() == []
+    n2.connected = True
+    n2._dispatch(
+        pb.PartitionFrame(
+            events=[
+                pb.PartitionEvent(
+                    index_update=pb.IndexUpdate(
+                        reset=True,
+                        entries=[pb.IndexEntry(partition=7, filter="t/#", present=True)],
+                        snapshot_done=True,
+                    )
+                )
+            ]
+        )
+    )
+    assert edge.router.index_complete
+    (to_n1,) = taken(n1)
+    (to_n2,) = taken(n2)
+    assert [t.partition for t in to_n1.publish.targets] == [0, 3]
+    assert [t.partition for t in to_n2.publish.targets] == [7]
+    ok(n1, to_n1)
+    ok(n2, to_n2)
+    assert [(type(p), p.packet_id) for p in await pub.received()] == [(PubAck, 1)]  # type: ignore[attr-defined]
