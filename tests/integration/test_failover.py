@@ -1,0 +1,229 @@
+"""Failover against real processes (issue 10, DESIGN.md G1-G6; docs/failover.md): nodes are
+killed with SIGKILL (every process, Redis included) or paused with SIGSTOP while QoS 1 and
+QoS 2 publishers and persistent subscribers on every node run; the cluster replaces the lost
+masters and nothing acknowledged is lost, duplicated (QoS 2) or reordered.
+
+Each test runs its own cluster on 32 partitions (loads are per partition: fewer make the tests
+faster, the mechanism is the same) with a workload from tests/support/workload.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from typing import Any
+
+import paho.mqtt.client as mqtt
+
+from tests.support.workload import Publisher, Subscriber, check
+
+PARTITIONS = 32
+
+
+def uid() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+def membership(cluster: Any) -> dict[str, Any]:
+    """What a live node's membership agent reports (`hexmq cluster status --json`)."""
+    doc: dict[str, Any] = cluster.status()["membership"] or {}
+    return doc
+
+
+def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"not within {timeout:g} s: {what}")
+
+
+def members(cluster: Any) -> set[str]:
+    return {m["node_id"] for m in membership(cluster).get("members", []) if m["in_view"]}
+
+
+def masters_of(cluster: Any) -> dict[str, int]:
+    """Partitions each node masters in the agreed view."""
+    roles = membership(cluster).get("partitions", {})
+    return {node: row["masters"] for node, row in roles.items() if row["masters"]}
+
+
+def start_workload(
+    cluster: Any, nodes: list[int], tag: str
+) -> tuple[list[Publisher], list[Subscriber]]:
+    """On each node: a QoS 1 (5.0) and a QoS 2 (3.1.1) publisher, and a QoS 1 (3.1.1) and a
+    QoS 2 (5.0) persistent subscriber to every publisher's topic."""
+    subs: list[Subscriber] = []
+    for node in nodes:
+        port = cluster.mqtt_port(node)
+        subs.append(Subscriber(f"s1-{tag}-n{node}", port, f"f/{tag}/#", qos=1, version=4))
+        subs.append(Subscriber(f"s2-{tag}-n{node}", port, f"f/{tag}/#", qos=2, version=5))
+    for s in subs:
+        s.connect()
+    pubs: list[Publisher] = []
+    for node in nodes:
+        port = cluster.mqtt_port(node)
+        pubs.append(Publisher(f"p1-{tag}-n{node}", port, f"f/{tag}/q1n{node}", qos=1, version=5))
+        pubs.append(Publisher(f"p2-{tag}-n{node}", port, f"f/{tag}/q2n{node}", qos=2, version=4))
+    for p in pubs:
+        p.start(interval=0.01)
+    return pubs, subs
+
+
+def drain(subs: list[Subscriber], pubs: list[Publisher], timeout: float = 30.0) -> None:
+    """Until every subscriber has every acknowledged message (or the timeout)."""
+
+    def complete() -> bool:
+        wanted = {p.payload(n) for p in pubs for n in p.acked}
+        return all(wanted <= set(s.payloads()) for s in subs)
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not complete():
+        time.sleep(0.3)
+
+
+def test_two_of_three_nodes_killed_lose_nothing_acknowledged(hexmq_cluster: Any) -> None:
+    """RF 3: node 1 is killed, then node 2, for good, under QoS 1 and QoS 2 traffic on every
+    node. The survivor serves everything alone: publishers connected to it never see an
+    error; every acknowledged message reaches every subscriber (G1), QoS 2 ones once (G3), in
+    order per publisher (G2); the subscribers of the dead nodes resume their sessions on the
+    survivor with session present (G4); the retained message set before is still there (G6);
+    a will of a client of a dead node is published, one of a client of the survivor is not."""
+    cluster = hexmq_cluster(nodes=3, partitions=PARTITIONS, extra=["--rf", "3"])
+    tag = uid()
+    survivor = cluster.mqtt_port(3)
+    retained = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"r-{tag}")
+    retained.connect("127.0.0.1", cluster.mqtt_port(1))
+    retained.loop_start()
+    retained.publish(f"keep/{tag}", b"kept", qos=1, retain=True).wait_for_publish(10)
+    retained.disconnect()
+    retained.loop_stop()
+    wills = {}
+    for node in (1, 3):
+        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"w{node}-{tag}")
+        client.will_set(f"will/{tag}/n{node}", b"gone", qos=1)
+        client.connect("127.0.0.1", cluster.mqtt_port(node), keepalive=60)
+        client.loop_start()
+        wills[node] = client
+    will_watcher = Subscriber(f"ww-{tag}", survivor, f"will/{tag}/#", qos=1)
+    will_watcher.connect()
+    pubs, subs = start_workload(cluster, [1, 2, 3], tag)
+    time.sleep(2)
+    cluster.kill(1)
+    wait_for(lambda: "n1" not in members(cluster), 10, "n1 removed from the view")
+    time.sleep(2)
+    cluster.kill(2)
+    wait_for(lambda: "n2" not in members(cluster), 10, "n2 removed from the view")
+    time.sleep(3)
+    for p in pubs:
+        p.stop()
+    for s in subs:
+        if s.port != survivor:
+            assert s.move(survivor), f"{s.client_id}: session present 0 after its node died"
+    drain(subs, pubs)
+    report = check(pubs, subs)
+    report.assert_clean()
+    on_survivor = [p for p in pubs if p.port == survivor]
+    for p in on_survivor:
+        assert not p.refused, (p.client_id, p.refused)
+        assert not p.unanswered, (p.client_id, p.unanswered)
+        assert len(p.acked) > 100, (p.client_id, len(p.acked))
+    # G6: the retained message is kept; only the dead node's client's will went out.
+    late = Subscriber(f"late-{tag}", survivor, f"keep/{tag}", qos=1)
+    late.connect()
+    wait_for(lambda: late.payloads() == ["kept"], 10, "the retained message")
+    wait_for(lambda: f"will/{tag}/n1" in _topics(will_watcher), 20, "node 1 client's will")
+    assert f"will/{tag}/n3" not in _topics(will_watcher)
+    assert wills[3].is_connected()
+    for client in wills.values():
+        client.loop_stop()
+    for s in [*subs, late, will_watcher]:
+        s.close()
+
+
+def _topics(sub: Subscriber) -> list[str]:
+    return sub.topics()
+
+
+def test_rf2_one_node_killed_and_restarted_gets_its_roles_back_once_in_sync(
+    hexmq_cluster: Any,
+) -> None:
+    """RF 2: node 2 is killed under traffic, then started again. Nothing acknowledged is lost;
+    the restarted node joins the view, catches up, and masters its partitions again (by
+    handover, once in sync); a client id connected through node 3 after the failover can be
+    taken over through node 1 (one live connection per client id, G5)."""
+    cluster = hexmq_cluster(nodes=3, partitions=PARTITIONS, extra=["--rf", "2"])
+    tag = uid()
+    before = masters_of(cluster)
+    pubs, subs = start_workload(cluster, [1, 2, 3], tag)
+    time.sleep(2)
+    cluster.kill(2)
+    wait_for(lambda: "n2" not in members(cluster), 10, "n2 removed from the view")
+    time.sleep(2)
+    cluster.start(2)
+    wait_for(lambda: "n2" in members(cluster), 20, "n2 back in the view")
+    wait_for(
+        lambda: masters_of(cluster) == before,
+        60,
+        f"n2 masters its partitions again (before {before})",
+    )
+    time.sleep(1)
+    for p in pubs:
+        p.stop()
+    dead_subs = [s for s in subs if s.port == cluster.mqtt_port(2)]
+    for s in dead_subs:
+        assert s.move(cluster.mqtt_port(1))
+    drain(subs, pubs)
+    report = check([p for p in pubs if p.port != cluster.mqtt_port(2)], subs)
+    report.assert_clean()
+    for p in pubs:
+        if p.port != cluster.mqtt_port(2):
+            assert not p.refused, (p.client_id, p.refused)
+            assert not p.unanswered, (p.client_id, p.unanswered)
+    # G5 after the failover: the same client id through another node closes the first one.
+    first = Subscriber(f"g5-{tag}", cluster.mqtt_port(3), f"g5/{tag}", qos=1)
+    first.connect()
+    second = Subscriber(f"g5-{tag}", cluster.mqtt_port(1), f"g5/{tag}", qos=1)
+    second.connect()
+    assert first._client is not None
+    wait_for(lambda: not first._client.is_connected(), 10, "the first connection closed")
+    for s in [*subs, second]:
+        s.close()
+
+
+def test_a_paused_node_is_removed_fenced_and_rejoins(hexmq_cluster: Any) -> None:
+    """RF 3: every process of node 2 is stopped (SIGSTOP) for longer than the failure timeout,
+    then continued. The others remove it from the view and fail its partitions over while it
+    is paused (traffic through nodes 1 and 3 goes on); when it continues it finds itself out of
+    the view (fenced), rejoins as a follower, catches up and masters its partitions again.
+    Nothing acknowledged is lost."""
+    cluster = hexmq_cluster(nodes=3, partitions=PARTITIONS, extra=["--rf", "3"])
+    tag = uid()
+    before = masters_of(cluster)
+    pubs, subs = start_workload(cluster, [1, 3], tag)
+    time.sleep(2)
+    pids = [pid for service, pid in cluster.pids(2).items() if pid]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: "n2" not in members(cluster), 15, "paused n2 removed from the view")
+        time.sleep(2)
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: "n2" in members(cluster), 30, "n2 back in the view")
+    wait_for(lambda: masters_of(cluster) == before, 60, "n2 masters its partitions again")
+    time.sleep(1)
+    for p in pubs:
+        p.stop()
+    drain(subs, pubs)
+    report = check(pubs, subs)
+    report.assert_clean()
+    for p in pubs:
+        assert not p.refused, (p.client_id, p.refused)
+        assert not p.unanswered, (p.client_id, p.unanswered)
+    for s in subs:
+        s.close()
