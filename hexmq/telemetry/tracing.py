@@ -173,6 +173,25 @@ class Tracing:
             attributes=attributes,
         )
 
+    def record(
+        self,
+        name: str,
+        start_ns: int,
+        end_ns: int,
+        attributes: dict[str, AttributeValue],
+    ) -> None:
+        """A span that already happened, with its own start and end (unix ns): for events
+        whose start is known only once they end (a failover, a view change)."""
+        if self.provider is None:
+            return
+        span = self.tracer.start_span(
+            name,
+            kind=SPAN_KIND.get(name, trace.SpanKind.INTERNAL),
+            attributes=attributes,
+            start_time=start_ns,
+        )
+        span.end(end_time=max(end_ns, start_ns))
+
     @property
     def dropped_spans(self) -> int:
         """Spans lost because an export queue was full (or closed), over all exporters."""

@@ -179,6 +179,16 @@ class ConnectionBase(asyncio.Protocol):
             quiet: bool = False,
         ) -> None: ...
 
+    def delivery_source(self) -> str | None:
+        """The node whose deliveries this connection takes now: the master its re-attach went
+        to (while one is on its way; "" while it waits to be sent: none), else the one it is
+        attached at (None: not known yet, any)."""
+        attach = self._attach
+        if attach is not None:
+            sent = attach.sent_to
+            return sent.node if sent is not None else ""
+        return self.attached.node if self.attached is not None else None
+
     # ----- helpers ----------------------------------------------------------------------
 
     def _session_request(self, cmd: pb.EdgeCommand, callback: Callable[[pb.Result], None]) -> None:

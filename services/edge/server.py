@@ -116,6 +116,8 @@ class Edge:
         self._servers: list[asyncio.Server] = []
         # Inbound QoS 2: origin ids whose claims are settled, for their targets to forget.
         self.qos2_forgets = OriginForgets(self.dispatcher)
+        # Messages of deliveries from a master the connection's session had left (dropped).
+        self.stale_deliveries = 0
 
     def new_connection_id(self) -> str:
         return f"{self.config.node_id}.{self.incarnation:x}.{next(self._counter)}"
@@ -210,10 +212,19 @@ class Edge:
     def on_link_down(self, link: PartitionLink) -> None:
         self.dispatcher.link_down(link)
 
-    def on_delivery(self, delivery: pb.Delivery) -> None:
+    def on_delivery(self, link: PartitionLink, delivery: pb.Delivery) -> None:
         conn = self.connections.get(delivery.connection_id)
-        if conn is not None:
-            conn.deliver(delivery)
+        if conn is None:
+            return
+        source = conn.delivery_source()
+        if source is not None and link.node_id != source:
+            # From a master the session has left (or is leaving: its re-attach elsewhere is on
+            # its way). Taking it would put a message in flight that the new master does not
+            # know is, and it would send it again: a duplicate. The new master sends whatever
+            # the re-attach did not name as in flight, so nothing is lost.
+            self.stale_deliveries += len(delivery.messages)
+            return
+        conn.deliver(delivery)
 
     def on_kick(self, kick: pb.Kick) -> None:
         conn = self.connections.get(kick.connection_id)

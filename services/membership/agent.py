@@ -145,6 +145,8 @@ class MembershipAgent:
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
+        self._unread = {"view", "members", "suspects"}
+        self._all_read = asyncio.Event()
         self._consul = make_consul(self.config.consul_addr)
         self._session = LivenessSession(
             self._consul,
@@ -328,6 +330,7 @@ class MembershipAgent:
         while True:
             index, entry = await self._blocking_get("view", self.keys.view, index, recurse=False)
             self._on_view_entry(entry)
+            self._watched("view")
 
     async def _watch_prefix(self, prefix: str, handle: Callable[[list[Any]], None]) -> None:
         index = 0
@@ -335,6 +338,17 @@ class MembershipAgent:
         while True:
             index, entries = await self._blocking_get(part, prefix, index, recurse=True)
             handle(entries or [])
+            self._watched(part)
+
+    def _watched(self, part: str) -> None:
+        """A watch has read its keys at least once: the planner plans only on a whole picture
+        (an agent that planned before reading the members/ keys once took every member for
+        unregistered, and removed them all)."""
+        if part not in self._unread:
+            return
+        self._unread.discard(part)
+        if not self._unread:
+            self._all_read.set()
 
     def _on_view_entry(self, entry: Mapping[str, Any] | None) -> None:
         if entry is None:
@@ -366,10 +380,23 @@ class MembershipAgent:
             self._adopt(current, view)
         self._replan.set()
 
+    def _doubt_began(self, old: pb.View | None, view: pb.View) -> int:
+        """When this agent first doubted a node `view` removes (unix ns; 0: unknown)."""
+        if old is None:
+            return 0
+        lost = {m.node_id for m in old.members} - {m.node_id for m in view.members}
+        now = monotonic_ms()
+        starts = [
+            since for node in lost if (since := self._detector.doubted_since(node)) is not None
+        ]
+        return (time.time_ns() - (now - min(starts)) * 1_000_000) if starts else 0
+
     def _adopt(self, old: pb.View | None, view: pb.View) -> None:
         records = failover_records(old, view, wall_ms()) if old is not None else []
         self.recent.extend(records)
-        record_view_change(self._tracing, self.config.node_id, old, view, records)
+        record_view_change(
+            self._tracing, self.config.node_id, old, view, records, self._doubt_began(old, view)
+        )
         if not self._mismatch_logged and (
             view.partition_count != self.config.partitions
             or view.replication_factor != self.config.rf
@@ -508,9 +535,11 @@ class MembershipAgent:
 
     async def _planner(self) -> None:
         """Plan on every change; while a registration waits to settle (a join) or a request is
-        pending, also plan on a clock tick, since time alone can make a plan differ."""
+        pending, also plan on a clock tick, since time alone can make a plan differ. Nothing
+        before every watch has read its keys once."""
         config = self.config.plan_config()
         tick = max(self.config.probe_interval_s, 0.1)
+        await self._all_read.wait()
         while True:
             try:
                 async with asyncio.timeout(tick if self._waiting_on_time() else None):

@@ -7,8 +7,11 @@ metrics and tracing.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from opentelemetry.util.types import AttributeValue
 
 from hexmq import telemetry
 from hexmq.api.membership.v1 import membership_pb2 as pb
@@ -81,9 +84,11 @@ def record_view_change(
     old: pb.View | None,
     new: pb.View,
     records: Sequence[pb.FailoverRecord],
+    began_ns: int = 0,
 ) -> None:
     """The log line, the metrics and the membership.view span of one agreed view change, as
-    this agent saw it (every agent counts every change it sees)."""
+    this agent saw it (every agent counts every change it sees). `began_ns`: when this agent
+    first doubted a node the change removes (unix ns; 0: unknown, the span is an instant)."""
     log.info("%s", describe(old, new, records))
     m = telemetry.METRICS
     m.view_epoch.set(new.epoch)
@@ -93,17 +98,22 @@ def record_view_change(
     health = partition_health(new)
     m.partitions_offline.set(health.offline)
     m.partitions_under_replicated.set(health.under_replicated)
-    with tracing.span(telemetry.SpanName.MEMBERSHIP_VIEW) as span:
-        if span.is_recording():
-            span.set_attributes(
-                {
-                    telemetry.Attr.VIEW_EPOCH: new.epoch,
-                    telemetry.Attr.NODE: node_id,
-                    "hexmq.view.previous_epoch": old.epoch if old is not None else 0,
-                    "hexmq.view.members": len(new.members),
-                    "hexmq.view.failovers": sum(1 for r in records if r.kind == "failover"),
-                    "hexmq.view.handovers": sum(1 for r in records if r.kind == "handover"),
-                    "hexmq.view.partitions_offline": health.offline,
-                    "hexmq.view.partitions_under_replicated": health.under_replicated,
-                }
-            )
+    attributes: dict[str, AttributeValue] = {
+        telemetry.Attr.VIEW_EPOCH: new.epoch,
+        telemetry.Attr.NODE: node_id,
+        "hexmq.view.previous_epoch": old.epoch if old is not None else 0,
+        "hexmq.view.members": len(new.members),
+        "hexmq.view.failovers": sum(1 for r in records if r.kind == "failover"),
+        "hexmq.view.handovers": sum(1 for r in records if r.kind == "handover"),
+        "hexmq.view.partitions_offline": health.offline,
+        "hexmq.view.partitions_under_replicated": health.under_replicated,
+    }
+    lost = sorted(
+        {m.node_id for m in old.members} - {m.node_id for m in new.members} if old else set()
+    )
+    if lost:
+        attributes[telemetry.Attr.NODE_LOST] = ",".join(lost)
+    # From the moment this agent first doubted a lost node (when it knows), to now: the span
+    # the Spark job's failover timeline measures detection by.
+    now_ns = time.time_ns()
+    tracing.record(telemetry.SpanName.MEMBERSHIP_VIEW, began_ns or now_ns, now_ns, attributes)

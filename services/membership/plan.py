@@ -96,6 +96,10 @@ def plan(
     members = {m.node_id: m for m in view.members}
     targets = set(view.target_members)
     lost = lost_members(view, observed)
+    if lost and config.node_id not in old_members:
+        # Only a member's agent removes members: one whose node is out of the view (it is
+        # joining, or was removed) may be seeing a cluster it has not caught up with yet.
+        return None
     # Removals and joins go in separate views, removals first: a join waits for a view in
     # which nobody is lost, so a restarted node's old incarnation always leaves before its new
     # one enters, and each view's changes have one cause.

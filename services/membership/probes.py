@@ -85,6 +85,14 @@ class FailureDetector:
                 found[node] = "silent"
         return found
 
+    def doubted_since(self, node: str) -> int | None:
+        """When `node` last answered, if its latest probe failed (None: it answers, or it is
+        not probed): the start of this agent's doubt about it."""
+        peer = self._peers.get(node)
+        if peer is None or peer.last in (None, Outcome.OK):
+            return None
+        return peer.last_ok_ms
+
     def probe_states(self, now_ms: int) -> dict[str, str]:
         """For Status: "ok", "silent" (failing, not yet or already reported) or "refused"."""
         states = {}

@@ -78,6 +78,8 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         self._waiting: dict[int, Waiting] = {}
         self._to_load: set[int] = set()
         self._loader: asyncio.Task[None] | None = None
+        self._promoted_at: dict[int, int] = {}
+        self._previous_master: dict[int, str] = {}
         # Read for spans only; writes reach it through the group commit.
         self.replicator = replicator
         self.limits = limits or QueueLimits()
@@ -288,10 +290,11 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         # PUBREC'd, PUBREL not sent yet: released, then sent as PUBREL once stored.
         self._release(session, list(req.received_ids))
         self._presence(session)
-        if session.record.will_due_at_ms:
-            # The connection lives on (its edge re-linked): its will is not due after all.
-            session.record.will_due_at_ms = 0
-            self.wills.cancel(session.client_id)
+        # The connection lives on (its edge re-linked, or re-attached it to this new master):
+        # its will is not due after all (a promoted master schedules the wills of the
+        # connections it inherits, in case their edge went with the old master).
+        session.record.will_due_at_ms = 0
+        self.wills.cancel(session.client_id)
         self.store.put_session(self.commit.batch, session.partition, session.record)
         self._reply(link, cmd)
         self.commit.after(functools.partial(self._connection_ready, session, conn))

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import redis.asyncio as redis
 
+from hexmq import telemetry
 from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
@@ -88,6 +89,10 @@ class PartitionRoles(MasterState):
     _waiting: dict[int, Waiting]
     _to_load: set[int]
     _loader: asyncio.Task[None] | None
+    # When each partition being loaded was promoted (unix ns), and who mastered it before.
+    _promoted_at: dict[int, int]
+    _previous_master: dict[int, str]
+    tracing: telemetry.Tracing
     on_failure: Callable[[BaseException], None]
     retained: dict[str, tuple[int, common_pb.Message]]
     index_refs: dict[tuple[int, str], int]
@@ -111,6 +116,18 @@ class PartitionRoles(MasterState):
     def apply_view(self, view: mpb.View) -> None:
         """The agreed view: who masters what (for fencing answers). The roles themselves come
         from the replication state machine (`promoted`, `demoted`)."""
+        old = self.view
+        if old is not None:
+            # Who held the partitions this view gives this node (for their failover spans).
+            for a in view.partitions:
+                if (
+                    a.replicas
+                    and a.replicas[0] == self.node_id
+                    and a.partition < len(old.partitions)
+                ):
+                    before = old.partitions[a.partition].replicas
+                    if before and before[0] != self.node_id:
+                        self._previous_master[a.partition] = before[0]
         self.view = view
         self.retry_waiting()
 
@@ -184,6 +201,7 @@ class PartitionRoles(MasterState):
         if p in self.mastered:
             self._unload(p)  # a new tenure of a partition mastered here already
         self.loading[p] = epoch
+        self._promoted_at[p] = time.time_ns()
         self._to_load.add(p)
         if self._loader is None or self._loader.done():
             self._loader = asyncio.get_running_loop().create_task(self._load(), name="loader")
@@ -221,6 +239,7 @@ class PartitionRoles(MasterState):
                 served.append(p)
             if served:
                 self._announce_partitions(served)
+                self._record_failovers(served)
                 log.info(
                     "master of partitions %s from now on (%d sessions loaded in %.0f ms)",
                     ranges(served),
@@ -228,6 +247,29 @@ class PartitionRoles(MasterState):
                     (time.monotonic() - started) * 1000,
                 )
                 self.retry_waiting(served)
+
+    def _record_failovers(self, served: Sequence[int]) -> None:
+        """A partition.failover span per partition this node took over from another master:
+        from the promotion to serving (the Spark job's failover timeline)."""
+        now = time.time_ns()
+        view_epoch = self.view.epoch if self.view is not None else 0
+        for p in served:
+            began = self._promoted_at.pop(p, now)
+            previous = self._previous_master.pop(p, "")
+            if not previous:
+                continue  # the first view, or this node's own partition back after a restart
+            self.tracing.record(
+                telemetry.SpanName.FAILOVER,
+                began,
+                now,
+                {
+                    telemetry.Attr.PARTITION: p,
+                    telemetry.Attr.EPOCH: self.mastered[p],
+                    telemetry.Attr.NODE: self.node_id,
+                    telemetry.Attr.NODE_LOST: previous,
+                    telemetry.Attr.VIEW_EPOCH: view_epoch,
+                },
+            )
 
     def _activate(
         self,

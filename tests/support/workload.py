@@ -41,8 +41,37 @@ def _client(client_id: str, version: int, *, clean: bool) -> mqtt.Client:
     )
 
 
+class _Loop:
+    """Runs one paho client's network loop on a thread until the connection ends or stop():
+    paho's own loop_start() would reconnect by itself, to the same port and with the first
+    connection's clean start, which a test must decide (and a clean start would drop the very
+    session under test)."""
+
+    def __init__(self, client: mqtt.Client) -> None:
+        self.client = client
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self.client.loop(timeout=0.05) != mqtt.MQTT_ERR_SUCCESS:
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(10)
+
+    @property
+    def running(self) -> bool:
+        """False once the connection ended (paho's own state can lag behind a server's close)."""
+        return self._thread.is_alive()
+
+
 def _connect(client: mqtt.Client, port: int, version: int, *, clean: bool, timeout: float) -> bool:
-    """Connect and wait for CONNACK; True if accepted."""
+    """Connect and wait for CONNACK; True if accepted. The client's loop runs on a thread of
+    its own (client.workload_loop), which ends when the connection does."""
     done = threading.Event()
     outcome: dict[str, Any] = {}
 
@@ -58,12 +87,45 @@ def _connect(client: mqtt.Client, port: int, version: int, *, clean: bool, timeo
         client.connect("127.0.0.1", port, keepalive=30, clean_start=clean, properties=props)
     else:
         client.connect("127.0.0.1", port, keepalive=30)
-    client.loop_start()
+    client.workload_loop = _Loop(client)  # type: ignore[attr-defined]
     if not done.wait(timeout):
         return False
     client.session_present = outcome["present"]  # type: ignore[attr-defined]
     rc = outcome["rc"]
     return not rc.is_failure if hasattr(rc, "is_failure") else rc == 0
+
+
+def _stop(client: mqtt.Client) -> None:
+    loop = getattr(client, "workload_loop", None)
+    if loop is not None:
+        loop.stop()
+
+
+def open_client(
+    client_id: str, port: int, *, will: tuple[str, bytes] | None = None, timeout: float = 30.0
+) -> mqtt.Client:
+    """A connected MQTT 5.0 client (clean start) on the workload's loop: for retained
+    messages, wills and takeovers in a test."""
+    client = _client(client_id, 5, clean=True)
+    if will is not None:
+        client.will_set(will[0], will[1], qos=1)
+    assert _connect(client, port, 5, clean=True, timeout=timeout), f"{client_id}: not connected"
+    return client
+
+
+def still_connected(client: mqtt.Client) -> bool:
+    loop = getattr(client, "workload_loop", None)
+    return loop is not None and loop.running
+
+
+def close_client(client: mqtt.Client) -> None:
+    if client.is_connected():
+        client.disconnect()
+        client.loop(timeout=0.1)
+    _stop(client)
+    sock = client.socket()
+    if sock is not None:
+        sock.close()
 
 
 @dataclass
@@ -127,7 +189,7 @@ class Publisher:
                 time.sleep(interval)
         finally:
             client.disconnect()
-            client.loop_stop()
+            _stop(client)
 
     def longest_gap(self) -> float:
         """The longest time between two consecutive acknowledgements (seconds)."""
@@ -171,34 +233,38 @@ class Subscriber:
         self._client = client
 
     def move(self, port: int, *, timeout: float = 30.0) -> bool:
-        """Connect again (its node died, or the balancer chose another), resuming the session;
-        True if the server said session present."""
-        self.drop()
+        """Connect again (its node died, or the balancer chose another), resuming the session,
+        with the same client object: as a real client, it keeps its QoS 2 state (packet ids
+        PUBREC'd and awaiting PUBREL) across the reconnect. True if the server said session
+        present."""
+        client = self._client
+        assert client is not None
+        _stop(client)
+        sock = client.socket()
+        if sock is not None:
+            sock.close()
         self.port = port
-        client = _client(self.client_id, self.version, clean=False)
-        client.on_message = self._on_message
         assert _connect(client, port, self.version, clean=False, timeout=timeout), (
             f"{self.client_id} could not reconnect to {port}"
         )
         present = bool(client.session_present)  # type: ignore[attr-defined]
         self.resumed.append(present)
-        self._client = client
         return present
-
-    def drop(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            client.loop_stop()
-            try:
-                client.socket().close() if client.socket() else None
-            except OSError:
-                pass
 
     def close(self) -> None:
         client, self._client = self._client, None
         if client is not None:
             client.disconnect()
-            client.loop_stop()
+            client.loop(timeout=0.1)  # lets the DISCONNECT out
+            _stop(client)
+            sock = client.socket()
+            if sock is not None:
+                sock.close()
+
+    def connected(self) -> bool:
+        client = self._client
+        loop = getattr(client, "workload_loop", None) if client is not None else None
+        return loop is not None and loop.running
 
     def topics(self) -> list[str]:
         with self._lock:
@@ -249,12 +315,11 @@ def check(publishers: list[Publisher], subscribers: list[Subscriber]) -> Report:
             p.payload(n) for p in publishers for n in sorted(p.acked) if p.payload(n) not in counts
         ]
         unexpected[s.client_id] = [m for m in counts if m not in published]
-        dup1[s.client_id] = [
-            m for m, k in counts.items() if k > 1 and m in published and published[m].qos == 1
-        ]
-        dup2[s.client_id] = [
-            m for m, k in counts.items() if k > 1 and m in published and published[m].qos == 2
-        ]
+        # A duplicate counts by the QoS it was delivered at (the lower of the publish's and
+        # the subscription's): twice at QoS 1 is allowed, twice at QoS 2 never (G3).
+        delivered_qos = {p: qos for p, _dup, qos in s.received}
+        dup1[s.client_id] = [m for m, k in counts.items() if k > 1 and delivered_qos[m] < 2]
+        dup2[s.client_id] = [m for m, k in counts.items() if k > 1 and delivered_qos[m] == 2]
         recovered += sum(
             1
             for m in counts

@@ -192,6 +192,7 @@ async def test_a_live_subscriber_is_re_attached_with_its_delivery_state(edge: Ed
     sub = await connected(edge, "sub")
     conn = sub.conn
     edge.on_delivery(
+        n1,
         pb.Delivery(
             client_id="sub",
             connection_id=conn.connection_id,
@@ -201,7 +202,7 @@ async def test_a_live_subscriber_is_re_attached_with_its_delivery_state(edge: Ed
                 pb.QueuedMessage(message_id=3, qos=2, released=True),
                 qos(4, 1),
             ],
-        )
+        ),
     )
     packets = await sub.received()
     assert [(type(p).__name__, p.packet_id) for p in packets] == [  # type: ignore[attr-defined]
@@ -249,7 +250,7 @@ async def test_a_session_moved_by_the_view_is_re_attached_at_the_new_master(edge
     cid = client_id_in(5, "mover")
     sub = await connected(edge, cid)
     edge.on_delivery(
-        pb.Delivery(client_id=cid, connection_id=sub.conn.connection_id, messages=[qos(7, 1)])
+        n1, pb.Delivery(client_id=cid, connection_id=sub.conn.connection_id, messages=[qos(7, 1)])
     )
     await sub.received()
     edge.apply_view(view(2, {5: ("n2", 2)}))
@@ -271,6 +272,25 @@ async def test_a_session_moved_by_the_view_is_re_attached_at_the_new_master(edge
     sub.send(PubAck(7))  # the delivery of the old master, acknowledged to the new one
     (ack,) = taken(n2)
     assert list(ack.delivery_ack.message_ids) == [7]
+
+
+async def test_deliveries_from_a_master_the_session_left_are_dropped(edge: Edge) -> None:
+    """Once a connection's re-attach went to its new master, a delivery still arriving from
+    the old one is not sent: it would be in flight without the new master knowing, which
+    would send it again (a QoS 2 message twice). The new master sends it instead."""
+    n1, n2 = edge.router.links["n1"], edge.router.links["n2"]
+    cid = client_id_in(5, "late")
+    sub = await connected(edge, cid)
+    edge.apply_view(view(2, {5: ("n2", 2)}))
+    (attach,) = taken(n2)
+    late = pb.Delivery(client_id=cid, connection_id=sub.conn.connection_id, messages=[qos(8, 2)])
+    edge.on_delivery(n1, late)
+    assert await sub.received() == []
+    assert edge.stale_deliveries == 1
+    ok(n2, attach)
+    edge.on_delivery(n2, late)  # the new master's is taken
+    (publish,) = await sub.received()
+    assert publish.packet_id == 8  # type: ignore[attr-defined]
 
 
 async def test_publishes_wait_for_a_link_and_are_acknowledged_after_it_returns(

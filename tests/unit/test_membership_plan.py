@@ -260,8 +260,20 @@ def test_losing_every_in_sync_replica_at_once_keeps_them_all() -> None:
     new = next_view(view, observed(["n3", "n4"]))
     assert row(new, 0) == (1, ["n1", "n2", "n3"], ["n1", "n2"], "")
     # Followers of an offline partition can still be lost; its in-sync replicas stay.
-    newer = next_view(new, observed(["n4"]))
+    newer = next_view(new, observed(["n4"]), node="n4")
     assert row(newer, 0) == (1, ["n1", "n2"], ["n1", "n2"], "")
+
+
+def test_only_a_members_agent_removes_members() -> None:
+    """A node out of the view (joining, or removed and back) may see a cluster it has not
+    caught up with: its agent removes nobody. (A restarted agent that planned before reading
+    the registrations once took every member for unregistered and removed them all.)"""
+    view = make_view([("n1 n2 n3", "n1 n2 n3")], ["n1", "n2", "n3"])
+    lost = next_view(view, observed(["n1", "n3"]), node="n1")
+    assert members(lost) == ["n1", "n3"]
+    partial = observed(["n2"])  # n2's agent, back, before it has read n1's and n3's keys
+    assert plan(lost, partial, config("n2"), NOW) is None
+    assert plan(view, observed(["n2"]), config("n4"), NOW) is None
 
 
 # ----- rule 4: joining -----------------------------------------------------------------------
