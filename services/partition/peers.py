@@ -448,7 +448,7 @@ class ReplicationDriver:
                         pipe.delete(*await self.store.partition_keys(p))
                     apply_ops(pipe, persist.ops)
                     for p, pos in persist.positions.items():
-                        put_position(pipe, p, pos)
+                        put_position(pipe, p, pos, persist.histories.get(p))
                 await pipe.execute()
             except (redis.RedisError, OSError) as exc:
                 self._on_failure(StorageFailed(f"redis write of replicated entries failed: {exc}"))

@@ -20,7 +20,6 @@ here (STACK.md), so nothing runs inside a real container.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shlex
@@ -301,23 +300,7 @@ def test_the_services_start_as_the_non_root_user_and_pass_the_healthcheck(
     stages: list[Stage], image_root: Path, shared_dir: Path
 ) -> None:
     tmp_path = shared_dir
-    redis_port, membership, partition, mqtt, m1, m2, m3 = free_ports(7)
-    members = tmp_path / "members.json"
-    members.write_text(
-        json.dumps(
-            {
-                "members": [
-                    {
-                        "node_id": "n1",
-                        "partition_addr": f"127.0.0.1:{partition}",
-                        "mqtt_addr": f"127.0.0.1:{mqtt}",
-                        "membership_addr": f"127.0.0.1:{membership}",
-                    }
-                ]
-            }
-        )
-    )
-    members.chmod(0o644)
+    redis_port, membership, partition, mqtt, m1, m2, m3, consul = free_ports(8)
     redis = [
         shutil.which("redis-server") or "redis-server",
         "--port",
@@ -333,7 +316,12 @@ def test_the_services_start_as_the_non_root_user_and_pass_the_healthcheck(
         (
             "membership",
             m1,
-            ["--node-id", "n1", "--listen", f"127.0.0.1:{membership}", "--members", str(members)],
+            [
+                *("--node-id", "n1", "--listen", f"127.0.0.1:{membership}"),
+                *("--consul", f"127.0.0.1:{consul}", "--cluster", "image"),
+                *("--partition-addr", f"127.0.0.1:{partition}", "--mqtt-addr", f"127.0.0.1:{mqtt}"),
+                *("--expect", "1"),
+            ],
         ),
         (
             "partition",
@@ -362,8 +350,17 @@ def test_the_services_start_as_the_non_root_user_and_pass_the_healthcheck(
             ],
         ),
     ]
+    # The agreement store compose runs is a Consul server; here the image's own embedded one.
+    agreement = ["hexmq", "consul-dev", "--listen", f"127.0.0.1:{consul}"]
     with contextlib.ExitStack() as stack:
         stack.enter_context(started(redis, dict(os.environ), tmp_path / "redis.log"))
+        env = image_environment(stages, image_root)
+        stack.enter_context(
+            started(as_image_user(stages, image_root, agreement), env, tmp_path / "consul.log")
+        )
+        # All three first: a membership agent is ready once the view it agrees on admits its
+        # node, which needs the node's partition service.
+        running = []
         for name, metrics_port, args in services:
             # HEXMQ_METRICS_LISTEN as the image sets it, on a port of this test's own.
             env = image_environment(
@@ -373,6 +370,8 @@ def test_the_services_start_as_the_non_root_user_and_pass_the_healthcheck(
             proc = stack.enter_context(
                 started(as_image_user(stages, image_root, ["hexmq", name, *args]), env, log)
             )
+            running.append((name, proc, env, log))
+        for name, proc, env, log in running:
             healthy(stages, image_root, env, log)
             assert proc.poll() is None
             assert uid_of(proc.pid) == image_user(final(stages))[0], name
