@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 COMPOSE_DIR := deploy/compose
 COMPOSE := $(BIN)/docker-compose --profile observability --profile traces
 
-.PHONY: system-deps venv proto proto-check lint typecheck deploy-check test test-unit test-fault bench run clean
+.PHONY: system-deps venv proto proto-check lint typecheck deploy-check test test-unit test-fault bench bench-failover run clean
 
 # redis-server and the mosquitto tools come from the system's packages (apt on Debian).
 # (A no-op when they are installed, so every target that needs them can depend on it.)
@@ -73,8 +73,15 @@ test-unit: $(STAMP)
 test-fault: $(STAMP) system-deps
 	$(BIN)/pytest -m "fault or soak" $(PYTEST_ARGS)
 
+# Throughput and latency beside mosquitto (BENCH_ARGS), then the failover benchmark
+# (FAILOVER_ARGS).
 bench: $(STAMP) system-deps
 	$(BIN)/python -m bench $(BENCH_ARGS)
+	$(BIN)/python -m bench.failover $(FAILOVER_ARGS)
+
+# What a node's death costs: ack gap, view change, sessions resumable, RF restored, lost (0).
+bench-failover: $(STAMP) system-deps
+	$(BIN)/python -m bench.failover $(FAILOVER_ARGS)
 
 # A local cluster in the foreground on the embedded defaults, until Ctrl-C.
 run: $(STAMP) system-deps

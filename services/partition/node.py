@@ -80,6 +80,7 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         self._loader: asyncio.Task[None] | None = None
         self._promoted_at: dict[int, int] = {}
         self._previous_master: dict[int, str] = {}
+        self._catching_up: dict[int, int] = {}
         # Read for spans only; writes reach it through the group commit.
         self.replicator = replicator
         self.limits = limits or QueueLimits()

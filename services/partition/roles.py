@@ -92,6 +92,8 @@ class PartitionRoles(MasterState):
     # When each partition being loaded was promoted (unix ns), and who mastered it before.
     _promoted_at: dict[int, int]
     _previous_master: dict[int, str]
+    # Partitions this node follows but is not in sync of, since when (unix ns).
+    _catching_up: dict[int, int]
     tracing: telemetry.Tracing
     on_failure: Callable[[BaseException], None]
     retained: dict[str, tuple[int, common_pb.Message]]
@@ -128,8 +130,40 @@ class PartitionRoles(MasterState):
                     before = old.partitions[a.partition].replicas
                     if before and before[0] != self.node_id:
                         self._previous_master[a.partition] = before[0]
+        self._record_catchups(view)
         self.view = view
         self.retry_waiting()
+
+    def _record_catchups(self, view: mpb.View) -> None:
+        """A partition.catchup span per partition this node follows from when a view showed it
+        out of the in-sync set until one shows it in (a restarted or re-admitted node catching
+        up, by log or snapshot): how long the partition ran short of RF in-sync replicas."""
+        now = time.time_ns()
+        following = set()
+        for a in view.partitions:
+            if self.node_id not in a.replicas[1:]:
+                continue
+            following.add(a.partition)
+            since = self._catching_up.get(a.partition)
+            if self.node_id not in a.in_sync:
+                if since is None:
+                    self._catching_up[a.partition] = now
+            elif since is not None:
+                del self._catching_up[a.partition]
+                self.tracing.record(
+                    telemetry.SpanName.CATCHUP,
+                    since,
+                    now,
+                    {
+                        telemetry.Attr.PARTITION: a.partition,
+                        telemetry.Attr.EPOCH: a.epoch,
+                        telemetry.Attr.NODE: self.node_id,
+                        telemetry.Attr.FOLLOWER: self.node_id,
+                        telemetry.Attr.VIEW_EPOCH: view.epoch,
+                    },
+                )
+        for p in set(self._catching_up) - following:
+            del self._catching_up[p]
 
     def _view_master(self, p: int) -> tuple[str, int]:
         view = self.view

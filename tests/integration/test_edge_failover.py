@@ -80,9 +80,18 @@ async def test_qos1_publishers_of_surviving_nodes_are_delayed_never_refused(  # 
     waits: list[float] = []
     loop = asyncio.get_running_loop()
 
-    async def publish(node: int, count: int) -> None:
+    # Connected before the kill: at RF 1 a CONNECT whose session partition node 3 masters
+    # would be held until it is back (this test is about publishes).
+    publishers = {}
+    for node in (1, 2):
         name = f"pub{node}-{uid()}"
-        client, _ = await RawClient.connect(cluster.mqtt_port(node), name, version=5)
+        publishers[node] = (
+            name,
+            (await RawClient.connect(cluster.mqtt_port(node), name, version=5))[0],
+        )
+
+    async def publish(node: int, count: int) -> None:
+        name, client = publishers[node]
         sent[name] = []
         for i in range(count):
             payload = f"{name}:{i}".encode()

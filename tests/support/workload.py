@@ -113,16 +113,31 @@ def open_client(
     return client
 
 
+def persistent_client(client_id: str, version: int = 5) -> mqtt.Client:
+    """An unconnected client for `resume()`: clean start 0 (3.1.1: clean session 0)."""
+    return _client(client_id, version, clean=False)
+
+
+def resume(client: mqtt.Client, port: int, *, version: int = 5, timeout: float = 30.0) -> bool:
+    """Connect with clean start 0; True if accepted within `timeout` with session present 1."""
+    if not _connect(client, port, version, clean=False, timeout=timeout):
+        return False
+    return bool(client.session_present)  # type: ignore[attr-defined]
+
+
 def still_connected(client: mqtt.Client) -> bool:
     loop = getattr(client, "workload_loop", None)
     return loop is not None and loop.running
 
 
 def close_client(client: mqtt.Client) -> None:
+    """DISCONNECT if still connected, and close the socket whatever happened (a server that
+    died leaves it open on our side). The loop thread stops first: paho's loop is not safe
+    to run from two threads."""
+    _stop(client)
     if client.is_connected():
         client.disconnect()
-        client.loop(timeout=0.1)
-    _stop(client)
+        client.loop(timeout=0.1)  # lets the DISCONNECT out
     sock = client.socket()
     if sock is not None:
         sock.close()
@@ -188,8 +203,7 @@ class Publisher:
                     self.acked[n] = time.monotonic()
                 time.sleep(interval)
         finally:
-            client.disconnect()
-            _stop(client)
+            close_client(client)
 
     def longest_gap(self) -> float:
         """The longest time between two consecutive acknowledgements (seconds)."""
@@ -254,12 +268,7 @@ class Subscriber:
     def close(self) -> None:
         client, self._client = self._client, None
         if client is not None:
-            client.disconnect()
-            client.loop(timeout=0.1)  # lets the DISCONNECT out
-            _stop(client)
-            sock = client.socket()
-            if sock is not None:
-                sock.close()
+            close_client(client)
 
     def connected(self) -> bool:
         client = self._client

@@ -9,6 +9,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from hexmq import telemetry
 from hexmq.api.common.v1.common_pb2 import Message
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
@@ -309,3 +314,46 @@ async def test_delivery_acks_are_answered_once_durable_and_refused_where_not_mas
     result = c.edge.heard()[0][moved]
     assert result.status == SC.STATUS_CODE_WRONG_MASTER  # its edge re-attaches with it instead
     assert (result.current_master, result.current_epoch) == ("n2", 5)
+
+
+def recording(node: PartitionNode) -> InMemorySpanExporter:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    node.tracing = telemetry.Tracing(
+        service="partition", node_id="n1", provider=provider, processors=[]
+    )
+    return exporter
+
+
+def spans(exporter: InMemorySpanExporter, name: str) -> list[dict[str, object]]:
+    return [dict(s.attributes or {}) for s in exporter.get_finished_spans() if s.name == name]
+
+
+async def test_a_takeover_records_a_failover_span_naming_the_lost_master() -> None:
+    c = Cluster()
+    exporter = recording(c.node)
+    c.take(view(3, master="n2"))
+    c.take(view(4, master="n1"))
+    await c.loaded()
+    (failover,) = spans(exporter, telemetry.SpanName.FAILOVER)
+    assert failover[telemetry.Attr.PARTITION] == P
+    assert failover[telemetry.Attr.EPOCH] == 4
+    assert failover[telemetry.Attr.NODE_LOST] == "n2"
+
+
+def test_a_follower_records_a_catchup_span_from_out_of_sync_to_in_sync() -> None:
+    c = Cluster()
+    exporter = recording(c.node)
+    behind = view(3, master="n2")
+    behind.partitions[P].ClearField("in_sync")
+    behind.partitions[P].in_sync.append("n2")
+    c.node.apply_view(behind)  # n1 follows P out of sync: catching up
+    c.node.apply_view(behind)
+    assert spans(exporter, telemetry.SpanName.CATCHUP) == []
+    c.node.apply_view(view(3, master="n2"))  # in sync again
+    c.node.apply_view(view(3, master="n2"))
+    (catchup,) = spans(exporter, telemetry.SpanName.CATCHUP)
+    assert catchup[telemetry.Attr.PARTITION] == P
+    assert catchup[telemetry.Attr.FOLLOWER] == "n1"
+    # The other partitions were followed in sync throughout: no span for them.
