@@ -276,6 +276,19 @@ class LocalCompose:
         for name in names:
             self.running[name].proc.wait(10)
 
+    def stop(self, names: Sequence[str], grace: float = 5.0) -> None:
+        """SIGTERM the services and wait (`docker compose stop`); `up` starts them again."""
+        for name in names:
+            self.running[name].proc.send_signal(signal.SIGTERM)
+        for name in names:
+            run = self.running.pop(name)
+            try:
+                run.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                run.proc.kill()
+                run.proc.wait(10)
+                raise AssertionError(f"{name} ignored SIGTERM for {grace:g} s") from None
+
     def down(self, grace: float = 5.0) -> None:
         """Stop everything started here as `docker compose down` does: a service once every
         service depending on it has stopped, those side by side (SIGTERM, then SIGKILL past
