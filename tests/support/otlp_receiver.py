@@ -110,9 +110,9 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
 
 
 class OtlpReceiver:
-    def __init__(self, host: str = "127.0.0.1") -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self.host = host
-        self.port = 0
+        self.port = port  # 0: any free port, known once started
         self.requests: list[trace_service_pb2.ExportTraceServiceRequest] = []
         self.spans: list[ReceivedSpan] = []
         self._cond = threading.Condition()
@@ -126,7 +126,7 @@ class OtlpReceiver:
     def start(self) -> OtlpReceiver:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(self), server)
-        self.port = server.add_insecure_port(f"{self.host}:0")
+        self.port = server.add_insecure_port(f"{self.host}:{self.port}")
         server.start()
         self._server = server
         return self

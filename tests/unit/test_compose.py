@@ -13,11 +13,19 @@ from pathlib import Path
 import pytest
 
 from hexmq import envoptions
+from services.membership.main import agent_config
 from tests.support.compose_local import (
     ComposeError,
     LocalTopology,
     interpolate,
     load_local_topology,
+)
+from tests.support.compose_run import (
+    HEALTHY,
+    MARKER,
+    STARTED,
+    LocalCompose,
+    depends_on_conditions,
 )
 from tests.unit.test_env_options import service_parser
 
@@ -43,22 +51,20 @@ HEXMQ_SERVICES = [
 ]
 
 
-def static_membership_still_in_place() -> bool:
-    """Today's membership service takes a members file (--members); compose.yaml is written
-    for the Consul-backed agent's command line (--consul, --cluster, --advertise, --expect ...)
-    that the membership branch brings. Once that lands, --members is gone and the membership
-    commands below are checked like the others, with no change here."""
-    parser = service_parser("membership")
-    return any("--members" in a.option_strings for a in parser._actions)
-
-
 def parse_as_the_service_would(service: str, argv: list[str], env: dict[str, str]) -> None:
     parser = service_parser(service)
     applied = envoptions.apply_environment(parser, env)
     try:
-        applied.finish(parser.parse_args(argv[2:]))
+        args = applied.finish(parser.parse_args(argv[2:]))
     except SystemExit as exc:
         raise AssertionError(f"hexmq {service} refuses {argv[2:]} with {env}") from exc
+    if service == "membership":
+        # The agent checks more than argparse does before it starts: node id, cluster name,
+        # every address, Consul's session TTL bounds.
+        try:
+            agent_config(args)
+        except ValueError as exc:
+            raise AssertionError(f"hexmq membership refuses {env}: {exc}") from exc
     known = {envoptions.variable_for(a) for a in envoptions.options(parser)}
     unknown = sorted(
         k
@@ -72,8 +78,6 @@ def parse_as_the_service_would(service: str, argv: list[str], env: dict[str, str
 def test_every_hexmq_command_in_compose_is_accepted_by_the_services_parser(
     name: str, service: str, topology: LocalTopology
 ) -> None:
-    if service == "membership" and static_membership_still_in_place():
-        pytest.xfail("compose.yaml is written for the Consul-backed membership agent's options")
     svc = topology.services[name]
     parse_as_the_service_would(service, svc.argv, svc.env)
 
@@ -171,6 +175,17 @@ def test_haproxy_config_is_rendered_for_local_edges_and_haproxy_accepts_it(
     assert "WARNING" not in result.stdout + result.stderr
 
 
+def test_haproxy_maxconn_is_lowered_to_the_open_files_haproxy_gets_here(
+    topology: LocalTopology,
+) -> None:
+    config = HAPROXY_CFG.read_text()
+    (maxconn,) = [ln.split()[1] for ln in config.splitlines() if ln.split()[:1] == ["maxconn"]]
+    assert f"maxconn {maxconn}\n" in topology.render_haproxy(config)
+    assert "    maxconn 9500\n" in topology.render_haproxy(config, open_files=20000)
+    # A limit with room for the file's maxconn leaves it as it is.
+    assert f"maxconn {maxconn}\n" in topology.render_haproxy(config, open_files=10**7)
+
+
 def test_interpolation_takes_defaults_and_the_environment() -> None:
     value = {"a": "${X:-1}", "b": ["${Y-2}", "$$HOME", "${Z}"]}
     assert interpolate(value, {"Z": "z"}, "t") == {"a": "1", "b": ["2", "$HOME", "z"]}
@@ -236,3 +251,59 @@ def test_what_cannot_be_mapped_is_refused_clearly(
     with pytest.raises(ComposeError) as caught:
         load_local_topology(path, allocate=counting_ports())
     assert message in str(caught.value)
+
+
+# --- running the topology: what can be checked without starting anything ---------------------
+
+
+def test_depends_on_conditions_are_compose_s() -> None:
+    assert depends_on_conditions("a", {"depends_on": ["b", "c"]}) == [
+        ("b", STARTED),
+        ("c", STARTED),
+    ]
+    spec = {"depends_on": {"b": {"condition": "service_healthy"}, "c": {}}}
+    assert depends_on_conditions("a", spec) == [("b", HEALTHY), ("c", STARTED)]
+    assert depends_on_conditions("a", {}) == []
+    with pytest.raises(ComposeError, match="depends_on b with condition service_completed_"):
+        depends_on_conditions(
+            "a", {"depends_on": {"b": {"condition": "service_completed_successfully"}}}
+        )
+
+
+def test_haproxy_needs_the_whole_cluster_and_nothing_of_the_observability_stack(
+    topology: LocalTopology, tmp_path: Path
+) -> None:
+    compose = LocalCompose(topology, COMPOSE, tmp_path)
+    needed = compose.needed(["haproxy"])
+    nodes = [f"{role}-{n}" for n in (1, 2, 3) for role in ("redis", "membership", "partition")]
+    assert set(needed) == {"consul", "haproxy", *nodes, "edge-1", "edge-2", "edge-3"}
+    assert needed[-1] == "haproxy"
+    assert needed.index("consul") < min(needed.index(f"membership-{n}") for n in (1, 2, 3))
+
+
+def test_a_service_without_a_local_stand_in_is_refused_before_anything_starts(
+    topology: LocalTopology, tmp_path: Path
+) -> None:
+    compose = LocalCompose(topology, COMPOSE, tmp_path)
+    with pytest.raises(ComposeError, match=r"service jaeger \(cr.jaegertracing.io/\S+\) has no"):
+        compose.up(["jaeger"], timeout=1)
+    assert compose.running == {}
+
+
+def test_a_hexmq_service_gets_the_files_environment_and_not_the_shells(
+    topology: LocalTopology, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A variable in the shell that runs pytest must not stand in for one the file lacks.
+    monkeypatch.setenv("HEXMQ_FAILOVER_HOLD", "3")
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    env = LocalCompose(topology, COMPOSE, tmp_path).environment("edge-1")
+    ours = {k: v for k, v in env.items() if k.startswith(("HEXMQ_", "OTEL_"))}
+    assert ours == topology.services["edge-1"].env
+    assert env["PYTHONUNBUFFERED"] == "1"
+    assert env[MARKER] == str(tmp_path)
+
+
+def test_a_membership_setting_the_agent_refuses_would_be_caught(topology: LocalTopology) -> None:
+    svc = topology.services["membership-1"]
+    with pytest.raises(AssertionError, match="--session-ttl must be 10-86400"):
+        parse_as_the_service_would("membership", svc.argv, {**svc.env, "HEXMQ_SESSION_TTL": "5"})

@@ -138,3 +138,15 @@ def test_the_compose_healthcheck_is_the_images() -> None:
     match = re.search(r"HEALTHCHECK .*?CMD (\[.*?\])", dockerfile, re.S)
     assert match
     assert compose()["x-hexmq"]["healthcheck"]["test"] == ["CMD", *json.loads(match.group(1))]
+
+
+def test_haproxy_gets_the_open_files_its_maxconn_needs() -> None:
+    """HAProxy wants about two descriptors per connection (client and edge side) plus its
+    listeners and checks, and refuses to start when it cannot raise its limit that far."""
+    haproxy = (DEPLOY / "haproxy" / "haproxy.cfg").read_text()
+    (maxconn,) = [
+        int(ln.split()[1]) for ln in haproxy.splitlines() if ln.split()[:1] == ["maxconn"]
+    ]
+    nofile = compose()["services"]["haproxy"]["ulimits"]["nofile"]
+    limits = [nofile] if isinstance(nofile, int) else [nofile["soft"], nofile["hard"]]
+    assert min(limits) >= 2 * maxconn + 1000, f"ulimits nofile {nofile} for maxconn {maxconn}"

@@ -1,0 +1,265 @@
+"""deploy/compose/compose.yaml run as local processes (issue 13): the file's own commands,
+environment, healthchecks, depends_on conditions and HAProxy config, with service names mapped
+to loopback ports (tests/support/compose_local.py) and `hexmq consul-dev` in place of the
+consul service (tests/support/compose_run.py). If an option, a variable, an address or a
+readiness the file relies on stops matching the services, these tests fail.
+
+A real OTLP receiver listens where the file sends traces (the otel-collector service's port),
+so the services' exporters, configured by the file's OTEL_* variables, have a Collector.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+
+from hexmq.api.membership.v1 import membership_pb2 as mpb
+from hexmq.api.membership.v1 import membership_pb2_grpc as mpb_grpc
+from tests.support.compose_local import LocalTopology, load_local_topology
+from tests.support.compose_run import LocalCompose
+from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan
+from tests.support.workload import Publisher, Subscriber, check
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "deploy" / "compose" / "compose.yaml"
+NODE_ROLES = ("edge", "partition", "membership", "redis")
+MQTT_BACKEND = "edges-mqtt"
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"not within {timeout:g} s: {what}")
+        time.sleep(0.1)
+
+
+@dataclass
+class Running:
+    """The topology serving behind HAProxy, with three persistent QoS 1 subscribers (one per
+    edge, by HAProxy's leastconn) and a QoS 1 publisher, all through HAProxy."""
+
+    topo: LocalTopology
+    compose: LocalCompose
+    collector: OtlpReceiver
+    serving_after: float
+    subs: list[Subscriber] = field(default_factory=list)
+    # client id -> the edge service HAProxy gave it to
+    placed: dict[str, str] = field(default_factory=dict)
+    publisher: Publisher | None = None
+    publisher_edge: str = ""
+
+    @property
+    def mqtt(self) -> int:
+        return self.topo.port("haproxy", 1883)
+
+    def servers(self) -> dict[str, str]:
+        return {e: s.status for e, s in self.compose.haproxy_servers(MQTT_BACKEND).items()}
+
+    def acked_after(self, count: int, timeout: float) -> None:
+        """Until the publisher has `count` more acknowledgements than now."""
+        publisher = self.publisher
+        assert publisher is not None
+        target = len(publisher.acked) + count
+        wait_for(lambda: len(publisher.acked) >= target, timeout, f"{count} more acks")
+
+    def finish(self) -> Publisher:
+        """Stop the publisher; every subscriber has every acknowledged message, in order, and
+        the publisher saw no refusal and no unanswered publish."""
+        publisher = self.publisher
+        assert publisher is not None
+        publisher.stop()
+        wanted = {publisher.payload(n) for n in publisher.acked}
+        wait_for(
+            lambda: all(wanted <= set(s.payloads()) for s in self.subs),
+            15,
+            "every acknowledged message at every subscriber",
+        )
+        check([publisher], self.subs).assert_clean()
+        assert not publisher.refused
+        assert not publisher.unanswered
+        return publisher
+
+
+@contextlib.contextmanager
+def running_topology(workdir: Path, interpolation: dict[str, str]) -> Iterator[Running]:
+    topo = load_local_topology(COMPOSE, interpolation)
+    edges = [s.name for s in topo.with_alias("edges")]
+    collector = OtlpReceiver(port=topo.port("otel-collector", 4317)).start()
+    began = time.monotonic()
+    run: Running | None = None
+    try:
+        with LocalCompose(topo, COMPOSE, workdir) as compose:
+            compose.up(["haproxy"], timeout=40)
+            compose.wait_healthy(edges, timeout=20)  # the file's healthcheck: /readyz
+            run = Running(topo, compose, collector, 0.0)
+            wait_for(
+                lambda: set(run.servers().values()) == {"UP"},
+                10,
+                "HAProxy's checks of every edge's /readyz pass",
+            )
+            run.serving_after = time.monotonic() - began
+            assert sorted(run.servers()) == edges
+
+            tag = uuid.uuid4().hex[:8]
+            for i in range(len(edges)):
+                sub = Subscriber(f"s{i}-{tag}", run.mqtt, f"compose/{tag}/#", qos=1)
+                run.subs.append(sub)
+                run.placed[sub.client_id] = connect_through(compose, sub)
+            assert sorted(run.placed.values()) == edges, f"leastconn spread them: {run.placed}"
+
+            publisher = Publisher(f"p-{tag}", run.mqtt, f"compose/{tag}/t", qos=1)
+            run.publisher = publisher
+            publisher.start(interval=0.05)
+            wait_for(lambda: len(publisher.acked) >= 5, 10, "the publisher's first acks")
+            by_edge = compose.haproxy_servers(MQTT_BACKEND)
+            (run.publisher_edge,) = [e for e in edges if by_edge[e].connections == 2]
+            wait_for(
+                lambda: all(len(s.payloads()) >= 5 for s in run.subs),
+                10,
+                "every subscriber gets the publisher's messages through HAProxy",
+            )
+            yield run
+    finally:
+        if run is not None:
+            if run.publisher is not None:
+                run.publisher.stop()
+            for sub in run.subs:
+                sub.close()
+        collector.stop()
+
+
+def connect_through(compose: LocalCompose, sub: Subscriber) -> str:
+    """Connect the subscriber through HAProxy; the edge service HAProxy gave it to."""
+    before = compose.haproxy_servers(MQTT_BACKEND)
+    sub.connect(timeout=10)
+    after = compose.haproxy_servers(MQTT_BACKEND)
+    (edge,) = [e for e in after if after[e].connections == before[e].connections + 1]
+    return edge
+
+
+def local_port(sub: Subscriber) -> int:
+    client = sub._client
+    assert client is not None
+    sock = client.socket()
+    assert sock is not None
+    port: int = sock.getsockname()[1]
+    return port
+
+
+def connect_spans(spans: list[ReceivedSpan]) -> dict[int, str]:
+    """Client port -> the node whose edge traced its CONNECT (from the PROXY header)."""
+    return {
+        int(s.attributes["client.port"]): str(s.resource["hexmq.node"])
+        for s in spans
+        if s.name == "mqtt.connect" and "client.port" in s.attributes
+    }
+
+
+def agreed_view(topo: LocalTopology, membership: str) -> mpb.View:
+    with grpc.insecure_channel(topo.address(membership, 7000)) as channel:
+        stub = mpb_grpc.MembershipServiceStub(channel)
+        view: mpb.View = stub.GetView(mpb.GetViewRequest(), timeout=5)
+        return view
+
+
+def test_compose_topology_round_trip_through_haproxy_and_clients_resume_after_a_node_is_killed(
+    tmp_path: Path, cluster_prerequisites: None
+) -> None:
+    """The file's defaults (256 partitions, RF 2), every span sampled (HEXMQ_TRACE_SAMPLE,
+    the file's own knob). The node (edge, partition, membership, Redis) of a subscriber not
+    sharing the publisher's edge is killed: that subscriber reconnects through HAProxy at once
+    and resumes its session on another edge (session present, nothing acknowledged lost,
+    order kept), the others stay connected, the publisher sees no error, and HAProxy takes
+    the dead edge out."""
+    with running_topology(tmp_path / "compose", {"HEXMQ_TRACE_SAMPLE": "1.0"}) as run:
+        # The file's OTEL_* variables reach the Collector's address, and HAProxy's PROXY v2
+        # header gives each edge the client's own address (its port is the client's socket,
+        # not HAProxy's).
+        ports = {local_port(s): run.placed[s.client_id].replace("edge-", "n") for s in run.subs}
+        run.collector.wait_for(lambda spans: ports.items() <= connect_spans(spans).items(), 10)
+        run.collector.wait_for(
+            lambda spans: (
+                {"hexmq-edge", "hexmq-partition", "hexmq-membership"}
+                <= {str(s.resource["service.name"]) for s in spans}
+            ),
+            10,
+        )
+
+        victim = next(s for s in run.subs if run.placed[s.client_id] != run.publisher_edge)
+        node = run.placed[victim.client_id].removeprefix("edge-")
+        run.compose.kill([f"{role}-{node}" for role in NODE_ROLES])
+        wait_for(lambda: not victim.connected(), 5, f"{victim.client_id} sees its edge die")
+        # At once, before HAProxy's checks can have marked the dead edge down.
+        started = time.monotonic()
+        assert victim.move(run.mqtt, timeout=10), "session present after the reconnect"
+        resumed_in = time.monotonic() - started
+        assert run.compose.haproxy_servers(MQTT_BACKEND)[f"edge-{node}"].connections == 0
+
+        run.acked_after(10, timeout=15)
+        publisher = run.finish()
+        assert victim.resumed == [True]
+        assert all(s.connected() for s in run.subs if s is not victim)
+        wait_for(
+            lambda: run.servers()[f"edge-{node}"] == "DOWN", 10, f"HAProxy marks edge-{node} down"
+        )
+        print(
+            f"up and every edge UP in HAProxy after {run.serving_after:.1f} s; resumed through "
+            f"HAProxy in {resumed_in:.2f} s; the publisher's longest gap between acks "
+            f"{publisher.longest_gap():.2f} s"
+        )
+
+
+@pytest.mark.fault
+def test_a_membership_agent_restarted_alone_takes_its_node_out_of_the_view_and_back(
+    tmp_path: Path, cluster_prerequisites: None
+) -> None:
+    """docs/deploy.md, "membership: Restart alone": a stopped agent ends its node's Consul
+    session, so the node leaves the view at once (its partitions fail over); started again,
+    the node is admitted again and takes back its partitions by handover. Clients through
+    HAProxy see neither an error nor a disconnect, and lose nothing."""
+    with running_topology(tmp_path / "compose", {}) as run:
+        node = next(e for e in run.placed.values() if e != run.publisher_edge)
+        n = node.removeprefix("edge-")
+        other = next(f"membership-{k}" for k in "123" if k != n)
+        before = agreed_view(run.topo, other)
+        masters_before = sum(p.replicas[0] == f"n{n}" for p in before.partitions)
+        assert masters_before > 0
+
+        asked = time.monotonic()
+        run.compose.stop([f"membership-{n}"])
+        stopped = time.monotonic()  # its process has exited, its session ended
+        wait_for(
+            lambda: f"n{n}" not in {m.node_id for m in agreed_view(run.topo, other).members},
+            5,
+            f"n{n} leaves the view once its agent stopped",
+        )
+        left_after = time.monotonic() - stopped
+        run.compose.up([f"membership-{n}"], timeout=20)
+        wait_for(
+            lambda: (
+                sum(p.replicas[0] == f"n{n}" for p in agreed_view(run.topo, other).partitions)
+                == masters_before
+            ),
+            30,
+            f"n{n} admitted again and master of its {masters_before} partitions again",
+        )
+        back_after = time.monotonic() - stopped
+
+        run.acked_after(10, timeout=15)
+        publisher = run.finish()
+        assert all(s.connected() for s in run.subs)
+        assert all(s.resumed == [] for s in run.subs)
+        print(
+            f"membership-{n} took {stopped - asked:.2f} s to stop; n{n} left the view "
+            f"{left_after:.2f} s after that, was master of its "
+            f"partitions again after {back_after:.1f} s; the publisher's longest gap between "
+            f"acks {publisher.longest_gap():.2f} s"
+        )

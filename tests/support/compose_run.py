@@ -1,0 +1,369 @@
+"""Run a LocalTopology (tests/support/compose_local.py) as local processes, the way
+`docker compose up` runs compose.yaml: a service starts once every `depends_on` condition of
+it holds (service_started: its dependency runs; service_healthy: the dependency's healthcheck
+passes), independent services start side by side, and `kill` is `docker compose kill`.
+
+    topo = load_local_topology(COMPOSE)
+    with LocalCompose(topo, COMPOSE, tmp_path) as compose:
+        compose.up(["haproxy"], timeout=40)        # haproxy and everything it depends on
+        compose.wait_healthy(["edge-1"], timeout=20)
+        compose.haproxy_servers("edges-mqtt")      # {"edge-1": ServerState("UP", 1), ...}
+        compose.kill(["edge-2", "partition-2", "membership-2", "redis-2"])
+    # leaving the block stops every process it started, dependents first (SIGTERM, then
+    # SIGKILL), by its Popen handle
+
+How each kind runs here:
+
+- hexmq: the file's command through this venv's `hexmq` entry point (the image's), with the
+  file's environment and nothing of the test's own but PATH (so a HEXMQ_* variable in the
+  shell that runs pytest cannot make the file look right) and PYTHONUNBUFFERED, which the
+  image sets. Healthy: the file's healthcheck command, run with that same environment, as
+  Docker runs it inside the container.
+- redis: the file's redis-server command on its loopback port (`LocalTopology.redis_argv`).
+  Healthy: PING answered PONG (the file's `redis-cli ping`).
+- haproxy: the file's HAProxy config, rendered for loopback (`LocalTopology.render_haproxy`,
+  its global maxconn lowered to this machine's open-file limit), in the foreground
+  (`haproxy -db`). Started: every frontend accepts.
+- consul: `hexmq consul-dev` on the consul service's loopback address stands in for it.
+  Healthy: it serves the HTTP API.
+
+Other kinds (the Collector, Jaeger, Prometheus ...) have no local equivalent: `up` refuses a
+target that needs one, naming it. Healthchecks are polled every HEALTH_INTERVAL seconds
+rather than the file's `interval` (5 s), so that the test takes seconds; what they ask is the
+file's.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import yaml
+
+from hexmq import procs
+from tests.support.compose_local import ComposeError, LocalService, LocalTopology
+
+HEXMQ = Path(sys.executable).with_name("hexmq")
+# Each check of a hexmq service starts a process (~0.15 s of CPU): often enough to start fast,
+# seldom enough not to load a 2-core machine while nine services start.
+HEALTH_INTERVAL = 0.5
+# What compose's `depends_on` conditions mean, in the order a dependency reaches them.
+STARTED, HEALTHY = "service_started", "service_healthy"
+CONDITIONS = (STARTED, HEALTHY)
+# The variable every process started here carries, so that a leftover can be found by it.
+MARKER = "COMPOSE_LOCAL_RUN_DIR"
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """One server line of HAProxy's stats: its check status (UP, DOWN, ...) and current
+    connections."""
+
+    status: str
+    connections: int
+
+
+@dataclass
+class _Running:
+    proc: subprocess.Popen[bytes]
+    log: Path
+    healthy: bool = False
+    last_check: float = 0.0
+
+
+@dataclass
+class LocalCompose:
+    topology: LocalTopology
+    compose_file: Path
+    workdir: Path
+    running: dict[str, _Running] = field(default_factory=dict)
+    # The file's services as written (depends_on conditions, volumes).
+    _spec: dict[str, Any] = field(default_factory=dict)
+    # Services killed on purpose: their exit is not a failure.
+    _killed: set[str] = field(default_factory=set)
+    # service -> [(dependency, condition)], from the file (the loader keeps names only), for
+    # the services `up` was asked to start.
+    _conditions: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._spec = yaml.safe_load(self.compose_file.read_text())["services"]
+
+    def __enter__(self) -> LocalCompose:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.down()
+
+    # --- up ---------------------------------------------------------------------------------
+
+    def needed(self, targets: Iterable[str]) -> list[str]:
+        """The targets and everything they depend on, in start order."""
+        wanted: set[str] = set()
+        todo = list(targets)
+        while todo:
+            name = todo.pop()
+            if name not in self.topology.services:
+                raise ComposeError(f"no service {name!r} in {self.compose_file}")
+            if name not in wanted:
+                wanted.add(name)
+                todo += self.topology.services[name].depends_on
+        return [n for n in self.topology.start_order if n in wanted]
+
+    def up(self, targets: Sequence[str], timeout: float) -> None:
+        """Start the targets and their dependencies, each once its conditions hold; return when
+        every target has started (as `docker compose up -d` does). AssertionError naming the
+        service and its log if one dies or a condition does not hold within `timeout`."""
+        services = self.needed(targets)
+        for name in services:
+            self._conditions[name] = depends_on_conditions(name, self._spec[name])
+            svc = self.topology.services[name]
+            if svc.kind not in ("hexmq", "redis", "haproxy", "consul"):
+                raise ComposeError(
+                    f"service {name} ({svc.image}) has no local stand-in; it is needed by "
+                    f"{', '.join(targets)}"
+                )
+        deadline = time.monotonic() + timeout
+        pending = [n for n in services if n not in self.running]
+        while pending:
+            self.check_alive()
+            for name in list(pending):
+                if all(self._holds(dep, cond) for dep, cond in self._conditions[name]):
+                    self._start(self.topology.services[name])
+                    pending.remove(name)
+            if pending and time.monotonic() >= deadline:
+                waiting = {
+                    n: [f"{d} {c}" for d, c in self._conditions[n] if not self._holds(d, c)]
+                    for n in pending
+                }
+                raise AssertionError(
+                    f"compose up: not started within {timeout:g} s: {waiting}\n{self.log_tails()}"
+                )
+            if pending:
+                time.sleep(0.05)
+        # A process that runs may not listen yet: HAProxy's frontends are what tests use.
+        for name in targets:
+            svc = self.topology.services[name]
+            if svc.kind == "haproxy":
+                ports = sorted(svc.ports.values())
+                while not all(procs.tcp_accepts(p) for p in ports):
+                    self.check_alive()
+                    if time.monotonic() >= deadline:
+                        raise AssertionError(f"{name} does not listen on {ports} in {timeout:g} s")
+                    time.sleep(0.05)
+
+    def wait_healthy(self, names: Sequence[str], timeout: float) -> None:
+        """Until each service's healthcheck has passed once."""
+        deadline = time.monotonic() + timeout
+        while not all(self._holds(n, HEALTHY) for n in names):
+            self.check_alive()
+            if time.monotonic() >= deadline:
+                sick = [n for n in names if not self._holds(n, HEALTHY)]
+                raise AssertionError(f"not healthy within {timeout:g} s: {sick}")
+            time.sleep(0.05)
+
+    def _holds(self, name: str, condition: str) -> bool:
+        run = self.running.get(name)
+        if run is None or run.proc.poll() is not None:
+            return False
+        if condition == STARTED:
+            return True
+        if not run.healthy and time.monotonic() - run.last_check >= HEALTH_INTERVAL:
+            run.last_check = time.monotonic()
+            run.healthy = self._healthcheck(self.topology.services[name])
+        return run.healthy
+
+    def _healthcheck(self, svc: LocalService) -> bool:
+        if svc.kind == "redis":
+            return procs.redis_ready(self.topology.port(svc.name, 6379))
+        if svc.kind == "consul":
+            return _http_ok(f"http://{self.topology.address(svc.name, 8500)}/v1/agent/self")
+        if svc.kind == "haproxy":
+            return True  # the file gives HAProxy no healthcheck: started is all there is
+        if not svc.healthcheck:
+            raise ComposeError(f"service {svc.name} has no healthcheck to wait for")
+        argv = [str(HEXMQ) if svc.healthcheck[0] == "hexmq" else svc.healthcheck[0]]
+        result = subprocess.run(
+            argv + svc.healthcheck[1:],
+            env=self.environment(svc.name),
+            capture_output=True,
+            timeout=10,
+            check=False,
+        )
+        return result.returncode == 0
+
+    def environment(self, name: str) -> dict[str, str]:
+        """A hexmq service's process environment: the file's variables, PATH (this venv's
+        `hexmq` first) and what the image sets that matters here (PYTHONUNBUFFERED)."""
+        svc = self.topology.services[name]
+        return {
+            "PATH": f"{HEXMQ.parent}{os.pathsep}{os.environ.get('PATH', os.defpath)}",
+            "PYTHONUNBUFFERED": "1",
+            MARKER: str(self.workdir),
+            **svc.env,
+        }
+
+    def _start(self, svc: LocalService) -> None:
+        log = self.workdir / f"{svc.name}.log"
+        if svc.kind == "hexmq":
+            argv, env = [str(HEXMQ), *svc.argv[1:]], self.environment(svc.name)
+        elif svc.kind == "redis":
+            data = self.workdir / svc.name
+            data.mkdir(exist_ok=True)
+            argv, env = self.topology.redis_argv(svc.name, data), self._base_env()
+        elif svc.kind == "haproxy":
+            argv, env = self._haproxy_argv(svc), self._base_env()
+        else:  # consul: the embedded Consul-API server in its place
+            data = self.workdir / svc.name
+            listen = self.topology.address(svc.name, 8500)
+            argv = [str(HEXMQ), "consul-dev", "--listen", listen, "--data-dir", str(data)]
+            env = self._base_env()
+        with log.open("ab") as out:
+            out.write(f"---- {' '.join(argv)}\n".encode())
+            out.flush()
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env, cwd=self.workdir
+            )
+        self.running[svc.name] = _Running(proc, log)
+
+    def _base_env(self) -> dict[str, str]:
+        return {"PATH": os.environ.get("PATH", os.defpath), MARKER: str(self.workdir)}
+
+    def _haproxy_argv(self, svc: LocalService) -> list[str]:
+        haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
+        source = self.compose_file.parent / _haproxy_config_source(svc.name, self._spec[svc.name])
+        config = self.workdir / "haproxy.cfg"
+        _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        rendered = self.topology.render_haproxy(source.read_text(), open_files=hard)
+        config.write_text(rendered)
+        return [haproxy, "-db", "-f", str(config)]
+
+    # --- while it runs ----------------------------------------------------------------------
+
+    def check_alive(self) -> None:
+        """AssertionError naming any started process that has exited (and its log's end)."""
+        for name, run in self.running.items():
+            code = run.proc.poll()
+            if code is not None and name not in self._killed:
+                tail = "\n".join(procs.log_tail(run.log))
+                raise AssertionError(f"{name} exited with {code}; its log ends:\n{tail}")
+
+    def kill(self, names: Sequence[str]) -> None:
+        """SIGKILL the services and wait until they are gone (`docker compose kill`)."""
+        for name in names:
+            run = self.running[name]
+            self._killed.add(name)
+            if run.proc.poll() is None:
+                run.proc.send_signal(signal.SIGKILL)
+        for name in names:
+            self.running[name].proc.wait(10)
+
+    def stop(self, names: Sequence[str], grace: float = 5.0) -> None:
+        """SIGTERM the services and wait (`docker compose stop`); `up` starts them again."""
+        for name in names:
+            self.running[name].proc.send_signal(signal.SIGTERM)
+        for name in names:
+            run = self.running.pop(name)
+            try:
+                run.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                run.proc.kill()
+                run.proc.wait(10)
+                raise AssertionError(f"{name} ignored SIGTERM for {grace:g} s") from None
+
+    def down(self, grace: float = 5.0) -> None:
+        """Stop everything started here as `docker compose down` does: a service once every
+        service depending on it has stopped, those side by side (SIGTERM, then SIGKILL past
+        `grace`). AssertionError if a process started here outlives it."""
+        live = {n for n, run in self.running.items() if run.proc.poll() is None}
+        while live:
+            layer = [
+                n
+                for n in live
+                if not any(n in self.topology.services[d].depends_on for d in live if d != n)
+            ]
+            for name in layer:
+                self.running[name].proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            for name in layer:
+                proc = self.running[name].proc
+                try:
+                    proc.wait(max(deadline - time.monotonic(), 0.01))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(10)
+            live -= set(layer)
+        left = procs.pids_with_env(MARKER, str(self.workdir))
+        if left:
+            raise AssertionError(f"processes {left} started for {self.workdir} still run")
+
+    def haproxy_servers(self, backend: str) -> dict[str, ServerState]:
+        """The servers of one HAProxy backend, from its stats page (`/stats;csv`)."""
+        (front,) = self.topology.of_kind("haproxy")
+        url = f"http://{self.topology.address(front.name, 8404)}/stats;csv"
+        with urllib.request.urlopen(url, timeout=3) as response:
+            text = response.read().decode().lstrip("# ")
+        servers = {}
+        for row in csv.DictReader(io.StringIO(text)):
+            if row["pxname"] == backend and row["svname"] not in ("FRONTEND", "BACKEND"):
+                servers[row["svname"]] = ServerState(row["status"], int(row["scur"] or 0))
+        return servers
+
+    def log_tails(self, lines: int = 8) -> str:
+        return "\n".join(
+            f"-- {name}:\n" + "\n".join(procs.log_tail(run.log, lines))
+            for name, run in self.running.items()
+        )
+
+
+def depends_on_conditions(name: str, spec: dict[str, Any]) -> list[tuple[str, str]]:
+    """A service's `depends_on` as (dependency, condition); the short (list) form means
+    service_started, as in Compose. A condition this runner cannot wait for is refused."""
+    deps = spec.get("depends_on") or []
+    if isinstance(deps, list):
+        return [(str(d), STARTED) for d in deps]
+    found = []
+    for dep, how in deps.items():
+        condition = (how or {}).get("condition", STARTED)
+        if condition not in CONDITIONS:
+            raise ComposeError(
+                f"service {name}: depends_on {dep} with condition {condition}, which the local "
+                f"run cannot wait for ({', '.join(CONDITIONS)})"
+            )
+        found.append((str(dep), condition))
+    return found
+
+
+def _haproxy_config_source(name: str, spec: dict[str, Any]) -> str:
+    """The host side of the volume that mounts HAProxy's config in the file."""
+    for volume in spec.get("volumes", []):
+        host, _, rest = str(volume).partition(":")
+        if rest.startswith("/usr/local/etc/haproxy/haproxy.cfg"):
+            return host
+    raise ComposeError(f"service {name}: no volume mounts /usr/local/etc/haproxy/haproxy.cfg")
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
