@@ -227,3 +227,46 @@ def test_a_paused_node_is_removed_fenced_and_rejoins(hexmq_cluster: Any) -> None
         assert not p.unanswered, (p.client_id, p.unanswered)
     for s in subs:
         s.close()
+
+
+def test_a_node_whose_redis_hangs_stops_and_its_partitions_fail_over(hexmq_cluster: Any) -> None:
+    """RF 2: node 2's Redis stops answering (SIGSTOP) under traffic. Its partition service's
+    writes time out after --redis-timeout (0.5 s here; redis-py's own default is 5 s) and it
+    stops (fail-stop) instead of hanging with writes it can neither make durable nor refuse;
+    node 1 takes over its partitions and the publishers of node 1 see a delay, never an
+    error."""
+    cluster = hexmq_cluster(
+        nodes=2, partitions=PARTITIONS, extra=["--rf", "2", "--partition-arg=--redis-timeout=0.5"]
+    )
+    tag = uid()
+    pubs, subs = start_workload(cluster, [1], tag)
+    time.sleep(1)
+    redis_pid = cluster.pids(2)["redis"]
+    partition_pid = cluster.pids(2)["partition"]
+    os.kill(redis_pid, signal.SIGSTOP)
+    try:
+        # Well before redis-py's default timeout would have stopped it.
+        wait_for(lambda: not pid_alive(partition_pid), 4.5, "node 2's partition service stopped")
+        wait_for(lambda: masters_of(cluster) == {"n1": PARTITIONS}, 15, "n1 masters everything")
+        time.sleep(1)
+    finally:
+        os.kill(redis_pid, signal.SIGCONT)
+    for p in pubs:
+        p.stop()
+    drain(subs, pubs)
+    check(pubs, subs).assert_clean()
+    for p in pubs:
+        assert not p.refused, (p.client_id, p.refused)
+        assert not p.unanswered, (p.client_id, p.unanswered)
+        assert p.acked
+    for s in subs:
+        s.close()
+
+
+def pid_alive(pid: int) -> bool:
+    """Running (a zombie, exited but not yet reaped by its manager, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
