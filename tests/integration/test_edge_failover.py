@@ -96,7 +96,8 @@ async def test_qos1_publishers_of_surviving_nodes_are_delayed_never_refused(  # 
         for i in range(count):
             payload = f"{name}:{i}".encode()
             sent_at = loop.time()
-            ack = await client.publish(f"{topic}/{node}", payload, qos=1)  # waits for the PUBACK
+            # Waits for the PUBACK: as long as node 3 is down, within the 60 s hold.
+            ack = await client.publish(f"{topic}/{node}", payload, qos=1, timeout=60)
             assert ack is not None
             waits.append(loop.time() - sent_at)
             codes.append(ack.reason_code)

@@ -23,6 +23,8 @@ from hexmq.mqtt import (
 )
 
 P = TypeVar("P")
+# How long recv() waits by default for a packet that should come.
+WAIT_S = 10.0
 
 
 class RawClient:
@@ -50,6 +52,7 @@ class RawClient:
         clean_start: bool = True,
         keepalive: int = 60,
         properties: Properties = NO_PROPERTIES,
+        timeout: float | None = None,
     ) -> tuple[RawClient, ConnAck]:
         client = await cls.open(port, version)
         await client.send(
@@ -61,7 +64,7 @@ class RawClient:
                 properties=properties,
             )
         )
-        connack = await client.expect(ConnAck)
+        connack = await client.expect(ConnAck, timeout)
         return client, connack
 
     def next_packet_id(self) -> int:
@@ -76,9 +79,10 @@ class RawClient:
         self.writer.write(data)
         await self.writer.drain()
 
-    async def recv(self, timeout: float = 5.0) -> Packet | None:
-        """The next packet, or None when the server closed the connection."""
-        async with asyncio.timeout(timeout):
+    async def recv(self, timeout: float | None = None) -> Packet | None:
+        """The next packet, or None when the server closed the connection. The default bound
+        is generous (a loaded machine), never what a test asserts."""
+        async with asyncio.timeout(WAIT_S if timeout is None else timeout):
             while True:
                 event = self.codec.next_event()
                 if event is not NEED_DATA:
@@ -96,7 +100,7 @@ class RawClient:
             return True
         raise AssertionError(f"expected silence, got {packet!r}")
 
-    async def expect(self, kind: type[P], timeout: float = 5.0) -> P:
+    async def expect(self, kind: type[P], timeout: float | None = None) -> P:
         packet = await self.recv(timeout)
         assert isinstance(packet, kind), f"expected {kind.__name__}, got {packet!r}"
         return packet
@@ -106,10 +110,12 @@ class RawClient:
         await self.send(Subscribe(pid, tuple(Subscription(f, qos) for f in filters)))
         return await self.expect(SubAck)
 
-    async def publish(self, topic: str, payload: bytes, qos: int = 1) -> PubAck | None:
+    async def publish(
+        self, topic: str, payload: bytes, qos: int = 1, timeout: float | None = None
+    ) -> PubAck | None:
         pid = self.next_packet_id() if qos else None
         await self.send(Publish(topic, payload, qos=qos, packet_id=pid))
-        return await self.expect(PubAck) if qos else None
+        return await self.expect(PubAck, timeout) if qos else None
 
     async def wait_closed(self, timeout: float = 5.0) -> list[Packet]:
         """Read until the server closes; returns the packets that came before."""
