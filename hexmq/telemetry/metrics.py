@@ -136,6 +136,12 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.resent_publishes = Counter(
+            "hexmq_resent_publishes",
+            "QoS 1 publishes an edge sent again (after a failover or a link outage) that the "
+            "master had written already: answered without writing them twice",
+            registry=r,
+        )
         # The membership agent's account of agreed view changes (every agent counts every
         # change it sees, so sum one node's series, not the cluster's).
         self.failovers = Counter(

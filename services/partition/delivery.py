@@ -18,6 +18,7 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.topics import topic_matches
 from services.partition.links import EdgeLink
 from services.partition.master_state import MasterState, _result, now_ms
+from services.partition.replication import Replicator
 from services.partition.sessions import LiveConnection, Session
 from services.partition.store import WriteBatch
 from services.partition.tracing import AppendTracer, set_carrier
@@ -34,8 +35,17 @@ class QueueLimits:
     drop_oldest: bool = False
 
 
+def publish_origin(link: EdgeLink, cmd: pb.EdgeCommand) -> bytes:
+    """Who sent a publish, the same in every attempt at it: the edge, its incarnation, and the
+    command id it gave it (unique per incarnation, kept when it sends the command again)."""
+    return b"%s:%d:%d" % (link.edge_id.encode(), link.incarnation, cmd.command_id)
+
+
 class MessageDelivery(MasterState):
     limits: QueueLimits
+    replicator: Replicator | None
+    # QoS 1 publishes sent again that found their writes made already.
+    resent_publishes: int
     dropped_queue_full: int
     tracer: AppendTracer
     retained: dict[str, tuple[int, common_pb.Message]]
@@ -73,6 +83,29 @@ class MessageDelivery(MasterState):
             targets &= fresh
             shared = [t for t in shared if t.partition in fresh]
             has_retained = has_retained and req.retained.partition in fresh
+            origin = b""
+        else:
+            origin = publish_origin(link, cmd) if cmd.request_id and cmd.command_id else b""
+            if origin and self.replicator is not None:
+                # Sent again after a failover or a link outage: partitions whose recent log
+                # holds it store nothing again, but answer only once an entry carrying its
+                # origin again (with no writes) is on every in-sync replica, so that the
+                # first write is too.
+                wrote = self.replicator.wrote
+                batch = self.commit.batch
+                written = {p for p in targets if wrote(p, origin)}
+                if has_retained and wrote(req.retained.partition, origin):
+                    written.add(req.retained.partition)
+                    has_retained = False
+                if written:
+                    for p in written:
+                        batch.add_origin(p, origin)
+                    self.resent_publishes += 1
+                    targets -= written
+                    shared = [t for t in shared if t.partition in targets]
+                    if not targets and not has_retained:
+                        self._reply(link, cmd)
+                        return
         self.messages_in += 1
         msg = req.message
         if has_retained:
@@ -118,6 +151,14 @@ class MessageDelivery(MasterState):
                 set_carrier(qm, carriers[session.partition])
             if self._enqueue(session, qm) and carriers:
                 fanout[session.partition] = fanout.get(session.partition, 0) + 1
+        if origin:
+            # Remembered where it wrote (the entry's origins), for a resend to find.
+            batch = self.commit.batch
+            for p in targets:
+                if p in batch.ops:
+                    batch.add_origin(p, origin)
+            if has_retained and req.retained.partition not in targets:
+                batch.add_origin(req.retained.partition, origin)
         self._reply(link, cmd)
 
     def _match_shared(

@@ -273,10 +273,12 @@ async def _report_metrics(node: PartitionNode, commit: GroupCommit, replicator: 
     """Copy the node's state into its gauges once a second (nothing on the hot path)."""
     m = telemetry.METRICS
     queue_full = m.dropped_messages.labels("queue_full")
-    reported = 0
+    reported = resent = 0
     while True:
         queue_full.inc(node.dropped_queue_full - reported)
         reported = node.dropped_queue_full
+        m.resent_publishes.inc(node.resent_publishes - resent)
+        resent = node.resent_publishes
         if node.view is not None:
             m.view_epoch.set(node.view.epoch)
         m.partition_roles.labels("master").set(len(node.mastered))

@@ -86,6 +86,7 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         self.limits = limits or QueueLimits()
         # QoS >= 1 messages not queued for a session (or pushed out of it) by the limit.
         self.dropped_queue_full = 0
+        self.resent_publishes = 0
         self.tracing = tracing or telemetry.Tracing.disabled()
         self.tracer = AppendTracer(node_id, self.tracing, commit, replicator)
         self.store = store

@@ -135,6 +135,8 @@ class Entry:
     _item: pb.ReplicationItem | None = None
     # Set on the first entry a master writes in its epoch: the history to store with it.
     history: History | None = None
+    # The QoS 1 publishes written by this entry, by origin (LogEntry.origins).
+    origins: Sequence[bytes] = ()
 
     def item(self) -> pb.ReplicationItem:
         """The wire form, built once and shared by every follower."""
@@ -145,6 +147,7 @@ class Entry:
                     epoch=self.epoch,
                     seq=self.seq,
                     ops=ops_to_pb(self.ops),
+                    origins=self.origins,
                 )
             )
         return self._item
@@ -159,9 +162,12 @@ class RecentLog:
     size: int = 0
     start: int = 1
     base_epoch: int = 0
+    # Origin of each QoS 1 publish the entries hold -> the seq of its entry.
+    by_origin: dict[bytes, int] = field(default_factory=dict)
 
     def reset(self, position: Position) -> None:
         self.entries.clear()
+        self.by_origin.clear()
         self.size = 0
         self.start = position[1] + 1
         self.base_epoch = position[0]
@@ -171,6 +177,10 @@ class RecentLog:
             self.start = entry.seq
         self.entries.append(entry)
         self.size += entry.size
+        if entry.origins:
+            by_origin = self.by_origin
+            for origin in entry.origins:
+                by_origin[origin] = entry.seq
         entries = self.entries
         while entries and (len(entries) > limits.log_entries or self.size > limits.log_bytes):
             if entries[0].seq >= pinned:
@@ -179,6 +189,9 @@ class RecentLog:
             self.size -= gone.size
             self.base_epoch = gone.epoch
             self.start = gone.seq + 1
+            for origin in gone.origins:
+                if self.by_origin.get(origin) == gone.seq:
+                    del self.by_origin[origin]
 
     def reaches(self, seq: int) -> bool:
         """The log holds every entry from seq on (up to its end)."""
@@ -572,27 +585,46 @@ class Replicator:
 
     # ----- master side -------------------------------------------------------------------
 
-    def propose(self, writes: Mapping[int, Sequence[Op]]) -> tuple[list[Entry], frozenset[int]]:
-        """Sequence one batch's writes: one entry per partition. The caller makes the entries
-        durable (with the position, and the history where an entry carries one) and then calls
-        `master_durable`. Writes of partitions no longer mastered here are not made (returned
-        as aborted: the commands that made them must not be acknowledged)."""
+    def propose(
+        self,
+        writes: Mapping[int, Sequence[Op]],
+        origins: Mapping[int, Sequence[bytes]] | None = None,
+    ) -> tuple[list[Entry], frozenset[int]]:
+        """Sequence one batch's writes: one entry per partition, with the origins of the QoS 1
+        publishes it holds (`origins`; a partition with origins and no writes gets an entry
+        all the same: the barrier of a publish written before, see `wrote`). The caller makes
+        the entries durable (with the position, and the history where an entry carries one)
+        and then calls `master_durable`. Writes of partitions no longer mastered here are not
+        made (returned as aborted: the commands that made them must not be acknowledged)."""
         entries = []
         aborted = []
-        for p, ops in writes.items():
+        parts = list(writes)
+        if origins:
+            parts += [p for p in origins if p not in writes]
+        for p in parts:
+            ops = writes.get(p, ())
             m = self.mastered.get(p)
             if m is None:
                 aborted.append(p)
                 continue
-            if not ops:
+            ors = origins.get(p, ()) if origins else ()
+            if not ops and not ors:
                 continue
             m.seq += 1
-            entry = Entry(p, m.epoch, m.seq, list(ops), sum(op_size(op) for op in ops))
+            size = sum(op_size(op) for op in ops) + sum(len(o) for o in ors)
+            entry = Entry(p, m.epoch, m.seq, list(ops), size, origins=ors)
             if m.history_unwritten:
                 entry.history = m.history
                 m.history_unwritten = False
             entries.append(entry)
         return entries, frozenset(aborted)
+
+    def wrote(self, p: int, origin: bytes) -> bool:
+        """Whether the recent log of p, mastered here, holds a publish from `origin` (written by
+        this node as master, or received while it followed p): a publish sent again after a
+        failover or a link outage, not to be written twice."""
+        m = self.mastered.get(p)
+        return m is not None and origin in m.log.by_origin
 
     def master_durable(
         self, entries: Sequence[Entry], token: object, aborted: frozenset[int] = frozenset()
@@ -979,8 +1011,10 @@ class Replicator:
                 if fd.history_dirty:
                     persist.histories[e.partition] = fd.history
                     fd.history_dirty = False
+                origins = list(e.origins)
+                size = sum(op_size(op) for op in ops) + sum(len(o) for o in origins)
                 fd.log.append(
-                    Entry(e.partition, e.epoch, e.seq, ops, sum(op_size(op) for op in ops), item),
+                    Entry(e.partition, e.epoch, e.seq, ops, size, item, origins=origins),
                     limits,
                     e.seq + 1,
                 )

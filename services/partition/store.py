@@ -123,11 +123,19 @@ Action = Callable[[], None]
 class WriteBatch:
     """The storage ops of the batch being gathered, per partition, in order."""
 
-    __slots__ = ("ops", "size")
+    __slots__ = ("ops", "origins", "size")
 
     def __init__(self) -> None:
         self.ops: dict[int, list[Op]] = {}
+        # The origins of the QoS 1 publishes written, per partition (LogEntry.origins).
+        self.origins: dict[int, list[bytes]] = {}
         self.size = 0
+
+    def add_origin(self, p: int, origin: bytes) -> None:
+        origins = self.origins.get(p)
+        if origins is None:
+            origins = self.origins[p] = []
+        origins.append(origin)
 
     def add(self, p: int, op: Op) -> None:
         ops = self.ops.get(p)
@@ -307,7 +315,7 @@ class GroupCommit:
         if batch is not None:
             for finisher in self._finishers:
                 finisher(batch)
-            entries, aborted = self._replicator.propose(batch.ops)
+            entries, aborted = self._replicator.propose(batch.ops, batch.origins)
         if entries:
             pipe = self._client.pipeline(transaction=True)
             for entry in entries:

@@ -35,6 +35,11 @@ class FakeCommit(GroupCommit):
             finisher(batch)
         for p, ops in batch.ops.items():
             self.written += [(p, op) for op in ops]
+        if self._replicator is not None:
+            # A real replicator sequences the batch (its recent log, its origins); the release
+            # is played here all the same.
+            entries, _aborted = self._replicator.propose(batch.ops, batch.origins)
+            self._replicator.master_durable(entries, object())
         self._batch = None
         actions, self._actions = self._actions, []
         oks, self._oks = self._oks, []

@@ -534,7 +534,12 @@ class Sim:
 
     # ----- inputs ------------------------------------------------------------------------
 
-    def write(self, name: str, writes: dict[int, list[Op]]) -> Token:
+    def write(
+        self,
+        name: str,
+        writes: dict[int, list[Op]],
+        origins: dict[int, list[bytes]] | None = None,
+    ) -> Token:
         """One group-commit batch on master `name`: propose, store, master_durable."""
         node = self.nodes[name]
         rep = self.rep(name)
@@ -543,7 +548,7 @@ class Sim:
                 raise ScriptError(
                     f"{name} does not master p{p} (by the view, {self.master_of(p)} does)"
                 )
-        entries, aborted = rep.propose(writes)
+        entries, aborted = rep.propose(writes, origins)
         for e in entries:
             for op in e.ops:
                 apply_op(node.store, op)
@@ -744,6 +749,7 @@ class Script:
             "log-start": self.check_log_start,
             "position": self.check_position,
             "value": self.check_value,
+            "wrote": self.check_wrote,
             "snapshots": self.check_snapshots,
             "master": self.check_master,
             "view-in-sync": self.check_view_in_sync,
@@ -846,9 +852,22 @@ class Script:
         )
 
     def do_write(self, a: list[str]) -> None:
-        """write n1 p0 f=v [key/f=v] [-f] [-key/*] [p1 ...]: one batch on the master; `f=v` is
-        an HSET, `-f` an HDEL, `-key/*` a DEL of the whole key."""
-        self.s.write(self.node(a[0]), self.ops(a[1:], self.op))
+        """write n1 p0 f=v [key/f=v] [-f] [-key/*] [@origin] [p1 ...]: one batch on the master;
+        `f=v` is an HSET, `-f` an HDEL, `-key/*` a DEL of the whole key, `@origin` the origin
+        of a QoS 1 publish the partition's entry holds (alone: an entry with no writes)."""
+        origins: dict[int, list[bytes]] = {}
+        words: list[str] = []
+        p: int | None = None
+        for word in a[1:]:
+            if PARTITION.match(word):
+                p = self.part(word)
+            if word.startswith("@"):
+                if p is None:
+                    raise ScriptError("name a partition (p0, p1, ...) before its origins")
+                origins.setdefault(p, []).append(word[1:].encode())
+            else:
+                words.append(word)
+        self.s.write(self.node(a[0]), self.ops(words, self.op), origins)
 
     def do_delete(self, a: list[str]) -> None:
         """delete n1 p0 f [key/*]: the same as `write n1 p0 -f -key/*`."""
@@ -1039,6 +1058,12 @@ class Script:
         key, fld = self.key_field(p, a[2])
         value = self.s.nodes[self.node(a[0])].store.get(key, {}).get(fld)
         self.expect(f"{a[2]}", "-" if value is None else value.decode(), a[3])
+
+    def check_wrote(self, a: list[str]) -> None:
+        """check wrote n2 p0 origin yes|no: whether n2, as master of p0, finds a publish of that
+        origin in its recent log (a resent publish it must not write again)."""
+        wrote = self.s.rep(self.node(a[0])).wrote(self.part(a[1]), a[2].encode())
+        self.expect(f"wrote {a[2]}", "yes" if wrote else "no", a[3])
 
     def check_master(self, a: list[str]) -> None:
         """check master p0 n2 [E]: the view's master of p0 (and its epoch)."""

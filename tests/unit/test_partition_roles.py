@@ -17,6 +17,7 @@ from hexmq import telemetry
 from hexmq.api.common.v1.common_pb2 import Message
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
+from services.partition.delivery import publish_origin
 from services.partition.node import PartitionNode
 from services.partition.replication import Assignment, Replicator
 from services.partition.store import RedisStore, StoredPartition, StoredSession
@@ -357,3 +358,44 @@ def test_a_follower_records_a_catchup_span_from_out_of_sync_to_in_sync() -> None
     assert catchup[telemetry.Attr.PARTITION] == P
     assert catchup[telemetry.Attr.FOLLOWER] == "n1"
     # The other partitions were followed in sync throughout: no span for them.
+
+
+async def test_a_qos1_publish_sent_again_is_answered_without_being_written_twice() -> None:
+    c = Cluster()
+    c.store.partitions[P] = StoredPartition(sessions=[stored_session("s")])
+    c.take(view(4))
+    await c.loaded()
+
+    def publish(command_id: int, payload: bytes) -> int:
+        rid = c.edge.next_id
+        c.node.handle(
+            c.edge.link,
+            pb.EdgeCommand(
+                request_id=rid,
+                partition=P,
+                partition_epoch=4,
+                command_id=command_id,
+                publish=pb.Publish(
+                    message=Message(topic="t", payload=payload, qos=1),
+                    targets=[pb.PartitionTarget(partition=P, epoch=4)],
+                ),
+            ),
+        )
+        c.edge.next_id += 1
+        return rid
+
+    first = publish(7, b"m")
+    c.commit.durable()
+    again = publish(7, b"m")  # its answer was lost: the edge sends it again, same command id
+    other = publish(8, b"m")  # another publish with the same payload is another message
+    c.commit.durable()
+    results, _ = c.edge.heard()
+    assert {results[r].status for r in (first, again, other)} == {SC.STATUS_CODE_OK}
+    payloads = [qm.message.payload for qm in c.node.sessions["s"].queue.values()]
+    assert payloads == [b"m", b"m"]
+    assert c.node.resent_publishes == 1
+    # The second batch's entry carries the resend's origin again (its answer waits for that
+    # entry on every in-sync replica) besides the new publish's.
+    origin = publish_origin(c.edge.link, pb.EdgeCommand(command_id=7))
+    last = c.rep.mastered[P].log.entries[-1]
+    assert list(last.origins) == [origin, publish_origin(c.edge.link, pb.EdgeCommand(command_id=8))]

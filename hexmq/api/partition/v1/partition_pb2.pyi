@@ -1777,12 +1777,22 @@ class LogEntry(_message.Message):
     EPOCH_FIELD_NUMBER: _builtins.int
     SEQ_FIELD_NUMBER: _builtins.int
     OPS_FIELD_NUMBER: _builtins.int
+    ORIGINS_FIELD_NUMBER: _builtins.int
     partition: _builtins.int
     epoch: _builtins.int
     seq: _builtins.int
     """Per partition, strictly increasing by one; the follower applies seq n only after n-1."""
     @_builtins.property
     def ops(self) -> _containers.RepeatedCompositeFieldContainer[Global___StorageOp]: ...
+    @_builtins.property
+    def origins(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """The QoS 1 publishes whose writes this entry holds, each as its origin (edge id, edge
+        incarnation and the command id it sent: see publish_origin in services/partition). A
+        publish sent again (after a failover or a link outage) to a master whose recent log holds
+        its origin is not written twice; it is answered once an entry carrying the origin again,
+        with no writes, is on every in-sync replica.
+        """
+
     def __init__(
         self,
         *,
@@ -1790,10 +1800,11 @@ class LogEntry(_message.Message):
         epoch: _builtins.int = ...,
         seq: _builtins.int = ...,
         ops: _abc.Iterable[Global___StorageOp] | None = ...,
+        origins: _abc.Iterable[_builtins.bytes] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "ops", b"ops", "partition", b"partition", "seq", b"seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "ops", b"ops", "origins", b"origins", "partition", b"partition", "seq", b"seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
