@@ -13,7 +13,7 @@ from services.partition.store import GroupCommit, StorageFailed
 class BrokenReplicator:
     """A replicator whose propose fails with a bug, not a Redis error."""
 
-    def propose(self, ops: object) -> object:
+    def propose(self, ops: object, origins: object) -> object:
         raise ValueError("a bug in the replication core")
 
 
