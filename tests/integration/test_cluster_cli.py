@@ -433,7 +433,7 @@ def test_up_with_hosts_binds_each_node_on_its_address(hexmq_cluster: ClusterFact
             *("--hosts", "127.0.0.2,127.0.0.3"),
             *("--agreement-listen", f"127.0.0.4:{listen_port}"),
             *("--node-wrapper", "env HEXMQ_TEST_WRAPPED=node{node}"),
-        ]
+        ],
     )
     assert [(n["node_id"], n["host"]) for n in cluster.nodes] == [
         ("n1", "127.0.0.2"),
