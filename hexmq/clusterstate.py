@@ -583,7 +583,11 @@ def redis_config(node: NodeState) -> str:
             "# Written by `hexmq cluster`; rewritten on every start of the node.",
             f"port {node.ports.redis}",
             f"bind {node.ports.host}",
-            "protected-mode yes",
+            # Protected mode admits clients from 127.0.0.1 and ::1 only. A node on an address
+            # of its own (--hosts) may reach its Redis from that address (the fault suite
+            # gives each node's connections its own source address); Redis listens on a
+            # loopback address either way (--hosts takes 127.0.0.0/8 only).
+            f"protected-mode {'yes' if node.ports.host == LOOPBACK else 'no'}",
             "daemonize no",
             f"dir {_redis_quote(str(node.dir / 'redis'))}",
             f"logfile {_redis_quote(str(node.processes['redis'].log))}",

@@ -66,6 +66,8 @@ class Connection:
     cause: str = ""
     reason: str = ""
     closing: bool = False  # the client is closing it: the end is the client's doing
+    # "takeover": opened by Subscriber.take_over while the previous one was still open.
+    purpose: str = ""
 
     def to_json(self, t0: float) -> dict[str, Any]:
         return {
@@ -75,6 +77,7 @@ class Connection:
             "ended": None if self.ended is None else round(self.ended - t0, 3),
             "cause": self.cause,
             "reason": self.reason,
+            "purpose": self.purpose,
         }
 
 
@@ -85,8 +88,8 @@ class ConnectionLog:
         self._lock = threading.Lock()
         self._connections: list[Connection] = []
 
-    def opened(self, client_id: str, host: str, port: int) -> Connection:
-        conn = Connection(client_id, host, port, time.monotonic())
+    def opened(self, client_id: str, host: str, port: int, purpose: str = "") -> Connection:
+        conn = Connection(client_id, host, port, time.monotonic(), purpose=purpose)
         with self._lock:
             self._connections.append(conn)
         return conn
@@ -164,6 +167,7 @@ def _connect(
     clean: bool,
     timeout: float,
     log: ConnectionLog | None = None,
+    purpose: str = "",
 ) -> bool:
     """Connect and wait for CONNACK; True if accepted. The client's loop runs on a thread of
     its own (client.workload_loop), which ends when the connection does."""
@@ -176,7 +180,7 @@ def _connect(
         outcome["present"] = bool(flags.session_present)
         accepted = not rc.is_failure if hasattr(rc, "is_failure") else rc == 0
         if accepted and log is not None:
-            c.workload_connection = log.opened(client_id_of(c), host, port)  # type: ignore[attr-defined]
+            c.workload_connection = log.opened(client_id_of(c), host, port, purpose)  # type: ignore[attr-defined]
             c.workload_log = log  # type: ignore[attr-defined]
         done.set()
 
@@ -227,14 +231,19 @@ def _drop(client: mqtt.Client) -> None:
 
 
 def open_client(
-    client_id: str, port: int, *, will: tuple[str, bytes] | None = None, timeout: float = 30.0
+    client_id: str,
+    port: int,
+    *,
+    host: str = LOOPBACK,
+    will: tuple[str, bytes] | None = None,
+    timeout: float = 30.0,
 ) -> mqtt.Client:
     """A connected MQTT 5.0 client (clean start) on the workload's loop: for retained
     messages, wills and takeovers in a test."""
     client = _client(client_id, 5, clean=True)
     if will is not None:
         client.will_set(will[0], will[1], qos=1)
-    assert _connect(client, (LOOPBACK, port), 5, clean=True, timeout=timeout), (
+    assert _connect(client, (host, port), 5, clean=True, timeout=timeout), (
         f"{client_id}: not connected"
     )
     return client
@@ -275,6 +284,8 @@ class Publisher:
     # counter -> when sent (monotonic), and the node (host:port) it was sent to.
     sent_at: dict[int, float] = field(default_factory=dict)
     sent_via: dict[int, str] = field(default_factory=dict)
+    # counter -> when refused or given up on (monotonic)
+    answered_at: dict[int, float] = field(default_factory=dict)
     sent: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -347,6 +358,7 @@ class Publisher:
                 info = client.publish(self.topic, self.payload(n), qos=self.qos, retain=self.retain)
                 if not self._await_ack(client, info, wait):
                     self.unanswered.add(n)
+                    self.answered_at[n] = time.monotonic()
                     _drop(client)
                     client = None
                     if not self._next():
@@ -354,6 +366,7 @@ class Publisher:
                     continue
                 if info.mid in failed:
                     self.refused[n] = failed.pop(info.mid)
+                    self.answered_at[n] = time.monotonic()
                 else:
                     self.acked[n] = time.monotonic()
                 time.sleep(interval)
@@ -468,7 +481,16 @@ class Subscriber:
         old = self._client
         client = _client(self.client_id, self.version, clean=False)
         client.on_message = self._on_message
-        if not _connect(client, endpoint, self.version, clean=False, timeout=timeout, log=self.log):
+        connected = _connect(
+            client,
+            endpoint,
+            self.version,
+            clean=False,
+            timeout=timeout,
+            log=self.log,
+            purpose="takeover",
+        )
+        if not connected:
             _drop(client)
             return None
         self._client = client

@@ -362,7 +362,9 @@ def test_plan_places_each_node_on_its_host_and_wraps_its_command_lines(tmp_path:
         *("--listen", "127.0.0.3:30001"),
         *("--membership", "127.0.0.3:31011"),
     ]
-    assert "bind 127.0.0.3" in clusterstate.redis_config(n2).splitlines()
+    conf = clusterstate.redis_config(n2).splitlines()
+    assert "bind 127.0.0.3" in conf
+    assert "protected-mode no" in conf  # its clients may come from 127.0.0.3, not 127.0.0.1
     assert state.nodes[0].processes["edge"].argv[1] == "NODE=1"
     # The hosts survive cluster.json (`start` finds the node where it was).
     clusterstate.save_state(state)
