@@ -105,10 +105,9 @@ class Clocks:
     def path(self, node: int | str) -> Path:
         return self.dir / f"n{node}"
 
-    def wrapper(self) -> str:
-        """`env ...` words for the node wrapper ({node} left for hexmq cluster to fill)."""
-        env = environment(self.library, str(self.path("{node}")))
-        return "env " + " ".join(f"{k}={v}" for k, v in env.items())
+    def wrapper_args(self) -> tuple[str, str]:
+        """libfaketime and the offset file, {node} left for hexmq cluster to fill."""
+        return self.library, str(self.path("{node}"))
 
     def set(self, node: int, offset_s: int) -> None:
         tmp = self.path(node).with_suffix(".tmp")

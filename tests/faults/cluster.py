@@ -141,6 +141,23 @@ class FaultCluster:
     def resume(self, node: int) -> list[int]:
         return self.signal_node(node, signal.SIGCONT)
 
+    def preloaded(self, node: int, library: str) -> list[str]:
+        """The node's services whose environment preloads `library` (a clock jump's proof)."""
+        found = []
+        for service, record in self._state().node(node).processes.items():
+            if record.identity is None or not record.running():
+                continue
+            try:
+                environ = Path(f"/proc/{record.identity.pid}/environ").read_bytes()
+            except OSError:
+                continue
+            if any(
+                entry.startswith(b"LD_PRELOAD=") and library.encode() in entry
+                for entry in environ.split(b"\0")
+            ):
+                found.append(service)
+        return found
+
     def kill_redis(self, node: int) -> list[int]:
         pids = self.signal_node(node, signal.SIGKILL, ["redis"])
         record = self._state().node(node).processes["redis"]

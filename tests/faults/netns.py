@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 # Set in the environment of the process re-executed inside the namespace.
 INSIDE = "HEXMQ_FAULTS_NETNS"
@@ -48,9 +50,15 @@ def node_gid(node: int) -> int:
     return GID_BASE * 10 + node
 
 
-def node_wrapper() -> str:
-    """The `--node-wrapper` that gives node i's processes group id node_gid(i)."""
-    return f"setpriv --regid {GID_BASE}{{node}} --clear-groups --"
+NODE_EXEC = Path(__file__).with_name("node-exec")
+
+
+def node_wrapper(faketime: tuple[str, str] | None = None) -> str:
+    """The `--node-wrapper` that gives node i's processes group id node_gid(i) and, with
+    `faketime` (libfaketime's path, the offset file with {node} in it), a wall clock of its
+    own (tests/faults/node-exec)."""
+    clock = f"{shlex.quote(faketime[0])} {shlex.quote(faketime[1])} " if faketime else ""
+    return f"{shlex.quote(str(NODE_EXEC))} {GID_BASE}{{node}} {clock}--"
 
 
 def why_unavailable() -> str | None:

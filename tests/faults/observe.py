@@ -3,6 +3,10 @@
 - `EpochWatch`: every few hundred ms, each node's partition service says which partitions it
   masters and at which epoch (PartitionService.Status); two nodes claiming one partition at
   one epoch is a split brain (G7: no partition has two masters accepting writes in one epoch).
+- `ViewRecorder`: every view the agreement server holds, as it changes (blocking queries on the
+  view key), with what each change did: members lost and added, partitions whose master
+  changed and how (failover: the old master left; handover: it stayed). The trace
+  cross-check compares it with the Spark job's failover timeline.
 - `wait_converged`: after the heal, until the agreed view has every node, every partition its
   RF replicas all in sync, every agent on that view, and every follower caught up.
 - `divergence`: then, per partition of the agreed table, every replica's Redis copy against
@@ -14,12 +18,15 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from hexmq.api.membership.v1 import membership_pb2 as mpb
+from services.membership.plan import failover_records
 from tests.faults.cluster import FaultCluster
 
 
@@ -74,6 +81,80 @@ class EpochWatch:
             for (p, e), nodes in sorted(self.claims.items())
             if len(nodes) > 1
         ]
+
+
+def view_change(old: mpb.View | None, new: mpb.View) -> dict[str, Any]:
+    """What one view change did: members lost and added, and the partitions that changed
+    hands (the agents' own records, services/membership/plan.py: failover, handover, offline,
+    restored)."""
+    before = {m.node_id for m in old.members} if old else set()
+    after = {m.node_id for m in new.members}
+    records = failover_records(old, new, 0) if old is not None else []
+    return {
+        "epoch": new.epoch,
+        "members": sorted(after),
+        "lost": sorted(before - after),
+        "added": sorted(after - before) if old else [],
+        "moves": [
+            {
+                "partition": r.partition,
+                "from": r.from_node,
+                "to": r.to_node,
+                "epoch": r.epoch,
+                "kind": r.kind,
+            }
+            for r in records
+        ],
+    }
+
+
+class ViewRecorder:
+    """Follows the view key with blocking queries; each new epoch with when it was seen (s
+    after t0). Epochs the recorder never saw (two changes between two of its reads, or the
+    agreement server down) are listed in `missed`."""
+
+    def __init__(self, cluster: FaultCluster) -> None:
+        self.cluster = cluster
+        self.changes: list[dict[str, Any]] = []
+        self.missed: list[int] = []
+        self._last: mpb.View | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="view-recorder", daemon=True)
+        self.t0 = time.monotonic()
+
+    def start(self, t0: float) -> None:
+        self.t0 = t0
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(10)
+
+    def _run(self) -> None:
+        index = 0
+        url = f"http://{self.cluster.agreement}/v1/kv/hexmq/{self.cluster.cluster_name}/view"
+        while not self._stop.is_set():
+            try:
+                with urllib.request.urlopen(f"{url}?raw&index={index}&wait=2s", timeout=5) as r:
+                    index = int(r.headers.get("X-Consul-Index", index))
+                    view = mpb.View.FromString(r.read())
+            except (urllib.error.URLError, OSError, ValueError):
+                index = 0
+                self._stop.wait(0.2)
+                continue
+            self._seen(view)
+
+    def _seen(self, view: mpb.View) -> None:
+        last = self._last
+        if last is not None and view.epoch <= last.epoch:
+            return
+        if last is not None and view.epoch > last.epoch + 1:
+            self.missed += list(range(last.epoch + 1, view.epoch))
+        change = view_change(last, view)
+        change["at"] = round(time.monotonic() - self.t0, 3)
+        self.changes.append(change)
+        self._last = view
 
 
 @dataclass

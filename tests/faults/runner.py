@@ -22,7 +22,7 @@ from typing import Any
 from tests.faults import clock, nemesis, netns, plot
 from tests.faults.clients import RunClients, on_topics, read_retained
 from tests.faults.cluster import AGREEMENT_ADDRESS, FaultCluster, node_address
-from tests.faults.observe import EpochWatch, divergence, wait_converged
+from tests.faults.observe import EpochWatch, ViewRecorder, divergence, wait_converged
 from tests.faults.verdict import judge
 from tests.support.checker import ack_stats, check, check_shared, retained_check
 
@@ -90,7 +90,6 @@ class Run:
     # --- set up -------------------------------------------------------------------------
 
     def _wrapper(self) -> str:
-        words = netns.node_wrapper()
         if "clock-jump" in self.kinds:
             why = clock.why_unavailable()
             library = clock.find_libfaketime()
@@ -99,8 +98,8 @@ class Run:
                 self.kinds = [k for k in self.kinds if k != "clock-jump"]
             else:
                 self.clocks = clock.Clocks(self.dir / "clocks", self.config.nodes, library)
-                words = f"{self.clocks.wrapper()} {words}"
-        return words
+                return netns.node_wrapper(self.clocks.wrapper_args())
+        return netns.node_wrapper()
 
     def _address(self, node: int) -> str:
         return AGREEMENT_ADDRESS if node == nemesis.AGREEMENT else node_address(node)
@@ -132,6 +131,8 @@ class Run:
             assert self.clocks is not None
             for node in t.nodes:
                 self.clocks.set(node, record.fault.jump_s)
+                faked = self.cluster.preloaded(node, "libfaketime")
+                record.notes.append(f"n{node}: libfaketime in {', '.join(faked) or 'nothing'}")
 
     def _heal(self, record: FaultRecord, clients: RunClients) -> None:
         kind, t = record.fault.kind, record.targets
@@ -186,8 +187,16 @@ class Run:
         return {f"n{n}": [n] for n in t.nodes}
 
     def _play(self, faults: Sequence[nemesis.Fault], clients: RunClients) -> None:
+        """Each fault after the quiet period the schedule gives it, counted from the actual
+        end of the one before (a restart can take longer than the fault was planned to)."""
+        previous: FaultRecord | None = None
         for fault in faults:
-            self._sleep_until(fault.at)
+            if previous is None:
+                self._sleep_until(fault.at)
+            else:
+                planned = previous.fault
+                quiet = fault.at - planned.at - planned.duration
+                self._sleep_until(previous.end + quiet)
             view = self.cluster.view()
             table = self.cluster.table(view) if view is not None else []
             live = [n for n in self.cluster.nodes if n not in clients.down]
@@ -203,6 +212,7 @@ class Run:
             self._sleep_until(record.start + fault.duration)
             self._heal(record, clients)
             record.end = self._now()
+            previous = record
 
     def _now(self) -> float:
         return time.monotonic() - self.t0
@@ -227,13 +237,17 @@ class Run:
         )
         up_s = time.monotonic() - started
         watch = EpochWatch(self.cluster)
+        views = ViewRecorder(self.cluster)
         tag = f"{config.seed:x}"
         clients = RunClients(tag, list(self.cluster.nodes.values()), config.seed, FAILOVER_HOLD_S)
         result: dict[str, Any] = {}
         try:
             clients.start()
             self.t0 = clients.t0
+            # The wall clock at t0, for matching trace spans (unix ns) to the run's timeline.
+            t0_wall_ns = time.time_ns() - int((time.monotonic() - self.t0) * 1e9)
             watch.start(self.t0)
+            views.start(self.t0)
             self._play(faults, clients)
             self._sleep_until(max(config.length, self._now()) + 3.0)
             heal_notes = self._heal_everything()
@@ -246,6 +260,7 @@ class Run:
             drain_s = clients.drain(timeout=30)
             clients.probe_split_subscriptions()
             watch.stop()
+            views.stop()
             view = self.cluster.stored_view()
             diverged = divergence(self.cluster, view) if view is not None else None
             retained = retained_check(
@@ -261,6 +276,9 @@ class Run:
             result = {
                 "name": config.name,
                 "seed": config.seed,
+                "tag": tag,
+                "t0_wall_ns": t0_wall_ns,
+                "trace_dir": str(trace_dir) if trace_dir else None,
                 "config": {
                     **{k: v for k, v in asdict(config).items() if k != "out"},
                     "kinds": self.kinds,
@@ -303,6 +321,7 @@ class Run:
                     for p in clients.publishers
                 },
                 "epoch_conflicts": watch.conflicts(),
+                "views": {"changes": views.changes, "missed": views.missed},
                 "epoch_polls": watch.polls,
                 "divergence": diverged.to_json() if diverged else None,
                 "split_subscriptions": [asdict(r) for r in clients.split_subscriptions],
@@ -327,6 +346,17 @@ class Run:
                 end=end,
             )
             result["plot"] = str(self.dir / "latency.png")
+            if config.trace:
+                # What every subscriber got, for the trace cross-check (tests/faults/crosscheck.py).
+                seen = {
+                    "sent": {p.client_id: p.sent for p in clients.publishers},
+                    "acked": {p.client_id: sorted(p.acked) for p in clients.publishers},
+                    "received": {
+                        s.client_id: on_topics(s, prefix).payloads()
+                        for s in [*clients.subscribers, *clients.group]
+                    },
+                }
+                (self.dir / "deliveries.json").write_text(json.dumps(seen) + "\n")
         except Exception:
             result = {
                 "name": config.name,
@@ -338,6 +368,7 @@ class Run:
             }
         finally:
             watch.stop()
+            views.stop()
             clients.stop_moving()
             clients.stop_publishers()
             clients.close()
