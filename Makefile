@@ -70,8 +70,18 @@ test: $(STAMP) system-deps
 test-unit: $(STAMP)
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
+# Long runs: the fault suite's fixed, seeded schedules (docs/faults.md) and the other fault
+# and soak tests. FAULT_RUNS=N instead runs N random fault schedules from seed FAULT_SEED
+# (default: one drawn at random; each run's seed is in its test id and result).
+FAULT_RUNS ?=
+FAULT_SEED ?=
 test-fault: $(STAMP) system-deps
+ifeq ($(strip $(FAULT_RUNS)),)
 	$(BIN)/pytest -m "fault or soak" $(PYTEST_ARGS)
+else
+	FAULT_RUNS=$(FAULT_RUNS) FAULT_SEED=$(FAULT_SEED) \
+	  $(BIN)/pytest tests/faults/test_schedules.py -m fault -k random_schedule $(PYTEST_ARGS)
+endif
 
 # Throughput and latency beside mosquitto (BENCH_ARGS), then the failover benchmark
 # (FAILOVER_ARGS).

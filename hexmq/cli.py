@@ -99,7 +99,33 @@ def _add_node(p: argparse.ArgumentParser) -> None:
 
 def _add_cluster_shape(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--nodes", type=_positive_int, default=1, metavar="N", help="number of nodes (default 1)"
+        "--nodes",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="number of nodes (default: as many as --hosts lists, else 1)",
+    )
+    p.add_argument(
+        "--hosts",
+        default=None,
+        metavar="A,B,...",
+        help="one loopback address per node (e.g. 127.0.0.2,127.0.0.3,127.0.0.4): node i binds "
+        "every port of it on the i-th, so links between nodes can be told apart and cut "
+        "(default: every node on 127.0.0.1)",
+    )
+    p.add_argument(
+        "--agreement-listen",
+        default=None,
+        metavar="HOST:PORT",
+        help="where the cluster's own agreement server (hexmq consul-dev) listens (default "
+        "127.0.0.1 and the port after the last node's block)",
+    )
+    p.add_argument(
+        "--node-wrapper",
+        default=None,
+        metavar="'CMD ARGS'",
+        help="run every process of node i as `CMD ARGS <its command line>`, {node} replaced by "
+        "i (e.g. 'nice -n 5'); recorded in cluster.json, so `start` uses it too",
     )
     _add_dir(p)
     p.add_argument(
@@ -184,9 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     cluster = commands.add_parser(
         "cluster",
-        help="run a local cluster: N nodes as background processes on 127.0.0.1",
+        help="run a local cluster: N nodes as background processes on loopback addresses",
         description="Run a local cluster: N nodes (redis, membership, partition, edge each) as "
-        "background processes on 127.0.0.1, managed through the state in DIR/cluster.json.",
+        "background processes on 127.0.0.1 (or a loopback address per node, --hosts), managed "
+        "through the state in DIR/cluster.json.",
     )
     actions = cluster.add_subparsers(dest="action", metavar="ACTION", required=True)
 
@@ -420,10 +447,31 @@ def _consul_arg(args: argparse.Namespace) -> str | None:
     return str(args.consul)
 
 
+def _placement(args: argparse.Namespace) -> dict[str, Any]:
+    """nodes, hosts, agreement_listen and node_wrapper of `up`/`run`, checked."""
+    hosts = clusterstate.parse_hosts(args.hosts) if args.hosts is not None else None
+    nodes = args.nodes if args.nodes is not None else len(hosts) if hosts else 1
+    if hosts is not None and len(hosts) != nodes:
+        raise UsageError(f"--hosts lists {len(hosts)} address(es) for --nodes {nodes}")
+    listen = (
+        clusterstate.parse_agreement_listen(args.agreement_listen)
+        if args.agreement_listen is not None
+        else None
+    )
+    if listen is not None and args.consul is not None:
+        raise UsageError(
+            "--agreement-listen places the cluster's own agreement server; with --consul "
+            "(or CONSUL_HTTP_ADDR: an external Consul) there is none"
+        )
+    wrapper = (
+        clusterstate.parse_node_wrapper(args.node_wrapper) if args.node_wrapper is not None else []
+    )
+    return {"nodes": nodes, "hosts": hosts, "agreement_listen": listen, "node_wrapper": wrapper}
+
+
 def _up(args: argparse.Namespace) -> int:
     state = localcluster.up(
         args.dir,
-        nodes=args.nodes,
         base_port=args.base_port,
         partitions=args.partitions,
         rf=args.rf,
@@ -431,6 +479,7 @@ def _up(args: argparse.Namespace) -> int:
         service_args=_service_args(args),
         trace_dir=args.trace_dir,
         consul=_consul_arg(args),
+        **_placement(args),
     )
     _print_json(state.summary())
     return EXIT_OK
@@ -475,12 +524,13 @@ def _status(args: argparse.Namespace) -> int:
     )
     _print_agreement(doc["agreement"], doc["membership"])
     print()
-    rows: list[tuple[str, ...]] = [("NODE", "ID", "SERVICE", "PID", "STATE", "PORT")]
+    rows: list[tuple[str, ...]] = [("NODE", "ID", "SERVICE", "PID", "STATE", "ADDRESS")]
     for node in doc["nodes"]:
         for service, p in node["processes"].items():
             state = "alive" if p["alive"] else "dead"
             pid = "-" if p["pid"] is None else str(p["pid"])
-            rows.append((str(node["node"]), node["node_id"], service, pid, state, str(p["port"])))
+            addr = f"{node['host']}:{p['port']}"
+            rows.append((str(node["node"]), node["node_id"], service, pid, state, addr))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
@@ -587,18 +637,18 @@ def _print_agreement(agreement: dict[str, Any], membership: dict[str, Any] | Non
 
 
 def _banner(state: clusterstate.ClusterState) -> str:
-    first = state.nodes[0].ports.mqtt
+    first, host = state.nodes[0].ports.mqtt, state.nodes[0].ports.host
     lines = [f"hexmq: {len(state.nodes)}-node cluster running (state and logs in {state.dir})"]
     lines += [
-        f"  node {n.node} ({n.node_id}): MQTT on 127.0.0.1:{n.ports.mqtt}   logs {n.dir}/*.log"
+        f"  node {n.node} ({n.node_id}): MQTT on {n.ports.addr(n.ports.mqtt)}   logs {n.dir}/*.log"
         for n in state.nodes
     ]
     server = "hexmq consul-dev" if state.consul is not None else "Consul"
     lines.append(f"  agreement: {server} on {state.consul_addr}")
     lines += [
         "Try it:",
-        f"  mosquitto_sub -h 127.0.0.1 -p {first} -t 'demo/#' -v",
-        f"  mosquitto_pub -h 127.0.0.1 -p {first} -t demo/hello -m 'hello' -q 1",
+        f"  mosquitto_sub -h {host} -p {first} -t 'demo/#' -v",
+        f"  mosquitto_pub -h {host} -p {first} -t demo/hello -m 'hello' -q 1",
         f"In another terminal: hexmq cluster status --dir {state.dir}",
         "Ctrl-C stops the cluster.",
     ]
@@ -635,7 +685,6 @@ def _watch(cluster_dir: Path) -> None:
 def _run(args: argparse.Namespace) -> int:
     state = localcluster.up(
         args.dir,
-        nodes=args.nodes,
         base_port=args.base_port,
         partitions=args.partitions,
         rf=args.rf,
@@ -643,6 +692,7 @@ def _run(args: argparse.Namespace) -> int:
         service_args=_service_args(args),
         trace_dir=args.trace_dir,
         consul=_consul_arg(args),
+        **_placement(args),
     )
     print(_banner(state), flush=True)
     try:

@@ -20,7 +20,15 @@ and for the cluster as a whole, in the block after the last node's (N nodes):
     agreement server       P + 1000 + 10*N + 0          (hexmq consul-dev, Consul's HTTP API)
     reserved for later     P + 1000 + 10*N + 1..9
 MQTT ports are consecutive so "node i listens on P+i-1" is easy to remember; every other port
-is in a separate block of ten per node. Everything binds 127.0.0.1 only.
+is in a separate block of ten per node. Everything binds 127.0.0.1, unless `--hosts` gives each
+node a loopback address of its own (node i then binds every port of it there, the port scheme
+unchanged) and `--agreement-listen` gives the agreement server its own: links between nodes can
+then be told apart by address (the fault suite cuts them with iptables, docs/faults.md).
+
+A node wrapper (`--node-wrapper 'CMD ARGS'`, `{node}` replaced by the node number) prefixes
+every command line of a node: its processes run as `CMD ARGS <argv>` (e.g. `nice -n 5`, or
+`setpriv --regid ...` to give each node a group id that iptables can match). It is recorded in
+each process's argv, so `start` runs it again.
 
 Layout of DIR:
     cluster.json          the state: config, ports, and per process argv, log, pid, start time
@@ -34,9 +42,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import ipaddress
 import json
 import os
 import re
+import shlex
+import shutil
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -44,6 +55,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from hexmq import procs
+from hexmq.netaddr import parse_hostport
 from hexmq.procs import LOOPBACK, ProcessIdentity
 
 SERVICES: Final = ("redis", "membership", "partition", "edge")
@@ -86,6 +98,8 @@ class NodePorts:
     redis: int
     membership: int
     partition: int
+    # The address every port of the node binds (--hosts; 127.0.0.1 by default).
+    host: str = LOOPBACK
 
     def of(self, service: str) -> int:
         port: int = getattr(self, "mqtt" if service == "edge" else service)
@@ -95,12 +109,20 @@ class NodePorts:
         """The Prometheus port of a hexmq service: the node block's slots 3, 4, 5."""
         return self.redis + METRICS_SLOTS[service]
 
+    def addr(self, port: int) -> str:
+        """HOST:PORT of one of this node's ports."""
+        return f"{self.host}:{port}"
 
-def node_ports(base_port: int, node: int) -> NodePorts:
+
+def node_ports(base_port: int, node: int, host: str = LOOPBACK) -> NodePorts:
     """The ports of node `node` (1-based) in a cluster with base port `base_port`."""
     internal = base_port + INTERNAL_OFFSET + NODE_STRIDE * (node - 1)
     return NodePorts(
-        mqtt=base_port + node - 1, redis=internal, membership=internal + 1, partition=internal + 2
+        mqtt=base_port + node - 1,
+        redis=internal,
+        membership=internal + 1,
+        partition=internal + 2,
+        host=host,
     )
 
 
@@ -133,15 +155,72 @@ def validate_cluster_args(*, nodes: int, base_port: int, partitions: int, rf: in
         raise UsageError(f"--rf {rf} needs at least {rf} nodes, got --nodes {nodes}")
 
 
-def cluster_ports(base_port: int, nodes: int) -> list[NodePorts]:
-    return [node_ports(base_port, i) for i in range(1, nodes + 1)]
+def parse_hosts(text: str) -> list[str]:
+    """`--hosts`: comma-separated IPv4 loopback addresses, one per node, all different."""
+    hosts = [h.strip() for h in text.split(",")]
+    for host in hosts:
+        try:
+            addr = ipaddress.IPv4Address(host)
+        except ValueError:
+            raise UsageError(
+                f"--hosts: {host!r} is not an IPv4 address (expected e.g. 127.0.0.2,127.0.0.3)"
+            ) from None
+        if not addr.is_loopback:
+            raise UsageError(
+                f"--hosts: {host} is not a loopback address (a local cluster binds 127.0.0.0/8 "
+                "only)"
+            )
+    repeated = sorted({h for h in hosts if hosts.count(h) > 1})
+    if repeated:
+        raise UsageError(f"--hosts: {', '.join(repeated)} listed more than once")
+    return hosts
 
 
-def busy_ports(ports: Sequence[NodePorts], agreement: int | None = None) -> list[str]:
-    """'PORT (node I SERVICE)' for every port that is taken on 127.0.0.1 now (and the
-    agreement server's port, if given)."""
+def parse_agreement_listen(text: str) -> tuple[str, int]:
+    """`--agreement-listen HOST:PORT`: a loopback IPv4 address and a port."""
+    try:
+        host, port = parse_hostport(text, what="--agreement-listen")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        addr = ipaddress.IPv4Address(host)
+    except ValueError:
+        raise UsageError(
+            f"--agreement-listen: {host!r} is not an IPv4 address (expected e.g. 127.0.0.10:8500)"
+        ) from None
+    if not addr.is_loopback:
+        raise UsageError(f"--agreement-listen: {host} is not a loopback address (127.0.0.0/8 only)")
+    return host, port
+
+
+def parse_node_wrapper(text: str) -> list[str]:
+    """`--node-wrapper 'CMD ARGS'`: the words, the command resolved through PATH (the
+    processes are spawned without a shell)."""
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise UsageError(f"--node-wrapper: {exc} in {text!r}") from None
+    if not words:
+        raise UsageError("--node-wrapper: empty command")
+    path = shutil.which(words[0])
+    if path is None:
+        raise UsageError(f"--node-wrapper: command {words[0]!r} not found on PATH")
+    return [path, *words[1:]]
+
+
+def cluster_ports(
+    base_port: int, nodes: int, hosts: Sequence[str] | None = None
+) -> list[NodePorts]:
+    return [
+        node_ports(base_port, i, hosts[i - 1] if hosts else LOOPBACK) for i in range(1, nodes + 1)
+    ]
+
+
+def busy_ports(ports: Sequence[NodePorts], agreement: tuple[str, int] | None = None) -> list[str]:
+    """'HOST:PORT (node I SERVICE)' for every port that is taken now (and the agreement
+    server's (host, port), if given)."""
     wanted = [
-        (port, f"node {i} {label}")
+        (p.host, port, f"node {i} {label}")
         for i, p in enumerate(ports, start=1)
         for service in SERVICES
         for port, label in (
@@ -150,8 +229,10 @@ def busy_ports(ports: Sequence[NodePorts], agreement: int | None = None) -> list
         )
     ]
     if agreement is not None:
-        wanted.append((agreement, "agreement server"))
-    return [f"{port} ({label})" for port, label in wanted if procs.port_in_use(port)]
+        wanted.append((*agreement, "agreement server"))
+    return [
+        f"{host}:{port} ({label})" for host, port, label in wanted if procs.port_in_use(port, host)
+    ]
 
 
 # --- state ----------------------------------------------------------------------------------
@@ -184,6 +265,7 @@ class NodeState:
         return {
             "node": self.node,
             "node_id": self.node_id,
+            "host": self.ports.host,
             "mqtt_port": self.ports.mqtt,
             "redis_port": self.ports.redis,
             "partition_port": self.ports.partition,
@@ -217,6 +299,10 @@ class ClusterState:
     @property
     def consul_port(self) -> int:
         return int(self.consul_addr.rpartition(":")[2])
+
+    @property
+    def consul_host(self) -> str:
+        return self.consul_addr.rpartition(":")[0].strip("[]")
 
     def node(self, number: int) -> NodeState:
         if not 1 <= number <= len(self.nodes):
@@ -272,6 +358,7 @@ class ClusterState:
                     redis=n["redis_port"],
                     membership=n["membership_port"],
                     partition=n["partition_port"],
+                    host=n.get("host", LOOPBACK),
                 ),
                 dir=Path(n["dir"]),
                 processes={s: _record_from_json(n["processes"][s]) for s in SERVICES},
@@ -367,8 +454,9 @@ def cluster_lock(cluster_dir: Path, timeout: float = 120.0) -> Iterator[None]:
 # --- planning and configuration -------------------------------------------------------------
 
 
-def loopback_addr(port: int) -> str:
-    return f"{LOOPBACK}:{port}"
+def wrapper_argv(wrapper: Sequence[str], node: int) -> list[str]:
+    """The node wrapper's words for node `node` ({node} replaced by its number)."""
+    return [word.replace("{node}", str(node)) for word in wrapper]
 
 
 def service_argv(
@@ -382,16 +470,16 @@ def service_argv(
     # packages (`python -m` would put it first on sys.path).
     hexmq = [
         *(python, "-P", "-m", "hexmq.cli", service, "--node-id", node.node_id),
-        *("--metrics-listen", loopback_addr(ports.metrics(service))),
+        *("--metrics-listen", ports.addr(ports.metrics(service))),
         *(("--trace-dir", str(state.trace_dir)) if state.trace_dir else ()),
     ]
     if service == "membership":
         return [
             *hexmq,
-            *("--listen", loopback_addr(ports.membership)),
+            *("--listen", ports.addr(ports.membership)),
             *("--consul", state.consul_addr, "--cluster", state.cluster_name),
-            *("--partition-addr", loopback_addr(ports.partition)),
-            *("--mqtt-addr", loopback_addr(ports.mqtt)),
+            *("--partition-addr", ports.addr(ports.partition)),
+            *("--mqtt-addr", ports.addr(ports.mqtt)),
             *("--expect", str(len(state.nodes))),
             *("--partitions", str(state.partitions)),
             *("--rf", str(state.rf)),
@@ -399,15 +487,15 @@ def service_argv(
     if service == "partition":
         return [
             *hexmq,
-            *("--listen", loopback_addr(ports.partition)),
-            *("--redis", f"redis://{LOOPBACK}:{ports.redis}/0"),
-            *("--membership", loopback_addr(ports.membership)),
+            *("--listen", ports.addr(ports.partition)),
+            *("--redis", f"redis://{ports.addr(ports.redis)}/0"),
+            *("--membership", ports.addr(ports.membership)),
         ]
     if service == "edge":
         return [
             *hexmq,
-            *("--listen", loopback_addr(ports.mqtt)),
-            *("--membership", loopback_addr(ports.membership)),
+            *("--listen", ports.addr(ports.mqtt)),
+            *("--membership", ports.addr(ports.membership)),
         ]
     raise ValueError(f"unknown service {service!r}")
 
@@ -440,9 +528,23 @@ def plan_cluster(
     service_args: Mapping[str, Sequence[str]] | None = None,
     trace_dir: Path | None = None,
     consul_addr: str | None = None,
+    hosts: Sequence[str] | None = None,
+    agreement_listen: tuple[str, int] | None = None,
+    node_wrapper: Sequence[str] = (),
 ) -> ClusterState:
     """The cluster's full state before anything runs (pure: touches no file). `consul_addr`
-    names an external Consul; None: the cluster runs its own agreement server."""
+    names an external Consul; None: the cluster runs its own agreement server, on
+    `agreement_listen` (default 127.0.0.1 and the port after the last node's block). `hosts`:
+    node i binds hosts[i-1] (default 127.0.0.1 for all). `node_wrapper` prefixes every command
+    line of a node (its {node} replaced by the node number)."""
+    if hosts is not None and len(hosts) != nodes:
+        raise UsageError(f"--hosts lists {len(hosts)} address(es) for {nodes} node(s)")
+    if consul_addr is not None and agreement_listen is not None:
+        raise UsageError(
+            "--agreement-listen places the cluster's own agreement server; with --consul "
+            "(an external Consul) there is none"
+        )
+    host, port = agreement_listen or (LOOPBACK, agreement_port(base_port, nodes))
     state = ClusterState(
         dir=cluster_dir,
         base_port=base_port,
@@ -450,7 +552,7 @@ def plan_cluster(
         rf=rf,
         nodes=[],
         trace_dir=trace_dir,
-        consul_addr=consul_addr or loopback_addr(agreement_port(base_port, nodes)),
+        consul_addr=consul_addr or f"{host}:{port}",
         cluster_name=cluster_name_of(cluster_dir),
     )
     if consul_addr is None:
@@ -459,11 +561,12 @@ def plan_cluster(
         )
     state.nodes = [
         NodeState(node=i, ports=ports, dir=cluster_dir / f"node{i}", processes={})
-        for i, ports in enumerate(cluster_ports(base_port, nodes), start=1)
+        for i, ports in enumerate(cluster_ports(base_port, nodes, hosts), start=1)
     ]
     for node in state.nodes:
         for service in SERVICES:
-            argv = service_argv(service, state, node, python=python, redis_server=redis_server)
+            argv = wrapper_argv(node_wrapper, node.node)
+            argv += service_argv(service, state, node, python=python, redis_server=redis_server)
             argv += (service_args or {}).get(service, ())
             node.processes[service] = ProcessRecord(argv=argv, log=node.dir / f"{service}.log")
     return state
@@ -479,8 +582,12 @@ def redis_config(node: NodeState) -> str:
         [
             "# Written by `hexmq cluster`; rewritten on every start of the node.",
             f"port {node.ports.redis}",
-            f"bind {LOOPBACK}",
-            "protected-mode yes",
+            f"bind {node.ports.host}",
+            # Protected mode admits clients from 127.0.0.1 and ::1 only. A node on an address
+            # of its own (--hosts) may reach its Redis from that address (the fault suite
+            # gives each node's connections its own source address); Redis listens on a
+            # loopback address either way (--hosts takes 127.0.0.0/8 only).
+            f"protected-mode {'yes' if node.ports.host == LOOPBACK else 'no'}",
             "daemonize no",
             f"dir {_redis_quote(str(node.dir / 'redis'))}",
             f"logfile {_redis_quote(str(node.processes['redis'].log))}",

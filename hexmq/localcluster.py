@@ -32,7 +32,6 @@ from hexmq.clusterstate import (
     child_environment,
     cluster_lock,
     load_state,
-    loopback_addr,
     plan_cluster,
     require_state,
     save_state,
@@ -40,7 +39,6 @@ from hexmq.clusterstate import (
     write_config,
 )
 from hexmq.hashring import partition_of
-from hexmq.procs import LOOPBACK
 
 if TYPE_CHECKING:
     from hexmq.api.membership.v1 import membership_pb2
@@ -71,10 +69,11 @@ class StartFailure(ClusterError):
 # --- starting -------------------------------------------------------------------------------
 
 
-def _ready(service: str, port: int) -> bool:
+def _ready(service: str, node: NodeState) -> bool:
+    port, host = node.ports.of(service), node.ports.host
     if service == "redis":
-        return procs.redis_ready(port)
-    return procs.tcp_accepts(port)
+        return procs.redis_ready(port, host=host)
+    return procs.tcp_accepts(port, host=host)
 
 
 def _check_alive(started: Sequence[tuple[NodeState, str]]) -> None:
@@ -100,11 +99,11 @@ def _spawn(state: ClusterState, node: NodeState, service: str) -> None:
     record.started_at = now
     save_state(state)
     log.info(
-        "node %d: started %s (pid %d, port %d)",
+        "node %d: started %s (pid %d, %s)",
         node.node,
         service,
         record.identity.pid,
-        node.ports.of(service),
+        node.ports.addr(node.ports.of(service)),
     )
 
 
@@ -123,10 +122,10 @@ def _start_layer(
     pending = list(targets)
     while pending:
         _check_alive(started)
-        pending = [n for n in pending if not _ready(service, n.ports.of(service))]
+        pending = [n for n in pending if not _ready(service, n)]
         if pending and time.monotonic() >= deadline:
             node = pending[0]
-            addr = loopback_addr(node.ports.of(service))
+            addr = node.ports.addr(node.ports.of(service))
             raise StartFailure(
                 f"node {node.node} {service} is not serving on {addr} after {timeout:g} s "
                 f"(log: {node.processes[service].log})",
@@ -159,7 +158,7 @@ def agreed_view(
         if not node.processes["membership"].running():
             continue
         try:
-            with grpc.insecure_channel(loopback_addr(node.ports.membership)) as channel:
+            with grpc.insecure_channel(node.ports.addr(node.ports.membership)) as channel:
                 stub = membership_pb2_grpc.MembershipServiceStub(channel)
                 view = stub.GetView(membership_pb2.GetViewRequest(), timeout=timeout)
         except grpc.RpcError:
@@ -207,7 +206,9 @@ def _wait_mqtt(
         still = []
         for edge, master in pending:
             client_id = _client_id_mastered_by(master, table)
-            code = last[edge.node, master] = procs.mqtt_connack(edge.ports.mqtt, client_id)
+            code = last[edge.node, master] = procs.mqtt_connack(
+                edge.ports.mqtt, client_id, host=edge.ports.host
+            )
             if code not in SERVING_CODES:
                 still.append((edge, master))
         pending = still
@@ -216,7 +217,7 @@ def _wait_mqtt(
             code = last.get((edge.node, master))
             answer = "no CONNACK" if code is None else f"CONNACK return code {code}"
             log_path = edge.processes["edge"].log
-            addr = loopback_addr(edge.ports.mqtt)
+            addr = edge.ports.addr(edge.ports.mqtt)
             raise StartFailure(
                 f"node {edge.node} does not accept MQTT clients whose session lives on {master} "
                 f"on {addr} after {timeout:g} s (last answer: {answer}; log: {log_path})",
@@ -225,7 +226,7 @@ def _wait_mqtt(
         if pending:
             time.sleep(0.1)
     for node in targets:
-        addr = loopback_addr(node.ports.mqtt)
+        addr = node.ports.addr(node.ports.mqtt)
         log.info("node %d: accepting MQTT connections on %s", node.node, addr)
 
 
@@ -267,10 +268,8 @@ def _start_agreement(state: ClusterState, timeout: float) -> bool:
     record = state.consul
     if record is None or record.running():
         return False
-    if procs.port_in_use(state.consul_port):
-        raise ClusterError(
-            f"port {state.consul_port} (agreement server) already in use on {LOOPBACK}"
-        )
+    if procs.port_in_use(state.consul_port, state.consul_host):
+        raise ClusterError(f"port(s) already in use: {state.consul_addr} (agreement server)")
     now = datetime.now(UTC).isoformat(timespec="seconds")
     with record.log.open("a") as f:
         f.write(f"---- hexmq cluster: starting consul-dev at {now}: {' '.join(record.argv)}\n")
@@ -278,12 +277,12 @@ def _start_agreement(state: ClusterState, timeout: float) -> bool:
     record.started_at = now
     save_state(state)
     log.info(
-        "agreement server: started consul-dev (pid %d, port %d)",
+        "agreement server: started consul-dev (pid %d, %s)",
         record.identity.pid,
-        state.consul_port,
+        state.consul_addr,
     )
     deadline = time.monotonic() + timeout
-    while not procs.tcp_accepts(state.consul_port):
+    while not procs.tcp_accepts(state.consul_port, host=state.consul_host):
         if not record.running():
             how = procs.describe_exit(record.identity.pid)
             raise StartFailure(
@@ -380,11 +379,16 @@ def up(
     service_args: Mapping[str, Sequence[str]] | None = None,
     trace_dir: Path | None = None,
     consul: str | None = None,
+    hosts: Sequence[str] | None = None,
+    agreement_listen: tuple[str, int] | None = None,
+    node_wrapper: Sequence[str] = (),
 ) -> ClusterState:
     """Start a cluster in `cluster_dir` and wait until every node answers MQTT CONNECT.
     `service_args` adds arguments to a service's command line on every node (e.g.
     {"edge": ["--sys-interval=1"]}). `consul` names an external Consul (HOST:PORT) for the
-    membership agents; None: the cluster starts its own agreement server first."""
+    membership agents; None: the cluster starts its own agreement server first, on
+    `agreement_listen` if given. `hosts`: node i binds every port of it on hosts[i-1].
+    `node_wrapper`: every process of node i runs as `node_wrapper <argv>` ({node} -> i)."""
     validate_cluster_args(nodes=nodes, base_port=base_port, partitions=partitions, rf=rf)
     cluster_dir = cluster_dir.absolute()
     try:
@@ -418,13 +422,17 @@ def up(
             service_args=service_args,
             trace_dir=trace_dir.absolute() if trace_dir else None,
             consul_addr=consul,
+            hosts=hosts,
+            agreement_listen=agreement_listen,
+            node_wrapper=node_wrapper,
         )
         state.served = previous is not None and previous.served
         busy = busy_ports(
-            [n.ports for n in state.nodes], state.consul_port if state.consul else None
+            [n.ports for n in state.nodes],
+            (state.consul_host, state.consul_port) if state.consul else None,
         )
         if busy:
-            raise ClusterError(f"port(s) already in use on {LOOPBACK}: {', '.join(busy)}")
+            raise ClusterError(f"port(s) already in use: {', '.join(busy)}")
         write_config(state)
         save_state(state)
         _start_nodes(state, state.nodes, timeout)
@@ -442,12 +450,12 @@ def start_node(cluster_dir: Path, number: int, *, timeout: float = DEFAULT_TIMEO
         state = require_state(cluster_dir)
         node = state.node(number)
         busy = [
-            f"{node.ports.of(s)} (node {number} {s})"
+            f"{node.ports.addr(node.ports.of(s))} (node {number} {s})"
             for s, r in node.processes.items()
-            if not r.running() and procs.port_in_use(node.ports.of(s))
+            if not r.running() and procs.port_in_use(node.ports.of(s), node.ports.host)
         ]
         if busy:
-            raise ClusterError(f"port(s) already in use on {LOOPBACK}: {', '.join(busy)}")
+            raise ClusterError(f"port(s) already in use: {', '.join(busy)}")
         write_config(state)
         _start_nodes(state, [node], timeout)
         return node
@@ -533,6 +541,7 @@ def node_status(state: ClusterState, node: NodeState) -> dict[str, Any]:
     return {
         "node": node.node,
         "node_id": node.node_id,
+        "host": node.ports.host,
         "mqtt_port": node.ports.mqtt,
         "alive": all(p["alive"] for p in processes.values()),
         "processes": processes,
@@ -547,7 +556,7 @@ def partition_status(node: NodeState, timeout: float = 2.0) -> dict[str, Any]:
     from hexmq.api.partition.v1 import partition_pb2, partition_pb2_grpc
 
     try:
-        with grpc.insecure_channel(f"{LOOPBACK}:{node.ports.partition}") as channel:
+        with grpc.insecure_channel(node.ports.addr(node.ports.partition)) as channel:
             reply = partition_pb2_grpc.PartitionServiceStub(channel).Status(
                 partition_pb2.StatusRequest(), timeout=timeout
             )
@@ -602,7 +611,7 @@ def membership_status(state: ClusterState, timeout: float = 2.0) -> dict[str, An
         if not node.processes["membership"].running():
             continue
         try:
-            with grpc.insecure_channel(loopback_addr(node.ports.membership)) as channel:
+            with grpc.insecure_channel(node.ports.addr(node.ports.membership)) as channel:
                 stub = membership_pb2_grpc.MembershipServiceStub(channel)
                 reply = stub.Status(membership_pb2.MembershipStatusRequest(), timeout=timeout)
         except grpc.RpcError:

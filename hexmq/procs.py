@@ -218,8 +218,8 @@ def log_tail(path: Path, lines: int = 20) -> list[str]:
 # --- ports and readiness probes (loopback only) ---------------------------------------------
 
 
-def port_in_use(port: int) -> bool:
-    """True if a server could not bind 127.0.0.1:port now.
+def port_in_use(port: int, host: str = LOOPBACK) -> bool:
+    """True if a server could not bind host:port (default 127.0.0.1) now.
 
     SO_REUSEADDR like the services' own listeners (asyncio and redis set it), so TIME_WAIT
     leftovers of an earlier run do not count as "in use", while any listener does.
@@ -227,25 +227,25 @@ def port_in_use(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind((LOOPBACK, port))
+            s.bind((host, port))
         except OSError:
             return True
     return False
 
 
-def tcp_accepts(port: int, timeout: float = 0.5) -> bool:
+def tcp_accepts(port: int, timeout: float = 0.5, host: str = LOOPBACK) -> bool:
     try:
-        with socket.create_connection((LOOPBACK, port), timeout=timeout):
+        with socket.create_connection((host, port), timeout=timeout):
             return True
     except OSError:
         return False
 
 
-def redis_ready(port: int, timeout: float = 0.5) -> bool:
+def redis_ready(port: int, timeout: float = 0.5, host: str = LOOPBACK) -> bool:
     """PING answered by +PONG: listening is not enough, Redis answers -LOADING while it
     replays its append-only file, and the partition service would see those errors."""
     try:
-        with socket.create_connection((LOOPBACK, port), timeout=timeout) as s:
+        with socket.create_connection((host, port), timeout=timeout) as s:
             s.sendall(b"PING\r\n")
             return s.recv(64).startswith(b"+PONG")
     except OSError:
@@ -273,15 +273,17 @@ def probe_client_id() -> str:
     return "hexmqprobe" + secrets.token_hex(6)
 
 
-def mqtt_connack(port: int, client_id: str | None = None, timeout: float = 2.0) -> int | None:
-    """CONNECT to 127.0.0.1:port; the CONNACK return code, or None without a valid CONNACK.
+def mqtt_connack(
+    port: int, client_id: str | None = None, timeout: float = 2.0, host: str = LOOPBACK
+) -> int | None:
+    """CONNECT to host:port; the CONNACK return code, or None without a valid CONNACK.
 
     Accepting TCP is not readiness for a broker: only an answered CONNECT shows that the edge
     reached its partition and membership services. Clean session, and by default a fresh
     client id, so the probe never takes over a real client's session.
     """
     try:
-        with socket.create_connection((LOOPBACK, port), timeout=timeout) as s:
+        with socket.create_connection((host, port), timeout=timeout) as s:
             s.sendall(mqtt_connect_packet(client_id or probe_client_id()))
             answer = b""
             while len(answer) < 4:

@@ -88,7 +88,11 @@ def record_view_change(
 ) -> None:
     """The log line, the metrics and the membership.view span of one agreed view change, as
     this agent saw it (every agent counts every change it sees). `began_ns`: when this agent
-    first doubted a node the change removes (unix ns; 0: unknown, the span is an instant)."""
+    first doubted a node the change removes (unix ns; 0: unknown, the span is an instant).
+
+    The span names a lost node only when `new` directly follows `old`: an agent that missed
+    views (cut off from Consul, paused) cannot tell which of them removed the node, and the
+    Spark job's failover timeline would file the loss under the wrong view."""
     log.info("%s", describe(old, new, records))
     m = telemetry.METRICS
     m.view_epoch.set(new.epoch)
@@ -109,10 +113,14 @@ def record_view_change(
         "hexmq.view.partitions_under_replicated": health.under_replicated,
     }
     lost = sorted(
-        {m.node_id for m in old.members} - {m.node_id for m in new.members} if old else set()
+        {m.node_id for m in old.members} - {m.node_id for m in new.members}
+        if old is not None and new.epoch == old.epoch + 1
+        else set()
     )
     if lost:
         attributes[telemetry.Attr.NODE_LOST] = ",".join(lost)
+    else:
+        began_ns = 0  # no loss this agent can vouch for: the span is the installation
     # From the moment this agent first doubted a lost node (when it knows), to now: the span
     # the Spark job's failover timeline measures detection by.
     now_ns = time.time_ns()

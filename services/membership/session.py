@@ -45,9 +45,12 @@ class Reachability:
     """Whether this agent reaches Consul, from every part that talks to it (session, watches,
     writes). Logged once per change of state, not once per failed request."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_restored: Callable[[], None] = lambda: None) -> None:
         self._failing: dict[str, str] = {}
         self._ever_ok = False
+        # Called when Consul answers again after a stretch in which some part found it
+        # unreachable (not on the first answer).
+        self._on_restored = on_restored
 
     @property
     def ok(self) -> bool:
@@ -68,6 +71,8 @@ class Reachability:
             )
         elif self.ok and not was_ok:
             log.info("Consul reachable: node registered, session held, cluster watched")
+            if was_failing:
+                self._on_restored()
 
 
 def lease_at(renewed_at: float | None, ttl_s: float, now: float) -> Lease:

@@ -286,7 +286,6 @@ class PartitionRoles(MasterState):
         """A partition.failover span per partition this node took over from another master:
         from the promotion to serving (the Spark job's failover timeline)."""
         now = time.time_ns()
-        view_epoch = self.view.epoch if self.view is not None else 0
         for p in served:
             began = self._promoted_at.pop(p, now)
             previous = self._previous_master.pop(p, "")
@@ -301,7 +300,11 @@ class PartitionRoles(MasterState):
                     telemetry.Attr.EPOCH: self.mastered[p],
                     telemetry.Attr.NODE: self.node_id,
                     telemetry.Attr.NODE_LOST: previous,
-                    telemetry.Attr.VIEW_EPOCH: view_epoch,
+                    # The view that made the change: a partition's epoch is the view epoch in
+                    # which its master changed. The view this node holds now may be later (it
+                    # applies views that arrive during a load together), and the Spark job
+                    # files failovers under this epoch.
+                    telemetry.Attr.VIEW_EPOCH: self.mastered[p],
                 },
             )
 

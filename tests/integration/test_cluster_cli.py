@@ -60,9 +60,9 @@ def client_id_mastered_by(node_id: str, nodes: int = 2) -> str:
     )
 
 
-def agreed_view(membership_port: int) -> mpb.View:
+def agreed_view(membership_port: int, host: str = "127.0.0.1") -> mpb.View:
     """The view a node's membership agent serves (GetView)."""
-    with grpc.insecure_channel(f"127.0.0.1:{membership_port}") as channel:
+    with grpc.insecure_channel(f"{host}:{membership_port}") as channel:
         stub = mpb_grpc.MembershipServiceStub(channel)
         view: mpb.View = stub.GetView(mpb.GetViewRequest(), timeout=5)
         return view
@@ -409,12 +409,61 @@ def test_up_with_an_external_consul_starts_no_agreement_server(
         server.wait(timeout=10)
 
 
-def _accepts(port: int) -> bool:
+def _accepts(port: int, host: str = "127.0.0.1") -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
+        with socket.create_connection((host, port), timeout=1):
             return True
     except OSError:
         return False
+
+
+def _environ(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+
+
+@pytest.mark.timeout(120)
+def test_up_with_hosts_binds_each_node_on_its_address(hexmq_cluster: ClusterFactory) -> None:
+    """--hosts: every port of node i on the i-th loopback address (nothing of it on
+    127.0.0.1), the agreement server on --agreement-listen, every process of a node under the
+    --node-wrapper; `kill` + `start` bring the node back on its address, wrapped again."""
+    listen_port = pick_base_port(1)
+    cluster = hexmq_cluster(
+        nodes=2,
+        extra=[
+            *("--hosts", "127.0.0.2,127.0.0.3"),
+            *("--agreement-listen", f"127.0.0.4:{listen_port}"),
+            *("--node-wrapper", "env HEXMQ_TEST_WRAPPED=node{node}"),
+        ],
+    )
+    assert [(n["node_id"], n["host"]) for n in cluster.nodes] == [
+        ("n1", "127.0.0.2"),
+        ("n2", "127.0.0.3"),
+    ]
+    for i, host in ((1, "127.0.0.2"), (2, "127.0.0.3")):
+        node = cluster.node(i)
+        for port in (node["mqtt_port"], node["redis_port"], node["partition_port"]):
+            assert _accepts(port, host), (i, port)
+            assert not _accepts(port, "127.0.0.1"), (i, port)
+        for pid in cluster.pids(i).values():
+            assert f"HEXMQ_TEST_WRAPPED=node{i}" in _environ(pid)
+    assert _accepts(listen_port, "127.0.0.4")
+    assert not _accepts(listen_port, "127.0.0.1")
+    status = cluster.status()
+    assert status["agreement"]["addr"] == f"127.0.0.4:{listen_port}"
+    assert [n["host"] for n in status["nodes"]] == ["127.0.0.2", "127.0.0.3"]
+    # The view carries the addresses the nodes reach each other by.
+    view = agreed_view(cluster.node(1)["membership_port"], "127.0.0.2")
+    addrs = {m.node_id: m.partition_addr for m in view.members}
+    assert addrs == {
+        "n1": f"127.0.0.2:{cluster.node(1)['partition_port']}",
+        "n2": f"127.0.0.3:{cluster.node(2)['partition_port']}",
+    }
+    cluster.kill(2)
+    cluster.start(2)
+    assert cluster.node(2)["host"] == "127.0.0.3"
+    assert _accepts(cluster.mqtt_port(2), "127.0.0.3")
+    for pid in cluster.pids(2).values():
+        assert "HEXMQ_TEST_WRAPPED=node2" in _environ(pid)
 
 
 # ----- hexmq passwd, and clusters with a password file --------------------------------------

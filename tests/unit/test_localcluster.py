@@ -75,6 +75,20 @@ def test_port_scheme_fits_up_to_the_last_valid_base_port() -> None:
         (["--rf", "0"], "--rf: must be at least 1"),
         (["--partitions", "0"], "--partitions: must be at least 1"),
         (["--timeout", "0"], "--timeout: must be more than 0"),
+        (["--hosts", "127.0.0.2,localhost"], "--hosts: 'localhost' is not an IPv4 address"),
+        (["--hosts", "127.0.0.2,10.0.0.3"], "--hosts: 10.0.0.3 is not a loopback address"),
+        (["--hosts", "127.0.0.2,127.0.0.2"], "--hosts: 127.0.0.2 listed more than once"),
+        (["--hosts", "127.0.0.2,127.0.0.3", "--nodes", "3"], "lists 2 address(es) for --nodes 3"),
+        (["--agreement-listen", "127.0.0.4"], "--agreement-listen must be HOST:PORT"),
+        (["--agreement-listen", "127.0.0.4:0"], "--agreement-listen port must be 1-65535"),
+        (["--agreement-listen", "192.168.1.2:8500"], "192.168.1.2 is not a loopback address"),
+        (
+            ["--agreement-listen", "127.0.0.4:8500", "--consul", "127.0.0.1:8500"],
+            "with --consul (or CONSUL_HTTP_ADDR: an external Consul) there is none",
+        ),
+        (["--node-wrapper", "no-such-command-hexmq -x"], "'no-such-command-hexmq' not found"),
+        (["--node-wrapper", "nice 'unclosed"], "--node-wrapper: No closing quotation"),
+        (["--node-wrapper", " "], "--node-wrapper: empty command"),
     ],
 )
 def test_up_rejects_bad_arguments_with_one_line_and_exit_2(
@@ -167,7 +181,7 @@ def test_up_fails_on_a_port_in_use_and_starts_nothing(
     code = cli.main(argv)
     err = capsys.readouterr().err
     assert code == 1
-    assert f"{taken} (node 2 {service})" in err
+    assert f"127.0.0.1:{taken} (node 2 {service})" in err
     assert "already in use" in err
     assert len(err.strip().splitlines()) == 1, err
     assert not (cluster_dir / clusterstate.STATE_FILE).exists()
@@ -184,7 +198,7 @@ def test_up_fails_on_the_agreement_servers_port_in_use(
     cluster_dir = tmp_path / "c"
     argv = ["cluster", "up", "--nodes", "2", "--dir", str(cluster_dir), "--base-port", str(base)]
     assert cli.main(argv) == 1
-    assert f"already in use on 127.0.0.1: {taken} (agreement server)" in capsys.readouterr().err
+    assert f"already in use: 127.0.0.1:{taken} (agreement server)" in capsys.readouterr().err
     assert running_processes(cluster_dir) == []
 
 
@@ -305,6 +319,89 @@ def test_plan_passes_the_service_flags_exactly(tmp_path: Path) -> None:
         "protected-mode yes",
     ):
         assert line in conf
+
+
+def test_plan_places_each_node_on_its_host_and_wraps_its_command_lines(tmp_path: Path) -> None:
+    state = clusterstate.plan_cluster(
+        tmp_path,
+        nodes=2,
+        base_port=30000,
+        partitions=64,
+        rf=1,
+        python="py",
+        redis_server="rs",
+        hosts=["127.0.0.2", "127.0.0.3"],
+        agreement_listen=("127.0.0.4", 8600),
+        node_wrapper=["/usr/bin/env", "NODE={node}", "nice"],
+    )
+    n2 = state.nodes[1]
+    assert n2.ports.host == "127.0.0.3"
+    assert n2.ports.addr(n2.ports.mqtt) == "127.0.0.3:30001"  # the port scheme is unchanged
+    assert state.consul_addr == "127.0.0.4:8600"
+    assert (state.consul_host, state.consul_port) == ("127.0.0.4", 8600)
+    assert state.consul is not None
+    assert "127.0.0.4:8600" in state.consul.argv  # no wrapper on the agreement server
+    procs_of_n2 = n2.processes
+    for service in clusterstate.SERVICES:
+        assert procs_of_n2[service].argv[:3] == ["/usr/bin/env", "NODE=2", "nice"], service
+    assert procs_of_n2["redis"].argv[3:] == ["rs", str(tmp_path / "node2" / "redis.conf")]
+    assert procs_of_n2["membership"].argv[7:] == [
+        *("membership", "--node-id", "n2", "--metrics-listen", "127.0.0.3:31015"),
+        *("--listen", "127.0.0.3:31011"),
+        *("--consul", "127.0.0.4:8600", "--cluster", tmp_path.name),
+        *("--partition-addr", "127.0.0.3:31012", "--mqtt-addr", "127.0.0.3:30001"),
+        *("--expect", "2", "--partitions", "64", "--rf", "1"),
+    ]
+    assert procs_of_n2["partition"].argv[7:] == [
+        *("partition", "--node-id", "n2", "--metrics-listen", "127.0.0.3:31014"),
+        *("--listen", "127.0.0.3:31012"),
+        *("--redis", "redis://127.0.0.3:31010/0", "--membership", "127.0.0.3:31011"),
+    ]
+    assert procs_of_n2["edge"].argv[7:] == [
+        *("edge", "--node-id", "n2", "--metrics-listen", "127.0.0.3:31013"),
+        *("--listen", "127.0.0.3:30001"),
+        *("--membership", "127.0.0.3:31011"),
+    ]
+    conf = clusterstate.redis_config(n2).splitlines()
+    assert "bind 127.0.0.3" in conf
+    assert "protected-mode no" in conf  # its clients may come from 127.0.0.3, not 127.0.0.1
+    assert state.nodes[0].processes["edge"].argv[1] == "NODE=1"
+    # The hosts survive cluster.json (`start` finds the node where it was).
+    clusterstate.save_state(state)
+    loaded = clusterstate.load_state(tmp_path)
+    assert loaded is not None
+    assert loaded.to_json() == state.to_json()
+    assert [n.ports.host for n in loaded.nodes] == ["127.0.0.2", "127.0.0.3"]
+    assert loaded.summary()["nodes"][1]["host"] == "127.0.0.3"
+
+
+def test_plan_refuses_hosts_that_do_not_match_the_nodes_and_a_listen_with_consul(
+    tmp_path: Path,
+) -> None:
+    shape = {"base_port": 30000, "partitions": 8, "rf": 1, "python": "py", "redis_server": "rs"}
+    with pytest.raises(clusterstate.UsageError, match="lists 1 address"):
+        clusterstate.plan_cluster(tmp_path, nodes=2, hosts=["127.0.0.2"], **shape)  # type: ignore[arg-type]
+    with pytest.raises(clusterstate.UsageError, match="with --consul"):
+        clusterstate.plan_cluster(
+            tmp_path,
+            nodes=1,
+            consul_addr="127.0.0.1:8500",
+            agreement_listen=("127.0.0.4", 8500),
+            **shape,  # type: ignore[arg-type]
+        )
+
+
+def test_a_state_file_without_hosts_reads_as_127_0_0_1(tmp_path: Path) -> None:
+    state = clusterstate.plan_cluster(
+        tmp_path, nodes=1, base_port=30000, partitions=8, rf=1, python="py", redis_server="rs"
+    )
+    doc = state.to_json()
+    for node in doc["nodes"]:
+        del node["host"]  # as written before --hosts existed
+    (tmp_path / clusterstate.STATE_FILE).write_text(json.dumps(doc))
+    loaded = clusterstate.load_state(tmp_path)
+    assert loaded is not None
+    assert loaded.nodes[0].ports.host == "127.0.0.1"
 
 
 # --- process identity -----------------------------------------------------------------------

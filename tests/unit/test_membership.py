@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import socket
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -567,6 +568,50 @@ def test_a_view_change_is_counted_and_traced(tmp_path: Path) -> None:
     lines = "".join(p.read_text() for p in tmp_path.glob("*.jsonl"))
     assert '"membership.view"' in lines
     assert '"hexmq.view.previous_epoch"' in lines
+
+
+def _view_spans(trace_dir: Path) -> list[dict[str, object]]:
+    """The membership.view spans written to trace_dir: their attributes, start and end."""
+    spans = []
+    for path in trace_dir.glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            for rs in json.loads(line)["resourceSpans"]:
+                for ss in rs["scopeSpans"]:
+                    for sp in ss["spans"]:
+                        if sp["name"] != "membership.view":
+                            continue
+                        attrs = {
+                            a["key"]: next(iter(a["value"].values())) for a in sp["attributes"]
+                        }
+                        spans.append(
+                            {
+                                **attrs,
+                                "start": int(sp["startTimeUnixNano"]),
+                                "end": int(sp["endTimeUnixNano"]),
+                            }
+                        )
+    return spans
+
+
+def test_a_view_span_names_a_lost_node_only_when_it_follows_the_last_view(
+    tmp_path: Path,
+) -> None:
+    """An agent that missed views (it was cut off from Consul: 4 -> 6) cannot say which one
+    removed n2; naming it under 6 would file the loss under the wrong view in the Spark job's
+    failover timeline (found by the fault suite's trace cross-check, seed 1218)."""
+    tracing = telemetry.setup_tracing("membership", "n1", trace_dir=tmp_path)
+    began = time.time_ns() - 2_000_000_000
+    try:
+        record_view_change(tracing, "n1", view(4), view(5, members=("n1", "n3")), [], began)
+        record_view_change(tracing, "n1", view(4), view(6, members=("n1", "n3")), [], began)
+    finally:
+        tracing.shutdown()
+    by_epoch = {span["hexmq.view.epoch"]: span for span in _view_spans(tmp_path)}
+    assert by_epoch["5"]["hexmq.node.lost"] == "n2"
+    assert by_epoch["5"]["start"] == began  # from the first doubt
+    assert "hexmq.node.lost" not in by_epoch["6"]
+    assert by_epoch["6"]["hexmq.view.previous_epoch"] == "4"
+    assert by_epoch["6"]["start"] == by_epoch["6"]["end"]  # no doubt to vouch for
 
 
 async def test_an_agent_whose_loop_dies_asks_to_stop(tmp_path: Path) -> None:

@@ -399,3 +399,40 @@ async def test_a_qos1_publish_sent_again_is_answered_without_being_written_twice
     origin = publish_origin(c.edge.link, pb.EdgeCommand(command_id=7))
     last = c.rep.mastered[P].log.entries[-1]
     assert list(last.origins) == [origin, publish_origin(c.edge.link, pb.EdgeCommand(command_id=8))]
+
+
+class SpanRecorder:
+    """Stands in for the node's tracing: the spans recorded, by name."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[str, dict[str, object]]] = []
+
+    def record(self, name: str, start_ns: int, end_ns: int, attributes: dict[str, object]) -> None:
+        self.spans.append((name, attributes))
+
+    def __getattr__(self, name: str) -> object:
+        raise AttributeError(name)
+
+
+async def test_a_failover_span_names_the_view_that_made_the_change() -> None:
+    """n1 takes P over at view 3 and finishes loading it only after view 4 arrived: its
+    partition.failover span is filed under view 3, where P's master changed (the Spark job's
+    failover timeline groups by it; found by the fault suite's trace cross-check, seed 1218)."""
+    c = Cluster()
+    recorder = SpanRecorder()
+    c.node.tracing = recorder  # type: ignore[assignment]
+    c.take(view(1, master="n2"))
+    c.take(view(3, master="n1"))
+    later = view(3, master="n1")
+    later.epoch = 4
+    later.partitions[0].epoch = 4  # another partition changed at 4; P stays at 3
+    later.partitions[0].replicas[:] = ["n1", "n2"]
+    c.take(later)
+    await c.loaded()
+    failovers = {
+        a["hexmq.partition"]: a for name, a in recorder.spans if name == "partition.failover"
+    }
+    assert failovers[0]["hexmq.view.epoch"] == 4  # partition 0 moved to n1 at view 4
+    assert failovers[P]["hexmq.partition.epoch"] == 3
+    assert failovers[P]["hexmq.view.epoch"] == 3
+    assert failovers[P]["hexmq.node.lost"] == "n2"

@@ -1,0 +1,176 @@
+"""Nemeses and their schedules: which fault, when, for how long, against whom. Pure.
+
+A schedule is a function of a seed (and the kinds allowed, the run's length and size): the
+same seed gives the same faults at the same times, so `python -m tests.faults run --seed S`
+replays a run. Faults come one at a time, each healed before a quiet period and the next.
+Whom a fault hits is decided when it starts, from the agreed view at that moment (`targets`):
+"the master of partition p" means the node that masters it then. The view can differ between
+a run and its replay when timing differs, but the schedule, the partition and every other
+random choice do not.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tests.faults.netns import ring
+
+# kind -> (shortest, longest) seconds the fault lasts before it is healed.
+DURATIONS: dict[str, tuple[float, float]] = {
+    "kill-master": (4.0, 12.0),  # kill -9 of the node mastering a partition, restarted after
+    "kill-follower": (4.0, 12.0),  # kill -9 of a node that only follows that partition
+    "kill-majority": (4.0, 10.0),  # kill -9 of a majority of the nodes at once
+    "pause": (3.0, 12.0),  # SIGSTOP of every process of a node, past the failure timeout
+    "isolate": (4.0, 20.0),  # one node cut from every other and from the agreement server
+    "halves": (4.0, 20.0),  # the nodes split in two, the agreement server on one side
+    "ring": (4.0, 16.0),  # a majority ring (5 nodes or more)
+    "cut-agreement": (6.0, 25.0),  # one node cut from the agreement server only
+    "one-way": (4.0, 16.0),  # one node cannot send to the others (or receive from them)
+    "agreement-restart": (3.0, 15.0),  # kill -9 of the agreement server, restarted after
+    "redis-kill": (3.0, 10.0),  # kill -9 of one node's Redis, restarted after
+    "clock-jump": (5.0, 15.0),  # one node's wall clock steps, and steps back after
+}
+NETWORK = frozenset({"isolate", "halves", "ring", "cut-agreement", "one-way"})
+KILLS = frozenset({"kill-master", "kill-follower", "kill-majority"})
+# How far a clock jumps (seconds, either way).
+CLOCK_JUMPS = (30, 120, 600, 3600)
+
+
+@dataclass(frozen=True)
+class Fault:
+    index: int
+    kind: str
+    at: float  # seconds after the workload started
+    duration: float
+    pick: int  # the random number `targets` turns into nodes, fixed by the seed
+    jump_s: int = 0  # clock-jump: how far (+ forward, - back)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def kinds_for(nodes: int, kinds: Sequence[str] | None = None) -> list[str]:
+    """The kinds a cluster of `nodes` nodes can take (a ring needs five)."""
+    chosen = list(DURATIONS) if kinds is None else list(kinds)
+    unknown = [k for k in chosen if k not in DURATIONS]
+    if unknown:
+        raise ValueError(f"unknown nemesis {', '.join(unknown)}; known: {', '.join(DURATIONS)}")
+    if nodes < 5:
+        chosen = [k for k in chosen if k != "ring"]
+    if not chosen:
+        raise ValueError(f"no nemesis left for {nodes} nodes")
+    return chosen
+
+
+def schedule(
+    seed: int,
+    kinds: Sequence[str],
+    length: float,
+    *,
+    first_at: float = 4.0,
+    quiet: tuple[float, float] = (5.0, 9.0),
+) -> list[Fault]:
+    """Faults from `first_at` until `length` seconds (the last one may end after it), one at
+    a time, with a quiet period drawn from `quiet` after each."""
+    rng = random.Random(seed)
+    faults: list[Fault] = []
+    t = first_at
+    while t < length:
+        kind = rng.choice(list(kinds))
+        low, high = DURATIONS[kind]
+        duration = round(rng.uniform(low, high), 1)
+        jump = rng.choice(CLOCK_JUMPS) * rng.choice((1, -1)) if kind == "clock-jump" else 0
+        faults.append(Fault(len(faults), kind, round(t, 1), duration, rng.getrandbits(31), jump))
+        t += duration + rng.uniform(*quiet)
+    return faults
+
+
+@dataclass
+class Targets:
+    """What a fault does, in nodes (numbers, 1-based) and address groups."""
+
+    nodes: list[int] = field(default_factory=list)  # killed, paused, cut off, clock jumped
+    partition: int | None = None  # kill-master / kill-follower: the partition chosen
+    # Network faults: node groups (the agreement server as node 0) cut from each other.
+    groups: list[list[int]] = field(default_factory=list)
+    # Network faults: (from, to) node pairs cut one way (0: the agreement server).
+    one_way: list[tuple[int, int]] = field(default_factory=list)
+    # The nodes on the minority side (G7: their clients must stay connected).
+    minority: list[int] = field(default_factory=list)
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+AGREEMENT = 0
+
+
+def targets(fault: Fault, nodes: Sequence[int], table: Sequence[Sequence[int]]) -> Targets:
+    """The nodes a fault hits, given the live nodes and the agreed table (per partition its
+    replicas, master first, as node numbers). Deterministic in fault.pick."""
+    rng = random.Random(fault.pick)
+    live = sorted(nodes)
+    n = len(live)
+    majority = n // 2 + 1
+    kind = fault.kind
+    if kind in ("kill-master", "kill-follower"):
+        candidates = [p for p, replicas in enumerate(table) if replicas and replicas[0] in live]
+        if not candidates:
+            return Targets(note="no partition has a live master")
+        p = rng.choice(candidates)
+        replicas = [r for r in table[p] if r in live]
+        if kind == "kill-master":
+            return Targets(nodes=[replicas[0]], partition=p)
+        followers = replicas[1:]
+        if not followers:
+            return Targets(partition=p, note=f"partition {p} has no live follower")
+        return Targets(nodes=[rng.choice(followers)], partition=p)
+    if kind == "kill-majority":
+        return Targets(nodes=sorted(rng.sample(live, majority)))
+    if kind in ("pause", "redis-kill", "clock-jump"):
+        return Targets(nodes=[rng.choice(live)])
+    if kind == "isolate":
+        node = rng.choice(live)
+        rest = [x for x in live if x != node]
+        return Targets(nodes=[node], groups=[[node], [*rest, AGREEMENT]], minority=[node])
+    if kind == "halves":
+        order = list(live)
+        rng.shuffle(order)
+        small, large = sorted(order[: n // 2]), sorted(order[n // 2 :])
+        agreement_with_small = rng.random() < 0.5
+        if agreement_with_small:
+            groups = [[*small, AGREEMENT], large]
+        else:
+            groups = [small, [*large, AGREEMENT]]
+        where = "minority" if agreement_with_small else "majority"
+        return Targets(
+            nodes=small, groups=groups, minority=small, note=f"agreement server on the {where}"
+        )
+    if kind == "ring":
+        order = list(live)
+        rng.shuffle(order)
+        cuts = ring(order)
+        pairs = [*cuts, *((b, a) for a, b in cuts)]
+        return Targets(nodes=order, one_way=sorted(pairs), note=f"ring order {order}")
+    if kind == "cut-agreement":
+        node = rng.choice(live)
+        return Targets(
+            nodes=[node], one_way=[(node, AGREEMENT), (AGREEMENT, node)], minority=[node]
+        )
+    if kind == "one-way":
+        node = rng.choice(live)
+        others = [x for x in live if x != node]
+        if rng.random() < 0.5:
+            return Targets(
+                nodes=[node], one_way=[(node, o) for o in others], note="cannot send to the others"
+            )
+        return Targets(
+            nodes=[node], one_way=[(o, node) for o in others], note="cannot hear from the others"
+        )
+    if kind == "agreement-restart":
+        return Targets()
+    raise ValueError(f"unknown nemesis {kind!r}")

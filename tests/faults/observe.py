@@ -1,0 +1,270 @@
+"""What the cluster does during and after a fault run, observed from outside.
+
+- `EpochWatch`: every few hundred ms, each node's partition service says which partitions it
+  masters and at which epoch (PartitionService.Status); two nodes claiming one partition at
+  one epoch is a split brain (G7: no partition has two masters accepting writes in one epoch).
+- `ViewRecorder`: every view the agreement server holds, as it changes (blocking queries on the
+  view key), with what each change did: members lost and added, partitions whose master
+  changed and how (failover: the old master left; handover: it stayed). The trace
+  cross-check compares it with the Spark job's failover timeline.
+- `wait_converged`: after the heal, until the agreed view has every node, every partition its
+  RF replicas all in sync, every agent on that view, and every follower caught up.
+- `divergence`: then, per partition of the agreed table, every replica's Redis copy against
+  its master's (as tests/integration/test_replication.py's assert_converged does), and copies
+  left on nodes that are no replica.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from hexmq.api.membership.v1 import membership_pb2 as mpb
+from services.membership.plan import failover_records
+from tests.faults.cluster import FaultCluster
+
+
+class EpochWatch:
+    def __init__(self, cluster: FaultCluster, interval: float = 0.3) -> None:
+        self.cluster = cluster
+        self.interval = interval
+        # (partition, epoch) -> nodes seen mastering it; and when first seen per node
+        self.claims: dict[tuple[int, int], dict[int, float]] = defaultdict(dict)
+        self.polls = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="epoch-watch", daemon=True)
+        self._pool = ThreadPoolExecutor(max_workers=len(cluster.nodes) or 1)
+        self.t0 = time.monotonic()
+
+    def start(self, t0: float) -> None:
+        self.t0 = t0
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(10)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _poll(self, node: int) -> None:
+        reply = self.cluster.partition_status(node, timeout=0.5)
+        if reply is None:
+            return
+        now = time.monotonic() - self.t0
+        for ps in reply.partitions:
+            if ps.role == "master":
+                self.claims[(ps.partition, ps.epoch)].setdefault(node, now)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            futures = [self._pool.submit(self._poll, n) for n in self.cluster.nodes]
+            for f in futures:
+                try:
+                    f.result(timeout=5)
+                except Exception:  # a node that does not answer is simply not seen
+                    pass
+            self.polls += 1
+
+    def conflicts(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "partition": p,
+                "epoch": e,
+                "masters": {f"n{n}": round(t, 3) for n, t in nodes.items()},
+            }
+            for (p, e), nodes in sorted(self.claims.items())
+            if len(nodes) > 1
+        ]
+
+
+def view_change(old: mpb.View | None, new: mpb.View) -> dict[str, Any]:
+    """What one view change did: members lost and added, and the partitions that changed
+    hands (the agents' own records, services/membership/plan.py: failover, handover, offline,
+    restored)."""
+    before = {m.node_id for m in old.members} if old else set()
+    after = {m.node_id for m in new.members}
+    records = failover_records(old, new, 0) if old is not None else []
+    return {
+        "epoch": new.epoch,
+        "members": sorted(after),
+        "lost": sorted(before - after),
+        "added": sorted(after - before) if old else [],
+        "moves": [
+            {
+                "partition": r.partition,
+                "from": r.from_node,
+                "to": r.to_node,
+                "epoch": r.epoch,
+                "kind": r.kind,
+            }
+            for r in records
+        ],
+    }
+
+
+class ViewRecorder:
+    """Follows the view key with blocking queries; each new epoch with when it was seen (s
+    after t0). Epochs the recorder never saw (two changes between two of its reads, or the
+    agreement server down) are listed in `missed`."""
+
+    def __init__(self, cluster: FaultCluster) -> None:
+        self.cluster = cluster
+        self.changes: list[dict[str, Any]] = []
+        self.missed: list[int] = []
+        self._last: mpb.View | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="view-recorder", daemon=True)
+        self.t0 = time.monotonic()
+
+    def start(self, t0: float) -> None:
+        self.t0 = t0
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(10)
+
+    def _run(self) -> None:
+        index = 0
+        url = f"http://{self.cluster.agreement}/v1/kv/hexmq/{self.cluster.cluster_name}/view"
+        while not self._stop.is_set():
+            try:
+                with urllib.request.urlopen(f"{url}?raw&index={index}&wait=2s", timeout=5) as r:
+                    index = int(r.headers.get("X-Consul-Index", index))
+                    view = mpb.View.FromString(r.read())
+            except (urllib.error.URLError, OSError, ValueError):
+                index = 0
+                self._stop.wait(0.2)
+                continue
+            self._seen(view)
+
+    def _seen(self, view: mpb.View) -> None:
+        last = self._last
+        if last is not None and view.epoch <= last.epoch:
+            return
+        if last is not None and view.epoch > last.epoch + 1:
+            self.missed += list(range(last.epoch + 1, view.epoch))
+        change = view_change(last, view)
+        change["at"] = round(time.monotonic() - self.t0, 3)
+        self.changes.append(change)
+        self._last = view
+
+
+@dataclass
+class Convergence:
+    converged: bool
+    seconds: float
+    reason: str = ""
+    view_epoch: int = 0
+
+
+def _view_problem(view: mpb.View | None, nodes: int, rf: int) -> str:
+    if view is None:
+        return "no view (the agreement server does not answer)"
+    members = sorted(m.node_id for m in view.members)
+    wanted = [f"n{i}" for i in range(1, nodes + 1)]
+    if members != wanted:
+        return f"view {view.epoch} has members {members}"
+    for pa in view.partitions:
+        if len(pa.replicas) != rf:
+            return f"partition {pa.partition} has replicas {list(pa.replicas)}"
+        if sorted(pa.in_sync) != sorted(pa.replicas):
+            return f"partition {pa.partition} in sync {list(pa.in_sync)} of {list(pa.replicas)}"
+        if pa.handover_to:
+            return f"partition {pa.partition} moving to {pa.handover_to}"
+    return ""
+
+
+def wait_converged(cluster: FaultCluster, rf: int, timeout: float) -> Convergence:
+    start = time.monotonic()
+    reason = "not checked"
+    epoch = 0
+    while time.monotonic() - start < timeout:
+        view = cluster.stored_view()
+        reason = _view_problem(view, len(cluster.nodes), rf)
+        if not reason and view is not None:
+            epoch = view.epoch
+            reason = _nodes_problem(cluster, view)
+            if not reason:
+                return Convergence(True, time.monotonic() - start, "", epoch)
+        time.sleep(0.5)
+    return Convergence(False, time.monotonic() - start, reason, epoch)
+
+
+def _nodes_problem(cluster: FaultCluster, view: mpb.View) -> str:
+    for node in cluster.nodes:
+        seen = cluster.node_view(node)
+        if seen is None or seen.epoch != view.epoch:
+            return f"n{node}'s agent is on view {seen.epoch if seen else None}, not {view.epoch}"
+    masters = {pa.partition: (pa.replicas[0], pa.epoch) for pa in view.partitions}
+    for node, reply in cluster.all_status().items():
+        if reply is None:
+            return f"n{node}'s partition service does not answer"
+        for ps in reply.partitions:
+            master, epoch = masters[ps.partition]
+            if ps.role == "master":
+                if master != f"n{node}" or ps.epoch != epoch:
+                    return f"n{node} masters p{ps.partition} at {ps.epoch} (view: {master})"
+                behind = [f.node_id for f in ps.followers if f.lag or not f.in_sync]
+                if behind:
+                    return f"p{ps.partition}: followers {behind} behind n{node}"
+    return ""
+
+
+@dataclass
+class Divergence:
+    checked: int = 0  # partitions compared
+    differing: list[dict[str, Any]] = field(default_factory=list)
+    stale_copies: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "partitions_checked": self.checked,
+            "differing": self.differing,
+            "stale_copies": self.stale_copies,
+        }
+
+
+def _differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    keys = sorted(set(a) | set(b))
+    return [k for k in keys if a.get(k) != b.get(k)]
+
+
+def divergence(cluster: FaultCluster, view: mpb.View, attempts: int = 3) -> Divergence:
+    """Compare every replica's copy of every partition with its master's; a difference must
+    persist over `attempts` reads a second apart (writes of the drain may still be on their way
+    to a follower)."""
+    result = Divergence()
+    for pa in view.partitions:
+        replicas = [cluster.node_number(r) for r in pa.replicas]
+        others = [n for n in cluster.nodes if n not in replicas]
+        result.checked += 1
+        for attempt in range(attempts):
+            master = cluster.redis_dump(replicas[0], pa.partition)
+            diffs = []
+            for follower in replicas[1:]:
+                copy = cluster.redis_dump(follower, pa.partition)
+                keys = _differences(master, copy)
+                if keys:
+                    diffs.append(
+                        {"partition": pa.partition, "node": f"n{follower}", "keys": keys[:8]}
+                    )
+            if not diffs:
+                break
+            if attempt == attempts - 1:
+                result.differing += diffs
+            time.sleep(1.0)
+        for node in others:
+            left = cluster.redis_dump(node, pa.partition)
+            if left:
+                result.stale_copies.append(
+                    {"partition": pa.partition, "node": f"n{node}", "keys": sorted(left)[:8]}
+                )
+    return result
