@@ -14,6 +14,12 @@ its PartitionTarget to serve the group. Routes are cached per topic with their c
 cached route never pins a group's messages to one partition. A QoS 2 routing places each group
 by its claim's origin id instead of in turn, so that a retried routing of the claim picks the
 partition the first attempt picked (while the group's partitions and their state are the same).
+
+Besides the index, a route honours what this edge's own clients asked for and have not had
+answered (services/edge/pending_subscriptions.py): the partition of a session whose SUBSCRIBE
+is on its way is a target where its filters match, and a shared group's partition whose member
+is unsubscribing is that group's last choice. So a publish this edge reads after a SUBSCRIBE
+reaches it, as on a single broker.
 """
 
 from __future__ import annotations
