@@ -214,6 +214,8 @@ class ClientConnection(ConnectHandling, InboundQos2Handling, SubscribeHandling, 
         retained = router.retained_route(packet.topic) if packet.retain else None
         if packet.qos == 0:
             commands = publish_commands(self.client_id, packet, route.targets, retained)
+            if retained is not None:
+                router.routed_retained(commands[0][1].publish.message)
             if span is not None:
                 tracer.stamp(span, commands)
             for node, cmd in commands:
@@ -239,6 +241,8 @@ class ClientConnection(ConnectHandling, InboundQos2Handling, SubscribeHandling, 
         if not self._count_in():
             return
         commands = publish_commands(self.client_id, packet, route.targets, retained)
+        if retained is not None:
+            router.routed_retained(commands[0][1].publish.message)
         done = self._publish_done(pid, len(commands), span)
         if span is not None:
             tracer.stamp(span, commands)

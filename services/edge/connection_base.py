@@ -191,6 +191,11 @@ class ConnectionBase(asyncio.Protocol):
 
     # ----- helpers ----------------------------------------------------------------------
 
+    def _session_partition(self) -> int:
+        route = self.route
+        assert route is not None
+        return route.partition
+
     def _session_request(self, cmd: pb.EdgeCommand, callback: Callable[[pb.Result], None]) -> None:
         route = self.route
         assert route is not None

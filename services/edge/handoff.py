@@ -55,6 +55,8 @@ def publish_will(router: Router, dispatcher: Dispatcher, will: pb.PublishWill) -
         return
     retained = router.retained_route(msg.topic) if msg.retain else None
     commands = message_commands(lambda m: m.CopyFrom(msg), route.targets, retained)
+    if retained is not None:
+        router.routed_retained(msg)
     session = router.session_partition(will.client_id)
     confirm = pb.EdgeCommand(
         will_published=pb.WillPublished(client_id=will.client_id, will_id=will.will_id),

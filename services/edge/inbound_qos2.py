@@ -97,6 +97,8 @@ class InboundQos2Handling(ConnectionBase):
             self._record_qos2(pid, None, reason, span)
             return
         commands = publish_commands(self.client_id, packet, route.targets, retained)
+        if retained is not None:
+            self.edge.router.routed_retained(commands[0][1].publish.message)
         routed = carry_origin(origin, commands)
         failures: list[pb.Result] = []
         remaining = len(commands)

@@ -11,6 +11,7 @@ from hexmq.api.common.v1 import common_pb2 as cpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.topics import SHARED_PREFIX, topic_matches
 from services.edge.links import PartitionLink
+from services.edge.pending_subscriptions import PendingSubscriptions, RetainedWatch
 
 log = logging.getLogger(__name__)
 
@@ -27,10 +28,22 @@ def wanted(
     return [
         (spec, qos)
         for spec, qos, had in zip(specs, granted, existed, strict=False)
-        if qos < 0x80
-        and (spec.retain_handling == 0 or (spec.retain_handling == 1 and not had))
-        and not spec.filter.startswith(SHARED_PREFIX)
+        if qos < 0x80 and may_want(spec) and (spec.retain_handling == 0 or not had)
     ]
+
+
+def may_want(spec: pb.SubscriptionSpec) -> bool:
+    """Whether a subscription may get retained messages once granted (`wanted` decides)."""
+    return spec.retain_handling != 2 and not spec.filter.startswith(SHARED_PREFIX)
+
+
+def watch(
+    pending: PendingSubscriptions, specs: Sequence[pb.SubscriptionSpec]
+) -> RetainedWatch | None:
+    """A SUBSCRIBE's watch of the retained messages routed before its own are gathered (see
+    services/edge/pending_subscriptions.py); None when none of its subscriptions can get any."""
+    filters = [spec.filter for spec in specs if may_want(spec)]
+    return pending.watch_retained(filters) if filters else None
 
 
 def gather(
@@ -39,8 +52,10 @@ def gather(
     done: Callable[[list[cpb.Message]], None],
 ) -> None:
     """Ask every partition node for the retained messages matching `filters`; `done(found)`
-    once all have answered. A node that cannot answer is logged and its messages are missed."""
+    once all have answered (found may be empty). A node that cannot answer is logged and its
+    messages are missed."""
     if not links:
+        done([])
         return
     query = pb.RetainedQuery(filters=filters)
     found: list[cpb.Message] = []
@@ -53,7 +68,7 @@ def gather(
             found.extend(result.retained)
         else:
             log.warning("retained messages unavailable: %s", result.message)
-        if not remaining and found:
+        if not remaining:
             done(found)
 
     for link in links:

@@ -14,6 +14,12 @@ its PartitionTarget to serve the group. Routes are cached per topic with their c
 cached route never pins a group's messages to one partition. A QoS 2 routing places each group
 by its claim's origin id instead of in turn, so that a retried routing of the claim picks the
 partition the first attempt picked (while the group's partitions and their state are the same).
+
+Besides the index, a route honours what this edge's own clients asked for and have not had
+answered (services/edge/pending_subscriptions.py): the partition of a session whose SUBSCRIBE
+is on its way is a target where its filters match, and a shared group's partition whose member
+is unsubscribing is that group's last choice. So a publish this edge reads after a SUBSCRIBE
+reaches it, as on a single broker.
 """
 
 from __future__ import annotations
@@ -22,11 +28,13 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from hexmq.api.common.v1 import common_pb2 as cpb
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.hashring import partition_of
 from hexmq.topics import SHARED_PREFIX
 from services.edge.links import PartitionLink
+from services.edge.pending_subscriptions import PendingSubscriptions
 from services.edge.subscription_index import SubscriptionIndex
 
 ROUTE_CACHE_LIMIT = 100_000
@@ -43,6 +51,8 @@ class SharedCandidate:
     node_id: str
     # Some member of the group in this partition is connected.
     online: bool
+    # A member there is unsubscribing through this edge (maybe the last one): the last choice.
+    leaving: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +83,9 @@ class Router:
         self.view: mpb.View | None = None
         self.links: dict[str, PartitionLink] = {}
         self.index = SubscriptionIndex()
+        # SUBSCRIBEs and UNSUBSCRIBEs sent and not answered: a publish routed meanwhile
+        # honours them (services/edge/pending_subscriptions.py).
+        self.pending = PendingSubscriptions()
         self._cache: dict[str, PublishRoute] = {}
         # Shared group -> where its next round-robin turn starts among its candidates.
         self._turns: dict[str, int] = {}
@@ -145,6 +158,8 @@ class Router:
             by_node.setdefault(master, []).append(
                 pb.PartitionTarget(partition=p, epoch=assignment.epoch)
             )
+        if self.pending:
+            groups = self._add_pending(view, topic, by_node, seen, groups)
         shared: tuple[SharedRoute, ...] = ()
         if groups:
             shared = tuple(
@@ -157,10 +172,51 @@ class Router:
             shared=shared,
         )
 
-    def _candidate(self, view: mpb.View, p: int, online: bool) -> SharedCandidate:
+    def _candidate(
+        self, view: mpb.View, p: int, online: bool, *, leaving: bool = False
+    ) -> SharedCandidate:
         assignment = view.partitions[p]
         master = assignment.replicas[0] if assignment.replicas else ""
-        return SharedCandidate(p, assignment.epoch, master, online)
+        return SharedCandidate(p, assignment.epoch, master, online, leaving)
+
+    def _add_pending(
+        self,
+        view: mpb.View,
+        topic: str,
+        by_node: dict[str, list[pb.PartitionTarget]],
+        seen: set[int],
+        groups: dict[str, list[SharedCandidate]] | None,
+    ) -> dict[str, list[SharedCandidate]] | None:
+        """What the index does not know yet (services/edge/pending_subscriptions.py): the
+        partitions of sessions subscribing through this edge become targets (shared groups:
+        candidates with an online member, the subscriber), and shared-group partitions whose
+        member is unsubscribing through this edge become their group's last choice."""
+        pending = self.pending
+        for filt, p in pending.matching(topic):
+            if filt.startswith(SHARED_PREFIX):
+                if groups is None:
+                    groups = {}
+                cands = groups.setdefault(filt, [])
+                cands[:] = [c for c in cands if c.partition != p]
+                cands.append(self._candidate(view, p, True))
+                continue
+            if p in seen:
+                continue
+            seen.add(p)
+            assignment = view.partitions[p]
+            master = assignment.replicas[0] if assignment.replicas else ""
+            by_node.setdefault(master, []).append(
+                pb.PartitionTarget(partition=p, epoch=assignment.epoch)
+            )
+        if groups:
+            for group, cands in groups.items():
+                cands[:] = [
+                    self._candidate(view, c.partition, c.online, leaving=True)
+                    if pending.leaving(group, c.partition)
+                    else c
+                    for c in cands
+                ]
+        return groups
 
     def shared_candidate(self, group: str, *, exclude: int) -> SharedCandidate | None:
         """The partition, other than `exclude`, that gets a shared group's messages handed
@@ -222,23 +278,61 @@ class Router:
         else:
             start = self._turns.get(shared.group, 0) % n
         reachable = -1
+        # The first candidate whose member is not leaving (see SharedCandidate.leaving).
+        staying = -1
         partition_open = self.partition_open
         for k in range(n):
             i = (start + k) % n
             candidate = candidates[i]
+            if candidate.leaving:
+                continue
+            if staying < 0:
+                staying = i
             if partition_open(candidate.partition):
                 if candidate.online:
                     break
                 if reachable < 0:
                     reachable = i
         else:
-            i = reachable if reachable >= 0 else start
+            i = reachable if reachable >= 0 else staying if staying >= 0 else start
         if key:
             return candidates[i]
         if len(self._turns) >= SHARED_TURNS_LIMIT and shared.group not in self._turns:
             self._turns.clear()
         self._turns[shared.group] = i + 1
         return candidates[i]
+
+    # ----- what this edge's clients asked for, not answered yet -------------------------------
+
+    def subscribing(self, partition: int, filters: list[str]) -> None:
+        """A SUBSCRIBE of a session of `partition` is on its way there: publishes routed from
+        now on also go to that partition where these filters match."""
+        self.pending.subscribing(partition, filters)
+        self._cache.clear()
+
+    def subscribed(self, partition: int, filters: list[str]) -> None:
+        """Its answer came: the index routes by what the partition announced ahead of it."""
+        self.pending.subscribed(partition, filters)
+        self._cache.clear()
+
+    def unsubscribing(self, partition: int, filters: list[str]) -> list[str]:
+        """An UNSUBSCRIBE of a session of `partition` is on its way there; returns what
+        `unsubscribed` is to be told when it is answered."""
+        recorded = self.pending.unsubscribing(partition, filters)
+        if recorded:
+            self._cache.clear()
+        return recorded
+
+    def unsubscribed(self, partition: int, filters: list[str]) -> None:
+        if filters:
+            self.pending.unsubscribed(partition, filters)
+            self._cache.clear()
+
+    def routed_retained(self, message: cpb.Message) -> None:
+        """A retained message this edge has just routed (PUBLISH with RETAIN, a will, $SYS):
+        it reached every subscription pending here live (see PendingSubscriptions)."""
+        if self.pending.watches:
+            self.pending.routed_retained(message)
 
     def apply_index_update(self, node_id: str, update: pb.IndexUpdate) -> list[tuple[int, int]]:
         """An update from `node_id`'s link (SubscriptionIndex.apply): the (partition, epoch)

@@ -9,6 +9,7 @@ from hexmq.mqtt import MQTTError, SubAck, Subscribe, UnsubAck, Unsubscribe
 from hexmq.topics import split_shared, validate_topic_filter
 from services.edge import retained
 from services.edge.connection_base import OK, RC, V5, ConnectionBase, State
+from services.edge.pending_subscriptions import RetainedWatch
 from services.edge.tickets import refused_by_hold
 
 
@@ -57,20 +58,41 @@ class SubscribeHandling(ConnectionBase):
                 )
             )
 
+        if not specs:  # every filter refused here: nothing goes to the partition
+            refused = tuple(code for code in codes if code is not None)
+            self._write(self.codec.send(SubAck(packet.packet_id, refused)))
+            if span is not None:
+                tracer.finish(span)
+            return
+        # From here on, a publish this edge routes reaches these subscriptions, as on a single
+        # broker, before the partition has announced them (services/edge/
+        # pending_subscriptions.py); retained messages routed meanwhile are recorded, so that
+        # the ones gathered after the SUBACK are not sent again.
+        router = self.edge.router
+        partition = self._session_partition()
+        filters = [s.filter for s in specs]
+        router.subscribing(partition, filters)
+        watch = retained.watch(router.pending, specs)
+
         def on_result(result: pb.Result) -> None:
+            router.subscribed(partition, filters)
             if span is not None:
                 tracer.finish(span, error=None if result.status == OK else result.message)
+            granted_ok = result.status == OK
             if self.state is not State.CONNECTED:
+                if watch is not None:
+                    router.pending.end_watch(watch)
                 return
-            granted = iter(result.reason_codes if result.status == OK else [0x80] * len(specs))
+            granted = iter(result.reason_codes if granted_ok else [0x80] * len(specs))
             final = [code if code is not None else next(granted) for code in codes]
             self._write(self.codec.send(SubAck(packet.packet_id, tuple(final))))
-            if result.status == OK:
-                self._send_retained(specs, list(result.reason_codes), list(result.existed))
+            if watch is None:
+                return
+            if granted_ok:
+                self._send_retained(specs, list(result.reason_codes), list(result.existed), watch)
+            else:
+                router.pending.end_watch(watch)
 
-        if not specs:
-            on_result(pb.Result())
-            return
         self._session_request(
             pb.EdgeCommand(
                 subscribe=pb.Subscribe(
@@ -81,16 +103,24 @@ class SubscribeHandling(ConnectionBase):
         )
 
     def _send_retained(
-        self, specs: list[pb.SubscriptionSpec], granted: list[int], existed: list[bool]
+        self,
+        specs: list[pb.SubscriptionSpec],
+        granted: list[int],
+        existed: list[bool],
+        watch: RetainedWatch,
     ) -> None:
         """After the SUBACK: the retained messages for the new subscriptions, queued through
-        the session's partition like any delivery (MQTT-3.3.1-9)."""
+        the session's partition like any delivery (MQTT-3.3.1-9), but those this edge routed
+        after the SUBSCRIBE, which reached the subscriptions live."""
+        pending = self.edge.router.pending
         wanted = retained.wanted(specs, granted, existed)
         if not wanted:
+            pending.end_watch(watch)
             return
 
         def queue(messages: list[cpb.Message]) -> None:
-            deliveries = retained.deliveries(messages, wanted)
+            pending.end_watch(watch)
+            deliveries = retained.deliveries(watch.not_sent_live(messages), wanted)
             if deliveries and self.state is State.CONNECTED:
                 self._session_request(
                     pb.EdgeCommand(
@@ -106,7 +136,14 @@ class SubscribeHandling(ConnectionBase):
         retained.gather(list(self.edge.router.links.values()), [s.filter for s, _ in wanted], queue)
 
     def _on_unsubscribe(self, packet: Unsubscribe) -> None:
+        # A shared group's partition whose member leaves is the group's last choice until the
+        # answer (services/edge/pending_subscriptions.py).
+        router = self.edge.router
+        partition = self._session_partition()
+        leaving = router.unsubscribing(partition, list(packet.topic_filters))
+
         def on_result(result: pb.Result) -> None:
+            router.unsubscribed(partition, leaving)
             if self.state is not State.CONNECTED:
                 return
             if self.version != V5:

@@ -171,7 +171,9 @@ def publish_retained(
     for topic, payload in messages:
         fill = functools.partial(_fill, publisher, topic, payload, expires_at_ms)
         route = router.route_publish(topic)
-        for _node, cmd in message_commands(fill, route.targets, router.retained_route(topic)):
+        commands = message_commands(fill, route.targets, router.retained_route(topic))
+        router.routed_retained(commands[0][1].publish.message)
+        for _node, cmd in commands:
             dispatcher.publish_qos0(cmd)
 
 
