@@ -234,7 +234,27 @@ class Divergence:
 
 def _differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     keys = sorted(set(a) | set(b))
-    return [k for k in keys if a.get(k) != b.get(k)]
+    return [k for k in keys if _comparable(k, a.get(k)) != _comparable(k, b.get(k))]
+
+
+def _comparable(key: str, value: Any) -> Any:
+    """A key's contents as replicas must agree on them. The replication position (hx:P:meta)
+    carries the epoch history, in which an epoch whose master wrote nothing may appear on
+    one replica and not on another (a follower that took a snapshot during that epoch stores
+    the master's history with it); such an empty epoch holds no entry, so it is left out."""
+    if not key.endswith(":meta") or not isinstance(value, dict):
+        return value
+    history = value.get(b"history")
+    if history is None:
+        return value
+    seq = int(value.get(b"seq", 0))
+    pairs = [tuple(int(x) for x in item.split(b":")) for item in history.split(b",") if item]
+    kept = [
+        (epoch, start)
+        for i, (epoch, start) in enumerate(pairs)
+        if start <= (pairs[i + 1][1] - 1 if i + 1 < len(pairs) else seq)
+    ]
+    return {**value, b"history": kept}
 
 
 def divergence(cluster: FaultCluster, view: mpb.View, attempts: int = 3) -> Divergence:

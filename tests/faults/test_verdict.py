@@ -183,3 +183,9 @@ def test_the_majority_side_must_serve_in_a_long_split() -> None:
     ]
     short = [fault(0, "isolate", 10.0, 15.0, [2], minority=[2])]
     assert majority_served(short, [pub], 0.0) == []
+    # Halves with the lone agreement server on the smaller side: only that side can change
+    # the view, so the larger one is not expected to serve (every other rule still holds).
+    cut_off = [fault(0, "halves", 10.0, 30.0, [2], groups=[[2, 0], [1, 3]], minority=[2])]
+    assert majority_served(cut_off, [pub], 0.0) == []
+    with_majority = [fault(0, "halves", 10.0, 30.0, [2], groups=[[2], [1, 3, 0]], minority=[2])]
+    assert len(majority_served(with_majority, [pub], 0.0)) == 1
