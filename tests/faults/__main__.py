@@ -52,8 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def _reexec(argv: list[str], timeout: float, cluster_dir: Path | None = None) -> int:
-    """Run `python -m tests.faults argv` inside a fresh network namespace; on a timeout, end
+    """Run `python -m tests.faults argv` inside a fresh network namespace; on a timeout or SIGTERM, end
     everything it started: its process group, then the cluster's processes (each runs in a
     session of its own; they carry the cluster's marker in their environment)."""
     why = netns.why_unavailable()
@@ -65,9 +69,12 @@ def _reexec(argv: list[str], timeout: float, cluster_dir: Path | None = None) ->
         env=netns.reexec_env(),
         start_new_session=True,
     )
+    # A SIGTERM (a stopped campaign, pytest-timeout's parent going away) ends the run's
+    # processes too: they live in sessions of their own and would run on, orphaned.
+    signal.signal(signal.SIGTERM, _interrupted)
     try:
         return child.wait(timeout=timeout)
-    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+    except (subprocess.TimeoutExpired, KeyboardInterrupt) as stopped:
         os.killpg(child.pid, signal.SIGKILL)
         child.wait()
         if cluster_dir is not None:
@@ -77,7 +84,12 @@ def _reexec(argv: list[str], timeout: float, cluster_dir: Path | None = None) ->
                 ident = procs.identity_of(pid)
                 if ident is not None:
                     procs.send_signal(ident, signal.SIGKILL)
-        print(f"tests.faults: the run did not end within {timeout:g} s; killed", file=sys.stderr)
+        why = (
+            "was interrupted"
+            if isinstance(stopped, KeyboardInterrupt)
+            else (f"did not end within {timeout:g} s")
+        )
+        print(f"tests.faults: the run {why}; its processes are killed", file=sys.stderr)
         return EXIT_FAILED
 
 
