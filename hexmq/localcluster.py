@@ -380,11 +380,13 @@ def up(
     service_args: Mapping[str, Sequence[str]] | None = None,
     trace_dir: Path | None = None,
     consul: str | None = None,
+    discovery: str | None = None,
 ) -> ClusterState:
     """Start a cluster in `cluster_dir` and wait until every node answers MQTT CONNECT.
     `service_args` adds arguments to a service's command line on every node (e.g.
     {"edge": ["--sys-interval=1"]}). `consul` names an external Consul (HOST:PORT) for the
-    membership agents; None: the cluster starts its own agreement server first."""
+    membership agents; None: the cluster starts its own agreement server first. `discovery`
+    "static" makes the agents admit the nodes of DIR/members (docs/discovery.md)."""
     validate_cluster_args(nodes=nodes, base_port=base_port, partitions=partitions, rf=rf)
     cluster_dir = cluster_dir.absolute()
     try:
@@ -418,6 +420,7 @@ def up(
             service_args=service_args,
             trace_dir=trace_dir.absolute() if trace_dir else None,
             consul_addr=consul,
+            discovery=discovery,
         )
         state.served = previous is not None and previous.served
         busy = busy_ports(
