@@ -165,6 +165,13 @@ def _add_cluster_shape(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="every service writes its spans to DIR as OTLP JSON lines (for the Spark job)",
     )
+    p.add_argument(
+        "--discovery",
+        choices=clusterstate.DISCOVERY_CHOICES,
+        default=None,
+        help="static: the agents admit the nodes listed in DIR/members, and the first view "
+        "waits for all of them (default: every node that registers, --expect N)",
+    )
     for service in ("edge", "partition", "membership"):
         p.add_argument(
             f"--{service}-arg",
@@ -480,6 +487,7 @@ def _up(args: argparse.Namespace) -> int:
         trace_dir=args.trace_dir,
         consul=_consul_arg(args),
         **_placement(args),
+        discovery=args.discovery,
     )
     _print_json(state.summary())
     return EXIT_OK
@@ -693,6 +701,7 @@ def _run(args: argparse.Namespace) -> int:
         trace_dir=args.trace_dir,
         consul=_consul_arg(args),
         **_placement(args),
+        discovery=args.discovery,
     )
     print(_banner(state), flush=True)
     try:

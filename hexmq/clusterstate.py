@@ -34,6 +34,7 @@ Layout of DIR:
     cluster.json          the state: config, ports, and per process argv, log, pid, start time
     consul/               the agreement server's state (the view survives its restart)
     consul.log            its log
+    members               the nodes and their partition addresses (`--discovery static`)
     node<i>/redis.conf    node<i>/redis/ (Redis data: append-only file)
     node<i>/<service>.log one log per process, appended to across restarts
 """
@@ -69,6 +70,10 @@ DEFAULT_BASE_PORT: Final = 1883
 DEFAULT_PARTITIONS: Final = 256
 
 STATE_FILE: Final = "cluster.json"
+MEMBERS_FILE: Final = "members"
+# How the agents of a local cluster know who belongs: None (every node that registers, after
+# --expect N), or "static" (DIR/members, the first view waiting for every node it lists).
+DISCOVERY_CHOICES: Final = ("static",)
 LOCK_FILE: Final = ".cluster.lock"
 # 2: the agreement server (consul, consul_addr, cluster_name). Format 1 files still load (no
 # agreement server recorded); `up` plans every command line afresh.
@@ -460,7 +465,13 @@ def wrapper_argv(wrapper: Sequence[str], node: int) -> list[str]:
 
 
 def service_argv(
-    service: str, state: ClusterState, node: NodeState, *, python: str, redis_server: str
+    service: str,
+    state: ClusterState,
+    node: NodeState,
+    *,
+    python: str,
+    redis_server: str,
+    discovery: str | None = None,
 ) -> list[str]:
     """The exact command line of one process of a node."""
     ports = node.ports
@@ -480,7 +491,7 @@ def service_argv(
             *("--consul", state.consul_addr, "--cluster", state.cluster_name),
             *("--partition-addr", ports.addr(ports.partition)),
             *("--mqtt-addr", ports.addr(ports.mqtt)),
-            *("--expect", str(len(state.nodes))),
+            *_membership_discovery(state, discovery),
             *("--partitions", str(state.partitions)),
             *("--rf", str(state.rf)),
         ]
@@ -498,6 +509,25 @@ def service_argv(
             *("--membership", ports.addr(ports.membership)),
         ]
     raise ValueError(f"unknown service {service!r}")
+
+
+def _membership_discovery(state: ClusterState, discovery: str | None) -> list[str]:
+    if discovery is None:
+        return ["--expect", str(len(state.nodes))]
+    if discovery == "static":
+        # No --expect: the first view waits for every node the file lists.
+        members = str(state.dir / MEMBERS_FILE)
+        return ["--discovery", "static", "--discovery-static-file", members]
+    choices = ", ".join(DISCOVERY_CHOICES)
+    raise UsageError(f"--discovery must be one of {choices}, got {discovery!r}")
+
+
+def members_file(state: ClusterState) -> str:
+    """DIR/members: every node with its partition service's address, the members file of
+    `--discovery static` (docs/discovery.md)."""
+    lines = ["# hexmq cluster: NODE_ID PARTITION_ADDR of every node (rewritten by up and start)"]
+    lines += [f"{n.node_id} {n.ports.addr(n.ports.partition)}" for n in state.nodes]
+    return "\n".join(lines) + "\n"
 
 
 def agreement_argv(state: ClusterState, python: str) -> list[str]:
@@ -531,12 +561,14 @@ def plan_cluster(
     hosts: Sequence[str] | None = None,
     agreement_listen: tuple[str, int] | None = None,
     node_wrapper: Sequence[str] = (),
+    discovery: str | None = None,
 ) -> ClusterState:
     """The cluster's full state before anything runs (pure: touches no file). `consul_addr`
     names an external Consul; None: the cluster runs its own agreement server, on
     `agreement_listen` (default 127.0.0.1 and the port after the last node's block). `hosts`:
     node i binds hosts[i-1] (default 127.0.0.1 for all). `node_wrapper` prefixes every command
-    line of a node (its {node} replaced by the node number)."""
+    line of a node (its {node} replaced by the node number). `discovery`: how the agents
+    know who belongs (DISCOVERY_CHOICES, None: --expect N)."""
     if hosts is not None and len(hosts) != nodes:
         raise UsageError(f"--hosts lists {len(hosts)} address(es) for {nodes} node(s)")
     if consul_addr is not None and agreement_listen is not None:
@@ -566,7 +598,9 @@ def plan_cluster(
     for node in state.nodes:
         for service in SERVICES:
             argv = wrapper_argv(node_wrapper, node.node)
-            argv += service_argv(service, state, node, python=python, redis_server=redis_server)
+            argv += service_argv(
+                service, state, node, python=python, redis_server=redis_server, discovery=discovery
+            )
             argv += (service_args or {}).get(service, ())
             node.processes[service] = ProcessRecord(argv=argv, log=node.dir / f"{service}.log")
     return state
@@ -604,6 +638,7 @@ def redis_config(node: NodeState) -> str:
 
 
 def write_config(state: ClusterState) -> None:
+    (state.dir / MEMBERS_FILE).write_text(members_file(state))
     for node in state.nodes:
         (node.dir / "redis").mkdir(parents=True, exist_ok=True)
         (node.dir / "redis.conf").write_text(redis_config(node))

@@ -382,13 +382,15 @@ def up(
     hosts: Sequence[str] | None = None,
     agreement_listen: tuple[str, int] | None = None,
     node_wrapper: Sequence[str] = (),
+    discovery: str | None = None,
 ) -> ClusterState:
     """Start a cluster in `cluster_dir` and wait until every node answers MQTT CONNECT.
     `service_args` adds arguments to a service's command line on every node (e.g.
     {"edge": ["--sys-interval=1"]}). `consul` names an external Consul (HOST:PORT) for the
     membership agents; None: the cluster starts its own agreement server first, on
     `agreement_listen` if given. `hosts`: node i binds every port of it on hosts[i-1].
-    `node_wrapper`: every process of node i runs as `node_wrapper <argv>` ({node} -> i)."""
+    `node_wrapper`: every process of node i runs as `node_wrapper <argv>` ({node} -> i). `discovery`
+    "static" makes the agents admit the nodes of DIR/members (docs/discovery.md)."""
     validate_cluster_args(nodes=nodes, base_port=base_port, partitions=partitions, rf=rf)
     cluster_dir = cluster_dir.absolute()
     try:
@@ -425,6 +427,7 @@ def up(
             hosts=hosts,
             agreement_listen=agreement_listen,
             node_wrapper=node_wrapper,
+            discovery=discovery,
         )
         state.served = previous is not None and previous.served
         busy = busy_ports(

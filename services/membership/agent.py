@@ -26,10 +26,14 @@ from hexmq.service import cancel_and_wait
 from hexmq.telemetry.tracing import Tracing
 from services.membership.changes import record_view_change
 from services.membership.consul_client import make_consul
+from services.membership.discovery.gate import gate_for
+from services.membership.discovery.model import Discovery
+from services.membership.discovery.options import DiscoverySettings
 from services.membership.plan import Observed, PlanConfig, failover_records, plan
 from services.membership.probes import FailureDetector, Prober, monotonic_ms
 from services.membership.proposals import ProposalBook, Request
 from services.membership.records import (
+    SERVICE_NAME,
     ClusterKeys,
     MemberRecord,
     RecordError,
@@ -84,12 +88,17 @@ class AgentConfig:
     membership_addr: str
     partitions: int
     rf: int
-    expect: int
+    expect: int | None  # None: every node discovery lists (1 without discovery)
     session_ttl_s: int
     probe_interval_s: float
     probe_timeout_s: float
     suspect_after_s: float
     rejoin_settle_s: float
+    # The node's Consul service (what `--discovery consul` lists), and the settings of the
+    # discovery backend (None: every registered node is a candidate).
+    service_name: str = SERVICE_NAME
+    service_tags: tuple[str, ...] = ()
+    discovery: DiscoverySettings | None = None
 
     def plan_config(self) -> PlanConfig:
         return PlanConfig(
@@ -107,7 +116,11 @@ def wall_ms() -> int:
 
 class MembershipAgent:
     def __init__(
-        self, config: AgentConfig, tracing: Tracing, on_fatal: Callable[[], None] = lambda: None
+        self,
+        config: AgentConfig,
+        tracing: Tracing,
+        on_fatal: Callable[[], None] = lambda: None,
+        discovery: Discovery | None = None,
     ) -> None:
         self.config = config
         self._on_fatal = on_fatal
@@ -146,6 +159,11 @@ class MembershipAgent:
         self._watch_failures: collections.Counter[str] = collections.Counter()
         self._members_failures_seen = 0
         self._tasks: list[asyncio.Task[None]] = []
+        self.gate = (
+            None
+            if discovery is None
+            else gate_for(discovery, config.discovery, config.node_id, self._replan.set)
+        )
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -160,6 +178,8 @@ class MembershipAgent:
             on_new_session=lambda _sid: self._rewrite.set(),
             on_lease_change=self._notify_lease,
             reachability=self.reachability,
+            service_name=self.config.service_name,
+            service_tags=self.config.service_tags,
         )
         self._session.set_record(self.record())
         runs: Mapping[str, Callable[[], Any]] = {
@@ -171,6 +191,8 @@ class MembershipAgent:
             "planner": self._planner,
             "stall-watch": self._watch_for_stalls,
         }
+        if self.gate is not None:
+            runs = {**runs, "discovery": self.gate.run}
         self._tasks = [asyncio.create_task(run(), name=name) for name, run in runs.items()]
         for task in self._tasks:
             task.add_done_callback(self._task_ended)
@@ -180,6 +202,8 @@ class MembershipAgent:
             task.remove_done_callback(self._task_ended)
             await cancel_and_wait(task)
         await self._prober.stop()
+        if self.gate is not None:
+            await self.gate.stop()
         if self._session is not None:
             await self._session.close()
         if self._consul is not None:
@@ -598,10 +622,14 @@ class MembershipAgent:
         """Plan and propose once; True when a CAS was lost (plan again on the re-read view)."""
         view = self.board.view
         self._unsettle_suspected()
+        registry = self.registry.registrations()
         observed = Observed(
-            registry=self.registry.registrations(),
+            registry=registry,
             suspicions=self.suspicions,
             requests=self.proposals.pending(),
+            discovered=None
+            if self.gate is None
+            else self.gate.discovered(registry, {m.node_id for m in view.members} if view else ()),
         )
         try:
             proposal = plan(view, observed, config, monotonic_ms())

@@ -27,7 +27,13 @@ from hexmq.service import (
 )
 from services.membership.agent import AgentConfig, MembershipAgent
 from services.membership.consul_client import parse_consul_addr
-from services.membership.records import check_cluster_name, check_node_id
+from services.membership.discovery.model import DiscoveryContext
+from services.membership.discovery.options import (
+    add_discovery_arguments,
+    build_discovery,
+    discovery_settings,
+)
+from services.membership.records import SERVICE_NAME, check_cluster_name, check_node_id
 from services.membership.server import MembershipServicer
 
 log = logging.getLogger("hexmq.membership")
@@ -74,9 +80,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--expect",
         type=int,
-        default=1,
+        default=None,
         metavar="N",
-        help="nodes serving before the first view is made (default 1)",
+        help="nodes serving before the first view is made (default: every node --discovery "
+        "lists, or 1 without discovery)",
     )
     parser.add_argument(
         "--partitions",
@@ -129,6 +136,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--log-level", default="INFO")
     add_observability_arguments(parser)
+    add_discovery_arguments(parser)
 
 
 def agent_config(args: argparse.Namespace) -> AgentConfig:
@@ -145,7 +153,7 @@ def agent_config(args: argparse.Namespace) -> AgentConfig:
     parse_hostport(args.partition_addr, what="--partition-addr")
     parse_hostport(args.mqtt_addr, what="--mqtt-addr")
     for option, value in (("--expect", args.expect), ("--partitions", args.partitions)):
-        if value < 1:
+        if value is not None and value < 1:
             raise ValueError(f"{option} must be at least 1, got {value}")
     if args.rf < 1:
         raise ValueError(f"--rf must be at least 1, got {args.rf}")
@@ -163,6 +171,12 @@ def agent_config(args: argparse.Namespace) -> AgentConfig:
             raise ValueError(f"{option} must be more than 0 seconds, got {seconds}")
     if args.rejoin_settle < 0:
         raise ValueError(f"--rejoin-settle must be 0 or more seconds, got {args.rejoin_settle}")
+    discovery = discovery_settings(args, args.cluster)
+    service_name, service_tags = SERVICE_NAME, [args.cluster]
+    if discovery is not None and discovery.backend == "consul":
+        service_name = discovery.consul_service
+        if discovery.consul_tag and discovery.consul_tag != args.cluster:
+            service_tags.append(discovery.consul_tag)
     return AgentConfig(
         node_id=args.node_id,
         cluster=args.cluster,
@@ -172,12 +186,16 @@ def agent_config(args: argparse.Namespace) -> AgentConfig:
         membership_addr=advertise,
         partitions=args.partitions,
         rf=args.rf,
-        expect=args.expect,
+        # Without --expect: every node discovery lists, or (no discovery) one node, as before.
+        expect=args.expect if args.expect is not None else None if discovery else 1,
         session_ttl_s=args.session_ttl,
         probe_interval_s=args.probe_interval,
         probe_timeout_s=args.probe_timeout,
         suspect_after_s=args.suspect_after,
         rejoin_settle_s=args.rejoin_settle,
+        service_name=service_name,
+        service_tags=tuple(service_tags),
+        discovery=discovery,
     )
 
 
@@ -185,7 +203,12 @@ def run(args: argparse.Namespace) -> int:
     setup_logging("membership", args.node_id, args.log_level)
     try:
         config = agent_config(args)
-    except ValueError as exc:
+        discovery = (
+            None
+            if config.discovery is None
+            else build_discovery(config.discovery, discovery_context(config))
+        )
+    except ValueError as exc:  # DiscoveryError included
         log.error("%s", exc)
         return 2
 
@@ -195,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             log.error("cannot serve metrics on %s: %s", args.metrics_listen, exc.strerror)
             return 1
-        agent = MembershipAgent(config, obs.tracing, on_fatal=stop.set)
+        agent = MembershipAgent(config, obs.tracing, on_fatal=stop.set, discovery=discovery)
         obs.ready_when(lambda: membership_readiness(agent))
         server = grpc.aio.server()
         pb_grpc.add_MembershipServiceServicer_to_server(MembershipServicer(agent), server)
@@ -210,13 +233,18 @@ def run(args: argparse.Namespace) -> int:
         await server.start()
         health_follower = asyncio.create_task(follow_in_health(obs.readiness, health))
         log.info(
-            "membership agent of %s on %s: cluster %r at Consul %s, expecting %d node(s) for "
-            "a first view",
+            "membership agent of %s on %s: cluster %r at Consul %s, discovery %s, expecting %s "
+            "for a first view",
             config.node_id,
             args.listen,
             config.cluster,
             config.consul_addr,
-            config.expect,
+            config.discovery.describe() if config.discovery else "none (every registered node)",
+            f"{config.expect} node(s)"
+            if config.expect
+            else "every node discovery lists"
+            if config.discovery
+            else "1 node",
         )
         await stop.wait()
         log.info("shutting down")
@@ -229,6 +257,17 @@ def run(args: argparse.Namespace) -> int:
         return 1 if agent.failed else 0
 
     return run_service(main)
+
+
+def discovery_context(config: AgentConfig) -> DiscoveryContext:
+    return DiscoveryContext(
+        node_id=config.node_id,
+        cluster=config.cluster,
+        partition_addr=config.partition_addr,
+        mqtt_addr=config.mqtt_addr,
+        membership_addr=config.membership_addr,
+        consul_addr=config.consul_addr,
+    )
 
 
 def membership_readiness(agent: MembershipAgent) -> Readiness:

@@ -103,10 +103,33 @@ def _check_request(partition: int, epoch: int, what: str) -> None:
 
 
 @dataclass(frozen=True, slots=True)
+class Discovered:
+    """What the node discovery of the agent lists now, matched to the registrations
+    (services/membership/discovery; docs/discovery.md): discovery is the gate at the door,
+    never a reason to remove a member."""
+
+    listed: frozenset[str]  # registered nodes that discovery lists (serving or not)
+    # Listed entries that no serving registration answers yet: a first view whose --expect is
+    # derived from discovery waits until this is 0.
+    missing: int = 0
+
+    def __post_init__(self) -> None:
+        if self.missing < 0:
+            raise ValueError(f"Discovered.missing is negative: {self.missing}")
+
+
+@dataclass(frozen=True, slots=True)
 class Observed:
     registry: Mapping[str, Registration]  # node -> registration (live sessions only)
     suspicions: Mapping[str, Mapping[str, str]]  # reporter -> {node: "refused" | "silent"}
     requests: Sequence[Request] = field(default_factory=tuple)  # this node's, pending
+    # None: no discovery configured, every registered node is a candidate (as before there
+    # was discovery).
+    discovered: Discovered | None = None
+
+    def admits(self, node: str) -> bool:
+        """Whether discovery lets `node` in (always, without discovery)."""
+        return self.discovered is None or node in self.discovered.listed
 
     def __post_init__(self) -> None:
         for node, reg in self.registry.items():
@@ -125,14 +148,17 @@ class PlanConfig:
     node_id: str  # the planning agent's node
     partitions: int  # used only to create the first view
     rf: int
-    expect: int  # registered serving nodes needed to create the first view
+    # Registered serving nodes needed to create the first view. None: every node discovery
+    # lists (Discovered.missing == 0), or 1 without discovery.
+    expect: int | None
     rejoin_settle_ms: int  # a (re)joining node's registration must be this old and unsuspected
 
     def __post_init__(self) -> None:
         if not self.node_id:
             raise ValueError("PlanConfig needs the planning node's node_id")
         for name in ("partitions", "rf", "expect"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"PlanConfig.{name} must be positive, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"PlanConfig.{name} must be positive, got {value}")
         if self.rejoin_settle_ms < 0:
             raise ValueError(f"PlanConfig.rejoin_settle_ms is negative: {self.rejoin_settle_ms}")

@@ -23,6 +23,7 @@ from services.membership.goal import goal, goal_orders
 from services.membership.observed import (
     REFUSED,
     SILENT,
+    Discovered,
     HandoverRequest,
     InSyncRequest,
     Observed,
@@ -34,6 +35,7 @@ from services.membership.observed import (
 __all__ = [
     "REFUSED",
     "SILENT",
+    "Discovered",
     "HandoverRequest",
     "InSyncRequest",
     "Observed",
@@ -144,12 +146,17 @@ def _member_ids(view: pb.View) -> list[str]:
 
 
 def _first_view(observed: Observed, config: PlanConfig) -> pb.View | None:
-    """The first view, once `expect` nodes are registered and serving: every partition placed
-    by assign(), at epoch 1, all in sync."""
+    """The first view, once `expect` nodes that discovery lists are registered and serving
+    (expect None: every node discovery lists, or one without discovery): every partition
+    placed by assign(), at epoch 1, all in sync."""
     serving = sorted(
-        (r for r in observed.registry.values() if r.incarnation > 0), key=lambda r: r.node_id
+        (r for r in observed.registry.values() if r.incarnation > 0 and observed.admits(r.node_id)),
+        key=lambda r: r.node_id,
     )
-    if len(serving) < config.expect:
+    if config.expect is not None:
+        if len(serving) < config.expect:
+            return None
+    elif not serving or (observed.discovered is not None and observed.discovered.missing):
         return None
     ids = [r.node_id for r in serving]
     orders = goal_orders(ids, ids, config.partitions, config.rf)
@@ -199,8 +206,9 @@ def lost_members(view: pb.View, observed: Observed) -> list[str]:
 def _joiners(
     view: pb.View, observed: Observed, config: PlanConfig, now_ms: int
 ) -> list[Registration]:
-    """The nodes ready to join: registered and serving, not members, reported by no live
-    member, and registered (as the agent counts it: since_ms) at least rejoin_settle_ms."""
+    """The nodes ready to join: registered and serving, listed by discovery (if any), not
+    members, reported by no live member, and registered (as the agent counts it: since_ms)
+    at least rejoin_settle_ms."""
     members = set(_member_ids(view))
     reporters = _live_reporters(view, observed)
     suspected = {n for r in reporters for n in observed.suspicions.get(r, {}) if n != r}
@@ -209,6 +217,7 @@ def _joiners(
         for node, reg in sorted(observed.registry.items())
         if reg.incarnation > 0
         and node not in members
+        and observed.admits(node)
         and node not in suspected
         and now_ms - reg.since_ms >= config.rejoin_settle_ms
     ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -177,17 +177,22 @@ def service_check_id(node_id: str) -> str:
     return f"service:{node_id}"
 
 
-def service_registration(record: MemberRecord, ttl_s: int) -> dict[str, Any]:
+def service_registration(
+    record: MemberRecord, ttl_s: int, name: str = SERVICE_NAME, tags: Sequence[str] = ()
+) -> dict[str, Any]:
     """Keyword arguments of py-consul's agent.service.register for this node. The check starts
     passing: a re-registration (the incarnation changed) must not turn it critical for a
-    moment, which would end the session that names it."""
+    moment, which would end the session that names it. `name` and `tags` are what Consul
+    catalog discovery looks for (docs/discovery.md); Meta node_id names the node to it."""
     host, port = parse_hostport(record.partition_addr, what="--partition-addr")
     return {
-        "name": SERVICE_NAME,
+        "name": name,
         "service_id": record.node_id,
         "address": host,
         "port": port,
+        "tags": list(tags),
         "meta": {
+            "node_id": record.node_id,
             "mqtt_addr": record.mqtt_addr,
             "membership_addr": record.membership_addr,
             "incarnation": str(record.incarnation),

@@ -13,14 +13,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import consul
 
-from services.membership.records import MemberRecord, service_check_id, service_registration
+from services.membership.records import (
+    SERVICE_NAME,
+    MemberRecord,
+    service_check_id,
+    service_registration,
+)
 
 log = logging.getLogger("hexmq.membership")
 
@@ -94,8 +99,11 @@ class LivenessSession:
         on_lease_change: Callable[[], None],
         reachability: Reachability,
         clock: Callable[[], float] = time.monotonic,
+        service_name: str = SERVICE_NAME,
+        service_tags: Sequence[str] = (),
     ) -> None:
         self._consul = client
+        self._service = (service_name, tuple(service_tags))
         self._name = name
         self._ttl_s = ttl_s
         self._cleared_old = False
@@ -150,7 +158,10 @@ class LivenessSession:
         assert record is not None, "set_record before run"
         check_id = service_check_id(record.node_id)
         if record != self._registered:
-            await self._consul.agent.service.register(**service_registration(record, self._ttl_s))
+            name, tags = self._service
+            await self._consul.agent.service.register(
+                **service_registration(record, self._ttl_s, name, tags)
+            )
             self._registered = record
         await self._consul.agent.check.ttl_pass(check_id)
         if self.session_id is not None:

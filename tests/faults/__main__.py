@@ -57,9 +57,9 @@ def _interrupted(signum: int, frame: object) -> None:
 
 
 def _reexec(argv: list[str], timeout: float, cluster_dir: Path | None = None) -> int:
-    """Run `python -m tests.faults argv` inside a fresh network namespace; on a timeout or SIGTERM, end
-    everything it started: its process group, then the cluster's processes (each runs in a
-    session of its own; they carry the cluster's marker in their environment)."""
+    """Run `python -m tests.faults argv` inside a fresh network namespace; on a timeout or a
+    SIGTERM, end everything it started: its process group, then the cluster's processes (each
+    runs in a session of its own; they carry the cluster's marker in their environment)."""
     why = netns.why_unavailable()
     if why is not None:
         print(f"tests.faults: cannot make a network namespace here: {why}", file=sys.stderr)

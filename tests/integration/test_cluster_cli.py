@@ -409,6 +409,31 @@ def test_up_with_an_external_consul_starts_no_agreement_server(
         server.wait(timeout=10)
 
 
+@pytest.mark.timeout(120)
+def test_up_with_static_discovery_forms_the_view_from_the_members_file(
+    hexmq_cluster: ClusterFactory,
+) -> None:
+    cluster = hexmq_cluster(nodes=2, extra=["--discovery", "static"])
+    members = (cluster.dir / clusterstate.MEMBERS_FILE).read_text().splitlines()
+    base = cluster.mqtt_port(1)  # node i: MQTT on base+i-1, the rest from base+1000+10(i-1)
+    partition_ports = [base + 1000 + 10 * (i - 1) + 2 for i in (1, 2)]
+    assert members[1:] == [f"n{i} 127.0.0.1:{partition_ports[i - 1]}" for i in (1, 2)]
+    view = cluster.status()["membership"]
+    assert view["view_epoch"] >= 1
+    assert {m["node_id"] for m in view["members"] if m["in_view"]} == {"n1", "n2"}
+    # The agents were told the file, not a count: the first view waited for every listed node.
+    state = json.loads((cluster.dir / clusterstate.STATE_FILE).read_text())
+    argv = state["nodes"][0]["processes"]["membership"]["argv"]
+    assert "--expect" not in argv
+    assert argv[argv.index("--discovery-static-file") + 1] == str(
+        cluster.dir / clusterstate.MEMBERS_FILE
+    )
+    log = (cluster.dir / "node1" / "membership.log").read_text()
+    assert "discovery static (" in log
+    assert f"lists: n1 at 127.0.0.1:{partition_ports[0]}, n2 at" in log
+    cluster.down()
+
+
 def _accepts(port: int, host: str = "127.0.0.1") -> bool:
     try:
         with socket.create_connection((host, port), timeout=1):

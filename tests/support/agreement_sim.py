@@ -50,6 +50,7 @@ from hexmq.hashring import assign
 from services.membership.plan import (
     REFUSED,
     SILENT,
+    Discovered,
     HandoverRequest,
     InSyncRequest,
     Observed,
@@ -147,6 +148,8 @@ class Sim:
             raise ScriptError("nodes must be 1..9")
         self.cfg = settings
         self.expect = settings.expect or settings.nodes
+        # What node discovery lists (the same for every agent); None: no discovery.
+        self.listing: frozenset[str] | None = None
         self.consul = MemoryConsul()
         self.nodes = {f"n{i}": SimNode(f"n{i}") for i in range(1, settings.nodes + 1)}
         self.tick_no = 0
@@ -189,6 +192,13 @@ class Sim:
         if node.session is not None:
             self.consul.destroy(node.session)
             node.session = None
+
+    def discover(self, names: list[str]) -> None:
+        """Discovery lists these nodes from now on (names of nodes the sim does not run are
+        listed nodes that never register)."""
+        self.listing = frozenset(names)
+        for node in self.nodes.values():
+            node.idle_key = None  # what an agent plans on changed
 
     def kill(self, name: str) -> None:
         node = self.node(name)
@@ -389,8 +399,10 @@ class Sim:
             key = (read.index, tuple(node.requests), settled)
             if key == node.idle_key:
                 return
+            # `expect 0` with discovery: every listed node (the agent's default without --expect).
+            expect = None if self.cfg.expect == 0 and self.listing is not None else self.expect
             config = PlanConfig(
-                node.name, self.cfg.partitions, self.cfg.rf, self.expect, self.cfg.settle_ms
+                node.name, self.cfg.partitions, self.cfg.rf, expect, self.cfg.settle_ms
             )
             self.plans += 1
             new = plan(view, self._observe(node, read), config, self.now_ms)
@@ -444,7 +456,13 @@ class Sim:
         suspicions = {
             key.removeprefix(SUSPECTS): dict(entry.value) for key, entry in read.suspects.items()
         }
-        return Observed(registry, suspicions, tuple(node.requests))
+        discovered = None
+        if self.listing is not None:
+            serving = {n for n, r in registry.items() if r.incarnation > 0}
+            discovered = Discovered(
+                self.listing & registry.keys(), missing=len(self.listing - serving)
+            )
+        return Observed(registry, suspicions, tuple(node.requests), discovered)
 
     def _partition_service(self, node: SimNode, view: pb.View) -> None:
         """What a master's partition service asks its agent for, by the view it holds."""
@@ -607,7 +625,9 @@ PARTITION = re.compile(r"p(\d+)$")
 class Script:
     """Runs scenario lines against a Sim: `nodes 3 partitions 16 rf 3 [expect E] [settle MS]
     [ttl MS] [suspect MS] [catchup T] [lag T] [boot T]`, then `tick N`, `kill n2`, `restart n2`,
-    `pause n3`, `resume n3`, `cut n1 n2`, `heal [n1 n2]` and checks: `check members n1 n3`,
+    `pause n3`, `resume n3`, `cut n1 n2`, `heal [n1 n2]`, `discover [NODE...]` (what node
+    discovery lists from now on; with `expect 0`, the default, the first view then waits for
+    every listed node) and checks: `check members n1 n3`,
     `check master p3 n1`, `check in-sync p3 n1 n3`, `check replicas p3 n1 n2 n3` (master
     first, followers in any order), `check offline p5`, `check epoch p3 4`, `check view-epoch
     5`, `check record p3 failover n1 n2`, `check goal` (all nodes members, every partition
@@ -625,6 +645,7 @@ class Script:
             "resume": lambda a: self.s.resume(a[0]),
             "cut": lambda a: self.s.cut(a[0], a[1]),
             "heal": lambda a: self.s.heal(*a[:2]),
+            "discover": lambda a: self.s.discover(a),
             "check": self.do_check,
         }
         self.checks: dict[str, Callable[[list[str]], None]] = {

@@ -558,3 +558,72 @@ def test_status_json_of_a_stopped_cluster(
     table = capsys.readouterr().out
     assert "NODE" in table
     assert "dead" in table
+
+
+def test_plan_with_static_discovery_lists_every_node_in_the_members_file(tmp_path: Path) -> None:
+    state = clusterstate.plan_cluster(
+        tmp_path,
+        nodes=3,
+        base_port=30000,
+        partitions=64,
+        rf=1,
+        python="py",
+        redis_server="rs",
+        discovery="static",
+    )
+    for node in state.nodes:
+        argv = node.processes["membership"].argv
+        # The first view waits for every node the file lists: no --expect.
+        assert "--expect" not in argv
+        start = argv.index("--discovery")
+        assert argv[start : start + 4] == [
+            *("--discovery", "static"),
+            *("--discovery-static-file", str(tmp_path / "members")),
+        ]
+    text = clusterstate.members_file(state)
+    assert text.startswith("#")
+    # The agents' own parser reads what the manager writes: node ids and partition addresses.
+    from services.membership.discovery.static import parse_members
+
+    listing = parse_members(text, "members")
+    assert {(n.node_id, n.host, n.port) for n in listing.nodes} == {
+        ("n1", "127.0.0.1", 31002),
+        ("n2", "127.0.0.1", 31012),
+        ("n3", "127.0.0.1", 31022),
+    }
+    clusterstate.write_config(state)
+    assert (tmp_path / "members").read_text() == text
+
+
+def test_plan_without_discovery_writes_expect_as_before(tmp_path: Path) -> None:
+    state = clusterstate.plan_cluster(
+        tmp_path, nodes=2, base_port=30000, partitions=8, rf=1, python="py", redis_server="rs"
+    )
+    argv = state.nodes[0].processes["membership"].argv
+    assert argv[argv.index("--expect") + 1] == "2"
+    assert not any(a.startswith("--discovery") for a in argv)
+
+
+def test_plan_refuses_an_unknown_discovery(tmp_path: Path) -> None:
+    with pytest.raises(
+        clusterstate.UsageError, match="--discovery must be one of static, got 'dns'"
+    ):
+        clusterstate.plan_cluster(
+            tmp_path,
+            nodes=1,
+            base_port=30000,
+            partitions=8,
+            rf=1,
+            python="py",
+            redis_server="rs",
+            discovery="dns",
+        )
+
+
+def test_cluster_up_refuses_a_discovery_it_does_not_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = cli.main(["cluster", "up", "--dir", str(tmp_path / "c"), "--discovery", "dns"])
+    assert code == 2
+    assert "--discovery: invalid choice: 'dns' (choose from 'static')" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()

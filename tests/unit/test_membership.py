@@ -142,13 +142,20 @@ def test_the_service_registration_carries_addresses_and_a_passing_ttl_check() ->
         "service_id": "n1",
         "address": "127.0.0.1",
         "port": 7002,
+        "tags": [],
         "meta": {
+            "node_id": "n1",
             "mqtt_addr": "127.0.0.1:1883",
             "membership_addr": "127.0.0.1:7001",
             "incarnation": "7",
         },
         "check": {"ttl": "10s", "status": "passing"},
     }
+
+
+def test_the_service_registration_takes_the_discovery_service_name_and_tags() -> None:
+    registration = service_registration(record(), 10, "mqtt-prod", ("prod", "eu"))
+    assert (registration["name"], registration["tags"]) == ("mqtt-prod", ["prod", "eu"])
 
 
 def test_a_registration_is_as_old_as_its_exact_record() -> None:
