@@ -32,7 +32,7 @@ from services.partition.qos2_seen import DEFAULT_RETENTION_S, SeenOrigins
 from services.partition.replication import DEFAULT_LOG_ENTRIES, ReplicationLimits, Replicator
 from services.partition.roles import WAIT_S
 from services.partition.server import PartitionServicer
-from services.partition.store import GroupCommit, RedisStore
+from services.partition.store import GroupCommit, RedisStore, redis_client
 
 log = logging.getLogger("hexmq.partition")
 
@@ -120,13 +120,7 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             log.error("cannot serve metrics on %s: %s", args.metrics_listen, exc.strerror)
             return 1
-        # Timeouts stated, not redis-py's defaults (none): a Redis that stops answering stops
-        # this service within --redis-timeout (fail-stop), and the cluster fails over.
-        client = redis.Redis.from_url(
-            args.redis,
-            socket_timeout=args.redis_timeout,
-            socket_connect_timeout=args.redis_timeout,
-        )
+        client = redis_client(args.redis, args.redis_timeout)
         try:
             await asyncio.wait_for(_wait_for_redis(client), args.startup_timeout)
         except TimeoutError:
