@@ -265,6 +265,16 @@ class Subscriber:
         self.resumed.append(present)
         return present
 
+    def drop(self) -> None:
+        """End the connection without DISCONNECT, as a network cut does: the session stays on
+        the server and queues what arrives for it until `move()` resumes it."""
+        client = self._client
+        assert client is not None
+        _stop(client)
+        sock = client.socket()
+        if sock is not None:
+            sock.close()
+
     def close(self) -> None:
         client, self._client = self._client, None
         if client is not None:
