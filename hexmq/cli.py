@@ -265,6 +265,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_node(p)
     _add_dir(p)
     _add_timeout(p)
+    p.add_argument(
+        "--python",
+        metavar="PATH",
+        help="run the node's services from this Python's hexmq from now on (another "
+        "release's venv: a rolling upgrade or a rollback, docs/operations.md); the node must "
+        "be stopped",
+    )
 
     p = actions.add_parser("down", help="stop every node gracefully")
     _add_dir(p)
@@ -494,7 +501,7 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _start(args: argparse.Namespace) -> int:
-    node = localcluster.start_node(args.dir, args.node, timeout=args.timeout)
+    node = localcluster.start_node(args.dir, args.node, timeout=args.timeout, python=args.python)
     _print_json({"dir": str(args.dir.absolute()), "nodes": [node.summary()]})
     return EXIT_OK
 
@@ -613,8 +620,21 @@ def _print_agreement(agreement: dict[str, Any], membership: dict[str, Any] | Non
         f"{'reachable' if membership['consul_reachable'] else 'UNREACHABLE'}, lease "
         f"{'valid' if membership['lease_valid'] else 'NOT valid'}"
     )
+    protocol = membership["protocol"]
+    if protocol["version"] is not None:
+        on = ", ".join(protocol["features"]) or "none"
+        print(f"protocol: version {protocol['version']}, features: {on} (what every member speaks)")
     rows: list[tuple[str, ...]] = [
-        ("MEMBER", "IN-VIEW", "REGISTERED", "PROBE", "SUSPECTED-BY", "MASTERS", "FOLLOWS")
+        (
+            "MEMBER",
+            "IN-VIEW",
+            "REGISTERED",
+            "PROBE",
+            "SUSPECTED-BY",
+            "MASTERS",
+            "FOLLOWS",
+            "PROTOCOL",
+        )
     ]
     roles = membership["partitions"]
     for m in membership["members"]:
@@ -628,10 +648,14 @@ def _print_agreement(agreement: dict[str, Any], membership: dict[str, Any] | Non
                 ",".join(m["suspected_by"]) or "-",
                 str(role.get("masters", 0)),
                 str(role.get("follows", 0)),
+                m["protocol"] or "-",
             )
         )
     print()
     _print_table(rows)
+    for m in membership["members"]:
+        if m["not_admitted"]:
+            print(f"{m['node_id']} is not admitted: {m['not_admitted']}")
     recent = membership["recent_failovers"][-10:]
     if recent:
         print()

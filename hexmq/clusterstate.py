@@ -539,6 +539,20 @@ def agreement_argv(state: ClusterState, python: str) -> list[str]:
     ]
 
 
+def interpreter_of(node: NodeState) -> str:
+    """The Python whose hexmq the node's services run (argv[0] of each, the same for all)."""
+    return node.processes["partition"].argv[0]
+
+
+def set_interpreter(node: NodeState, python: str) -> None:
+    """Run the node's services (not its Redis) from `python`'s installation of hexmq from
+    their next start: another release's venv, for an upgrade or a rollback. Only argv[0]
+    changes: every release takes the options the release before it was started with."""
+    for service in SERVICES:
+        if service != "redis":
+            node.processes[service].argv[0] = python
+
+
 def cluster_name_of(cluster_dir: Path) -> str:
     """The agents' cluster name for a DIR: its base name, in the characters a KV path segment
     takes (so local clusters sharing an external Consul keep apart)."""

@@ -10,7 +10,9 @@ process is spawned and signalled safely is hexmq.procs.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -28,19 +30,23 @@ from hexmq.clusterstate import (
     ClusterError,
     ClusterState,
     NodeState,
+    UsageError,
     busy_ports,
     child_environment,
     cluster_lock,
+    interpreter_of,
     load_state,
     plan_cluster,
     require_state,
     save_state,
+    set_interpreter,
     validate_cluster_args,
     write_config,
 )
 from hexmq.hashring import partition_of
 
 if TYPE_CHECKING:
+    from hexmq.api.common.v1 import common_pb2
     from hexmq.api.membership.v1 import membership_pb2
 
 log = logging.getLogger("hexmq.cluster")
@@ -444,14 +450,55 @@ def up(
         return state
 
 
-def start_node(cluster_dir: Path, number: int, *, timeout: float = DEFAULT_TIMEOUT) -> NodeState:
-    """Start the processes of one node that are not running, with the config and data it had."""
+def check_interpreter(python: str) -> str:
+    """`python` as an absolute path, if it is a Python that can import hexmq (UsageError
+    naming what is wrong otherwise)."""
+    path = Path(python).absolute()
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise UsageError(f"--python {python}: not an executable file")
+    try:
+        probe = subprocess.run(
+            [str(path), "-P", "-c", "import hexmq.cli; print('hexmq', hexmq.__version__)"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UsageError(f"--python {python}: cannot run it ({exc})") from None
+    if probe.returncode != 0 or not probe.stdout.startswith("hexmq "):
+        last = (probe.stderr.strip().splitlines() or [f"exit {probe.returncode}"])[-1]
+        raise UsageError(f"--python {python}: cannot import hexmq.cli ({last})")
+    return str(path)
+
+
+def start_node(
+    cluster_dir: Path,
+    number: int,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    python: str | None = None,
+) -> NodeState:
+    """Start the processes of one node that are not running, with the config and data it had.
+    `python` (a path) runs its services from that Python's hexmq from now on: another
+    release's installation, for a rolling upgrade or a rollback; the node must be stopped."""
     cluster_dir = cluster_dir.absolute()
     state = require_state(cluster_dir)
     state.node(number)  # a bad node number is a usage error, before taking the lock
+    interpreter = check_interpreter(python) if python is not None else None
     with cluster_lock(cluster_dir):
         state = require_state(cluster_dir)
         node = state.node(number)
+        if interpreter is not None and interpreter != interpreter_of(node):
+            running = [s for s, r in node.processes.items() if s != "redis" and r.running()]
+            if running:
+                raise UsageError(
+                    f"node {number} still runs {', '.join(running)} from "
+                    f"{interpreter_of(node)}: stop it before starting it with --python"
+                )
+            log.info("node %d: services run from %s from now on", number, interpreter)
+            set_interpreter(node, interpreter)
+            save_state(state)
         busy = [
             f"{node.ports.addr(node.ports.of(s))} (node {number} {s})"
             for s, r in node.processes.items()
@@ -633,9 +680,18 @@ def membership_status(state: ClusterState, timeout: float = 2.0) -> dict[str, An
                     "incarnation": m.incarnation,
                     "probe": m.probe,
                     "suspected_by": list(m.suspected_by),
+                    # What the node registered it speaks ("" from a v0.2.0 agent), and why
+                    # it is not admitted for that, if it is not.
+                    "protocol": _support(m.protocol) if m.HasField("protocol") else "",
+                    "not_admitted": m.not_admitted,
                 }
                 for m in reply.members
             ],
+            # What the members speak together by this view (a v0.2.0 agent's view: 1, none).
+            "protocol": {
+                "version": (view.protocol_version or 1) if view else None,
+                "features": sorted(view.features) if view else [],
+            },
             "partitions": _view_roles(view) if view else {},
             "recent_failovers": [
                 {
@@ -651,6 +707,16 @@ def membership_status(state: ClusterState, timeout: float = 2.0) -> dict[str, An
             ],
         }
     return None
+
+
+def _support(message: common_pb2.ProtocolSupport) -> str:
+    """'1..2 +zlib-snapshots' (a support that says nothing: v0.2.0's, '1')."""
+    from hexmq.node_protocol import ProtocolError, Support
+
+    try:
+        return Support.from_proto(message).describe()
+    except ProtocolError as exc:
+        return f"invalid ({exc})"
 
 
 def _view_roles(view: membership_pb2.View) -> dict[str, dict[str, int]]:

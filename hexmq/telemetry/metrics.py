@@ -31,6 +31,7 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
+from hexmq.node_protocol import FEATURES, ClusterProtocol
 from hexmq.readiness import STARTING, Readiness
 
 # gRPC calls inside a cluster take ~0.1-1 ms when well (STACK.md), seconds when a peer is gone:
@@ -171,6 +172,26 @@ class Metrics:
             ["packet", "reason_code"],
             registry=r,
         )
+        self.protocol_version = Gauge(
+            "hexmq_protocol_version",
+            "The inter-node protocol version the cluster speaks, by the view this process acts "
+            "on (the highest version every member supports)",
+            registry=r,
+        )
+        self.protocol_features = Gauge(
+            "hexmq_protocol_feature",
+            "1 while the view this process acts on has this inter-node feature on (every "
+            "member supports it), else 0",
+            ["feature"],
+            registry=r,
+        )
+        self.snapshot_bytes = Counter(
+            "hexmq_replication_snapshot_bytes",
+            "Bytes of snapshot writes (the bulk transfer of a partition) sent to followers, as "
+            "sent, by encoding: plain, or zlib (the zlib-snapshots feature)",
+            ["encoding"],
+            registry=r,
+        )
         self.grpc_latency = Histogram(
             "hexmq_grpc_latency_seconds",
             "gRPC call latency by full method name and side (client or server)",
@@ -180,6 +201,12 @@ class Metrics:
         )
         self._spans_collector: _SpansDroppedCollector | None = None
         self._lock = threading.Lock()
+
+    def show_protocol(self, protocol: ClusterProtocol) -> None:
+        """What the view this process acts on says the cluster speaks."""
+        self.protocol_version.set(protocol.version)
+        for feature in FEATURES:
+            self.protocol_features.labels(feature).set(int(protocol.uses(feature)))
 
     def reject(self, packet: str, reason_code: int) -> None:
         """Count a refused packet: `reject("CONNECT", 0x87)`."""

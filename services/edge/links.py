@@ -241,6 +241,9 @@ class PartitionLink:
                 why = "not reachable"
             except grpc.aio.AioRpcError as exc:
                 why = f"{exc.code().name}: {exc.details()}"
+                if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    # Refused (no inter-node protocol version in common): say why every time.
+                    log.error("partition node %s refuses this edge's link: %s", self.node_id, why)
             self._fail(why)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 1.0)

@@ -14,6 +14,7 @@ from hexmq import telemetry
 from hexmq.health import add_health
 from hexmq.mqtt.reason_codes import ReasonCode as RC
 from hexmq.netaddr import parse_hostport
+from hexmq.node_protocol import ClusterProtocol
 from hexmq.readiness import follow_in_health
 from hexmq.service import (
     add_observability_arguments,
@@ -468,6 +469,7 @@ async def _report_metrics(edge: Edge) -> None:
         sent_no_master = dropped
         if edge.router.view is not None:
             m.view_epoch.set(edge.router.view.epoch)
+            m.show_protocol(ClusterProtocol.of_view(edge.router.view))
         for qos in (0, 1, 2):
             m.messages_in_by_qos[qos].inc(stats.messages_in[qos] - sent_in[qos])
             m.messages_out_by_qos[qos].inc(stats.messages_out[qos] - sent_out[qos])

@@ -13,6 +13,7 @@ from hexmq import telemetry
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.mqtt.reason_codes import ReasonCode as RC
+from hexmq.node_protocol import THIS_RELEASE
 from services.edge.auth import AccessControl
 from services.edge.connection import ClientConnection, State
 from services.edge.dispatch import Dispatcher
@@ -166,7 +167,11 @@ class Edge:
         """A newer view: route by it, link to new members, re-attach the live connections whose
         session partition moved, then send what the partitions that opened hold."""
         self.router.set_view(view)
-        hello = pb.Hello(edge_id=self.config.node_id, edge_incarnation=self.incarnation)
+        hello = pb.Hello(
+            edge_id=self.config.node_id,
+            edge_incarnation=self.incarnation,
+            protocol=THIS_RELEASE.to_proto(),
+        )
         for member in view.members:
             if member.node_id not in self.router.links:
                 link = PartitionLink(member.node_id, member.partition_addr, hello, self)

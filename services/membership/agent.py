@@ -22,6 +22,7 @@ from typing import Any, Final
 from google.protobuf.message import DecodeError
 
 from hexmq.api.membership.v1 import membership_pb2 as pb
+from hexmq.node_protocol import THIS_RELEASE, ClusterProtocol, Support
 from hexmq.service import cancel_and_wait
 from hexmq.telemetry.tracing import Tracing
 from services.membership.changes import record_view_change
@@ -29,7 +30,13 @@ from services.membership.consul_client import make_consul
 from services.membership.discovery.gate import gate_for
 from services.membership.discovery.model import Discovery
 from services.membership.discovery.options import DiscoverySettings
-from services.membership.plan import Observed, PlanConfig, failover_records, plan
+from services.membership.plan import (
+    Observed,
+    PlanConfig,
+    failover_records,
+    plan,
+    refused_joiners,
+)
 from services.membership.probes import FailureDetector, Prober, monotonic_ms
 from services.membership.proposals import ProposalBook, Request
 from services.membership.records import (
@@ -140,6 +147,10 @@ class MembershipAgent:
         self._afresh = asyncio.Event()
         self._attached: collections.Counter[int] = collections.Counter()
         self._incarnation = 0
+        # What each attached partition service incarnation speaks (from its Watch).
+        self._supports: dict[int, Support] = {}
+        # Registered, serving nodes the view does not admit for their protocol: node -> why.
+        self.refused: dict[str, str] = {}
         self._detector = FailureDetector(int(config.suspect_after_s * 1000))
         self._prober = Prober(
             self._detector,
@@ -227,21 +238,34 @@ class MembershipAgent:
             mqtt_addr=c.mqtt_addr,
             membership_addr=c.membership_addr,
             incarnation=self._incarnation,
+            protocol=self.protocol,
         )
+
+    @property
+    def protocol(self) -> Support:
+        """What the node speaks: what both this agent and its partition service speak (the
+        agent's own while none is attached). The Watch refuses a partition service that
+        shares no version with the agent, so there is always something in common."""
+        attached = self._supports.get(self._incarnation)
+        if attached is None:
+            return THIS_RELEASE
+        return THIS_RELEASE.meet(attached) or THIS_RELEASE
 
     @property
     def incarnation(self) -> int:
         """The incarnation of the local partition service with an open Watch (0: none)."""
         return self._incarnation
 
-    def partition_attached(self, incarnation: int) -> None:
+    def partition_attached(self, incarnation: int, protocol: Support = THIS_RELEASE) -> None:
         self._attached[incarnation] += 1
+        self._supports[incarnation] = protocol
         self._set_incarnation(incarnation)
 
     def partition_detached(self, incarnation: int) -> None:
         self._attached[incarnation] -= 1
         if self._attached[incarnation] <= 0:
             del self._attached[incarnation]
+            self._supports.pop(incarnation, None)
         if incarnation == self._incarnation and incarnation not in self._attached:
             # Another open watch (an older process still shutting down) does not count: the
             # node serves only with the newest one.
@@ -250,8 +274,13 @@ class MembershipAgent:
     def _set_incarnation(self, incarnation: int) -> None:
         if incarnation == self._incarnation:
             return
-        log.info("partition service incarnation %d -> %d", self._incarnation, incarnation)
-        self._incarnation = incarnation
+        previous, self._incarnation = self._incarnation, incarnation
+        log.info(
+            "partition service incarnation %d -> %d; the node speaks protocol %s",
+            previous,
+            incarnation,
+            self.protocol.describe(),
+        )
         if self._session is not None:
             self._session.set_record(self.record())
         self._rewrite.set()
@@ -314,6 +343,8 @@ class MembershipAgent:
                     incarnation=reg.incarnation if reg else in_view[node].incarnation,
                     probe="" if node == self.config.node_id else probes.get(node, ""),
                     suspected_by=suspected_by.get(node, []),
+                    protocol=reg.protocol.to_proto() if reg else None,
+                    not_admitted=self.refused.get(node, ""),
                 )
             )
         return pb.MembershipStatus(
@@ -473,6 +504,15 @@ class MembershipAgent:
             now = monotonic_ms()
             for node in {m.node_id for m in old.members} - {m.node_id for m in view.members}:
                 self.registry.unsettle(node, now)
+        before = ClusterProtocol.of_view(old) if old is not None else None
+        after = ClusterProtocol.of_view(view)
+        if after != before:
+            log.info(
+                "view %d: the cluster speaks protocol %s%s",
+                view.epoch,
+                after.describe(),
+                f" (was {before.describe()})" if before is not None else "",
+            )
         self.board.publish(view)
         self.proposals.settle(view)
         self._update_peers()
@@ -618,6 +658,17 @@ class MembershipAgent:
             node not in members for node in self.registry.registrations()
         )
 
+    def _note_refusals(self, refused: dict[str, str]) -> None:
+        """Say once why each node is kept out for its protocol versions (and when that ends)."""
+        me = self.config.node_id
+        for node, why in sorted(refused.items()):
+            if self.refused.get(node) != why:
+                who = "this node" if node == me else node
+                log.error("not admitting %s to the cluster: %s", who, why)
+        for node in sorted(self.refused.keys() - refused.keys()):
+            log.info("%s is no longer refused for its protocol versions", node)
+        self.refused = refused
+
     async def _plan_once(self, config: PlanConfig) -> bool:
         """Plan and propose once; True when a CAS was lost (plan again on the re-read view)."""
         view = self.board.view
@@ -631,6 +682,7 @@ class MembershipAgent:
             if self.gate is None
             else self.gate.discovered(registry, {m.node_id for m in view.members} if view else ()),
         )
+        self._note_refusals(refused_joiners(view, observed))
         try:
             proposal = plan(view, observed, config, monotonic_ms())
         except ValueError as exc:  # ViewError: a view in Consul that breaks the invariants

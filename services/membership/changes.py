@@ -15,6 +15,7 @@ from opentelemetry.util.types import AttributeValue
 
 from hexmq import telemetry
 from hexmq.api.membership.v1 import membership_pb2 as pb
+from hexmq.node_protocol import ClusterProtocol
 from hexmq.telemetry.tracing import Tracing
 
 log = logging.getLogger("hexmq.membership")
@@ -102,6 +103,7 @@ def record_view_change(
     health = partition_health(new)
     m.partitions_offline.set(health.offline)
     m.partitions_under_replicated.set(health.under_replicated)
+    m.show_protocol(ClusterProtocol.of_view(new))
     attributes: dict[str, AttributeValue] = {
         telemetry.Attr.VIEW_EPOCH: new.epoch,
         telemetry.Attr.NODE: node_id,

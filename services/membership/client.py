@@ -2,9 +2,10 @@
 
 `ViewWatcher` keeps the newest agreed view, reconnects with backoff when the agent is away (a
 dead agent never makes a service hang: the last view stays in force), and calls a listener on
-every newer view; the partition service passes its incarnation, which the agent registers for
-as long as the watch is open. `MembershipClient` asks for view changes (Propose) and follows
-the node's liveness lease (Lease), its stream reconnecting on its own.
+every newer view; the partition service passes its incarnation and what it speaks of the
+inter-node protocol, which the agent registers for as long as the watch is open.
+`MembershipClient` asks for view changes (Propose) and follows the node's liveness lease
+(Lease), its stream reconnecting on its own.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import grpc
 
 from hexmq.api.membership.v1 import membership_pb2 as pb
 from hexmq.api.membership.v1 import membership_pb2_grpc as pb_grpc
+from hexmq.node_protocol import Support
 from hexmq.service import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -29,10 +31,17 @@ _MAX_BACKOFF_S = 2.0
 
 
 class ViewWatcher:
-    def __init__(self, target: str, listener: ViewListener, incarnation: int = 0) -> None:
+    def __init__(
+        self,
+        target: str,
+        listener: ViewListener,
+        incarnation: int = 0,
+        protocol: Support | None = None,
+    ) -> None:
         self._target = target
         self._listener = listener
         self._incarnation = incarnation
+        self._protocol = protocol
         self.view: pb.View | None = None
         self._have_view = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -56,7 +65,11 @@ class ViewWatcher:
                 async with grpc.aio.insecure_channel(self._target) as channel:
                     stub = pb_grpc.MembershipServiceStub(channel)
                     after = self.view.epoch if self.view is not None else 0
-                    request = pb.WatchRequest(after_epoch=after, incarnation=self._incarnation)
+                    request = pb.WatchRequest(
+                        after_epoch=after,
+                        incarnation=self._incarnation,
+                        protocol=self._protocol.to_proto() if self._protocol else None,
+                    )
                     async for view in stub.Watch(request):
                         backoff = _FIRST_BACKOFF_S
                         if self.view is None or view.epoch > self.view.epoch:
@@ -64,12 +77,16 @@ class ViewWatcher:
                             await self._tell(view)
                             self._have_view.set()
             except grpc.aio.AioRpcError as exc:
-                log.warning(
-                    "membership %s unreachable (%s); keeping view epoch %s",
-                    self._target,
-                    exc.code().name,
-                    self.view.epoch if self.view else None,
-                )
+                if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    # The agent refuses this process (no protocol version in common): say why.
+                    log.error("membership %s refuses the watch: %s", self._target, exc.details())
+                else:
+                    log.warning(
+                        "membership %s unreachable (%s); keeping view epoch %s",
+                        self._target,
+                        exc.code().name,
+                        self.view.epoch if self.view else None,
+                    )
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, _MAX_BACKOFF_S)
 

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hexmq.api.membership.v1 import membership_pb2 as pb
+from hexmq.node_protocol import THIS_RELEASE, Support
 
 # How an agent found a node unreachable: "refused" (the process is gone: connection refused or
 # reset, confirmed by a second probe) is strong evidence; "silent" (timeouts) is not.
@@ -32,6 +33,9 @@ class Registration:
     # agent itself was not watching (paused, restarted). docs/failover.md, "Who changes the
     # view": --rejoin-settle counts from the last doubt.
     since_ms: int
+    # What the node speaks of the inter-node protocol, as its record says (a v0.2.0 record:
+    # LEGACY). The default is what this release's agents register.
+    protocol: Support = THIS_RELEASE
 
     def __post_init__(self) -> None:
         if not self.node_id:

@@ -6,9 +6,12 @@ check-and-set; a lost CAS re-reads and plans again. The function is pure (no I/O
 propose the same view, and any agent's proposal is as good as another's.
 
 One proposal does one of two things to the membership, never both: it removes the members
-that are lost, or, when nobody is lost, it admits the nodes ready to join. Either way it then
+that are lost, or, when nobody is lost, it admits the nodes ready to join (only those that
+share a protocol version with every member: hexmq/node_protocol.py). Either way it then
 applies the planning node's own requests (in-sync changes and handovers of the partitions it
-masters) and takes every partition one step towards its goal placement. docs/failover.md
+masters), takes every partition one step towards its goal placement, and says in the view what
+protocol the members speak together (the highest version all support, the features all
+support). docs/failover.md
 ("Placement", "Who changes the view") is the operator's account of the same rules.
 """
 
@@ -19,6 +22,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 from hexmq.api.membership.v1 import membership_pb2 as pb
+from hexmq.node_protocol import (
+    LEGACY,
+    ClusterProtocol,
+    Support,
+    admission_refusal,
+    cluster_protocol,
+)
 from services.membership.goal import goal, goal_orders
 from services.membership.observed import (
     REFUSED,
@@ -49,6 +59,7 @@ __all__ = [
     "goal",
     "lost_members",
     "plan",
+    "refused_joiners",
     "request_outcome",
 ]
 
@@ -125,10 +136,12 @@ def plan(
     for p, part in enumerate(parts):
         _towards_goal(part, members, orders[p], rf)
     new_members = [members[n] for n in sorted(members)]
+    protocol = cluster_protocol(_member_supports(members, observed).values())
     if (
         new_members == list(view.members)
         and sorted(targets) == sorted(view.target_members)
         and all(part.key() == key for part, key in zip(parts, before, strict=True))
+        and protocol == ClusterProtocol.of_view(view)
     ):
         return None
     return pb.View(
@@ -138,6 +151,8 @@ def plan(
         members=new_members,
         partitions=[part.proto(p) for p, part in enumerate(parts)],
         target_members=sorted(targets),
+        protocol_version=protocol.version,
+        features=sorted(protocol.features),
     )
 
 
@@ -145,14 +160,64 @@ def _member_ids(view: pb.View) -> list[str]:
     return [m.node_id for m in view.members]
 
 
-def _first_view(observed: Observed, config: PlanConfig) -> pb.View | None:
-    """The first view, once `expect` nodes that discovery lists are registered and serving
-    (expect None: every node discovery lists, or one without discovery): every partition
-    placed by assign(), at epoch 1, all in sync."""
-    serving = sorted(
+def _member_supports(members: Mapping[str, pb.Member], observed: Observed) -> dict[str, Support]:
+    """What each member speaks, by its registration with the incarnation the view admits
+    (without one, the least: v0.2.0's)."""
+    supports = {}
+    for node, member in members.items():
+        reg = observed.registry.get(node)
+        ok = reg is not None and reg.incarnation == member.incarnation
+        supports[node] = reg.protocol if reg is not None and ok else LEGACY
+    return supports
+
+
+def _serving(observed: Observed) -> list[Registration]:
+    """Registered, serving nodes that discovery lists (every one without discovery)."""
+    return sorted(
         (r for r in observed.registry.values() if r.incarnation > 0 and observed.admits(r.node_id)),
         key=lambda r: r.node_id,
     )
+
+
+def _founders(serving: Sequence[Registration]) -> list[Registration]:
+    """The serving nodes that share the protocol version most of them speak (on a tie, the
+    highest such version): who may form the first view together."""
+    best: tuple[int, int] = (0, 0)
+    for r in serving:
+        for version in (r.protocol.min_version, r.protocol.max_version):
+            count = sum(
+                1 for o in serving if o.protocol.min_version <= version <= o.protocol.max_version
+            )
+            best = max(best, (count, version))
+    version = best[1]
+    return [r for r in serving if r.protocol.min_version <= version <= r.protocol.max_version]
+
+
+def refused_joiners(view: pb.View | None, observed: Observed) -> dict[str, str]:
+    """Registered, serving nodes that the view does not admit because of their protocol
+    versions: node -> why (for the agents' logs and `hexmq cluster status`)."""
+    serving = _serving(observed)
+    if view is None:
+        founders = _founders(serving)
+        supports = {r.node_id: r.protocol for r in founders}
+        candidates = [r for r in serving if r not in founders]
+    else:
+        members = {m.node_id: m for m in view.members}
+        supports = _member_supports(members, observed)
+        candidates = [r for r in serving if r.node_id not in members]
+    refused = {}
+    for reg in candidates:
+        why = admission_refusal(reg.protocol, supports)
+        if why is not None:
+            refused[reg.node_id] = why
+    return refused
+
+
+def _first_view(observed: Observed, config: PlanConfig) -> pb.View | None:
+    """The first view, once `expect` nodes that discovery lists and that share a protocol
+    version are registered and serving (expect None: every node discovery lists, or one
+    without discovery): every partition placed by assign(), at epoch 1, all in sync."""
+    serving = _founders(_serving(observed))
     if config.expect is not None:
         if len(serving) < config.expect:
             return None
@@ -164,6 +229,7 @@ def _first_view(observed: Observed, config: PlanConfig) -> pb.View | None:
     for p in range(config.partitions):
         replicas = list(orders[p][: config.rf])
         parts.append(_Part(1, replicas, set(replicas), ""))
+    protocol = cluster_protocol(r.protocol for r in serving)
     return pb.View(
         epoch=1,
         partition_count=config.partitions,
@@ -171,6 +237,8 @@ def _first_view(observed: Observed, config: PlanConfig) -> pb.View | None:
         members=[r.member() for r in serving],
         partitions=[part.proto(p) for p, part in enumerate(parts)],
         target_members=ids,
+        protocol_version=protocol.version,
+        features=sorted(protocol.features),
     )
 
 
@@ -207,20 +275,26 @@ def _joiners(
     view: pb.View, observed: Observed, config: PlanConfig, now_ms: int
 ) -> list[Registration]:
     """The nodes ready to join: registered and serving, listed by discovery (if any), not
-    members, reported by no live member, and registered (as the agent counts it: since_ms)
-    at least rejoin_settle_ms."""
+    members, reported by no live member, registered (as the agent counts it: since_ms) at
+    least rejoin_settle_ms, and sharing a protocol version with every member and every node
+    admitted before it (in node id order) in this view."""
     members = set(_member_ids(view))
     reporters = _live_reporters(view, observed)
     suspected = {n for r in reporters for n in observed.suspicions.get(r, {}) if n != r}
-    return [
-        reg
-        for node, reg in sorted(observed.registry.items())
-        if reg.incarnation > 0
-        and node not in members
-        and observed.admits(node)
-        and node not in suspected
-        and now_ms - reg.since_ms >= config.rejoin_settle_ms
-    ]
+    supports = _member_supports({m.node_id: m for m in view.members}, observed)
+    joiners = []
+    for node, reg in sorted(observed.registry.items()):
+        if (
+            reg.incarnation > 0
+            and node not in members
+            and observed.admits(node)
+            and node not in suspected
+            and now_ms - reg.since_ms >= config.rejoin_settle_ms
+            and admission_refusal(reg.protocol, supports) is None
+        ):
+            joiners.append(reg)
+            supports[node] = reg.protocol
+    return joiners
 
 
 def _refresh_addresses(members: dict[str, pb.Member], observed: Observed) -> None:

@@ -11,12 +11,12 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 from hexmq.netaddr import parse_hostport
+from hexmq.node_protocol import THIS_RELEASE, ProtocolError, Support
 from services.membership.plan import Registration
 
-PROTOCOL_VERSION: Final = 1
 SERVICE_NAME: Final = "hexmq"
 SUSPICION_KINDS: Final = frozenset({"refused", "silent"})
 _CLUSTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
@@ -82,15 +82,20 @@ class ClusterKeys:
 
 @dataclass(frozen=True, slots=True)
 class MemberRecord:
-    """The value of hexmq/<cluster>/members/<node>: the node's addresses and the incarnation of
-    its partition service (0 while none is connected to the agent)."""
+    """The value of hexmq/<cluster>/members/<node>: the node's addresses, the incarnation of
+    its partition service (0 while none is connected to the agent) and what the node speaks of
+    the inter-node protocol (hexmq/node_protocol.py).
+
+    The protocol goes in as "protocol" (the lowest version: the only field a v0.2.0 agent
+    reads, and it must read 1 there to count the node as registered), "protocol_max" and
+    "features"; a record without the last two (v0.2.0's) speaks version 1 only."""
 
     node_id: str
     partition_addr: str
     mqtt_addr: str
     membership_addr: str
     incarnation: int
-    protocol: int = PROTOCOL_VERSION
+    protocol: Support = THIS_RELEASE
 
     def to_json(self) -> bytes:
         doc = {
@@ -99,7 +104,9 @@ class MemberRecord:
             "mqtt_addr": self.mqtt_addr,
             "membership_addr": self.membership_addr,
             "incarnation": self.incarnation,
-            "protocol": self.protocol,
+            "protocol": self.protocol.min_version,
+            "protocol_max": self.protocol.max_version,
+            "features": sorted(self.protocol.features),
         }
         return json.dumps(doc, sort_keys=True).encode()
 
@@ -111,6 +118,7 @@ class MemberRecord:
             membership_addr=self.membership_addr,
             incarnation=self.incarnation,
             since_ms=since_ms,
+            protocol=self.protocol,
         )
 
 
@@ -126,11 +134,31 @@ def _json_object(key: str, value: bytes | None) -> dict[str, Any]:
     return doc
 
 
+def _whole(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _protocol_of(key: str, doc: Mapping[str, Any]) -> Support:
+    """The record's protocol support. One this agent does not speak still parses: the planner
+    refuses the node's admission and says why, rather than taking it for unregistered."""
+    low = doc.get("protocol")
+    high = doc.get("protocol_max", low)
+    features = doc.get("features", [])
+    if not _whole(low) or low < 1:
+        raise RecordError(f"{key}: protocol must be a whole number >= 1, got {low!r}")
+    if not _whole(high):
+        raise RecordError(f"{key}: protocol_max must be a whole number, got {high!r}")
+    if not isinstance(features, list) or not all(isinstance(f, str) for f in features):
+        raise RecordError(f"{key}: features must be a list of names, got {features!r}")
+    try:
+        return Support(low, high, frozenset(features))
+    except ProtocolError as exc:
+        raise RecordError(f"{key}: {exc}") from exc
+
+
 def parse_member_record(key: str, node_id: str, value: bytes | None) -> MemberRecord:
     doc = _json_object(key, value)
-    protocol = doc.get("protocol")
-    if protocol != PROTOCOL_VERSION:
-        raise RecordError(f"{key}: protocol {protocol!r}, this agent speaks {PROTOCOL_VERSION}")
+    protocol = _protocol_of(key, doc)
     if doc.get("node_id") != node_id:
         raise RecordError(f"{key}: node_id {doc.get('node_id')!r} does not match the key")
     addrs = {}
@@ -144,7 +172,7 @@ def parse_member_record(key: str, node_id: str, value: bytes | None) -> MemberRe
             raise RecordError(f"{key}: {exc}") from exc
         addrs[field] = addr
     incarnation = doc.get("incarnation")
-    if not isinstance(incarnation, int) or isinstance(incarnation, bool) or incarnation < 0:
+    if not _whole(incarnation) or incarnation < 0:
         raise RecordError(f"{key}: incarnation must be a whole number >= 0, got {incarnation!r}")
     return MemberRecord(
         node_id=node_id,
@@ -152,6 +180,7 @@ def parse_member_record(key: str, node_id: str, value: bytes | None) -> MemberRe
         mqtt_addr=addrs["mqtt_addr"],
         membership_addr=addrs["membership_addr"],
         incarnation=incarnation,
+        protocol=protocol,
     )
 
 

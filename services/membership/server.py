@@ -16,6 +16,7 @@ import grpc
 
 from hexmq.api.membership.v1 import membership_pb2 as pb
 from hexmq.api.membership.v1 import membership_pb2_grpc as pb_grpc
+from hexmq.node_protocol import THIS_RELEASE, ProtocolError, Support, link_refusal
 from services.membership.proposals import ProposalError, requests_from_proto
 
 if TYPE_CHECKING:
@@ -58,7 +59,8 @@ class MembershipServicer(pb_grpc.MembershipServiceServicer):
     ) -> AsyncIterator[pb.View]:
         incarnation = request.incarnation
         if incarnation:
-            self._agent.partition_attached(incarnation)
+            protocol = await self._partition_protocol(request, context)
+            self._agent.partition_attached(incarnation, protocol)
         try:
             epoch = request.after_epoch
             while True:
@@ -68,6 +70,25 @@ class MembershipServicer(pb_grpc.MembershipServiceServicer):
         finally:
             if incarnation:
                 self._agent.partition_detached(incarnation)
+
+    async def _partition_protocol(
+        self, request: pb.WatchRequest, context: grpc.aio.ServicerContext
+    ) -> Support:
+        """What the watching partition service speaks; its watch is refused if that shares no
+        version with this agent (the node could not be registered as either speaks)."""
+        try:
+            protocol = Support.from_proto(request.protocol)
+        except ProtocolError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"protocol: {exc}")
+            raise AssertionError("unreachable") from exc
+        why = link_refusal(
+            f"partition service incarnation {request.incarnation}", protocol, THIS_RELEASE
+        )
+        if why is not None:
+            log.error("refusing the watch: %s; upgrade this agent or that service", why)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
+            raise AssertionError("unreachable")
+        return protocol
 
     async def GetView(
         self, request: pb.GetViewRequest, context: grpc.aio.ServicerContext

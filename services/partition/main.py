@@ -17,6 +17,7 @@ from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
 from hexmq.grpc_options import LINK_OPTIONS
 from hexmq.health import NOT_SERVING, SERVING, add_health
 from hexmq.netaddr import parse_hostport
+from hexmq.node_protocol import THIS_RELEASE
 from hexmq.service import (
     add_observability_arguments,
     run_service,
@@ -184,7 +185,9 @@ def run(args: argparse.Namespace) -> int:
                     incarnation,
                 )
 
-        watcher = ViewWatcher(args.membership, on_view, incarnation=incarnation)
+        watcher = ViewWatcher(
+            args.membership, on_view, incarnation=incarnation, protocol=THIS_RELEASE
+        )
         server = grpc.aio.server(options=LINK_OPTIONS)
         pb_grpc.add_PartitionServiceServicer_to_server(
             PartitionServicer(node, replication, ready), server
@@ -210,7 +213,12 @@ def run(args: argparse.Namespace) -> int:
                 "no view from membership at %s within %.0fs", args.membership, args.startup_timeout
             )
             return 1
-        log.info("serving edges on %s (pid %d)", args.listen, os.getpid())
+        log.info(
+            "serving edges on %s (pid %d); speaks protocol %s",
+            args.listen,
+            os.getpid(),
+            THIS_RELEASE.describe(),
+        )
         sweeper = asyncio.create_task(_sweep(node))
         metrics = asyncio.create_task(_report_metrics(node, commit, replicator))
         await stop.wait()

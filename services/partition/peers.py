@@ -27,10 +27,12 @@ from typing import Protocol
 import grpc
 import redis.asyncio as redis
 
+from hexmq import telemetry
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
 from hexmq.grpc_options import LINK_OPTIONS
+from hexmq.node_protocol import THIS_RELEASE, ClusterProtocol, ProtocolError, Support, link_refusal
 from hexmq.ranges import ranges
 from hexmq.service import cancel_and_wait
 from services.partition.agreement import AgreementClient
@@ -43,6 +45,7 @@ from services.partition.replication import (
     Replicator,
     SnapshotRead,
 )
+from services.partition.snapshot_codec import ChunkSent, SnapshotChunkError
 from services.partition.store import (
     GroupCommit,
     RedisStore,
@@ -162,6 +165,7 @@ class MasterLink:
                         node_id=core.node_id,
                         positions=core.link_open(self.master),
                         incarnation=self.driver.incarnation,
+                        protocol=THIS_RELEASE.to_proto(),
                     )
                     self.driver.process()
                     call = stub.Replicate(self._outgoing(self._generation, hello))
@@ -175,6 +179,12 @@ class MasterLink:
                 why = "not reachable"
             except grpc.aio.AioRpcError as exc:
                 why = f"{exc.code().name}: {exc.details()}"
+                if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    log.error("master %s refuses this follower: %s", self.master, exc.details())
+            except SnapshotChunkError as exc:
+                # Never from a master of a release this one reads: end the stream, join again.
+                why = str(exc)
+                log.error("replication stream from %s: %s", self.master, exc)
             if self.master in core.links:
                 log.warning("replication stream from %s lost (%s)", self.master, why)
             core.link_closed(self.master)
@@ -183,6 +193,17 @@ class MasterLink:
             self._wake.set()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 1.0)
+
+
+def _encoding_summary(chunks: list[ChunkSent]) -> str:
+    """'zlib, 412 KB as 61 KB' or 'plain, 412 KB' (mixed: the view changed meanwhile)."""
+    raw = sum(c.raw_bytes for c in chunks)
+    wire = sum(c.wire_bytes for c in chunks)
+    packed = sum(1 for c in chunks if c.packed)
+    if packed == 0:
+        return f"plain, {raw / 1024:.0f} KB"
+    how = "zlib" if packed == len(chunks) else f"zlib for {packed} of {len(chunks)} chunks"
+    return f"{how}, {raw / 1024:.0f} KB as {wire / 1024:.0f} KB"
 
 
 class RoleListener(Protocol):
@@ -269,6 +290,16 @@ class ReplicationDriver:
             if core.node_id in a.replicas and p not in core.mastered and p not in core.followed
         ]
         stored = await self.store.load_positions(fresh) if fresh else {}
+        protocol = ClusterProtocol.of_view(view)
+        if protocol != core.protocol:
+            log.info(
+                "view %d: the cluster speaks protocol %s (was %s)",
+                view.epoch,
+                protocol.describe(),
+                core.protocol.describe(),
+            )
+        telemetry.METRICS.show_protocol(protocol)
+        core.set_protocol(protocol)
         core.set_view(assignments, stored)
         self.process()
 
@@ -346,6 +377,16 @@ class ReplicationDriver:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first frame must carry hello")
             return
         follower = first.hello.node_id
+        try:
+            theirs = Support.from_proto(first.hello.protocol)
+        except ProtocolError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"hello protocol: {exc}")
+            return
+        why = link_refusal(f"follower {follower}", theirs, THIS_RELEASE)
+        if why is not None:
+            log.error("refusing the replication stream: %s", why)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
+            return
         core = self.core
         old = self._feeds.pop(follower, None)
         if old is not None:
@@ -393,36 +434,48 @@ class ReplicationDriver:
 
     async def _read_snapshot(self, read: SnapshotRead) -> None:
         sent = 0
+        chunks: list[ChunkSent] = []
         try:
             previous: list[tuple[int, str, bytes, bytes]] | None = None
             async for chunk in self.store.snapshot_chunks(read.partition, SNAPSHOT_CHUNK_OPS):
                 if previous is not None:
-                    if not await self._send_chunk(read, previous, last=False):
+                    if not await self._send_chunk(read, previous, chunks, last=False):
                         return
                     sent += len(previous)
                 previous = chunk
-            await self._send_chunk(read, previous or [], last=True)
+            if not await self._send_chunk(read, previous or [], chunks, last=True):
+                return
             sent += len(previous or [])
             self.snapshots_sent += 1
             log.info(
-                "snapshot of partition %d at %s sent to %s (%d writes)",
+                "snapshot of partition %d at %s sent to %s (%d writes, %s)",
                 read.partition,
                 read.at,
                 read.follower,
                 sent,
+                _encoding_summary(chunks),
             )
         except (redis.RedisError, OSError) as exc:
             self._on_failure(StorageFailed(f"redis read for a snapshot failed: {exc}"))
 
     async def _send_chunk(
-        self, read: SnapshotRead, ops: list[tuple[int, str, bytes, bytes]], *, last: bool
+        self,
+        read: SnapshotRead,
+        ops: list[tuple[int, str, bytes, bytes]],
+        chunks: list[ChunkSent],
+        *,
+        last: bool,
     ) -> bool:
         outbox = self._feeds.get(read.follower)
         if outbox is None:
             return False
         await outbox.below(SNAPSHOT_BACKLOG)
-        if not self.core.snapshot_chunk(read, ops, last):
+        sent = self.core.snapshot_chunk(read, ops, last)
+        if sent is None:
             return False
+        chunks.append(sent)
+        encoding = "zlib" if sent.packed else "plain"
+        telemetry.METRICS.snapshot_bytes.labels(encoding).inc(sent.wire_bytes)
         self.process()
         return True
 

@@ -41,6 +41,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.node_protocol import BASELINE, ZLIB_SNAPSHOTS, ClusterProtocol
+from services.partition.snapshot_codec import (
+    ChunkSent,
+    SnapshotChunkError,
+    chunk_ops,
+    fill_chunk,
+)
 
 HSET = pb.StorageOp.KIND_HSET
 HDEL = pb.StorageOp.KIND_HDEL
@@ -410,8 +417,17 @@ class Replicator:
         # that the position a partition then starts from is what its store holds.
         self._deferred: dict[int, Assignment | None] = {}
         self._ready = Ready()
+        # What the cluster speaks, by the view this node acts on (set_protocol): snapshot
+        # chunks are packed only while it has zlib-snapshots on.
+        self.protocol: ClusterProtocol = BASELINE
 
     # ----- roles -----------------------------------------------------------------------
+
+    def set_protocol(self, protocol: ClusterProtocol) -> None:
+        """What the cluster speaks by the view about to be set (before set_view): a follower
+        of another release is a replica only in views that count it a member, and such a view
+        turns off what it cannot read."""
+        self.protocol = protocol
 
     def set_view(self, assignments: Mapping[int, Assignment], stored: Mapping[int, Stored]) -> None:
         """Take the roles the view gives this node. `stored` is what this node's store holds
@@ -773,22 +789,22 @@ class Replicator:
                 self._start_snapshot(m, fp)
         self._advance()
 
-    def snapshot_chunk(self, read: SnapshotRead, ops: list[Op], last: bool) -> bool:
-        """One chunk of a snapshot read; False if that snapshot is no longer wanted (the stream
-        broke or a newer one started): the reader stops."""
+    def snapshot_chunk(self, read: SnapshotRead, ops: list[Op], last: bool) -> ChunkSent | None:
+        """One chunk of a snapshot read, and how it went out; None if that snapshot is no
+        longer wanted (the stream broke or a newer one started): the reader stops."""
         follower, p, at = read.follower, read.partition, read.at
         m = self.mastered.get(p)
         fp = m.followers.get(follower) if m is not None else None
         if m is None or fp is None or fp.state != SNAPSHOT or fp.snapshot_id != read.id:
-            return False
+            return None
         chunk = pb.SnapshotChunk(
             partition=p,
             epoch=at[0],
             seq=at[1],
             first=not fp.snapshot_started,
             last=last,
-            ops=ops_to_pb(ops),
         )
+        sent = fill_chunk(chunk, ops, packed=self.protocol.uses(ZLIB_SNAPSHOTS))
         out = self._out(follower)
         if not fp.snapshot_started:
             out.append(self._start_item(m, at[1] + 1, snapshot=True))
@@ -797,7 +813,7 @@ class Replicator:
         if last:
             fp.state, fp.next, fp.acked = LOG, at[1] + 1, 0
             self._send(m, fp)
-        return True
+        return sent
 
     def _start_snapshot(self, m: MasteredPartition, fp: FollowerProgress) -> None:
         fp.state = SNAPSHOT
@@ -980,7 +996,9 @@ class Replicator:
                 fd.joined_at = 0
 
     def step_items(self, master: str, items: Iterable[pb.ReplicationItem]) -> None:
-        """FeedStarts, entries and snapshot chunks from `master`, in stream order."""
+        """FeedStarts, entries and snapshot chunks from `master`, in stream order. Raises
+        SnapshotChunkError for a chunk it cannot read (the items before it are taken); the
+        adapter then ends the stream, and the follower joins again on a new one."""
         persist: Persist | None = None
         limits = self.limits
         for item in items:
@@ -1046,6 +1064,12 @@ class Replicator:
                 fd = self.followed.get(c.partition)
                 if fd is None or fd.master != master or not fd.accepting:
                     continue
+                try:
+                    chunk = chunk_ops(c)
+                except SnapshotChunkError:
+                    if persist is not None:  # what came before the chunk is taken
+                        self._ready.persist.append(persist)
+                    raise
                 if persist is None:
                     persist = self._new_persist()
                 if c.first:
@@ -1060,7 +1084,7 @@ class Replicator:
                     persist.histories.pop(c.partition, None)
                 elif not fd.loading:
                     continue
-                persist.ops.extend(ops_from_pb(c.ops))
+                persist.ops.extend(chunk)
                 if c.last:
                     fd.loading = False
                     fd.received = (c.epoch, c.seq)

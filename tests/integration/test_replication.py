@@ -16,6 +16,7 @@ import grpc
 import pytest
 import redis
 
+from hexmq.api.common.v1 import common_pb2
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
 from hexmq.hashring import assign, partition_of
@@ -228,6 +229,10 @@ async def test_follower_down_during_10000_writes_catches_up(  # type: ignore[no-
         rf"snapshot of partition {sub_partition} at \S+ \S+ sent to n3", master_log
     )
     assert bool(snapshotted) == (catch_up == "snapshot"), master_log[-2000:]
+    if snapshotted:
+        # Every member runs this release: the view has zlib-snapshots on, so the chunks are packed.
+        line = master_log[snapshotted.start() :].splitlines()[0]
+        assert ", zlib, " in line, line
     # The caught-up copy is the real thing: n3's own edge serves the whole queue in order.
     payloads = await receive_all(cluster.mqtt_port(3), sub_id, 10_000)
     assert payloads == [str(i).encode() for i in range(10_000)]
@@ -290,6 +295,56 @@ async def test_misrouted_writes_are_refused_naming_the_master_and_never_applied(
     assert connack.reason_code == 0
     assert connack.session_present is False
     await client.close()
+
+
+async def test_links_from_a_process_sharing_no_protocol_version_are_refused(rf3) -> None:  # type: ignore[no-untyped-def]
+    """An edge or a follower that speaks only versions this release does not is refused with
+    FAILED_PRECONDITION naming both sides' versions, and the partition service says so in its
+    log; one that says nothing (v0.2.0) speaks version 1 and is let in."""
+    port = int(rf3.node(1)["partition_port"])
+    too_new = common_pb2.ProtocolSupport(min_version=9, max_version=9)
+
+    async def first_answer(call: Any) -> tuple[grpc.StatusCode, str]:
+        """The refusal's code and details, or OK once a frame came or the stream stayed open
+        for 3 s."""
+        try:
+            async with asyncio.timeout(3):
+                async for _ in call:
+                    return grpc.StatusCode.OK, ""
+        except TimeoutError:
+            return grpc.StatusCode.OK, ""
+        except grpc.aio.AioRpcError as exc:
+            return exc.code(), exc.details() or ""
+        return grpc.StatusCode.OK, ""
+
+    async def edge_frames(
+        protocol: common_pb2.ProtocolSupport | None,
+    ) -> AsyncIterator[pb.EdgeFrame]:
+        yield pb.EdgeFrame(
+            hello=pb.Hello(edge_id=f"probe-{uid()}", edge_incarnation=1, protocol=protocol)
+        )
+        await asyncio.sleep(30)
+
+    async def follower_frames() -> AsyncIterator[pb.FollowerFrame]:
+        hello = pb.FollowerHello(node_id="n9", incarnation=1, protocol=too_new)
+        yield pb.FollowerFrame(hello=hello)
+        await asyncio.sleep(30)
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = pb_grpc.PartitionServiceStub(channel)
+        refused = "speaks protocol versions 9, this process speaks 1..2: no version in common"
+        code, details = await first_answer(stub.Link(edge_frames(too_new)))
+        assert code == grpc.StatusCode.FAILED_PRECONDITION, details
+        assert refused in details
+        code, details = await first_answer(stub.Replicate(follower_frames()))
+        assert code == grpc.StatusCode.FAILED_PRECONDITION, details
+        assert refused in details
+        legacy = stub.Link(edge_frames(None))
+        assert await first_answer(legacy) == (grpc.StatusCode.OK, "")
+        legacy.cancel()
+    log = (rf3.dir / "node1" / "partition.log").read_text()
+    assert "refusing the edge's link: edge probe-" in log
+    assert "refusing the replication stream: follower n9 speaks protocol versions 9" in log
 
 
 async def test_racing_connects_on_two_nodes_leave_one_live_connection(rf3) -> None:  # type: ignore[no-untyped-def]

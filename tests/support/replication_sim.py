@@ -22,7 +22,11 @@ services/partition/peers.py does, and plays the agreement the way the membership
 - `kill` ends a process without the view noticing; `fail` is the agreement removing a node (a
   master's partitions go to the first in-sync replica, at a new epoch); `restart` starts a
   process with a new incarnation, which the view treats as its old one leaving and the node
-  joining again as a follower of what it held (`readmit`).
+  joining again as a follower of what it held (`readmit`);
+- every node runs a release (`version`, from its next start): this one, or the previous one
+  (v0.2.0: protocol version 1 only), whose follower does not know SnapshotChunk.packed_ops and
+  so takes only `ops` from a chunk. Every view tells every node what the members speak
+  together (`set_protocol`, as the planner's view does: hexmq/node_protocol.py).
 
 Invariants checked as it runs (a `SimError` otherwise): a master releases its tokens in
 proposal order; when it releases one, every replica in the view's in-sync set of each partition
@@ -43,7 +47,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.hashring import assign
+from hexmq.node_protocol import (
+    LEGACY,
+    THIS_RELEASE,
+    ZLIB_SNAPSHOTS,
+    ClusterProtocol,
+    Support,
+    cluster_protocol,
+)
 from services.partition.replication import (
     DEL,
     HDEL,
@@ -118,6 +131,10 @@ class SimNode:
     aborted: int = 0  # released tokens with an aborted part
     snapshots: int = 0  # snapshot reads asked of this node
     promotions: int = 0
+    # The release its process runs (what it speaks); `release` from its next start.
+    support: Support = THIS_RELEASE
+    release: Support = THIS_RELEASE
+    packed_chunks: int = 0  # snapshot chunks this node sent with packed writes
 
 
 def apply_op(store: dict[str, dict[bytes, bytes]], op: Op) -> None:
@@ -214,12 +231,22 @@ class Sim:
         """The view as the node takes it: none at all while it is not a member."""
         return dict(self.assignments) if name in self.members else {}
 
+    def protocol(self) -> ClusterProtocol:
+        """What the members speak together (the planner writes it into every view)."""
+        return cluster_protocol(self.nodes[n].support for n in sorted(self.members))
+
+    def _take_view(self, name: str) -> None:
+        rep = self.rep(name)
+        rep.set_protocol(self.protocol())
+        rep.set_view(self._roles(name), self._stored(name))
+
     def _start(self, name: str) -> None:
         node = self.nodes[name]
         node.rep = Replicator(name, self.limits)
+        node.support = node.release
         node.incarnation += 1
         node.proposals, node.released = [], 0
-        node.rep.set_view(self._roles(name), self._stored(name))
+        self._take_view(name)
         self._process(name)
 
     def _connect(self) -> None:
@@ -319,7 +346,7 @@ class Sim:
         for name in sorted(self.nodes):
             rep = self.nodes[name].rep
             if rep is not None and name not in self.blind:
-                rep.set_view(self._roles(name), self._stored(name))
+                self._take_view(name)
         for name in sorted(self.nodes):
             self._process(name)
         self._close_unwanted()
@@ -334,7 +361,7 @@ class Sim:
         self.blind.discard(name)
         rep = self.nodes[name].rep
         if rep is not None:
-            rep.set_view(self._roles(name), self._stored(name))
+            self._take_view(name)
             self._process(name)
             if self.auto_agree:
                 self.agree()
@@ -580,6 +607,8 @@ class Sim:
             items = list(msg.payload)
             while merge and ch and ch[0].kind == "items" and not self.drops.get((src, dst)):
                 items.extend(ch.popleft().payload)
+            if ZLIB_SNAPSHOTS not in self.nodes[dst].support.features:
+                items = [_as_previous_release_reads(item) for item in items]
             rep.step_items(src, items)
         else:
             frame = msg.payload
@@ -614,6 +643,8 @@ class Sim:
         chunk, last = pairs[: self.chunk], len(pairs) <= self.chunk
         ops: list[Op] = [(HSET, key, fld, node.store[key][fld]) for key, fld in chunk]
         ok = node.rep.snapshot_chunk(read, ops, last)
+        if ok is not None and ok.packed:
+            node.packed_chunks += 1
         if not ok or last:
             del node.readers[index]
         else:
@@ -689,6 +720,17 @@ class Sim:
         raise ScriptError(f"{f} is not a follower of p{p} on {master}")
 
 
+def _as_previous_release_reads(item: pb.ReplicationItem) -> pb.ReplicationItem:
+    """An item as a follower of v0.2.0 parses it: SnapshotChunk.packed_ops is a field it does
+    not know, so it never sees those writes."""
+    if item.WhichOneof("item") != "snapshot" or not item.snapshot.packed_ops:
+        return item
+    seen = pb.ReplicationItem()
+    seen.CopyFrom(item)
+    seen.snapshot.ClearField("packed_ops")
+    return seen
+
+
 def _show(state: tuple[dict[str, dict[bytes, bytes]], Position]) -> str:
     data, pos = state
     flat = {
@@ -736,6 +778,7 @@ class Script:
             "blind": self.do_blind,
             "see": self.do_see,
             "diverge": self.do_diverge,
+            "version": self.do_version,
             "check": self.do_check,
         }
         self.checks: dict[str, Callable[[list[str]], None]] = {
@@ -751,6 +794,8 @@ class Script:
             "value": self.check_value,
             "wrote": self.check_wrote,
             "snapshots": self.check_snapshots,
+            "packed": self.check_packed,
+            "protocol": self.check_protocol,
             "master": self.check_master,
             "view-in-sync": self.check_view_in_sync,
             "aborted": self.check_aborted,
@@ -951,6 +996,14 @@ class Script:
     def do_restart(self, a: list[str]) -> None:
         self.s.restart(self.node(a[0]))
 
+    def do_version(self, a: list[str]) -> None:
+        """version n2 previous|current: the release n2 runs from its next start (previous:
+        v0.2.0, protocol version 1, blind to packed snapshot writes)."""
+        releases = {"previous": LEGACY, "current": THIS_RELEASE}
+        if a[1] not in releases:
+            raise ScriptError(f"version {a[1]!r}: previous or current")
+        self.s.nodes[self.node(a[0])].release = releases[a[1]]
+
     def do_fail(self, a: list[str]) -> None:
         """fail n1: the agreement removes n1 from the view (whether or not it is alive)."""
         self.s.fail(self.node(a[0]))
@@ -1084,6 +1137,16 @@ class Script:
     def check_requests(self, a: list[str]) -> None:
         """check requests K: agreement requests waiting (manual-agree)."""
         self.expect("requests", len(self.s.requests), int(a[0]))
+
+    def check_packed(self, a: list[str]) -> None:
+        """check packed n1 K: snapshot chunks n1 sent with packed (zlib) writes so far."""
+        self.expect("packed chunks", self.s.nodes[self.node(a[0])].packed_chunks, int(a[1]))
+
+    def check_protocol(self, a: list[str]) -> None:
+        """check protocol n1 V F1,F2|-: the protocol version and features n1 acts on."""
+        protocol = self.s.rep(self.node(a[0])).protocol
+        self.expect("protocol version", protocol.version, int(a[1]))
+        self.expect("features", ",".join(sorted(protocol.features)) or "-", a[2])
 
     def check_snapshots(self, a: list[str]) -> None:
         """check snapshots n1 K: snapshot reads n1 was asked for so far."""

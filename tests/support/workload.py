@@ -514,6 +514,13 @@ class Subscriber:
             threading.Thread(target=_retire, args=(old,), daemon=True).start()
         return present
 
+    def drop(self) -> None:
+        """End the connection without DISCONNECT, as a network cut does: the session stays on
+        the server and queues what arrives for it until `move()` resumes it."""
+        client = self._client
+        assert client is not None
+        _drop(client)
+
     def close(self) -> None:
         client, self._client = self._client, None
         if client is not None:

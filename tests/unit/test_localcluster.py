@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hexmq import cli, clusterstate, procs
+from hexmq import cli, clusterstate, localcluster, procs
 from hexmq.clusterstate import NodePorts
 from tests.conftest import pick_base_port, running_processes
 
@@ -128,6 +128,49 @@ def test_node_number_beyond_the_cluster_is_a_usage_error(
     clusterstate.save_state(state)
     assert cli.main(["cluster", "kill", "3", "--dir", str(tmp_path)]) == 2
     assert "node 3 does not exist" in capsys.readouterr().err
+
+
+def test_start_with_python_that_cannot_run_hexmq_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = clusterstate.plan_cluster(
+        tmp_path, nodes=1, base_port=30000, partitions=8, rf=1, python="py", redis_server="rs"
+    )
+    clusterstate.save_state(state)
+    start = ["cluster", "start", "1", "--dir", str(tmp_path), "--python"]
+    assert cli.main([*start, str(tmp_path / "nope")]) == 2
+    assert f"--python {tmp_path / 'nope'}: not an executable file" in capsys.readouterr().err
+    fake = tmp_path / "python"
+    fake.write_text(
+        "#!/bin/sh\necho \"ModuleNotFoundError: No module named 'hexmq'\" >&2\nexit 1\n"
+    )
+    fake.chmod(0o755)
+    assert cli.main([*start, str(fake)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot import hexmq.cli (ModuleNotFoundError: No module named 'hexmq')" in err
+    # Nothing changed: the node still runs from the Python it had.
+    node = clusterstate.require_state(tmp_path).node(1)
+    assert clusterstate.interpreter_of(node) == "py"
+
+
+def test_a_nodes_interpreter_changes_for_its_services_not_its_redis(tmp_path: Path) -> None:
+    state = clusterstate.plan_cluster(
+        tmp_path, nodes=2, base_port=30000, partitions=8, rf=1, python="old", redis_server="rs"
+    )
+    clusterstate.set_interpreter(state.node(2), "/new/venv/bin/python")
+    clusterstate.save_state(state)
+    loaded = clusterstate.require_state(tmp_path)
+    for service in ("membership", "partition", "edge"):
+        assert loaded.node(2).processes[service].argv[:4] == [
+            "/new/venv/bin/python",
+            "-P",
+            "-m",
+            "hexmq.cli",
+        ]
+        assert loaded.node(1).processes[service].argv[0] == "old"
+    assert loaded.node(2).processes["redis"].argv[0] == "rs"
+    assert clusterstate.interpreter_of(loaded.node(2)) == "/new/venv/bin/python"
+    assert localcluster.check_interpreter(sys.executable) == str(Path(sys.executable).absolute())
 
 
 def test_commands_on_a_directory_without_cluster_fail_clearly(

@@ -19,6 +19,7 @@ from hexmq import telemetry
 from hexmq.api.membership.v1 import membership_pb2 as pb
 from hexmq.api.membership.v1 import membership_pb2_grpc as pb_grpc
 from hexmq.health import NOT_SERVING, SERVING, add_health
+from hexmq.node_protocol import LEGACY, Support
 from services.membership import main as membership_main
 from services.membership.agent import MembershipAgent
 from services.membership.changes import describe, partition_health, record_view_change
@@ -92,6 +93,8 @@ def test_a_member_record_round_trips_through_its_json() -> None:
         "membership_addr": "127.0.0.1:7001",
         "incarnation": 7,
         "protocol": 1,
+        "protocol_max": 2,
+        "features": ["zlib-snapshots"],
     }
     assert parse_member_record(keys.member("n1"), "n1", value) == record()
     assert keys.node_of("hexmq/demo/members/n1", keys.members) == "n1"
@@ -104,7 +107,12 @@ def test_a_member_record_round_trips_through_its_json() -> None:
         (b"{", "not JSON"),
         (b"[]", "expected a JSON object"),
         (None, "empty value"),
-        (b'{"protocol": 2}', "protocol 2, this agent speaks 1"),
+        (b'{"node_id": "n1"}', "protocol must be a whole number >= 1, got None"),
+        (b'{"protocol": 0}', "protocol must be a whole number >= 1, got 0"),
+        (b'{"protocol": 1, "protocol_max": "2"}', "protocol_max must be a whole number"),
+        (b'{"protocol": 2, "protocol_max": 1}', "protocol versions 2..1: need 1 <= lowest"),
+        (b'{"protocol": 1, "features": "zlib"}', "features must be a list of names"),
+        (b'{"protocol": 1, "features": ["zlib-snapshots"]}', "needs protocol version 2"),
         (b'{"protocol": 1, "node_id": "n2"}', "node_id 'n2' does not match"),
         (
             b'{"protocol": 1, "node_id": "n1", "partition_addr": "nowhere"}',
@@ -116,6 +124,24 @@ def test_a_malformed_member_record_is_named(value: bytes | None, error: str) -> 
     with pytest.raises(RecordError, match=error) as info:
         parse_member_record("hexmq/demo/members/n1", "n1", value)
     assert str(info.value).startswith("hexmq/demo/members/n1: ")
+
+
+def test_a_record_of_v0_2_0_speaks_version_1_and_v0_2_0_agents_read_ours() -> None:
+    doc = json.loads(record().to_json())
+    # A v0.2.0 agent takes a record only if its "protocol" is exactly 1 (and ignores the rest).
+    assert doc["protocol"] == 1
+    for key in ("protocol_max", "features"):
+        del doc[key]
+    old = parse_member_record("k", "n1", json.dumps(doc).encode())
+    assert old.protocol == LEGACY
+    assert old.registration(5).protocol == LEGACY
+
+
+def test_a_record_of_a_later_release_parses_so_that_the_planner_can_say_why_it_is_refused() -> None:
+    doc = json.loads(record().to_json())
+    doc.update(protocol=3, protocol_max=4, features=["zlib-snapshots", "x-later"])
+    later = parse_member_record("k", "n1", json.dumps(doc).encode())
+    assert later.protocol == Support(3, 4, frozenset({"zlib-snapshots", "x-later"}))
 
 
 def test_a_negative_incarnation_is_refused() -> None:

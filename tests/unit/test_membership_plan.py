@@ -14,6 +14,7 @@ import pytest
 
 from hexmq.api.membership.v1 import membership_pb2 as pb
 from hexmq.hashring import assign
+from hexmq.node_protocol import LEGACY, THIS_RELEASE, ZLIB_SNAPSHOTS, ClusterProtocol, Support
 from services.membership.goal import goal_orders
 from services.membership.plan import (
     REFUSED,
@@ -28,6 +29,7 @@ from services.membership.plan import (
     failover_records,
     goal,
     plan,
+    refused_joiners,
     request_outcome,
 )
 
@@ -71,8 +73,12 @@ def make_view(
     rf: int = 3,
     epochs: Mapping[int, int] | None = None,
     handover: Mapping[int, str] | None = None,
+    protocol: ClusterProtocol | None = None,
 ) -> pb.View:
-    """A view with one row per partition: ("replicas, master first", "in-sync nodes")."""
+    """A view with one row per partition: ("replicas, master first", "in-sync nodes"), whose
+    members speak `protocol` together (by default: every member of this release)."""
+    if protocol is None:
+        protocol = ClusterProtocol(THIS_RELEASE.max_version, THIS_RELEASE.features)
     return pb.View(
         epoch=epoch,
         partition_count=len(rows),
@@ -89,6 +95,8 @@ def make_view(
             )
             for p, (replicas, in_sync) in enumerate(rows)
         ],
+        protocol_version=protocol.version,
+        features=sorted(protocol.features),
     )
 
 
@@ -530,6 +538,148 @@ def test_partition_epochs_change_only_with_their_master() -> None:
             changed = a.replicas[0] != b.replicas[0] or restored
             assert b.epoch == (new.epoch if changed else a.epoch)
         view = new
+
+
+# ----- protocol versions (hexmq/node_protocol.py, docs/releases.md) ------------------------
+
+ZLIB = frozenset({ZLIB_SNAPSHOTS})
+CURRENT = ClusterProtocol(2, ZLIB)
+TOO_NEW = Support(4, 5)
+
+
+def speaking(
+    supports: Mapping[str, Support],
+    incarnations: Mapping[str, int] | None = None,
+    suspicions: Mapping[str, Mapping[str, str]] | None = None,
+) -> Observed:
+    """Registrations (seen long ago) of nodes that speak these supports."""
+    registry = {
+        n: Registration(*_addrs(n), (incarnations or {}).get(n, 1), 0, protocol=s)
+        for n, s in supports.items()
+    }
+    return Observed(registry, suspicions or {})
+
+
+def _addrs(node: str) -> tuple[str, str, str, str]:
+    n = node.removeprefix("n")
+    return node, f"127.0.0.1:70{n}", f"127.0.0.1:18{n}", f"127.0.0.1:80{n}"
+
+
+def protocol(view: pb.View) -> ClusterProtocol:
+    return ClusterProtocol.of_view(view)
+
+
+def test_the_first_view_says_what_its_members_speak_together() -> None:
+    assert protocol(first_view(N3)) == CURRENT
+    mixed = plan(
+        None, speaking({"n1": THIS_RELEASE, "n2": LEGACY, "n3": THIS_RELEASE}), config(), 0
+    )
+    assert mixed is not None
+    assert (mixed.protocol_version, list(mixed.features)) == (1, [])
+
+
+def test_the_first_view_is_formed_by_the_nodes_that_share_a_version() -> None:
+    nodes = {"n1": TOO_NEW, "n2": THIS_RELEASE, "n3": THIS_RELEASE, "n4": LEGACY}
+    view = plan(None, speaking(nodes), config(expect=3), NOW)
+    assert view is not None
+    assert members(view) == ["n2", "n3", "n4"]
+    assert protocol(view) == ClusterProtocol(1)
+    assert plan(None, speaking(nodes), config(expect=4), NOW) is None
+    refused = refused_joiners(None, speaking(nodes))
+    assert list(refused) == ["n1"]
+    assert refused["n1"].startswith("too new: it speaks protocol versions from 4 on")
+
+
+def test_a_node_of_the_previous_release_joins_and_the_same_view_turns_features_off() -> None:
+    view = first_view(N3)
+    assert protocol(view) == CURRENT
+    nodes = dict.fromkeys(N3, THIS_RELEASE) | {"n4": LEGACY}
+    joined = next_view(view, speaking(nodes))
+    assert members(joined) == ["n1", "n2", "n3", "n4"]
+    assert protocol(joined) == ClusterProtocol(1)
+    # It leaves again (rolled forward): the view that removes it turns them back on.
+    upgraded = next_view(joined, speaking(dict.fromkeys(N3, THIS_RELEASE)))
+    assert members(upgraded) == N3
+    assert protocol(upgraded) == CURRENT
+
+
+def test_the_feature_turns_on_only_with_the_last_member_that_lacked_it() -> None:
+    nodes = {"n1": THIS_RELEASE, "n2": LEGACY, "n3": LEGACY}
+    view = plan(None, speaking(nodes), config(), NOW)
+    assert view is not None
+    # n2 is replaced by this release (a restart: a new incarnation), then n3.
+    without = next_view(view, speaking(nodes | {"n2": THIS_RELEASE}, {"n2": 2}))
+    back = next_view(without, speaking(nodes | {"n2": THIS_RELEASE}, {"n2": 2}))
+    assert members(back) == N3
+    assert protocol(back) == ClusterProtocol(1)  # n3 still speaks version 1 only
+    current = dict.fromkeys(N3, THIS_RELEASE)
+    without = next_view(back, speaking(current, {"n2": 2, "n3": 2}))
+    assert protocol(without) == CURRENT  # n3, the last of v0.2.0, is out
+    back = next_view(without, speaking(current, {"n2": 2, "n3": 2}))
+    assert members(back) == N3
+    assert protocol(back) == CURRENT
+
+
+def test_a_node_too_new_for_the_members_is_not_admitted_and_the_plan_goes_on() -> None:
+    view = first_view(N3, partitions=16)
+    obs = speaking(dict.fromkeys(N3, THIS_RELEASE) | {"n4": TOO_NEW})
+    assert plan(view, obs, config(), NOW) is None  # nothing else to do
+    refused = refused_joiners(view, obs)
+    assert list(refused) == ["n4"]
+    assert "n1 (1..2), n2 (1..2), n3 (1..2) speak(s) nothing newer than 2" in refused["n4"]
+    # Another node joins meanwhile; n4 stays out.
+    obs = speaking(dict.fromkeys([*N3, "n5"], THIS_RELEASE) | {"n4": TOO_NEW})
+    assert members(next_view(view, obs)) == [*N3, "n5"]
+    assert refused_joiners(view, speaking(dict.fromkeys(N3, THIS_RELEASE))) == {}
+
+
+def test_a_node_too_old_for_the_members_is_not_admitted() -> None:
+    later = Support(2, 3, ZLIB)
+    nodes = dict.fromkeys(N3, later)
+    view = plan(None, speaking(nodes), config(), NOW)
+    assert view is not None
+    assert protocol(view) == ClusterProtocol(3, ZLIB)
+    obs = speaking(nodes | {"n4": LEGACY})
+    assert plan(view, obs, config(), NOW) is None
+    assert refused_joiners(view, obs)["n4"].startswith("too old")
+
+
+def test_joiners_admitted_together_share_a_version_with_each_other() -> None:
+    # n4 (1 only) and n5 (2..3) each share a version with the members (1..2), not with each
+    # other: the first in node id order joins, the other waits, refused, for the next view.
+    view = first_view(N3)
+    nodes = dict.fromkeys(N3, THIS_RELEASE) | {"n4": LEGACY, "n5": Support(2, 3)}
+    joined = next_view(view, speaking(nodes))
+    assert members(joined) == [*N3, "n4"]
+    assert "n5" in refused_joiners(joined, speaking(nodes))
+    assert plan(joined, speaking(nodes), config(), NOW) is None
+
+
+def test_a_view_from_a_v0_2_0_agent_is_brought_back_to_what_the_members_speak() -> None:
+    """A v0.2.0 agent makes its views without the protocol fields (version 1, no features):
+    one among members that all speak this release is followed by a view that turns them
+    on, and changes nothing else."""
+    view = first_view(N3)
+    old = pb.View()
+    old.CopyFrom(view)
+    old.ClearField("protocol_version")
+    old.ClearField("features")
+    new = next_view(old, observed(N3))
+    assert protocol(new) == CURRENT
+    assert list(new.members) == list(view.members)
+    assert list(new.partitions) == list(view.partitions)
+    assert plan(new, observed(N3), config(), NOW) is None
+
+
+def test_a_member_whose_agent_now_speaks_more_changes_the_view() -> None:
+    """An agent upgraded alone re-registers the node with the same incarnation and a new
+    support: the members speak something else together."""
+    view = plan(None, speaking(dict.fromkeys(N3, THIS_RELEASE) | {"n3": LEGACY}), config(), 0)
+    assert view is not None
+    assert protocol(view) == ClusterProtocol(1)
+    new = next_view(view, speaking(dict.fromkeys(N3, THIS_RELEASE)))
+    assert members(new) == N3
+    assert protocol(new) == CURRENT
 
 
 # ----- rule 8: deterministic ------------------------------------------------------------------

@@ -127,6 +127,10 @@ class Chaos:
             choices.append((2, lambda: f"kill {rng.choice(up)}"))
         if down:
             choices.append((5, lambda: f"restart {rng.choice(down)}"))
+            # A node comes back on the previous release (a rollback) or this one (an upgrade).
+            choices.append(
+                (2, lambda: f"version {rng.choice(down)} {rng.choice(['previous', 'current'])}")
+            )
         if len(members) > 1:
             # The agreement removes a node: mostly a dead one, sometimes one that is alive.
             dead_members = [n for n in members if not sim.alive(n)]

@@ -159,3 +159,35 @@ class Message(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__payload_format) -> _WhichOneofReturnType__payload_format | None: ...
 
 Global___Message: _TypeAlias = Message  # noqa: Y015
+
+@_typing.final
+class ProtocolSupport(_message.Message):
+    """What a process speaks of the inter-node protocol (docs/releases.md, "Protocol versions"): the
+    lowest and highest protocol version and the optional features it can use. Every hello between
+    nodes carries it, and so does a node's registration. Absent (all zero) in messages from a
+    release before protocol versions (v0.2.0): version 1, no features.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MIN_VERSION_FIELD_NUMBER: _builtins.int
+    MAX_VERSION_FIELD_NUMBER: _builtins.int
+    FEATURES_FIELD_NUMBER: _builtins.int
+    min_version: _builtins.int
+    max_version: _builtins.int
+    @_builtins.property
+    def features(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        min_version: _builtins.int = ...,
+        max_version: _builtins.int = ...,
+        features: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["features", b"features", "max_version", b"max_version", "min_version", b"min_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProtocolSupport: _TypeAlias = ProtocolSupport  # noqa: Y015

@@ -9,6 +9,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from hexmq.api.common.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -26,6 +27,7 @@ class WatchRequest(_message.Message):
 
     AFTER_EPOCH_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
+    PROTOCOL_FIELD_NUMBER: _builtins.int
     after_epoch: _builtins.int
     """Send views newer than this epoch only (0: send the current one at once)."""
     incarnation: _builtins.int
@@ -33,15 +35,23 @@ class WatchRequest(_message.Message):
     start). The agent registers the node with it while this watch is open, so the view admits
     the node only with the partition service that is running now. Edges leave it 0.
     """
+    @_builtins.property
+    def protocol(self) -> _common_pb2.ProtocolSupport:
+        """Set by the partition service: what it speaks. The agent registers the node with what both
+        it and this partition service speak, and refuses the watch (FAILED_PRECONDITION) if they
+        share no protocol version.
+        """
+
     def __init__(
         self,
         *,
         after_epoch: _builtins.int = ...,
         incarnation: _builtins.int = ...,
+        protocol: _common_pb2.ProtocolSupport | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["protocol", b"protocol"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_epoch", b"after_epoch", "incarnation", b"incarnation"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_epoch", b"after_epoch", "incarnation", b"incarnation", "protocol", b"protocol"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -149,9 +159,17 @@ class View(_message.Message):
     MEMBERS_FIELD_NUMBER: _builtins.int
     PARTITIONS_FIELD_NUMBER: _builtins.int
     TARGET_MEMBERS_FIELD_NUMBER: _builtins.int
+    PROTOCOL_VERSION_FIELD_NUMBER: _builtins.int
+    FEATURES_FIELD_NUMBER: _builtins.int
     epoch: _builtins.int
     partition_count: _builtins.int
     replication_factor: _builtins.int
+    protocol_version: _builtins.int
+    """The inter-node protocol the cluster speaks (docs/releases.md): the highest version every
+    member supports, and the features every member supports. Every service uses a feature only
+    while the view it acts on lists it. 0 and none in a view made by a release before protocol
+    versions (v0.2.0): version 1, no features.
+    """
     @_builtins.property
     def members(self) -> _containers.RepeatedCompositeFieldContainer[Global___Member]: ...
     @_builtins.property
@@ -162,6 +180,8 @@ class View(_message.Message):
         "Placement"): changed when a node joins, not when one is lost.
         """
 
+    @_builtins.property
+    def features(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
@@ -171,10 +191,12 @@ class View(_message.Message):
         members: _abc.Iterable[Global___Member] | None = ...,
         partitions: _abc.Iterable[Global___PartitionAssignment] | None = ...,
         target_members: _abc.Iterable[_builtins.str] | None = ...,
+        protocol_version: _builtins.int = ...,
+        features: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "members", b"members", "partition_count", b"partition_count", "partitions", b"partitions", "replication_factor", b"replication_factor", "target_members", b"target_members"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "features", b"features", "members", b"members", "partition_count", b"partition_count", "partitions", b"partitions", "protocol_version", b"protocol_version", "replication_factor", b"replication_factor", "target_members", b"target_members"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -388,6 +410,8 @@ class MemberHealth(_message.Message):
     INCARNATION_FIELD_NUMBER: _builtins.int
     PROBE_FIELD_NUMBER: _builtins.int
     SUSPECTED_BY_FIELD_NUMBER: _builtins.int
+    PROTOCOL_FIELD_NUMBER: _builtins.int
+    NOT_ADMITTED_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     in_view: _builtins.bool
     """In the agreed view."""
@@ -398,9 +422,15 @@ class MemberHealth(_message.Message):
     incarnation: _builtins.int
     probe: _builtins.str
     """This agent's last probe: "ok", "silent", "refused" (or "" for itself)."""
+    not_admitted: _builtins.str
+    """Registered and serving but not admitted because of its protocol versions: why (else empty)."""
     @_builtins.property
     def suspected_by(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Nodes that report it unreachable."""
+
+    @_builtins.property
+    def protocol(self) -> _common_pb2.ProtocolSupport:
+        """What its registration says it speaks (unset when it is not registered)."""
 
     def __init__(
         self,
@@ -411,10 +441,12 @@ class MemberHealth(_message.Message):
         incarnation: _builtins.int = ...,
         probe: _builtins.str = ...,
         suspected_by: _abc.Iterable[_builtins.str] | None = ...,
+        protocol: _common_pb2.ProtocolSupport | None = ...,
+        not_admitted: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["protocol", b"protocol"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["in_view", b"in_view", "incarnation", b"incarnation", "node_id", b"node_id", "probe", b"probe", "registered", b"registered", "suspected_by", b"suspected_by"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["in_view", b"in_view", "incarnation", b"incarnation", "node_id", b"node_id", "not_admitted", b"not_admitted", "probe", b"probe", "protocol", b"protocol", "registered", b"registered", "suspected_by", b"suspected_by"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

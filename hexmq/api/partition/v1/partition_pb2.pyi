@@ -120,20 +120,28 @@ class Hello(_message.Message):
 
     EDGE_ID_FIELD_NUMBER: _builtins.int
     EDGE_INCARNATION_FIELD_NUMBER: _builtins.int
+    PROTOCOL_FIELD_NUMBER: _builtins.int
     edge_id: _builtins.str
     edge_incarnation: _builtins.int
     """Changes every time the edge process starts: lets the partition drop state it holds for an
     earlier run of the same edge.
     """
+    @_builtins.property
+    def protocol(self) -> _common_pb2.ProtocolSupport:
+        """What the edge speaks; a partition service that shares no protocol version with it refuses
+        the link (FAILED_PRECONDITION).
+        """
+
     def __init__(
         self,
         *,
         edge_id: _builtins.str = ...,
         edge_incarnation: _builtins.int = ...,
+        protocol: _common_pb2.ProtocolSupport | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["protocol", b"protocol"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["edge_id", b"edge_id", "edge_incarnation", b"edge_incarnation"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["edge_id", b"edge_id", "edge_incarnation", b"edge_incarnation", "protocol", b"protocol"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1825,11 +1833,18 @@ class SnapshotChunk(_message.Message):
     FIRST_FIELD_NUMBER: _builtins.int
     LAST_FIELD_NUMBER: _builtins.int
     OPS_FIELD_NUMBER: _builtins.int
+    PACKED_OPS_FIELD_NUMBER: _builtins.int
     partition: _builtins.int
     epoch: _builtins.int
     seq: _builtins.int
     first: _builtins.bool
     last: _builtins.bool
+    packed_ops: _builtins.bytes
+    """Feature "zlib-snapshots": more of the chunk's writes, a StorageOpList compressed with zlib,
+    applied after `ops`. A master sends it only while the agreed view has the feature on (every
+    member supports it): a follower of an older release ignores the field and would take the
+    chunk as empty.
+    """
     @_builtins.property
     def ops(self) -> _containers.RepeatedCompositeFieldContainer[Global___StorageOp]: ...
     def __init__(
@@ -1841,14 +1856,37 @@ class SnapshotChunk(_message.Message):
         first: _builtins.bool = ...,
         last: _builtins.bool = ...,
         ops: _abc.Iterable[Global___StorageOp] | None = ...,
+        packed_ops: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "first", b"first", "last", b"last", "ops", b"ops", "partition", b"partition", "seq", b"seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "first", b"first", "last", b"last", "ops", b"ops", "packed_ops", b"packed_ops", "partition", b"partition", "seq", b"seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SnapshotChunk: _TypeAlias = SnapshotChunk  # noqa: Y015
+
+@_typing.final
+class StorageOpList(_message.Message):
+    """The writes of a SnapshotChunk's packed_ops, before compression."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OPS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def ops(self) -> _containers.RepeatedCompositeFieldContainer[Global___StorageOp]: ...
+    def __init__(
+        self,
+        *,
+        ops: _abc.Iterable[Global___StorageOp] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ops", b"ops"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StorageOpList: _TypeAlias = StorageOpList  # noqa: Y015
 
 @_typing.final
 class ReplicationItem(_message.Message):
@@ -1968,6 +2006,7 @@ class FollowerHello(_message.Message):
     NODE_ID_FIELD_NUMBER: _builtins.int
     POSITIONS_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
+    PROTOCOL_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     incarnation: _builtins.int
     """The follower's partition service incarnation: a master asks the view to count this
@@ -1977,16 +2016,23 @@ class FollowerHello(_message.Message):
     def positions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionPosition]:
         """Durable positions of the partitions the follower holds for this master (seq 0: nothing)."""
 
+    @_builtins.property
+    def protocol(self) -> _common_pb2.ProtocolSupport:
+        """What the follower's partition service speaks; a master that shares no protocol version with
+        it refuses the stream (FAILED_PRECONDITION).
+        """
+
     def __init__(
         self,
         *,
         node_id: _builtins.str = ...,
         positions: _abc.Iterable[Global___PartitionPosition] | None = ...,
         incarnation: _builtins.int = ...,
+        protocol: _common_pb2.ProtocolSupport | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["protocol", b"protocol"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "node_id", b"node_id", "positions", b"positions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "node_id", b"node_id", "positions", b"positions", "protocol", b"protocol"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
