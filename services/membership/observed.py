@@ -32,6 +32,9 @@ class Registration:
     # agent itself was not watching (paused, restarted). docs/failover.md, "Who changes the
     # view": --rejoin-settle counts from the last doubt.
     since_ms: int
+    # Its agent was asked to take the node out of the cluster (`hexmq cluster leave`, SIGTERM):
+    # the view drops it from target_members (docs/failover.md, "Leave").
+    leaving: bool = False
 
     def __post_init__(self) -> None:
         if not self.node_id:
