@@ -1,6 +1,7 @@
 """Local clusters: N hexmq nodes on one machine as background processes (dev, tests, demos).
 
-The lifecycle behind `hexmq cluster`: up, start, stop, kill, status. The cluster's agreement
+The lifecycle behind `hexmq cluster`: up, start, stop, kill, status (add and leave are in
+hexmq.localmembers). The cluster's agreement
 server (`hexmq consul-dev`, unless the agents use an external Consul) starts first and stops
 last; a node's processes start in SERVICES order, each once the previous one serves, and stop
 in reverse. Where everything lives (ports, DIR, cluster.json) is hexmq.clusterstate, and how a
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -456,10 +458,15 @@ def start_node(cluster_dir: Path, number: int, *, timeout: float = DEFAULT_TIMEO
 # --- stopping -------------------------------------------------------------------------------
 
 
-def _stop_processes(targets: Sequence[tuple[NodeState, str]], grace: float) -> list[str]:
+def _stop_processes(
+    targets: Sequence[tuple[NodeState, str]], grace: float, *, leave: bool = False
+) -> list[str]:
     """Stop the targets in reverse start order, one layer at a time (all edges, then all
     partition services ...), so that each service can still reach the ones below it while it
-    shuts down. Returns a note for every process that needed SIGKILL."""
+    shuts down. Returns a note for every process that needed SIGKILL.
+
+    hexmq services get SIGINT, their plain stop; with `leave`, SIGTERM, which makes a node
+    leave the cluster first (docs/operations.md, "Leaving"). Redis gets SIGTERM."""
     notes = []
     try:
         for service in reversed(SERVICES):
@@ -467,7 +474,8 @@ def _stop_processes(targets: Sequence[tuple[NodeState, str]], grace: float) -> l
                 (node, node.processes[service].identity) for node, s in targets if s == service
             ]
             idents = [i for _, i in layer if i is not None]
-            killed = set(procs.terminate(idents, grace))
+            sig = signal.SIGTERM if leave or service == "redis" else signal.SIGINT
+            killed = set(procs.terminate(idents, grace, sig))
             notes += [
                 f"node {node.node} {service} (pid {ident.pid}) did not stop within {grace:g} s "
                 "and was killed"

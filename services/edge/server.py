@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from hexmq import telemetry
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.hashring import partition_of
 from hexmq.mqtt.reason_codes import ReasonCode as RC
 from services.edge.auth import AccessControl
 from services.edge.connection import ClientConnection, State
@@ -132,20 +133,45 @@ class Edge:
                 SysTopics(self, self.config.sys_interval).run(), name="sys-topics"
             )
 
-    async def stop(self) -> None:
+    async def stop(self, *, leaving: bool = False) -> None:
         """Stop accepting, tell clients (5.0: DISCONNECT 0x8B), give the partition links a
-        moment to carry the session closes, then stop the links."""
+        moment to carry the session closes, then stop the links. `leaving`: the node left the
+        cluster; 5.0 clients of the plain MQTT listener get another node's address as the
+        Server Reference (docs/operations.md, "Leaving")."""
         for server in self._servers:
             server.close()
         if self._sys_task is not None:
             self._sys_task.cancel()
         for conn in list(self.connections.values()):
-            conn.shutdown()
+            if leaving:
+                conn.shutdown(leaving=True, reference=self.leave_reference(conn))
+            else:
+                conn.shutdown()
         await asyncio.sleep(min(0.2, self.config.shutdown_grace))
         self.dispatcher.stop()
         for link in self.router.links.values():
             await link.stop()
         await self._watcher.stop()
+
+    def leave_reference(self, conn: ClientConnection) -> str | None:
+        """Where a client of this leaving node should go: --server-reference if set, else, for
+        the plain MQTT listener (another node's mqtt_addr is that kind of address), a member
+        that is not leaving, spread over them by client id."""
+        if self.config.server_reference:
+            return self.config.server_reference
+        transport = conn.transport
+        local = transport.get_extra_info("sockname") if transport is not None else None
+        view = self.router.view
+        if view is None or not isinstance(local, tuple) or local[1] != self.config.port:
+            return None
+        others = sorted(
+            m.mqtt_addr
+            for m in view.members
+            if m.node_id != self.config.node_id and m.node_id not in view.leaving and m.mqtt_addr
+        )
+        if not others:
+            return None
+        return others[partition_of(conn.client_id or str(conn.peer), len(others))]
 
     def connected_clients(self) -> int:
         return sum(1 for c in self.connections.values() if c.state is State.CONNECTED)

@@ -91,6 +91,9 @@ class MemberRecord:
     membership_addr: str
     incarnation: int
     protocol: int = PROTOCOL_VERSION
+    # Asked to leave the cluster (docs/failover.md, "Leave"); written only when true, so the
+    # record of a node that is not leaving reads as before.
+    leaving: bool = False
 
     def to_json(self) -> bytes:
         doc = {
@@ -101,6 +104,8 @@ class MemberRecord:
             "incarnation": self.incarnation,
             "protocol": self.protocol,
         }
+        if self.leaving:
+            doc["leaving"] = True
         return json.dumps(doc, sort_keys=True).encode()
 
     def registration(self, since_ms: int) -> Registration:
@@ -111,6 +116,7 @@ class MemberRecord:
             membership_addr=self.membership_addr,
             incarnation=self.incarnation,
             since_ms=since_ms,
+            leaving=self.leaving,
         )
 
 
@@ -146,12 +152,16 @@ def parse_member_record(key: str, node_id: str, value: bytes | None) -> MemberRe
     incarnation = doc.get("incarnation")
     if not isinstance(incarnation, int) or isinstance(incarnation, bool) or incarnation < 0:
         raise RecordError(f"{key}: incarnation must be a whole number >= 0, got {incarnation!r}")
+    leaving = doc.get("leaving", False)
+    if not isinstance(leaving, bool):
+        raise RecordError(f"{key}: leaving must be true or false, got {leaving!r}")
     return MemberRecord(
         node_id=node_id,
         partition_addr=addrs["partition_addr"],
         mqtt_addr=addrs["mqtt_addr"],
         membership_addr=addrs["membership_addr"],
         incarnation=incarnation,
+        leaving=leaving,
     )
 
 
