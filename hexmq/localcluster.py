@@ -633,6 +633,7 @@ def membership_status(state: ClusterState, timeout: float = 2.0) -> dict[str, An
                 for m in reply.members
             ],
             "partitions": _view_roles(view) if view else {},
+            "rebalance": _view_rebalance(view) if view else None,
             "recent_failovers": [
                 {
                     "partition": r.partition,
@@ -647,6 +648,21 @@ def membership_status(state: ClusterState, timeout: float = 2.0) -> dict[str, An
             ],
         }
     return None
+
+
+def _view_rebalance(view: membership_pb2.View) -> dict[str, Any]:
+    """What of the view is still moving (docs/failover.md, "Join" and "Leave")."""
+    from services.membership.changes import partition_health
+
+    health = partition_health(view)
+    return {
+        "moving": health.moving,
+        "under_replicated": health.under_replicated,
+        "offline": health.offline,
+        "joining": list(view.joining),
+        "leaving": list(view.leaving),
+        "target_members": list(view.target_members),
+    }
 
 
 def _view_roles(view: membership_pb2.View) -> dict[str, dict[str, int]]:

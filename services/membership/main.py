@@ -223,9 +223,10 @@ def run(args: argparse.Namespace) -> int:
             config.expect,
         )
         await stop.wait()
-        if stop.leave and agent.leaving and not agent.failed:
-            # SIGTERM while the node's services are leaving (they asked): see the leave through
-            # first, since this agent's session ending now would make it a failover.
+        if stop.leave and not agent.failed:
+            # SIGTERM (an orchestrator stops the node, maybe every service at once): leave
+            # first, since this agent's session ending now would make it a failover. A node
+            # the view never admitted has left already.
             await _finish_leave(agent, args.leave_timeout, stop)
         log.info("shutting down")
         await cancel_and_wait(health_follower)
