@@ -207,7 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cluster_shape(p)
     _add_grace(p)
 
-    p = actions.add_parser("status", help="show every process of every node: pid, alive or not")
+    p = actions.add_parser(
+        "status",
+        help="show every process of every node (pid, alive or not), the view and any rebalance "
+        "under way (partitions moving, entries left, an estimate)",
+    )
     _add_dir(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -518,6 +522,9 @@ def _kill(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     doc = localcluster.cluster_status(args.dir)
+    doc["rebalance"] = localmembers.rebalance_progress(
+        clusterstate.require_state(args.dir.absolute()), doc
+    )
     if args.json:
         _print_json(doc)
         return EXIT_OK
@@ -526,6 +533,7 @@ def _status(args: argparse.Namespace) -> int:
         f"rf {doc['rf']}"
     )
     _print_agreement(doc["agreement"], doc["membership"])
+    print(localmembers.describe_progress(doc["rebalance"]))
     print()
     rows: list[tuple[str, ...]] = [("NODE", "ID", "SERVICE", "PID", "STATE", "PORT")]
     for node in doc["nodes"]:

@@ -564,9 +564,14 @@ def partition_status(node: NodeState, timeout: float = 2.0) -> dict[str, Any]:
     roles: dict[str, int] = {}
     # follower node id -> its replication of this node's partitions, summed.
     followers: dict[str, dict[str, Any]] = {}
+    # Followers of this node's partitions not yet in sync: what a rebalance still copies.
+    catching_up = {"replicas": 0, "entries": 0}
     for p in reply.partitions:
         roles[p.role] = roles.get(p.role, 0) + 1
         for f in p.followers:
+            if not f.in_sync:
+                catching_up["replicas"] += 1
+                catching_up["entries"] += f.lag
             row = followers.setdefault(
                 f.node_id, {"partitions": 0, "in_sync": 0, "lag": 0, "max_lag": 0, "states": {}}
             )
@@ -578,6 +583,7 @@ def partition_status(node: NodeState, timeout: float = 2.0) -> dict[str, Any]:
     return {
         "roles": roles,
         "followers": followers,
+        "catching_up": catching_up,
         "sessions": sum(p.sessions for p in reply.partitions),
         "connected_sessions": reply.connected_sessions,
         "queued_messages": sum(p.queued_messages for p in reply.partitions),

@@ -16,7 +16,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from hexmq import procs
 from hexmq.clusterstate import (
@@ -38,7 +38,13 @@ from hexmq.clusterstate import (
     service_argv,
     write_config,
 )
-from hexmq.localcluster import DEFAULT_GRACE, DEFAULT_TIMEOUT, _start_nodes, _stop_processes
+from hexmq.localcluster import (
+    DEFAULT_GRACE,
+    DEFAULT_TIMEOUT,
+    _start_nodes,
+    _stop_processes,
+    partition_status,
+)
 
 if TYPE_CHECKING:
     from hexmq.api.membership.v1 import membership_pb2
@@ -247,3 +253,75 @@ def leave_node(
         targets = [(node, s) for s in SERVICES if node.processes[s].running()]
         notes = _stop_processes(targets, grace, leave=True)
         return LeaveOutcome(reply.view_epoch, took, len(targets), notes)
+
+
+# --- progress -------------------------------------------------------------------------------
+
+
+def _entries_left(nodes: list[dict[str, Any]]) -> tuple[int, int]:
+    """(replicas catching up, entries they still lack) over the nodes' partition services."""
+    replicas = entries = 0
+    for node in nodes:
+        parts = node.get("partitions") or {}
+        catching_up = parts.get("catching_up") or {}
+        replicas += catching_up.get("replicas", 0)
+        entries += catching_up.get("entries", 0)
+    return replicas, entries
+
+
+def rebalance_progress(
+    state: ClusterState, doc: dict[str, Any], sample_s: float = 1.0
+) -> dict[str, Any] | None:
+    """What `hexmq cluster status` says of a rebalance: the view's moving partitions (from
+    `doc`, a cluster_status document), the replicas still catching up and the log entries
+    they lack; while something moves, a second look after `sample_s` gives the rate at which
+    entries are copied and from it an estimate of the time left (None: no rate yet). None when
+    no agent answers."""
+    membership = doc.get("membership") or {}
+    view = membership.get("rebalance")
+    if view is None:
+        return None
+    replicas, entries = _entries_left(doc["nodes"])
+    progress: dict[str, Any] = {
+        **view,
+        "replicas_catching_up": replicas,
+        "entries_left": entries,
+        "entries_per_s": None,
+        "estimate_s": None,
+    }
+    if (view["moving"] or replicas) and sample_s > 0:
+        time.sleep(sample_s)
+        later = [
+            {"partitions": partition_status(n)}
+            for n in state.nodes
+            if n.processes["partition"].running()
+        ]
+        replicas, entries_now = _entries_left(later)
+        rate = (entries - entries_now) / sample_s
+        progress["replicas_catching_up"] = replicas
+        progress["entries_left"] = entries_now
+        if rate > 0:
+            progress["entries_per_s"] = round(rate)
+            progress["estimate_s"] = round(entries_now / rate, 1)
+    return progress
+
+
+def describe_progress(progress: dict[str, Any] | None) -> str:
+    """One line for `hexmq cluster status`."""
+    if progress is None:
+        return "rebalance: unknown (no membership agent answers)"
+    moving = progress["moving"]
+    who = [f"joining {', '.join(progress['joining'])}"] if progress["joining"] else []
+    who += [f"leaving {', '.join(progress['leaving'])}"] if progress["leaving"] else []
+    because = f" ({'; '.join(who)})" if who else ""
+    if not moving and not progress["replicas_catching_up"]:
+        return f"rebalance: none{because}: every partition in sync at its placement"
+    line = (
+        f"rebalance: {moving} partition(s) moving{because}, "
+        f"{progress['under_replicated']} under-replicated; "
+        f"{progress['replicas_catching_up']} replica(s) catching up, "
+        f"{progress['entries_left']} entries left"
+    )
+    if progress["estimate_s"] is not None:
+        line += f" (~{progress['estimate_s']:g} s at {progress['entries_per_s']} entries/s)"
+    return line + "; do not stop or add another node until it has finished"

@@ -536,3 +536,36 @@ def test_a_stopped_node_cannot_leave(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "membership agent is not running, so it cannot leave" in capsys.readouterr().err
     assert cli.main(["cluster", "add", "--dir", str(tmp_path)]) == 1
     assert "no node of the cluster" in capsys.readouterr().err
+
+
+def test_status_describes_a_rebalance_with_what_is_left(tmp_path: Path) -> None:
+    state = clusterstate.plan_cluster(
+        tmp_path, nodes=2, base_port=30000, partitions=8, rf=2, python="py", redis_server="rs"
+    )
+    view = {
+        "moving": 3,
+        "under_replicated": 2,
+        "offline": 0,
+        "joining": ["n3"],
+        "leaving": [],
+        "target_members": ["n1", "n2", "n3"],
+    }
+    catching = {"catching_up": {"replicas": 2, "entries": 1500}}
+    doc = {"membership": {"rebalance": view}, "nodes": [{"partitions": catching}, {}]}
+    progress = localmembers.rebalance_progress(state, doc, sample_s=0)
+    assert progress is not None
+    assert progress["entries_left"] == 1500
+    assert progress["replicas_catching_up"] == 2
+    assert localmembers.describe_progress(progress) == (
+        "rebalance: 3 partition(s) moving (joining n3), 2 under-replicated; 2 replica(s) "
+        "catching up, 1500 entries left; do not stop or add another node until it has finished"
+    )
+    progress.update(entries_per_s=500, estimate_s=3.0)
+    assert "1500 entries left (~3 s at 500 entries/s)" in localmembers.describe_progress(progress)
+    view.update(moving=0, under_replicated=0, joining=[])
+    doc["nodes"] = []
+    settled = localmembers.rebalance_progress(state, doc, sample_s=0)
+    assert localmembers.describe_progress(settled) == (
+        "rebalance: none: every partition in sync at its placement"
+    )
+    assert localmembers.rebalance_progress(state, {"membership": None, "nodes": []}) is None
