@@ -40,12 +40,7 @@ from services.edge.server import (
     Edge,
     EdgeConfig,
 )
-from services.membership.client import (
-    add_leave_timeout,
-    check_leave_timeout,
-    describe_leave,
-    leave_cluster,
-)
+from services.membership.client import add_leave_timeout, check_leave_timeout
 
 log = logging.getLogger("hexmq.edge")
 
@@ -442,10 +437,18 @@ def run(args: argparse.Namespace) -> int:
         metrics = asyncio.create_task(_report_metrics(edge))
         await stop.wait()
         if stop.leave:
-            # SIGTERM: the node leaves first; its clients stay connected (and served) while
+            # SIGTERM: if the node is leaving, its clients stay connected (and served) while
             # its partitions move, then go to another node (docs/operations.md, "Leaving").
-            reply = await leave_cluster(args.membership, args.leave_timeout, stop.plain)
-            log.info("%s", describe_leave(reply, args.leave_timeout))
+            left = await edge.follow_leave(args.leave_timeout, stop.plain)
+            if left is None:
+                log.info("the node is not leaving; stopping")
+            elif left:
+                log.info("the node left the cluster; stopping")
+            else:
+                log.warning(
+                    "the node's leave did not finish within %gs; stopping anyway",
+                    args.leave_timeout,
+                )
         log.info("shutting down")
         metrics.cancel()
         await edge.stop(leaving=stop.leave)

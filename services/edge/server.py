@@ -26,6 +26,7 @@ from services.edge.router import Router
 from services.edge.stats import EdgeStats
 from services.edge.systopics import SysTopics
 from services.edge.tracing import EdgeTracer
+from services.membership.changes import has_left
 from services.membership.client import ViewWatcher
 
 log = logging.getLogger("hexmq.edge")
@@ -37,6 +38,9 @@ DEFAULT_MAX_INFLIGHT_V311 = 256
 DEFAULT_TOPIC_ALIAS_MAXIMUM = 64
 DEFAULT_MAX_OUTBOUND_TOPIC_ALIASES = 64
 DEFAULT_FAILOVER_HOLD = 10.0
+# How long an edge told to stop (SIGTERM) waits for the view to say its node is leaving before
+# it stops plainly (its agent got the same signal and needs a view change to say so).
+LEAVE_NOTICE_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +156,29 @@ class Edge:
         for link in self.router.links.values():
             await link.stop()
         await self._watcher.stop()
+
+    async def follow_leave(
+        self, timeout_s: float, cut_short: asyncio.Event, notice_s: float = LEAVE_NOTICE_S
+    ) -> bool | None:
+        """On SIGTERM: if the node is leaving (its agent was asked, by `hexmq cluster leave` or
+        by its own SIGTERM; the view says so within `notice_s`), keep serving until the view
+        has let the node go, `timeout_s` has passed or `cut_short` is set. The edge never asks
+        for a leave itself, so an edge restarted alone does not take its node out. True: the
+        node left; False: it did not within `timeout_s`; None: it is not leaving."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        node = self.config.node_id
+        noticed = False
+        while not cut_short.is_set():
+            view = self.router.view
+            if view is not None and has_left(view, node):
+                return True
+            noticed = noticed or (view is not None and node in view.leaving)
+            waited = loop.time() - start
+            if (not noticed and waited >= notice_s) or waited >= timeout_s:
+                return False if noticed else None
+            await asyncio.sleep(0.1)
+        return False if noticed else None
 
     def leave_reference(self, conn: ClientConnection) -> str | None:
         """Where a client of this leaving node should go: --server-reference if set, else, for

@@ -226,6 +226,12 @@ class MembershipAgent:
         if incarnation == self._incarnation:
             return
         log.info("partition service incarnation %d -> %d", self._incarnation, incarnation)
+        if self._leaving and incarnation != 0 and self.has_left(self.board.view):
+            # A partition service started after the node left (it alone was restarted): a
+            # new start, so the node joins again rather than stay out for good.
+            log.info("a new partition service after the leave: %s joins again", self.config.node_id)
+            self._leaving = False
+            self._left_logged = False
         self._incarnation = incarnation
         if self._session is not None:
             self._session.set_record(self.record())
