@@ -81,11 +81,14 @@ def port_of(reference: str) -> int:
     return int(port)
 
 
-def failovers_from(cluster: Any, node_id: str) -> list[str]:
-    """View changes (node 1's membership log) that failed a partition over from `node_id`: a
-    leave moves its master roles by handover only."""
-    text = (cluster.dir / "node1" / "membership.log").read_text()
-    return [line for line in text.splitlines() if "failover p" in line and f" {node_id}->" in line]
+def failovers_from(cluster: Any, node_id: str, log_node: int = 1) -> list[str]:
+    """View changes (node `log_node`'s membership log) that failed a partition over from
+    `node_id` once its leave had started: a leave moves master roles by handover only. (A
+    failover before, of a node that a loaded machine stalled past the failure timeout, is
+    failure detection doing its job, not the leave.)"""
+    lines = (cluster.dir / f"node{log_node}" / "membership.log").read_text().splitlines()
+    start = next((i for i, line in enumerate(lines) if f"leaving {node_id}" in line), 0)
+    return [line for line in lines[start:] if "failover p" in line and f" {node_id}->" in line]
 
 
 def stop_workload(pubs: list[Publisher]) -> None:
