@@ -9,8 +9,10 @@ QoS 1 publishers (one message at a time each) and a subscriber then run on the l
 after --steady seconds `hexmq cluster add` starts node N+1, and once its rebalance has
 finished `hexmq cluster leave 1` takes node 1 out. Reported:
 
-- the time from `add` until the view has nothing moving (the joiner's replicas caught up by
-  snapshot or log, its master roles handed over), and from `leave` until the same;
+- each move's time as the live node's agent logs it (its first `rebalance started` line to its
+  last `rebalance finished`: the joiner's replicas caught up by snapshot or log and its master
+  roles handed over; the leaver's roles handed over and RF restored without it), beside the
+  time `add` took (processes started, admitted, MQTT answered) and `leave` took;
 - the publishers' acknowledged messages a second before (steady state), during the join's
   move and during the leave's, and the longest gap between two acknowledgements in each;
 - queued messages before and after (must match), and messages lost (acknowledged, never
@@ -30,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +164,24 @@ def wait_settled(cluster: Cluster, timeout: float) -> float:
     raise RuntimeError(f"the rebalance did not finish within {timeout:g} s")
 
 
+def logged_rebalance(log: Path, since_wall: float) -> tuple[float, float] | None:
+    """(start, end) in wall-clock seconds of the rebalance an agent logged after `since_wall`:
+    its first `rebalance started` line to its last `rebalance finished` line (a move may log
+    several, e.g. a handover after the copies)."""
+    start = end = None
+    for line in log.read_text().splitlines():
+        if "hexmq.membership: rebalance " not in line:
+            continue
+        stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        if stamp < since_wall:
+            continue
+        if " rebalance started " in line and start is None:
+            start = stamp
+        elif " rebalance finished " in line:
+            end = stamp
+    return (start, end) if start is not None and end is not None else None
+
+
 def window(pubs: list[Publisher], start: float, end: float) -> dict[str, float]:
     """Acknowledgements a second in [start, end), and the longest gap between two of one
     publisher's acknowledgements that overlaps the window."""
@@ -195,15 +216,21 @@ def measure(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
     for p in pubs:
         p.start(interval=0.0)
     time.sleep(args.steady)
+    # Publishers time their acknowledgements on the monotonic clock, the agents' log lines
+    # on the wall clock.
+    wall = time.time() - time.monotonic()
+    agent_log = cluster.dir / f"node{live}" / "membership.log"
     t_add = time.monotonic()
     hexmq("add", "--dir", str(cluster.dir))
     t_admitted = time.monotonic()
     t_joined = wait_settled(cluster, args.timeout)
+    join_move = logged_rebalance(agent_log, t_add + wall)
     time.sleep(args.steady)
     t_leave = time.monotonic()
     hexmq("leave", "1", "--dir", str(cluster.dir), "--timeout", str(args.timeout))
     t_stopped = time.monotonic()
     t_left = wait_settled(cluster, args.timeout)
+    leave_move = logged_rebalance(agent_log, t_leave + wall)
     time.sleep(1)
     for p in pubs:
         p.stop()
@@ -221,19 +248,29 @@ def measure(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
         "queued_before": queued_before,
         "queued_after": queued_after,
         "join": {
-            "until_admitted_s": round(t_admitted - t_add, 2),
+            # `hexmq cluster add` returned: the node's processes up, admitted, serving MQTT.
+            "until_added_s": round(t_admitted - t_add, 2),
             "until_settled_s": round(t_joined - t_add, 2),
-            "during": window(pubs, t_add, t_joined),
+            **moved(pubs, join_move, wall),
         },
         "leave": {
             "until_left_and_stopped_s": round(t_stopped - t_leave, 2),
             "until_settled_s": round(t_left - t_leave, 2),
-            "during": window(pubs, t_leave, t_left),
+            **moved(pubs, leave_move, wall),
         },
         "steady": window(pubs, t_add - args.steady, t_add),
         "acknowledged": result.acknowledged,
         "lost": sum(len(v) for v in result.lost.values()),
     }
+
+
+def moved(pubs: list[Publisher], logged: tuple[float, float] | None, wall: float) -> dict[str, Any]:
+    """The move as the agent logged it (first start to last finish), with what the live
+    publishers saw meanwhile."""
+    if logged is None:
+        return {"move_s": None, "during": None}
+    start, end = logged[0] - wall, logged[1] - wall
+    return {"move_s": round(end - start, 2), "during": window(pubs, start, max(end, start + 1))}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -272,9 +309,9 @@ def main(argv: list[str] | None = None) -> int:
         *(
             [
                 move,
-                str(run[move]["until_settled_s"]),
-                str(run[move]["during"]["acks_per_s"]),
-                str(run[move]["during"]["longest_ack_gap_s"]),
+                str(run[move]["move_s"]),
+                str((run[move]["during"] or {}).get("acks_per_s")),
+                str((run[move]["during"] or {}).get("longest_ack_gap_s")),
             ]
             for move in ("join", "leave")
         ),
