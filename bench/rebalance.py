@@ -89,7 +89,9 @@ def queue_messages(port: int, prefix: str, sessions: int, first: int, count: int
 def in_threads(target: Any, total: int, threads: int, *args: Any) -> None:
     share = -(-total // threads)
     workers = [
-        threading.Thread(target=target, args=(*args, i * share, min(share, total - i * share)))
+        threading.Thread(
+            target=target, args=(*args, i * share, min(share, total - i * share)), daemon=True
+        )
         for i in range(threads)
         if i * share < total
     ]
