@@ -287,6 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steady", type=float, default=5, help="seconds of traffic before a move")
     p.add_argument("--timeout", type=float, default=600, help="for each move to finish")
     p.add_argument("--out", type=Path, help="JSON results file (default bench/results/...)")
+    p.add_argument(
+        "--keep", type=Path, metavar="DIR", help="run the cluster in DIR/cluster and keep its logs"
+    )
     return p
 
 
@@ -297,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     machine = report.machine_facts()
     with tempfile.TemporaryDirectory(prefix="hexmq-rebalance-bench-") as tmp:
-        cluster = Cluster(args, Path(tmp))
+        cluster = Cluster(args, args.keep or Path(tmp))
         try:
             run = measure(cluster, args)
         finally:
