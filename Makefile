@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 COMPOSE_DIR := deploy/compose
 COMPOSE := $(BIN)/docker-compose --profile observability --profile traces
 
-.PHONY: system-deps venv proto proto-check lint typecheck deploy-check test test-unit test-fault bench bench-failover run clean
+.PHONY: system-deps venv proto proto-check lint typecheck deploy-check test test-unit test-fault bench bench-failover bench-rebalance run clean
 
 # redis-server and the mosquitto tools come from the system's packages (apt on Debian).
 # (A no-op when they are installed, so every target that needs them can depend on it.)
@@ -84,14 +84,19 @@ else
 endif
 
 # Throughput and latency beside mosquitto (BENCH_ARGS), then the failover benchmark
-# (FAILOVER_ARGS).
+# (FAILOVER_ARGS) and the rebalance benchmark (REBALANCE_ARGS).
 bench: $(STAMP) system-deps
 	$(BIN)/python -m bench $(BENCH_ARGS)
 	$(BIN)/python -m bench.failover $(FAILOVER_ARGS)
+	$(BIN)/python -m bench.rebalance $(REBALANCE_ARGS)
 
 # What a node's death costs: ack gap, view change, sessions resumable, RF restored, lost (0).
 bench-failover: $(STAMP) system-deps
 	$(BIN)/python -m bench.failover $(FAILOVER_ARGS)
+
+# What a join and a leave cost: time to move sessions and queued messages, client throughput.
+bench-rebalance: $(STAMP) system-deps
+	$(BIN)/python -m bench.rebalance $(REBALANCE_ARGS)
 
 # A local cluster in the foreground on the embedded defaults, until Ctrl-C.
 run: $(STAMP) system-deps

@@ -2,7 +2,7 @@
 
     hexmq edge|partition|membership ...     run one service in the foreground
     hexmq consul-dev ...                    the embedded Consul HTTP API server (one machine)
-    hexmq cluster up|run|status|stop|kill|start|down ...
+    hexmq cluster up|run|status|stop|kill|start|add|leave|down ...
     hexmq passwd FILE USER [PASSWORD]       add or replace a user in a password file
     hexmq health [--live] [--url URL]       is the service here ready? (the image's HEALTHCHECK)
 
@@ -29,7 +29,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
-from hexmq import __version__, clusterstate, envoptions, localcluster
+from hexmq import __version__, clusterstate, envoptions, localcluster, localmembers
 from hexmq.clusterstate import ClusterError, UsageError
 from hexmq.localcluster import StartFailure
 
@@ -202,7 +202,7 @@ def _add_grace(p: argparse.ArgumentParser) -> None:
         type=_seconds,
         default=localcluster.DEFAULT_GRACE,
         metavar="S",
-        help="how long each process may take to stop after SIGTERM before SIGKILL "
+        help="how long each process may take to stop after its stop signal before SIGKILL "
         "(default %(default)g s)",
     )
 
@@ -241,12 +241,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cluster_shape(p)
     _add_grace(p)
 
-    p = actions.add_parser("status", help="show every process of every node: pid, alive or not")
+    p = actions.add_parser(
+        "status",
+        help="show every process of every node (pid, alive or not), the view and any rebalance "
+        "under way (partitions moving, entries left, an estimate)",
+    )
     _add_dir(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     p = actions.add_parser(
-        "stop", help="stop one node gracefully (SIGTERM in reverse start order, then SIGKILL)"
+        "stop",
+        help="stop one node (SIGINT in reverse start order, then SIGKILL): no leave, so its "
+        "partitions fail over",
     )
     _add_node(p)
     _add_dir(p)
@@ -272,6 +278,36 @@ def build_parser() -> argparse.ArgumentParser:
         "release's venv: a rolling upgrade or a rollback, docs/operations.md); the node must "
         "be stopped",
     )
+
+    p = actions.add_parser(
+        "add",
+        help="add a node (N+1) to the running cluster; it joins and partitions move onto it",
+        description="Plan node N+1 (ports, data), start it, wait until the view admits it and "
+        "its edge accepts MQTT, and print the node as JSON. About 1/(N+1) of the partitions then "
+        "move onto it while traffic flows: `hexmq cluster status` shows the rebalance.",
+    )
+    _add_dir(p)
+    _add_timeout(p)
+
+    p = actions.add_parser(
+        "leave",
+        help="take a node out of the cluster gracefully (handover, RF restored), then stop it",
+        description="Ask the node to leave: its master roles move to other nodes by handover "
+        "and its replicas are copied elsewhere until RF is restored without it; then its "
+        "processes get SIGTERM and its edge disconnects its clients (MQTT 5.0: DISCONNECT 0x8B "
+        "with another node as Server Reference). `stop` is the plain stop (a failover).",
+    )
+    _add_node(p)
+    _add_dir(p)
+    p.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=localmembers.DEFAULT_LEAVE_TIMEOUT,
+        metavar="S",
+        help="give up (leaving the node running and leaving) if the view has not let it go "
+        "within S seconds (default %(default)g)",
+    )
+    _add_grace(p)
 
     p = actions.add_parser("down", help="stop every node gracefully")
     _add_dir(p)
@@ -413,6 +449,8 @@ def _cluster(args: argparse.Namespace) -> int:
             "stop": _stop,
             "kill": _kill,
             "start": _start,
+            "add": _add,
+            "leave": _leave,
             "down": _down,
         }[args.action]
         return command(args)
@@ -506,6 +544,24 @@ def _start(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _add(args: argparse.Namespace) -> int:
+    node = localmembers.add_node(args.dir, timeout=args.timeout)
+    _print_json({"dir": str(args.dir.absolute()), "nodes": [node.summary()]})
+    return EXIT_OK
+
+
+def _leave(args: argparse.Namespace) -> int:
+    outcome = localmembers.leave_node(args.dir, args.node, timeout=args.timeout, grace=args.grace)
+    for note in outcome.notes:
+        print(f"hexmq cluster leave: warning: {note}", file=sys.stderr)
+    print(
+        f"hexmq cluster: node {args.node}: left the cluster in view {outcome.view_epoch} after "
+        f"{outcome.seconds:.1f} s; stopped {outcome.stopped} process(es)",
+        file=sys.stderr,
+    )
+    return EXIT_OK
+
+
 def _stop(args: argparse.Namespace) -> int:
     count, notes = localcluster.stop_nodes(args.dir, [args.node], grace=args.grace)
     for note in notes:
@@ -530,6 +586,9 @@ def _kill(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     doc = localcluster.cluster_status(args.dir)
+    doc["rebalance"] = localmembers.rebalance_progress(
+        clusterstate.require_state(args.dir.absolute()), doc
+    )
     if args.json:
         _print_json(doc)
         return EXIT_OK
@@ -538,6 +597,7 @@ def _status(args: argparse.Namespace) -> int:
         f"rf {doc['rf']}"
     )
     _print_agreement(doc["agreement"], doc["membership"])
+    print(localmembers.describe_progress(doc["rebalance"]))
     print()
     rows: list[tuple[str, ...]] = [("NODE", "ID", "SERVICE", "PID", "STATE", "ADDRESS")]
     for node in doc["nodes"]:

@@ -66,6 +66,15 @@ def assign(
             replicas.append(name)
             if len(replicas) == want:
                 break
+        if len(replicas) < want:
+            # The caps can exclude every member left (those under the master cap already
+            # hold their replica cap): fill from the ring without them, as plain consistent
+            # hashing would. Inputs that never hit this place as before.
+            for _, name in ring[start:] + ring[:start]:
+                if name not in replicas:
+                    replicas.append(name)
+                    if len(replicas) == want:
+                        break
         masters[replicas[0]] += 1
         for name in replicas:
             held[name] += 1

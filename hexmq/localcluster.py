@@ -1,6 +1,7 @@
 """Local clusters: N hexmq nodes on one machine as background processes (dev, tests, demos).
 
-The lifecycle behind `hexmq cluster`: up, start, stop, kill, status. The cluster's agreement
+The lifecycle behind `hexmq cluster`: up, start, stop, kill, status (add and leave are in
+hexmq.localmembers). The cluster's agreement
 server (`hexmq consul-dev`, unless the agents use an external Consul) starts first and stops
 last; a node's processes start in SERVICES order, each once the previous one serves, and stop
 in reverse. Where everything lives (ports, DIR, cluster.json) is hexmq.clusterstate, and how a
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -514,10 +516,15 @@ def start_node(
 # --- stopping -------------------------------------------------------------------------------
 
 
-def _stop_processes(targets: Sequence[tuple[NodeState, str]], grace: float) -> list[str]:
+def _stop_processes(
+    targets: Sequence[tuple[NodeState, str]], grace: float, *, leave: bool = False
+) -> list[str]:
     """Stop the targets in reverse start order, one layer at a time (all edges, then all
     partition services ...), so that each service can still reach the ones below it while it
-    shuts down. Returns a note for every process that needed SIGKILL."""
+    shuts down. Returns a note for every process that needed SIGKILL.
+
+    hexmq services get SIGINT, their plain stop; with `leave`, SIGTERM, which makes a node
+    leave the cluster first (docs/operations.md, "Leaving"). Redis gets SIGTERM."""
     notes = []
     try:
         for service in reversed(SERVICES):
@@ -525,7 +532,8 @@ def _stop_processes(targets: Sequence[tuple[NodeState, str]], grace: float) -> l
                 (node, node.processes[service].identity) for node, s in targets if s == service
             ]
             idents = [i for _, i in layer if i is not None]
-            killed = set(procs.terminate(idents, grace))
+            sig = signal.SIGTERM if leave or service == "redis" else signal.SIGINT
+            killed = set(procs.terminate(idents, grace, sig))
             notes += [
                 f"node {node.node} {service} (pid {ident.pid}) did not stop within {grace:g} s "
                 "and was killed"
@@ -615,9 +623,14 @@ def partition_status(node: NodeState, timeout: float = 2.0) -> dict[str, Any]:
     roles: dict[str, int] = {}
     # follower node id -> its replication of this node's partitions, summed.
     followers: dict[str, dict[str, Any]] = {}
+    # Followers of this node's partitions not yet in sync: what a rebalance still copies.
+    catching_up = {"replicas": 0, "entries": 0}
     for p in reply.partitions:
         roles[p.role] = roles.get(p.role, 0) + 1
         for f in p.followers:
+            if not f.in_sync:
+                catching_up["replicas"] += 1
+                catching_up["entries"] += f.lag
             row = followers.setdefault(
                 f.node_id, {"partitions": 0, "in_sync": 0, "lag": 0, "max_lag": 0, "states": {}}
             )
@@ -629,6 +642,7 @@ def partition_status(node: NodeState, timeout: float = 2.0) -> dict[str, Any]:
     return {
         "roles": roles,
         "followers": followers,
+        "catching_up": catching_up,
         "sessions": sum(p.sessions for p in reply.partitions),
         "connected_sessions": reply.connected_sessions,
         "queued_messages": sum(p.queued_messages for p in reply.partitions),
@@ -693,6 +707,7 @@ def membership_status(state: ClusterState, timeout: float = 2.0) -> dict[str, An
                 "features": sorted(view.features) if view else [],
             },
             "partitions": _view_roles(view) if view else {},
+            "rebalance": _view_rebalance(view) if view else None,
             "recent_failovers": [
                 {
                     "partition": r.partition,
@@ -717,6 +732,21 @@ def _support(message: common_pb2.ProtocolSupport) -> str:
         return Support.from_proto(message).describe()
     except ProtocolError as exc:
         return f"invalid ({exc})"
+
+
+def _view_rebalance(view: membership_pb2.View) -> dict[str, Any]:
+    """What of the view is still moving (docs/failover.md, "Join" and "Leave")."""
+    from services.membership.changes import partition_health
+
+    health = partition_health(view)
+    return {
+        "moving": health.moving,
+        "under_replicated": health.under_replicated,
+        "offline": health.offline,
+        "joining": list(view.joining),
+        "leaving": list(view.leaving),
+        "target_members": list(view.target_members),
+    }
 
 
 def _view_roles(view: membership_pb2.View) -> dict[str, dict[str, int]]:

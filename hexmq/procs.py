@@ -122,9 +122,11 @@ def wait_gone(idents: Iterable[ProcessIdentity], timeout: float) -> list[Process
         time.sleep(0.02)
 
 
-def terminate(idents: Sequence[ProcessIdentity], grace: float) -> list[ProcessIdentity]:
-    """SIGTERM, wait up to `grace`, then SIGKILL; return those that had to be killed."""
-    signalled = [p for p in idents if send_signal(p, signal.SIGTERM)]
+def terminate(
+    idents: Sequence[ProcessIdentity], grace: float, sig: int = signal.SIGTERM
+) -> list[ProcessIdentity]:
+    """`sig` (SIGTERM), wait up to `grace`, then SIGKILL; return those that had to be killed."""
+    signalled = [p for p in idents if send_signal(p, sig)]
     try:
         stubborn = wait_gone(signalled, grace)
     except KeyboardInterrupt:

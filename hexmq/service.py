@@ -107,21 +107,37 @@ def start_observability(service: str, node_id: str, args: argparse.Namespace) ->
     return Observability(node_id, tracing, server, readiness)
 
 
-def run_service(main: Callable[[asyncio.Event], Awaitable[int]]) -> int:
+class StopEvent(asyncio.Event):
+    """Set by a stop signal. SIGTERM (an orchestrator's stop) sets `leave`: the node leaves the
+    cluster gracefully before its services exit (docs/operations.md, "Leaving"); SIGINT (what
+    `hexmq cluster stop` sends) is the plain stop, and also cuts a leave under way short
+    (`plain` is set)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.leave = False
+        self.plain = asyncio.Event()
+
+
+def run_service(main: Callable[[StopEvent], Awaitable[int]]) -> int:
     """Run `main(stop_event)` on uvloop (when installed); SIGTERM and SIGINT set the event, and
     `main` is expected to shut down in stages and return its exit code."""
 
     async def wrapper() -> int:
-        stop = asyncio.Event()
+        stop = StopEvent()
         loop = asyncio.get_running_loop()
 
-        def on_signal() -> None:
+        def on_signal(sig: signal.Signals) -> None:
             if _readiness is not None:
                 _readiness.stopping()
+            if sig == signal.SIGTERM and not stop.is_set():
+                stop.leave = True
+            elif sig == signal.SIGINT:
+                stop.plain.set()
             stop.set()
 
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_signal)
+            loop.add_signal_handler(sig, on_signal, sig)
         return await main(stop)
 
     try:

@@ -135,6 +135,17 @@ class HexmqCluster:
         (node,) = json.loads(result.stdout)["nodes"]
         self.nodes[i - 1] = node
 
+    def add(self) -> int:
+        """`hexmq cluster add`: node N+1 joins; returns its number."""
+        (node,) = json.loads(self.cli("add").stdout)["nodes"]
+        self.nodes.append(node)
+        number: int = node["node"]
+        return number
+
+    def leave(self, i: int) -> str:
+        """`hexmq cluster leave I`; returns what it wrote on stderr."""
+        return self.cli("leave", str(i)).stderr
+
     def status(self) -> dict[str, Any]:
         doc: dict[str, Any] = json.loads(self.cli("status", "--json").stdout)
         return doc

@@ -166,6 +166,12 @@ class Metrics:
             "Partitions of the agreed view with fewer in-sync replicas than the replication factor",
             registry=r,
         )
+        self.partitions_moving = Gauge(
+            "hexmq_partitions_moving",
+            "Partitions of the agreed view being rebalanced (a replica catching up, a handover "
+            "asked for, or a replica on a leaving node)",
+            registry=r,
+        )
         self.rejected_packets = Counter(
             "hexmq_rejected_packets",
             "MQTT packets refused, by packet type and reason code (hex, e.g. 0x87)",

@@ -467,12 +467,16 @@ class ClientConnection(ConnectHandling, InboundQos2Handling, SubscribeHandling, 
             self._write(self.codec.send(Disconnect(reason_code, props)))
         self._close(None)
 
-    def shutdown(self) -> None:
+    def shutdown(self, *, leaving: bool = False, reference: str | None = None) -> None:
         """The edge is stopping: tell 5.0 clients (0x8B, or 0x9C Use another server with the
-        --server-reference) and close."""
+        --server-reference) and close. When its node left the cluster (`leaving`): 0x8B, with
+        `reference` as the Server Reference when the edge knows one for this listener."""
         if self.state is State.CONNECTED and self.version == V5:
             ref = self.config.server_reference
-            if ref:
+            if leaving:
+                props = Properties(server_reference=reference) if reference else Properties()
+                packet = Disconnect(RC.SERVER_SHUTTING_DOWN, props)
+            elif ref:
                 packet = Disconnect(RC.USE_ANOTHER_SERVER, Properties(server_reference=ref))
             else:
                 packet = Disconnect(RC.SERVER_SHUTTING_DOWN)

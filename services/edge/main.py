@@ -17,6 +17,7 @@ from hexmq.netaddr import parse_hostport
 from hexmq.node_protocol import ClusterProtocol
 from hexmq.readiness import follow_in_health
 from hexmq.service import (
+    StopEvent,
     add_observability_arguments,
     cancel_and_wait,
     run_service,
@@ -40,6 +41,7 @@ from services.edge.server import (
     Edge,
     EdgeConfig,
 )
+from services.membership.client import add_leave_timeout, check_leave_timeout
 
 log = logging.getLogger("hexmq.edge")
 
@@ -51,6 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-id", required=True, help="this node's id, e.g. n1")
     parser.add_argument("--listen", required=True, help="MQTT HOST:PORT, e.g. 127.0.0.1:1883")
     parser.add_argument("--membership", required=True, help="the node's membership HOST:PORT")
+    add_leave_timeout(parser)
     parser.add_argument(
         "--max-packet-size",
         type=int,
@@ -325,6 +328,7 @@ def run(args: argparse.Namespace) -> int:
                 "limit leaves after the edge's own files)"
             )
         parse_hostport(args.membership, what="--membership")
+        check_leave_timeout(args.leave_timeout)
         for name in ("max_packet_size", "receive_maximum", "max_inflight_v311"):
             if getattr(args, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
@@ -385,7 +389,7 @@ def run(args: argparse.Namespace) -> int:
         fault_stall_qos2_routing=args.fault_stall_qos2_routing,
     )
 
-    async def main(stop: asyncio.Event) -> int:
+    async def main(stop: StopEvent) -> int:
         try:
             obs = start_observability("edge", args.node_id, args)
         except OSError as exc:
@@ -433,9 +437,22 @@ def run(args: argparse.Namespace) -> int:
         )
         metrics = asyncio.create_task(_report_metrics(edge))
         await stop.wait()
+        if stop.leave:
+            # SIGTERM: if the node is leaving, its clients stay connected (and served) while
+            # its partitions move, then go to another node (docs/operations.md, "Leaving").
+            left = await edge.follow_leave(args.leave_timeout, stop.plain)
+            if left is None:
+                log.info("the node is not leaving; stopping")
+            elif left:
+                log.info("the node left the cluster; stopping")
+            else:
+                log.warning(
+                    "the node's leave did not finish within %gs; stopping anyway",
+                    args.leave_timeout,
+                )
         log.info("shutting down")
         metrics.cancel()
-        await edge.stop()
+        await edge.stop(leaving=stop.leave)
         if health_server is not None:
             await cancel_and_wait(health_follower)
             await _stop_health(health_server)

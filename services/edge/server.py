@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from hexmq import telemetry
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.hashring import partition_of
 from hexmq.mqtt.reason_codes import ReasonCode as RC
 from hexmq.node_protocol import THIS_RELEASE
 from services.edge.auth import AccessControl
@@ -26,6 +27,7 @@ from services.edge.router import Router
 from services.edge.stats import EdgeStats
 from services.edge.systopics import SysTopics
 from services.edge.tracing import EdgeTracer
+from services.membership.changes import has_left
 from services.membership.client import ViewWatcher
 
 log = logging.getLogger("hexmq.edge")
@@ -37,6 +39,9 @@ DEFAULT_MAX_INFLIGHT_V311 = 256
 DEFAULT_TOPIC_ALIAS_MAXIMUM = 64
 DEFAULT_MAX_OUTBOUND_TOPIC_ALIASES = 64
 DEFAULT_FAILOVER_HOLD = 10.0
+# How long an edge told to stop (SIGTERM) waits for the view to say its node is leaving before
+# it stops plainly (its agent got the same signal and needs a view change to say so).
+LEAVE_NOTICE_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,20 +138,68 @@ class Edge:
                 SysTopics(self, self.config.sys_interval).run(), name="sys-topics"
             )
 
-    async def stop(self) -> None:
+    async def stop(self, *, leaving: bool = False) -> None:
         """Stop accepting, tell clients (5.0: DISCONNECT 0x8B), give the partition links a
-        moment to carry the session closes, then stop the links."""
+        moment to carry the session closes, then stop the links. `leaving`: the node left the
+        cluster; 5.0 clients of the plain MQTT listener get another node's address as the
+        Server Reference (docs/operations.md, "Leaving")."""
         for server in self._servers:
             server.close()
         if self._sys_task is not None:
             self._sys_task.cancel()
         for conn in list(self.connections.values()):
-            conn.shutdown()
+            if leaving:
+                conn.shutdown(leaving=True, reference=self.leave_reference(conn))
+            else:
+                conn.shutdown()
         await asyncio.sleep(min(0.2, self.config.shutdown_grace))
         self.dispatcher.stop()
         for link in self.router.links.values():
             await link.stop()
         await self._watcher.stop()
+
+    async def follow_leave(
+        self, timeout_s: float, cut_short: asyncio.Event, notice_s: float = LEAVE_NOTICE_S
+    ) -> bool | None:
+        """On SIGTERM: if the node is leaving (its agent was asked, by `hexmq cluster leave` or
+        by its own SIGTERM; the view says so within `notice_s`), keep serving until the view
+        has let the node go, `timeout_s` has passed or `cut_short` is set. The edge never asks
+        for a leave itself, so an edge restarted alone does not take its node out. True: the
+        node left; False: it did not within `timeout_s`; None: it is not leaving."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        node = self.config.node_id
+        noticed = False
+        while not cut_short.is_set():
+            view = self.router.view
+            if view is not None and has_left(view, node):
+                return True
+            noticed = noticed or (view is not None and node in view.leaving)
+            waited = loop.time() - start
+            if (not noticed and waited >= notice_s) or waited >= timeout_s:
+                return False if noticed else None
+            await asyncio.sleep(0.1)
+        return False if noticed else None
+
+    def leave_reference(self, conn: ClientConnection) -> str | None:
+        """Where a client of this leaving node should go: --server-reference if set, else, for
+        the plain MQTT listener (another node's mqtt_addr is that kind of address), a member
+        that is not leaving, spread over them by client id."""
+        if self.config.server_reference:
+            return self.config.server_reference
+        transport = conn.transport
+        local = transport.get_extra_info("sockname") if transport is not None else None
+        view = self.router.view
+        if view is None or not isinstance(local, tuple) or local[1] != self.config.port:
+            return None
+        others = sorted(
+            m.mqtt_addr
+            for m in view.members
+            if m.node_id != self.config.node_id and m.node_id not in view.leaving and m.mqtt_addr
+        )
+        if not others:
+            return None
+        return others[partition_of(conn.client_id or str(conn.peer), len(others))]
 
     def connected_clients(self) -> int:
         return sum(1 for c in self.connections.values() if c.state is State.CONNECTED)

@@ -25,7 +25,7 @@ from hexmq.api.membership.v1 import membership_pb2 as pb
 from hexmq.node_protocol import THIS_RELEASE, ClusterProtocol, Support
 from hexmq.service import cancel_and_wait
 from hexmq.telemetry.tracing import Tracing
-from services.membership.changes import record_view_change
+from services.membership.changes import RebalanceLog, has_left, record_view_change
 from services.membership.consul_client import make_consul
 from services.membership.discovery.gate import gate_for
 from services.membership.discovery.model import Discovery
@@ -151,6 +151,9 @@ class MembershipAgent:
         self._supports: dict[int, Support] = {}
         # Registered, serving nodes the view does not admit for their protocol: node -> why.
         self.refused: dict[str, str] = {}
+        self._leaving = False
+        self._left_logged = False
+        self._rebalance = RebalanceLog()
         self._detector = FailureDetector(int(config.suspect_after_s * 1000))
         self._prober = Prober(
             self._detector,
@@ -239,6 +242,7 @@ class MembershipAgent:
             membership_addr=c.membership_addr,
             incarnation=self._incarnation,
             protocol=self.protocol,
+            leaving=self._leaving,
         )
 
     @property
@@ -274,13 +278,20 @@ class MembershipAgent:
     def _set_incarnation(self, incarnation: int) -> None:
         if incarnation == self._incarnation:
             return
-        previous, self._incarnation = self._incarnation, incarnation
+        previous = self._incarnation
         log.info(
             "partition service incarnation %d -> %d; the node speaks protocol %s",
             previous,
             incarnation,
             self.protocol.describe(),
         )
+        if self._leaving and incarnation != 0 and self.has_left(self.board.view):
+            # A partition service started after the node left (it alone was restarted): a
+            # new start, so the node joins again rather than stay out for good.
+            log.info("a new partition service after the leave: %s joins again", self.config.node_id)
+            self._leaving = False
+            self._left_logged = False
+        self._incarnation = incarnation
         if self._session is not None:
             self._session.set_record(self.record())
         self._rewrite.set()
@@ -304,6 +315,51 @@ class MembershipAgent:
         while self._lease_version <= seen:
             await self._lease_event.wait()
         return self._lease_version
+
+    # --- leaving (docs/failover.md, "Leave") ---------------------------------------------------
+
+    @property
+    def leaving(self) -> bool:
+        return self._leaving
+
+    def has_left(self, view: pb.View | None) -> bool:
+        """The view no longer has this node as a member, a target member or a replica."""
+        return view is not None and has_left(view, self.config.node_id)
+
+    async def leave(self, wait_s: float) -> pb.LeaveReply:
+        """Mark the node leaving (its registration says so, and the planner takes it out of the
+        targets), then wait up to `wait_s` until the view has let it go."""
+        if not self._leaving:
+            self._leaving = True
+            log.info(
+                "leaving the cluster: %s hands over its master roles and waits for RF to be "
+                "restored without it",
+                self.config.node_id,
+            )
+            if self._session is not None:
+                self._session.set_record(self.record())
+            self._rewrite.set()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        view = self.board.view
+        while not self.has_left(view) and (wait := deadline - loop.time()) > 0:
+            try:
+                async with asyncio.timeout(wait):
+                    view = await self.board.newer_than(view.epoch if view is not None else 0)
+            except TimeoutError:
+                break
+        return self.leave_state()
+
+    def leave_state(self) -> pb.LeaveReply:
+        view = self.board.view
+        if view is None:
+            return pb.LeaveReply()
+        node = self.config.node_id
+        return pb.LeaveReply(
+            left=self.has_left(view),
+            view_epoch=view.epoch,
+            partitions_held=sum(1 for a in view.partitions if node in a.replicas),
+        )
 
     # --- local requests ------------------------------------------------------------------------
 
@@ -516,6 +572,16 @@ class MembershipAgent:
         self.board.publish(view)
         self.proposals.settle(view)
         self._update_peers()
+        line = self._rebalance.observe(view, wall_ms())
+        if line:
+            log.info("%s", line)
+        if self._leaving and not self._left_logged and self.has_left(view):
+            self._left_logged = True
+            log.info(
+                "left the cluster in view %d: %s holds no partition; its services may stop",
+                view.epoch,
+                self.config.node_id,
+            )
 
     def _update_peers(self) -> None:
         """Probe every other member, and every registered node waiting to join: a node is

@@ -30,17 +30,81 @@ class PartitionHealth:
     offline: int
     # Partitions with fewer in-sync replicas than the view's replication factor.
     under_replicated: int
+    # Partitions being rebalanced: a replica catching up, a handover asked for, or a replica
+    # on a leaving node (docs/failover.md, "Join" and "Leave").
+    moving: int = 0
 
 
 def partition_health(view: pb.View) -> PartitionHealth:
     members = {m.node_id for m in view.members}
-    offline = under = 0
+    leaving = set(view.leaving)
+    offline = under = moving = 0
     for pa in view.partitions:
         if not pa.replicas or pa.replicas[0] not in members:
             offline += 1
         if len(pa.in_sync) < view.replication_factor:
             under += 1
-    return PartitionHealth(offline, under)
+        if is_moving(pa, leaving):
+            moving += 1
+    return PartitionHealth(offline, under, moving)
+
+
+def is_moving(pa: pb.PartitionAssignment, leaving: set[str]) -> bool:
+    return (
+        len(pa.in_sync) < len(pa.replicas)
+        or bool(pa.handover_to)
+        or any(r in leaving for r in pa.replicas)
+    )
+
+
+def has_left(view: pb.View, node: str) -> bool:
+    """`node` is neither a member nor a target member of `view`, and no partition holds it: a
+    leave is done (its services may stop, nothing is lost with them)."""
+    return (
+        node not in {m.node_id for m in view.members}
+        and node not in view.target_members
+        and not any(node in pa.replicas for pa in view.partitions)
+    )
+
+
+class RebalanceLog:
+    """The log lines at the start and end of each rebalance, as HiveMQ's "cluster
+    replication" lines tell an operator when the next node may be rotated: a rebalance starts
+    with the first view in which a partition is moving and ends with the first in which none
+    is (every partition at its goal, all in sync)."""
+
+    def __init__(self) -> None:
+        self._started_ms: int | None = None
+        self._first_epoch = 0
+        self._peak = 0
+
+    def observe(self, view: pb.View, now_ms: int) -> str | None:
+        moving = partition_health(view).moving
+        who = []
+        if view.joining:
+            who.append("joining " + ", ".join(view.joining))
+        if view.leaving:
+            who.append("leaving " + ", ".join(view.leaving))
+        because = f" ({'; '.join(who)})" if who else ""
+        if moving and self._started_ms is None:
+            self._started_ms, self._first_epoch, self._peak = now_ms, view.epoch, moving
+            return (
+                f"rebalance started in view {view.epoch}: {moving} of {view.partition_count} "
+                f"partitions moving{because}; do not stop another node until it has finished"
+            )
+        if moving:
+            self._peak = max(self._peak, moving)
+            return None
+        if self._started_ms is None:
+            return None
+        took = (now_ms - self._started_ms) / 1000
+        line = (
+            f"rebalance finished in view {view.epoch} after {took:.1f}s (views "
+            f"{self._first_epoch}-{view.epoch}, at most {self._peak} partitions moving): every "
+            f"partition in sync at its placement; safe to stop or add the next node"
+        )
+        self._started_ms = None
+        return line
 
 
 def describe(old: pb.View | None, new: pb.View, records: Sequence[pb.FailoverRecord]) -> str:
@@ -104,6 +168,7 @@ def record_view_change(
     m.partitions_offline.set(health.offline)
     m.partitions_under_replicated.set(health.under_replicated)
     m.show_protocol(ClusterProtocol.of_view(new))
+    m.partitions_moving.set(health.moving)
     attributes: dict[str, AttributeValue] = {
         telemetry.Attr.VIEW_EPOCH: new.epoch,
         telemetry.Attr.NODE: node_id,
@@ -113,6 +178,7 @@ def record_view_change(
         "hexmq.view.handovers": sum(1 for r in records if r.kind == "handover"),
         "hexmq.view.partitions_offline": health.offline,
         "hexmq.view.partitions_under_replicated": health.under_replicated,
+        "hexmq.view.partitions_moving": health.moving,
     }
     lost = sorted(
         {m.node_id for m in old.members} - {m.node_id for m in new.members}

@@ -10,9 +10,11 @@ inter-node protocol, which the agent registers for as long as the watch is open.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import grpc
 
@@ -157,3 +159,81 @@ class MembershipClient:
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
+
+
+# A leave that cannot reach the agent (restarting?) retries this often, this many times.
+_LEAVE_RETRY_S = 0.5
+_LEAVE_TRIES = 4
+
+
+async def leave_cluster(
+    target: str, timeout_s: float, cut_short: asyncio.Event | None = None
+) -> pb.LeaveReply | None:
+    """Ask the node's agent at `target` to take the node out of the cluster and wait until it
+    has (the reply says `left`), `timeout_s` has passed, or `cut_short` is set (a plain stop
+    signal came). None if the agent could not be asked at all: the caller stops anyway, and
+    the node's partitions fail over as after any stop (docs/operations.md, "Leaving")."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    reply: pb.LeaveReply | None = None
+    failures = 0
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = pb_grpc.MembershipServiceStub(channel)
+        while (left_s := deadline - loop.time()) > 0:
+            call = stub.Leave(pb.LeaveRequest(wait_ms=int(left_s * 1000)), timeout=left_s + 1.0)
+            waits: set[asyncio.Future[Any]] = {asyncio.ensure_future(call)}
+            stopper = None
+            if cut_short is not None:
+                stopper = asyncio.ensure_future(cut_short.wait())
+                waits.add(stopper)
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            if stopper is not None and stopper in done:
+                call.cancel()
+                log.warning("leave cut short by a plain stop")
+                return reply
+            if stopper is not None:
+                stopper.cancel()
+            try:
+                reply = await call
+            except grpc.aio.AioRpcError as exc:
+                log.warning("leave: membership %s: %s", target, exc.code().name)
+                failures += 1
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or failures >= _LEAVE_TRIES:
+                    return reply
+                await asyncio.sleep(min(_LEAVE_RETRY_S, max(0.0, deadline - loop.time())))
+                continue
+            if reply.left:
+                return reply
+    return reply
+
+
+DEFAULT_LEAVE_TIMEOUT_S = 60.0
+
+
+def add_leave_timeout(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--leave-timeout",
+        type=float,
+        default=DEFAULT_LEAVE_TIMEOUT_S,
+        metavar="S",
+        help="on SIGTERM, how long to wait for the node to leave the cluster (master roles "
+        "handed over, RF restored elsewhere) before stopping anyway; SIGINT stops at once "
+        f"(default {DEFAULT_LEAVE_TIMEOUT_S:.0f})",
+    )
+
+
+def check_leave_timeout(seconds: float) -> None:
+    if not seconds >= 0:
+        raise ValueError(f"--leave-timeout must be 0 or more seconds, got {seconds}")
+
+
+def describe_leave(reply: pb.LeaveReply | None, timeout_s: float) -> str:
+    """The log line a service writes when its leave ends, one way or another."""
+    if reply is None:
+        return "leave: the membership agent could not be asked; stopping without a leave"
+    if reply.left:
+        return f"left the cluster in view {reply.view_epoch}; stopping"
+    return (
+        f"leave not finished within {timeout_s:.0f}s (view {reply.view_epoch}, "
+        f"{reply.partitions_held} partitions still have a replica here); stopping anyway"
+    )

@@ -35,11 +35,13 @@ def goal_orders(targets: Iterable[str], members: Iterable[str], partitions: int,
 
 
 def goal(view: pb.View, p: int) -> list[str]:
-    """The partition's goal replicas, goal master first (docs/failover.md, Placement)."""
+    """The partition's goal replicas, goal master first (docs/failover.md, Placement); a
+    leaving member is no goal replica."""
     if not 0 <= p < view.partition_count:
         raise ValueError(f"partition {p} outside 0..{view.partition_count - 1}")
     members = {m.node_id for m in view.members}
     orders = goal_orders(
         view.target_members, members, view.partition_count, view.replication_factor
     )
-    return [n for n in orders[p] if n in members][: view.replication_factor]
+    eligible = members - set(view.leaving)
+    return [n for n in orders[p] if n in eligible][: view.replication_factor]

@@ -19,6 +19,7 @@ from hexmq.health import add_health
 from hexmq.netaddr import parse_hostport
 from hexmq.readiness import Readiness, follow_in_health
 from hexmq.service import (
+    StopEvent,
     add_observability_arguments,
     cancel_and_wait,
     run_service,
@@ -26,6 +27,7 @@ from hexmq.service import (
     start_observability,
 )
 from services.membership.agent import AgentConfig, MembershipAgent
+from services.membership.client import add_leave_timeout, check_leave_timeout, describe_leave
 from services.membership.consul_client import parse_consul_addr
 from services.membership.discovery.model import DiscoveryContext
 from services.membership.discovery.options import (
@@ -134,6 +136,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds a (re)joining node must be registered and unsuspected before it is "
         "admitted (default 1)",
     )
+    add_leave_timeout(parser)
     parser.add_argument("--log-level", default="INFO")
     add_observability_arguments(parser)
     add_discovery_arguments(parser)
@@ -169,6 +172,7 @@ def agent_config(args: argparse.Namespace) -> AgentConfig:
     ):
         if not seconds > 0:
             raise ValueError(f"{option} must be more than 0 seconds, got {seconds}")
+    check_leave_timeout(args.leave_timeout)
     if args.rejoin_settle < 0:
         raise ValueError(f"--rejoin-settle must be 0 or more seconds, got {args.rejoin_settle}")
     discovery = discovery_settings(args, args.cluster)
@@ -212,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
         log.error("%s", exc)
         return 2
 
-    async def main(stop: asyncio.Event) -> int:
+    async def main(stop: StopEvent) -> int:
         try:
             obs = start_observability("membership", args.node_id, args)
         except OSError as exc:
@@ -247,6 +251,11 @@ def run(args: argparse.Namespace) -> int:
             else "1 node",
         )
         await stop.wait()
+        if stop.leave and not agent.failed:
+            # SIGTERM (an orchestrator stops the node, maybe every service at once): leave
+            # first, since this agent's session ending now would make it a failover. A node
+            # the view never admitted has left already.
+            await _finish_leave(agent, args.leave_timeout, stop)
         log.info("shutting down")
         await cancel_and_wait(health_follower)
         # Stop serving first (the node's services see the agent go), then end the session:
@@ -268,6 +277,18 @@ def discovery_context(config: AgentConfig) -> DiscoveryContext:
         membership_addr=config.membership_addr,
         consul_addr=config.consul_addr,
     )
+
+
+async def _finish_leave(agent: MembershipAgent, timeout_s: float, stop: StopEvent) -> None:
+    leave = asyncio.ensure_future(agent.leave(timeout_s))
+    plain = asyncio.ensure_future(stop.plain.wait())
+    await asyncio.wait({leave, plain}, return_when=asyncio.FIRST_COMPLETED)
+    plain.cancel()
+    if leave.done():
+        log.info("%s", describe_leave(leave.result(), timeout_s))
+    else:
+        leave.cancel()
+        log.warning("leave cut short by a plain stop")
 
 
 def membership_readiness(agent: MembershipAgent) -> Readiness:

@@ -36,6 +36,9 @@ class Registration:
     # What the node speaks of the inter-node protocol, as its record says (a v0.2.0 record:
     # LEGACY). The default is what this release's agents register.
     protocol: Support = THIS_RELEASE
+    # Its agent was asked to take the node out of the cluster (`hexmq cluster leave`, SIGTERM):
+    # the view drops it from target_members (docs/failover.md, "Leave").
+    leaving: bool = False
 
     def __post_init__(self) -> None:
         if not self.node_id:

@@ -55,6 +55,7 @@ __all__ = [
     "Request",
     "ViewError",
     "check_view",
+    "departed_members",
     "failover_records",
     "goal",
     "lost_members",
@@ -108,21 +109,48 @@ def plan(
     old_members = set(_member_ids(view))
     members = {m.node_id: m for m in view.members}
     targets = set(view.target_members)
+    joining = set(view.joining)
+    leaving = set(view.leaving)
     lost = lost_members(view, observed)
-    if lost and config.node_id not in old_members:
+    departed = [] if lost else departed_members(view)
+    if (lost or departed) and config.node_id not in old_members:
         # Only a member's agent removes members: one whose node is out of the view (it is
         # joining, or was removed) may be seeing a cluster it has not caught up with yet.
         return None
     # Removals and joins go in separate views, removals first: a join waits for a view in
     # which nobody is lost, so a restarted node's old incarnation always leaves before its new
     # one enters, and each view's changes have one cause.
-    if lost:
+    if lost or departed:
         for node in lost:
             del members[node]
+            if node in joining and targets - {node}:
+                # A joining node lost before it caught up: the placement goes back to what it
+                # was before it joined (docs/failover.md, "Join").
+                targets.discard(node)
+            joining.discard(node)
+            leaving.discard(node)
+        for node in departed:
+            del members[node]
+            leaving.discard(node)
+        if not members.keys() - leaving:
+            # Nobody left to take the leavers' partitions: the leave cannot complete.
+            targets |= leaving
+            leaving.clear()
     else:
         for reg in _joiners(view, observed, config, now_ms):
             members[reg.node_id] = reg.member()
-            targets.add(reg.node_id)
+            if reg.leaving:
+                # Back only for the offline partitions it still holds: it restores them,
+                # hands them over and leaves again.
+                leaving.add(reg.node_id)
+                targets.discard(reg.node_id)
+            elif reg.node_id not in targets:
+                targets.add(reg.node_id)
+                joining.add(reg.node_id)
+        for node in _leavers(members, leaving, observed):
+            leaving.add(node)
+            targets.discard(node)
+            joining.discard(node)
     _refresh_addresses(members, observed)
     orders = goal_orders(targets, members, view.partition_count, view.replication_factor)
     for p, part in enumerate(parts):
@@ -133,13 +161,19 @@ def plan(
     for request in observed.requests:
         _apply_request(parts, request, config.node_id, members, epoch)
     rf = view.replication_factor
+    eligible = members.keys() - leaving
+    caught_up = set(joining)
     for p, part in enumerate(parts):
-        _towards_goal(part, members, orders[p], rf)
+        want = _towards_goal(part, members.keys(), eligible, orders[p], rf)
+        caught_up -= {n for n in want if n not in part.in_sync}
+    joining -= caught_up
     new_members = [members[n] for n in sorted(members)]
     protocol = cluster_protocol(_member_supports(members, observed).values())
     if (
         new_members == list(view.members)
         and sorted(targets) == sorted(view.target_members)
+        and sorted(joining) == sorted(view.joining)
+        and sorted(leaving) == sorted(view.leaving)
         and all(part.key() == key for part, key in zip(parts, before, strict=True))
         and protocol == ClusterProtocol.of_view(view)
     ):
@@ -153,6 +187,8 @@ def plan(
         target_members=sorted(targets),
         protocol_version=protocol.version,
         features=sorted(protocol.features),
+        joining=sorted(joining),
+        leaving=sorted(leaving),
     )
 
 
@@ -271,14 +307,43 @@ def lost_members(view: pb.View, observed: Observed) -> list[str]:
     return lost
 
 
+def departed_members(view: pb.View) -> list[str]:
+    """The leaving members that hold no replica any more: their leave is done, and the view
+    drops them (no failover: they master nothing, and RF was restored without them)."""
+    held = {r for a in view.partitions for r in a.replicas}
+    members = set(_member_ids(view))
+    return sorted(n for n in view.leaving if n in members and n not in held)
+
+
+def _leavers(members: Mapping[str, pb.Member], leaving: set[str], observed: Observed) -> list[str]:
+    """Members whose registration (with the incarnation the view admits) says they leave, in
+    order, as long as one member that is not leaving would remain."""
+    found = []
+    staying = set(members) - leaving
+    for node in sorted(staying):
+        reg = observed.registry.get(node)
+        if reg is None or not reg.leaving or reg.incarnation != members[node].incarnation:
+            continue
+        if len(staying) > 1:
+            staying.discard(node)
+            found.append(node)
+    return found
+
+
 def _joiners(
     view: pb.View, observed: Observed, config: PlanConfig, now_ms: int
 ) -> list[Registration]:
     """The nodes ready to join: registered and serving, listed by discovery (if any), not
     members, reported by no live member, registered (as the agent counts it: since_ms) at
     least rejoin_settle_ms, and sharing a protocol version with every member and every node
-    admitted before it (in node id order) in this view."""
+    admitted before it (in node id order) in this view; a leaving node only to finish its
+    leave (it is still a target member: the view never agreed it leaving; or a partition
+    still holds it: the last in-sync copy of an offline partition), and only if a member that
+    is not leaving remains to take its place."""
     members = set(_member_ids(view))
+    held = {r for a in view.partitions for r in a.replicas}
+    targets = set(view.target_members)
+    staying = members - set(view.leaving)
     reporters = _live_reporters(view, observed)
     suspected = {n for r in reporters for n in observed.suspicions.get(r, {}) if n != r}
     supports = _member_supports({m.node_id: m for m in view.members}, observed)
@@ -286,6 +351,7 @@ def _joiners(
     for node, reg in sorted(observed.registry.items()):
         if (
             reg.incarnation > 0
+            and (not reg.leaving or ((node in held or node in targets) and staying))
             and node not in members
             and observed.admits(node)
             and node not in suspected
@@ -382,19 +448,22 @@ def _apply_request(
 
 
 def _towards_goal(
-    part: _Part, members: Mapping[str, pb.Member], order: Sequence[str], rf: int
-) -> None:
-    """One step towards the goal: add missing goal replicas as followers, ask for the handover
-    to the goal master once it is in sync, drop surplus replicas once the goal holds in full."""
-    if part.master not in members:
-        return  # offline: nothing can move until an in-sync replica is back
-    want = [n for n in order if n in members][:rf]
+    part: _Part, members: Collection[str], eligible: Collection[str], order: Sequence[str], rf: int
+) -> list[str]:
+    """One step towards the goal (its first rf eligible nodes: members not leaving, in goal
+    order, returned): add missing goal replicas as followers, ask for the handover to the goal
+    master once it is in sync, drop surplus replicas (a leaving node's among them) once the
+    goal holds in full."""
+    want = [n for n in order if n in eligible][:rf]
+    if part.master not in members or not want:
+        return want  # offline: nothing can move until an in-sync replica is back
     part.replicas += [n for n in want if n not in part.replicas]
     head = want[0]
     part.handover_to = head if head != part.master and head in part.in_sync else ""
     if head == part.master and all(n in part.in_sync for n in want):
         part.replicas = [r for r in part.replicas if r in want]
         part.in_sync &= set(want)
+    return want
 
 
 def check_view(view: pb.View) -> None:
@@ -418,6 +487,13 @@ def _read_table(view: pb.View) -> list[_Part]:
         raise ViewError(f"{where}: member ids must be unique and non-empty: {ids}")
     if not view.target_members:
         raise ViewError(f"{where}: no target_members")
+    joining, leaving, targets = set(view.joining), set(view.leaving), set(view.target_members)
+    if not joining <= set(ids) & targets:
+        raise ViewError(f"{where}: joining {sorted(joining)} must be members and targets")
+    if not leaving <= set(ids) or leaving & targets:
+        raise ViewError(
+            f"{where}: leaving {sorted(leaving)} must be members and not target_members"
+        )
     parts = []
     for p, a in enumerate(view.partitions):
         at = f"{where}: partition {p}"

@@ -96,6 +96,9 @@ class MemberRecord:
     membership_addr: str
     incarnation: int
     protocol: Support = THIS_RELEASE
+    # Asked to leave the cluster (docs/failover.md, "Leave"); written only when true, so the
+    # record of a node that is not leaving reads as before.
+    leaving: bool = False
 
     def to_json(self) -> bytes:
         doc = {
@@ -108,6 +111,8 @@ class MemberRecord:
             "protocol_max": self.protocol.max_version,
             "features": sorted(self.protocol.features),
         }
+        if self.leaving:
+            doc["leaving"] = True
         return json.dumps(doc, sort_keys=True).encode()
 
     def registration(self, since_ms: int) -> Registration:
@@ -119,6 +124,7 @@ class MemberRecord:
             incarnation=self.incarnation,
             since_ms=since_ms,
             protocol=self.protocol,
+            leaving=self.leaving,
         )
 
 
@@ -174,6 +180,9 @@ def parse_member_record(key: str, node_id: str, value: bytes | None) -> MemberRe
     incarnation = doc.get("incarnation")
     if not _whole(incarnation) or incarnation < 0:
         raise RecordError(f"{key}: incarnation must be a whole number >= 0, got {incarnation!r}")
+    leaving = doc.get("leaving", False)
+    if not isinstance(leaving, bool):
+        raise RecordError(f"{key}: leaving must be true or false, got {leaving!r}")
     return MemberRecord(
         node_id=node_id,
         partition_addr=addrs["partition_addr"],
@@ -181,6 +190,7 @@ def parse_member_record(key: str, node_id: str, value: bytes | None) -> MemberRe
         membership_addr=addrs["membership_addr"],
         incarnation=incarnation,
         protocol=protocol,
+        leaving=leaving,
     )
 
 

@@ -141,3 +141,11 @@ class MembershipServicer(pb_grpc.MembershipServiceServicer):
         self, request: pb.MembershipStatusRequest, context: grpc.aio.ServicerContext
     ) -> pb.MembershipStatus:
         return self._agent.status()
+
+    async def Leave(
+        self, request: pb.LeaveRequest, context: grpc.aio.ServicerContext
+    ) -> pb.LeaveReply:
+        if self._agent.board.view is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no view agreed yet")
+            raise AssertionError("unreachable")
+        return await self._agent.leave(request.wait_ms / 1000)

@@ -19,12 +19,19 @@ from hexmq.health import NOT_SERVING, SERVING, add_health
 from hexmq.netaddr import parse_hostport
 from hexmq.node_protocol import THIS_RELEASE
 from hexmq.service import (
+    StopEvent,
     add_observability_arguments,
     run_service,
     setup_logging,
     start_observability,
 )
-from services.membership.client import ViewWatcher
+from services.membership.client import (
+    ViewWatcher,
+    add_leave_timeout,
+    check_leave_timeout,
+    describe_leave,
+    leave_cluster,
+)
 from services.partition.agreement import AgreementClient
 from services.partition.delivery import DEFAULT_MAX_QUEUED, QueueLimits
 from services.partition.node import PartitionNode
@@ -46,6 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--listen", required=True, help="gRPC HOST:PORT to serve edges on")
     parser.add_argument("--redis", required=True, help="the node's Redis, redis://HOST:PORT/DB")
     parser.add_argument("--membership", required=True, help="the node's membership HOST:PORT")
+    add_leave_timeout(parser)
     parser.add_argument("--startup-timeout", type=float, default=30.0)
     parser.add_argument(
         "--max-queued-messages",
@@ -109,13 +117,14 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--replica-lag-timeout must be positive")
         if not args.qos2_dedupe_retention > 0:
             raise ValueError("--qos2-dedupe-retention must be positive")
+        check_leave_timeout(args.leave_timeout)
         if not args.redis.startswith(("redis://", "unix://")):
             raise ValueError(f"--redis must be a redis:// or unix:// URL, got {args.redis!r}")
     except ValueError as exc:
         log.error("%s", exc)
         return 2
 
-    async def main(stop: asyncio.Event) -> int:
+    async def main(stop: StopEvent) -> int:
         try:
             obs = start_observability("partition", args.node_id, args)
         except OSError as exc:
@@ -222,6 +231,11 @@ def run(args: argparse.Namespace) -> int:
         sweeper = asyncio.create_task(_sweep(node))
         metrics = asyncio.create_task(_report_metrics(node, commit, replicator))
         await stop.wait()
+        if stop.leave and exit_code == 0:
+            # SIGTERM: the node leaves first, serving on while its master roles are handed over
+            # and its replicas are copied elsewhere (docs/operations.md, "Leaving").
+            reply = await leave_cluster(args.membership, args.leave_timeout, stop.plain)
+            log.info("%s", describe_leave(reply, args.leave_timeout))
         log.info("shutting down")
         sweeper.cancel()
         metrics.cancel()

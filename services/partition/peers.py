@@ -60,6 +60,10 @@ MAX_ITEMS_PER_FRAME = 1024
 # Snapshot chunks are read this many storage ops at a time; the next is read once the stream
 # has taken the previous one.
 SNAPSHOT_CHUNK_OPS = 512
+# Snapshots read from Redis at once: a join or a follower far behind can ask for every
+# partition together, and unbounded reads exhausted redis-py's pool (100 connections: "Too many
+# connections"), which stops the service. The rest wait their turn.
+SNAPSHOT_READS_AT_ONCE = 8
 # Stop reading a snapshot ahead while the stream to that follower holds this many items.
 SNAPSHOT_BACKLOG = 4 * MAX_ITEMS_PER_FRAME
 
@@ -241,6 +245,7 @@ class ReplicationDriver:
         self._persist_wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._reads: set[asyncio.Task[None]] = set()
+        self._snapshot_slots = asyncio.Semaphore(SNAPSHOT_READS_AT_ONCE)
         self._asks: set[asyncio.Task[None]] = set()
         self.snapshots_sent = 0
         # When the lease stops being valid unless renewed (monotonic seconds).
@@ -433,6 +438,10 @@ class ReplicationDriver:
             outbox.close()
 
     async def _read_snapshot(self, read: SnapshotRead) -> None:
+        async with self._snapshot_slots:
+            await self._read_snapshot_now(read)
+
+    async def _read_snapshot_now(self, read: SnapshotRead) -> None:
         sent = 0
         chunks: list[ChunkSent] = []
         try:

@@ -22,6 +22,10 @@ agent plus a model of its partition service, and each tick runs like the real on
 A tick in which nothing can change but time (every node serving, no cut, no doubt, no request,
 every agent idle on the current state, every replica in sync) only renews sessions.
 
+`spare` nodes are not started with the others: `restart` starts one, and it joins. `leave`
+asks a node's agent to take it out of the cluster (its registration says leaving); once a view
+drops it from the members, its processes end (it has left, and `restart` joins it anew).
+
 `pause` stops a node's agent and partition service (SIGSTOP): it renews nothing, plans nothing,
 and looks silent to every probe. `cut a b` makes each silent to the other (Consul stays
 reachable to both). `kill` ends a node; `restart` starts it with a new incarnation, after
@@ -33,7 +37,9 @@ master's tenure changes (another master, or an offline partition restored); a ne
 in the previous in-sync set; in_sync holds the master, and an offline partition (master not a
 member) has no member in sync; at most one master per (partition, epoch) ever; and a removed
 member was lost by a rule of docs/failover.md both in what the planning agent read and in
-fact (dead, paused, restarted, booting, or cut from more than half of the members, recently).
+fact (dead, paused, restarted, booting, or cut from more than half of the members, recently),
+or had left: it was leaving and held no replica; and a replica that is dropped while its node
+stays a member leaves at least min(RF, members not leaving) replicas in sync.
 
 `Script` runs the scenario language of tests/unit/agreement_scenarios/*.txt on a `Sim`.
 """
@@ -97,6 +103,7 @@ class Settings:
     # to itself (agreement_scenarios/isolated_master_shrinks_first.txt shows why).
     lag: int = 20
     boot: int = 2  # ticks a (re)started partition service takes to serve
+    spare: int = 0  # nodes after the first `nodes`, not started until `restart`
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +124,9 @@ class SimNode:
     incarnation: int = 0  # of the partition service now running; 0 while it boots
     started: int = 0  # incarnations used so far
     boot_left: int = 0
+    spare: bool = False  # never started yet
+    leaving: bool = False  # its agent was asked to leave
+    left: bool = False  # it left the view by a leave, and ended
     session: str | None = None
     renewed_ms: int = 0
     # The agent: what it first saw when, its failing probes and reports, its pending requests.
@@ -139,19 +149,21 @@ class SimNode:
         """What a process loses when it ends: all but its session id (kept on disk)."""
         self.seen, self.failing, self.reports, self.requests = {}, {}, {}, []
         self.idle_key = None
+        self.leaving = False
         self.up, self.down, self.quiesced = {}, {}, {}
 
 
 class Sim:
     def __init__(self, settings: Settings) -> None:
-        if settings.nodes < 1 or settings.nodes > 9:
-            raise ScriptError("nodes must be 1..9")
+        if settings.nodes < 1 or settings.spare < 0 or settings.nodes + settings.spare > 9:
+            raise ScriptError("nodes must be 1..9, spares included")
         self.cfg = settings
         self.expect = settings.expect or settings.nodes
         # What node discovery lists (the same for every agent); None: no discovery.
         self.listing: frozenset[str] | None = None
         self.consul = MemoryConsul()
-        self.nodes = {f"n{i}": SimNode(f"n{i}") for i in range(1, settings.nodes + 1)}
+        total = settings.nodes + settings.spare
+        self.nodes = {f"n{i}": SimNode(f"n{i}") for i in range(1, total + 1)}
         self.tick_no = 0
         self.cuts: dict[frozenset[str], int | None] = {}  # pair -> tick healed (None: still cut)
         self.views: list[pb.View] = []  # every agreed view, in order
@@ -166,8 +178,12 @@ class Sim:
         self._known_at: tuple[int, list[str]] = (-1, [])
         self._rest_view = 0  # the view epoch last found with every replica in sync
         self._masters_cache: dict[tuple[int, str], list[pb.PartitionAssignment]] = {}
-        for node in self.nodes.values():
-            self._boot(node)
+        self.marked: pb.View | None = None
+        for i, node in enumerate(self.nodes.values()):
+            if i < settings.nodes:
+                self._boot(node)
+            else:
+                node.alive, node.spare = False, True
 
     @property
     def now_ms(self) -> int:
@@ -184,8 +200,12 @@ class Sim:
             raise ScriptError(f"no node {name!r}")
         return self.nodes[name]
 
+    def active(self) -> list[SimNode]:
+        """The nodes meant to be in the cluster: started once, and not left since."""
+        return [n for n in self.nodes.values() if not n.spare and not n.left]
+
     def _boot(self, node: SimNode) -> None:
-        node.alive, node.paused = True, False
+        node.alive, node.paused, node.spare, node.left = True, False, False, False
         node.started += 1
         node.incarnation, node.boot_left = 0, self.cfg.boot
         node.forget()
@@ -212,6 +232,27 @@ class Sim:
         if node.alive:
             raise ScriptError(f"{name} is running")
         self._boot(node)
+
+    def leave(self, name: str) -> None:
+        node = self.node(name)
+        if not node.running or node.leaving:
+            raise ScriptError(f"{name} is not running, or already leaving")
+        node.leaving = True
+
+    def _end_after_leave(self, node: SimNode, view: pb.View) -> None:
+        """A leaving node that the view no longer has, nor holds as a target member or in a
+        partition, ends, and its agent ends its session. One removed before its leave was
+        agreed, or while it held the last in-sync copy of a partition, stays, to be admitted
+        again and finish its leave."""
+        held = node.name in view.target_members or any(
+            node.name in a.replicas for a in view.partitions
+        )
+        if node.leaving and not held and node.name not in {m.node_id for m in view.members}:
+            node.alive, node.left, node.incarnation = False, True, 0
+            node.forget()
+            if node.session is not None:
+                self.consul.destroy(node.session)
+                node.session = None
 
     def pause(self, name: str) -> None:
         node = self.node(name)
@@ -255,7 +296,7 @@ class Sim:
             self.tick_no += 1
             if self._at_rest():
                 # Nothing can change but time: only sessions are renewed (as _publish would).
-                for node in self.nodes.values():
+                for node in self.active():
                     if self.now_ms - node.renewed_ms >= self.cfg.ttl_ms // 3:
                         assert node.session is not None
                         self.consul.renew(node.session, self.now_ms)
@@ -293,15 +334,17 @@ class Sim:
         view = self._parse(read.view)
         if view is None or None in self.cuts.values():
             return False
-        if len(self.consul.sessions) != len(self.nodes):
+        active = self.active()
+        if len(self.consul.sessions) != len(active):
             return False
-        for node in self.nodes.values():
+        for node in active:
             if (
                 not node.running
                 or node.incarnation == 0
                 or node.failing
                 or node.reports
                 or node.requests
+                or node.leaving
                 or node.session not in self.consul.sessions
                 or not isinstance(node.idle_key, tuple)
                 or node.idle_key != (read.index, (), node.idle_key[2])
@@ -309,7 +352,11 @@ class Sim:
             ):
                 return False
         if self._rest_view != view.epoch:
-            if any(len(a.in_sync) != len(a.replicas) or a.handover_to for a in view.partitions):
+            if (
+                view.joining
+                or view.leaving
+                or any(len(a.in_sync) != len(a.replicas) or a.handover_to for a in view.partitions)
+            ):
                 return False
             self._rest_view = view.epoch
         return True
@@ -321,7 +368,9 @@ class Sim:
                 node.session = self.consul.create_session(node.name, self.cfg.ttl_ms, self.now_ms)
             node.renewed_ms = self.now_ms
         addrs = (f"{node.name}:partition", f"{node.name}:mqtt", f"{node.name}:membership")
-        self.consul.put(MEMBERS + node.name, (*addrs, node.incarnation), acquire=node.session)
+        self.consul.put(
+            MEMBERS + node.name, (*addrs, node.incarnation, node.leaving), acquire=node.session
+        )
         for other in self._known(self._read()):
             if other == node.name:
                 continue
@@ -383,6 +432,8 @@ class Sim:
         view = self._parse(self._read().view)
         if view is not None and node.requests:
             node.requests = [r for r in node.requests if request_outcome(r, view) == "pending"]
+        if view is not None:
+            self._end_after_leave(node, view)
 
     def _plan(self, node: SimNode, read: Snapshot) -> None:
         """Plan and propose; a lost CAS re-reads and plans again, a few times at most."""
@@ -449,9 +500,15 @@ class Sim:
         registry = {}
         for key, entry in read.members.items():
             name = key.removeprefix(MEMBERS)
-            partition, mqtt, membership, incarnation = entry.value
+            partition, mqtt, membership, incarnation, leaving = entry.value
             registry[name] = Registration(
-                name, partition, mqtt, membership, incarnation, node.seen[name][1]
+                name,
+                partition,
+                mqtt,
+                membership,
+                incarnation,
+                node.seen[name][1],
+                leaving=leaving,
             )
         suspicions = {
             key.removeprefix(SUSPECTS): dict(entry.value) for key, entry in read.suspects.items()
@@ -561,6 +618,13 @@ class Sim:
                     f"{where}: p{b.partition} new master {b.replicas[0]} was not in sync"
                     f" {list(a.in_sync)}"
                 )
+            dropped = (set(a.replicas) - set(b.replicas)) & now
+            floor = min(new.replication_factor, len(now - set(new.leaving)))
+            if dropped and len(b.in_sync) < floor:
+                raise SimError(
+                    f"{where}: p{b.partition} dropped {sorted(dropped)} alive, leaving in sync"
+                    f" only {list(b.in_sync)}"
+                )
 
     def _check_removals(self, old: pb.View, new: pb.View, read: Snapshot, where: str) -> None:
         removed = {m.node_id for m in old.members} - {m.node_id for m in new.members}
@@ -569,7 +633,10 @@ class Sim:
         reports = {k.removeprefix(SUSPECTS): dict(e.value) for k, e in read.suspects.items()}
         live = [r for r in members if r in registry]
         window = self.tick_no - (self.cfg.ttl_ms // TICK_MS + 10)
+        held = {r for a in old.partitions for r in a.replicas}
         for m in sorted(removed):
+            if m in old.leaving and m not in held and self.nodes[m].leaving:
+                continue  # it left: nothing held, nothing to fail over
             incarnation = next(x.incarnation for x in old.members if x.node_id == m)
             kinds = [reports.get(r, {}).get(m) for r in live if r != m]
             by_rule = (
@@ -597,7 +664,7 @@ class Sim:
         if view is None:
             return ["no view"]
         problems = []
-        names = sorted(self.nodes)
+        names = sorted(n.name for n in self.active())
         if everyone and (
             [m.node_id for m in view.members] != names or list(view.target_members) != names
         ):
@@ -624,14 +691,17 @@ PARTITION = re.compile(r"p(\d+)$")
 
 class Script:
     """Runs scenario lines against a Sim: `nodes 3 partitions 16 rf 3 [expect E] [settle MS]
-    [ttl MS] [suspect MS] [catchup T] [lag T] [boot T]`, then `tick N`, `kill n2`, `restart n2`,
-    `pause n3`, `resume n3`, `cut n1 n2`, `heal [n1 n2]`, `discover [NODE...]` (what node
-    discovery lists from now on; with `expect 0`, the default, the first view then waits for
-    every listed node) and checks: `check members n1 n3`,
-    `check master p3 n1`, `check in-sync p3 n1 n3`, `check replicas p3 n1 n2 n3` (master
-    first, followers in any order), `check offline p5`, `check epoch p3 4`, `check view-epoch
-    5`, `check record p3 failover n1 n2`, `check goal` (all nodes members, every partition
-    placed as assign() would, all in sync), `check settled` (the same for the members now)."""
+    [ttl MS] [suspect MS] [catchup T] [lag T] [boot T] [spare S]`, then `tick N`, `kill n2`,
+    `restart n2` (a spare: its first start), `leave n2`, `pause n3`, `resume n3`, `cut n1 n2`,
+    `heal [n1 n2]`, `discover [NODE...]` (what node discovery lists from now on; with `expect
+    0`, the default, the first view then waits for every listed node), `mark` (remember the
+    view) and checks: `check targets n1 n2`, `check joining
+    n4`, `check leaving n2`, `check as-marked` (members, targets and table as at `mark`),
+    `check members n1 n3`, `check master p3 n1`, `check in-sync p3 n1 n3`, `check replicas p3
+    n1 n2 n3` (master first, followers in any order), `check offline p5`, `check epoch p3 4`,
+    `check view-epoch 5`, `check record p3 failover n1 n2`, `check goal` (all nodes members,
+    every partition placed as assign() would, all in sync), `check settled` (the same for the
+    members now)."""
 
     def __init__(self, source: str = "<script>") -> None:
         self.source = source
@@ -646,6 +716,8 @@ class Script:
             "cut": lambda a: self.s.cut(a[0], a[1]),
             "heal": lambda a: self.s.heal(*a[:2]),
             "discover": lambda a: self.s.discover(a),
+            "leave": lambda a: self.s.leave(a[0]),
+            "mark": self.do_mark,
             "check": self.do_check,
         }
         self.checks: dict[str, Callable[[list[str]], None]] = {
@@ -659,6 +731,10 @@ class Script:
             "record": self.check_record,
             "goal": self.check_goal,
             "settled": self.check_settled,
+            "targets": self.check_targets,
+            "joining": self.check_joining,
+            "leaving": self.check_leaving,
+            "as-marked": self.check_as_marked,
         }
 
     def run_text(self, text: str) -> None:
@@ -693,7 +769,18 @@ class Script:
     def do_nodes(self, a: list[str]) -> None:
         if self.sim is not None:
             raise ScriptError("`nodes` comes once, first")
-        names = {"partitions", "rf", "expect", "settle", "ttl", "suspect", "catchup", "lag", "boot"}
+        names = {
+            "partitions",
+            "rf",
+            "expect",
+            "settle",
+            "ttl",
+            "suspect",
+            "catchup",
+            "lag",
+            "boot",
+            "spare",
+        }
         fields = {"settle": "settle_ms", "ttl": "ttl_ms", "suspect": "suspect_ms"}
         options: dict[str, int] = {"nodes": int(a[0])}
         for word, value in zip(a[1::2], a[2::2], strict=True):
@@ -761,6 +848,44 @@ class Script:
         problems = self.s.at_goal()
         if problems:
             raise SimError("not at goal: " + "; ".join(problems))
+
+    def do_mark(self, a: list[str]) -> None:
+        if self.s.view is None:
+            raise SimError("no view agreed yet")
+        self.s.marked = self.s.view
+
+    def _view(self) -> pb.View:
+        if self.s.view is None:
+            raise SimError("no view agreed yet")
+        return self.s.view
+
+    def check_targets(self, a: list[str]) -> None:
+        self.expect("target members", list(self._view().target_members), sorted(a))
+
+    def check_joining(self, a: list[str]) -> None:
+        self.expect("joining", list(self._view().joining), sorted(a))
+
+    def check_leaving(self, a: list[str]) -> None:
+        self.expect("leaving", list(self._view().leaving), sorted(a))
+
+    def check_as_marked(self, a: list[str]) -> None:
+        """Members, targets and every partition's master, replicas and in-sync set as at the
+        last `mark` (epochs may differ)."""
+        was, now = self.s.marked, self._view()
+        if was is None:
+            raise ScriptError("`check as-marked` needs a `mark` first")
+
+        def table(v: pb.View) -> list[object]:
+            rows: list[object] = [[m.node_id for m in v.members], list(v.target_members)]
+            rows += [
+                (a.replicas[0], sorted(a.replicas), sorted(a.in_sync), a.handover_to)
+                for a in v.partitions
+            ]
+            return rows
+
+        for i, (x, y) in enumerate(zip(table(was), table(now), strict=True)):
+            what = ("members", "targets")[i] if i < 2 else f"p{i - 2}"
+            self.expect(f"{what} as marked", y, x)
 
     def check_settled(self, a: list[str]) -> None:
         problems = self.s.at_goal(everyone=False)

@@ -44,14 +44,18 @@ QUIET = 60  # ticks after everything healed: 6 s, twice what rejoins, catch-up a
 class Chaos:
     """Picks random faults that make sense in the simulation's current state."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, *, elastic: bool = False) -> None:
         self.rng = rng = random.Random(seed)
+        self.elastic = elastic
         nodes = rng.choice([2, 3, 3, 4, 5])
         self.lines = [
             f"nodes {nodes} partitions {rng.choice([4, 8, 16])} rf {rng.choice([2, 3])}"
             f" ttl {rng.choice([3000, 10000])} settle {rng.choice([0, 500, 1000])}"
             f" catchup {rng.choice([1, 3, 8])}"
         ]
+        if elastic:
+            # Spare nodes join by `restart`; members leave (and may come back the same way).
+            self.lines[0] += f" spare {rng.choice([1, 2])}"
         self.script = Script(f"seed {seed}")
         self.script.run_line(self.lines[0])
 
@@ -70,6 +74,10 @@ class Chaos:
             (30, lambda: f"tick {rng.choice([1, 2, 5, 10, 20])}"),
             (4, lambda: "cut {} {}".format(*rng.sample(names, 2))),
         ]
+        members = {m.node_id for m in sim.view.members} if sim.view else set()
+        leavers = [n for n in running if n in members and not sim.nodes[n].leaving]
+        if self.elastic and leavers:
+            choices.append((4, lambda: f"leave {rng.choice(leavers)}"))
         if running:
             choices.append((3, lambda: f"kill {rng.choice(running)}"))
             choices.append((3, lambda: f"pause {rng.choice(running)}"))
@@ -102,9 +110,9 @@ class Run:
     error: SimError | None
 
 
-def play(seed: int, middle: list[str] | None = None) -> Run:
+def play(seed: int, middle: list[str] | None = None, *, elastic: bool = False) -> Run:
     """Seed `seed`'s setup, then `middle` (or STEPS random commands), then the finish."""
-    chaos = Chaos(seed)
+    chaos = Chaos(seed, elastic=elastic)
     try:
         if middle is None:
             for _ in range(STEPS):
@@ -127,7 +135,7 @@ def kind(error: SimError) -> str:
     return " ".join(re.sub(r"\d", "", text).split()[:4])
 
 
-def shrink(seed: int, run: Run) -> list[str]:
+def shrink(seed: int, run: Run, *, elastic: bool = False) -> list[str]:
     """Drop commands from a failing script while it still fails the same way."""
     assert run.error is not None
     want, middle = kind(run.error), run.middle
@@ -136,14 +144,14 @@ def shrink(seed: int, run: Run) -> list[str]:
         i, shrunk = 0, False
         while i < len(middle):
             candidate = middle[:i] + middle[i + size :]
-            exc = play(seed, candidate).error
+            exc = play(seed, candidate, elastic=elastic).error
             if exc is not None and not isinstance(exc, ScriptError) and kind(exc) == want:
                 middle, shrunk = candidate, True
             else:
                 i += size
         if not shrunk:
             size //= 2
-    return play(seed, middle).lines
+    return play(seed, middle, elastic=elastic).lines
 
 
 def test_random_faults_keep_every_view_safe_and_converge() -> None:
@@ -153,16 +161,28 @@ def test_random_faults_keep_every_view_safe_and_converge() -> None:
     removals by a rule only, and only of a node that was really dead, paused, restarted or cut
     from a majority). Then heal everything, restart the dead, wait: the view must reach the
     goal, every partition placed as assign() over all nodes places it, all in sync."""
+    run_seeds(elastic=False)
+
+
+def test_random_joins_and_leaves_amid_faults_keep_every_view_safe_and_converge() -> None:
+    """As above, with spare nodes that join (and may be killed mid-transfer) and members that
+    leave (and may crash while leaving, or come back): every removal is a loss by the rules or
+    a finished leave (nothing held), a replica dropped alive leaves RF in sync, and after the
+    finish every node, spares and leavers restarted, is placed as assign() over all of them."""
+    run_seeds(elastic=True)
+
+
+def run_seeds(*, elastic: bool) -> None:
     failures: dict[str, list[tuple[int, Run]]] = {}
     for seed in range(SEEDS):
-        run = play(seed)
+        run = play(seed, elastic=elastic)
         if run.error is not None:
             failures.setdefault(kind(run.error), []).append((seed, run))
     if failures:
         report = [f"{sum(map(len, failures.values()))} of {SEEDS} seeds failed"]
         for runs in failures.values():
             seed, run = min(runs, key=lambda r: len(r[1].lines))
-            script = "\n".join(shrink(seed, run))
+            script = "\n".join(shrink(seed, run, elastic=elastic))
             report.append(
                 f"{len(runs)} seeds like seed {seed}: {run.error}\nshrunk to a scenario:\n{script}"
             )

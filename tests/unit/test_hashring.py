@@ -50,6 +50,28 @@ def test_a_join_moves_about_one_nth_of_the_masters(n: int) -> None:
     assert moved <= 256 / (n + 1) * 1.5
 
 
+def test_every_partition_gets_its_replicas_when_the_caps_exclude_every_member_left() -> None:
+    # Found by the agreement simulator's joins and leaves: here the members still under the
+    # master cap had all reached their replica cap, and a partition got no replica at all.
+    for names in (["n1", "n2", "n6"], ["n1", "n3", "n5"], ["a", "b"]):
+        for partitions in (4, 8, 16, 32):
+            for rf in (1, 2, 3):
+                for replicas in assign(names, partitions, rf):
+                    assert len(set(replicas)) == len(replicas) == min(rf, len(names))
+
+
+@pytest.mark.parametrize(
+    ("partitions", "sizes"), [(32, range(3, 6)), (256, range(3, 11))], ids=["32", "256"]
+)
+def test_mastership_stays_within_a_quarter_of_the_fair_share(partitions: int, sizes: range) -> None:
+    # G8's balance check (no node above 1.25x its fair share of master roles) at every size the
+    # elastic test passes through (3 -> 5 -> 3 nodes, 32 partitions). With 32 partitions and 6
+    # or 7 nodes the cap, ceil(32 / n * 1.1), is 6: 1.31x.
+    for size in sizes:
+        counts = masters_per_member(assign(members(size), partitions, 3))
+        assert max(counts.values()) <= partitions / size * 1.25
+
+
 def test_bad_arguments_are_refused() -> None:
     with pytest.raises(ValueError, match="at least one member"):
         assign([], 16, 1)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hexmq import cli, clusterstate, localcluster, procs
+from hexmq import cli, clusterstate, localcluster, localmembers, procs
 from hexmq.clusterstate import NodePorts
 from tests.conftest import pick_base_port, running_processes
 
@@ -670,3 +670,134 @@ def test_cluster_up_refuses_a_discovery_it_does_not_run(
     assert code == 2
     assert "--discovery: invalid choice: 'dns' (choose from 'static')" in capsys.readouterr().err
     assert not (tmp_path / "c").exists()
+
+
+# --- adding a node (hexmq.localmembers) -------------------------------------------------------
+
+
+def test_an_added_node_skips_the_agreement_servers_block_and_keeps_the_extra_arguments(
+    tmp_path: Path,
+) -> None:
+    state = clusterstate.plan_cluster(
+        tmp_path,
+        nodes=2,
+        base_port=30000,
+        partitions=64,
+        rf=1,
+        python="py",
+        redis_server="rs",
+        service_args={"edge": ["--sys-interval=1"]},
+    )
+    n3 = localmembers.plan_added_node(state)
+    # Block 2 (31020..) is the agreement server's: node 3 takes block 3.
+    assert state.consul_port == 31020
+    assert n3.node == 3
+    assert n3.ports == NodePorts(mqtt=30002, redis=31030, membership=31031, partition=31032)
+    assert n3.processes["edge"].argv[-1] == "--sys-interval=1"
+    assert n3.processes["edge"].argv[4:9] == [
+        "edge",
+        "--node-id",
+        "n3",
+        "--metrics-listen",
+        "127.0.0.1:31033",
+    ]
+    assert "--sys-interval=1" not in n3.processes["partition"].argv
+    assert n3.processes["redis"].argv == ["rs", str(tmp_path / "node3" / "redis.conf")]
+    state.nodes.append(n3)
+    n4 = localmembers.plan_added_node(state)
+    assert n4.ports.redis == 31040
+    assert n4.ports.mqtt == 30003
+    # Every port of the grown cluster is distinct.
+    every = [n.ports.of(s) for n in [*state.nodes, n4] for s in clusterstate.SERVICES]
+    every += [n.ports.metrics(s) for n in [*state.nodes, n4] for s in clusterstate.METRICS_SLOTS]
+    assert len({*every, state.consul_port}) == len(every) + 1
+
+
+def test_with_an_external_consul_an_added_node_takes_the_next_block(tmp_path: Path) -> None:
+    state = clusterstate.plan_cluster(
+        tmp_path,
+        nodes=2,
+        base_port=30000,
+        partitions=8,
+        rf=1,
+        python="py",
+        redis_server="rs",
+        consul_addr="127.0.0.1:8500",
+    )
+    assert localmembers.plan_added_node(state).ports.redis == 31020
+
+
+def test_leave_and_add_need_a_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["cluster", "add", "--dir", str(tmp_path)]) == 1
+    assert "no cluster in" in capsys.readouterr().err
+    assert cli.main(["cluster", "leave", "1", "--dir", str(tmp_path)]) == 1
+    assert "no cluster in" in capsys.readouterr().err
+
+
+def test_a_stopped_node_cannot_leave(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    state = clusterstate.plan_cluster(
+        tmp_path, nodes=2, base_port=30000, partitions=8, rf=1, python="py", redis_server="rs"
+    )
+    clusterstate.save_state(state)
+    assert cli.main(["cluster", "leave", "3", "--dir", str(tmp_path)]) == 2
+    assert "node 3 does not exist" in capsys.readouterr().err
+    assert cli.main(["cluster", "leave", "2", "--dir", str(tmp_path)]) == 1
+    assert "membership agent is not running, so it cannot leave" in capsys.readouterr().err
+    assert cli.main(["cluster", "add", "--dir", str(tmp_path)]) == 1
+    assert "no node of the cluster" in capsys.readouterr().err
+
+
+def test_status_describes_a_rebalance_with_what_is_left(tmp_path: Path) -> None:
+    state = clusterstate.plan_cluster(
+        tmp_path, nodes=2, base_port=30000, partitions=8, rf=2, python="py", redis_server="rs"
+    )
+    view = {
+        "moving": 3,
+        "under_replicated": 2,
+        "offline": 0,
+        "joining": ["n3"],
+        "leaving": [],
+        "target_members": ["n1", "n2", "n3"],
+    }
+    catching = {"catching_up": {"replicas": 2, "entries": 1500}}
+    doc = {"membership": {"rebalance": view}, "nodes": [{"partitions": catching}, {}]}
+    progress = localmembers.rebalance_progress(state, doc, sample_s=0)
+    assert progress is not None
+    assert progress["entries_left"] == 1500
+    assert progress["replicas_catching_up"] == 2
+    assert localmembers.describe_progress(progress) == (
+        "rebalance: 3 partition(s) moving (joining n3), 2 under-replicated; 2 replica(s) "
+        "catching up, 1500 entries left; do not stop or add another node until it has finished"
+    )
+    progress.update(entries_per_s=500, estimate_s=3.0)
+    assert "1500 entries left (~3 s at 500 entries/s)" in localmembers.describe_progress(progress)
+    view.update(moving=0, under_replicated=0, joining=[])
+    doc["nodes"] = []
+    settled = localmembers.rebalance_progress(state, doc, sample_s=0)
+    assert localmembers.describe_progress(settled) == (
+        "rebalance: none: every partition in sync at its placement"
+    )
+    assert localmembers.rebalance_progress(state, {"membership": None, "nodes": []}) is None
+
+
+def test_an_added_node_follows_static_discovery_and_refuses_what_add_cannot_repeat(
+    tmp_path: Path,
+) -> None:
+    shape = {"base_port": 30000, "partitions": 8, "rf": 1, "python": "py", "redis_server": "rs"}
+    state = clusterstate.plan_cluster(tmp_path / "a", nodes=2, discovery="static", **shape)
+    n3 = localmembers.plan_added_node(state)
+    argv = n3.processes["membership"].argv
+    assert "--expect" not in argv
+    assert argv[argv.index("--discovery-static-file") + 1] == str(tmp_path / "a" / "members")
+    state.nodes.append(n3)
+    assert "n3 127.0.0.1:31032" in clusterstate.members_file(state)
+    wrapped = clusterstate.plan_cluster(
+        tmp_path / "b", nodes=2, node_wrapper=["nice", "-n", "5"], **shape
+    )
+    with pytest.raises(clusterstate.UsageError, match="--node-wrapper"):
+        localmembers.plan_added_node(wrapped)
+    placed = clusterstate.plan_cluster(
+        tmp_path / "c", nodes=2, hosts=["127.0.0.2", "127.0.0.3"], **shape
+    )
+    with pytest.raises(clusterstate.UsageError, match="--hosts"):
+        localmembers.plan_added_node(placed)

@@ -10,6 +10,7 @@ import logging
 import socket
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -22,7 +23,13 @@ from hexmq.health import NOT_SERVING, SERVING, add_health
 from hexmq.node_protocol import LEGACY, Support
 from services.membership import main as membership_main
 from services.membership.agent import MembershipAgent
-from services.membership.changes import describe, partition_health, record_view_change
+from services.membership.changes import (
+    RebalanceLog,
+    describe,
+    has_left,
+    partition_health,
+    record_view_change,
+)
 from services.membership.client import ViewWatcher
 from services.membership.plan import HandoverRequest, InSyncRequest
 from services.membership.probes import (
@@ -664,3 +671,61 @@ async def test_an_agent_whose_loop_dies_asks_to_stop(tmp_path: Path) -> None:
     assert stopped.is_set()
     assert agent.failed
     tracing.shutdown()
+
+
+# --- join, leave and rebalance (docs/failover.md, "Join" and "Leave") ---------------------------
+
+
+def test_a_leaving_member_record_says_so_and_others_read_as_before() -> None:
+    leaving = replace(record(), leaving=True)
+    doc = json.loads(leaving.to_json())
+    assert doc["leaving"] is True
+    assert parse_member_record("k", "n1", leaving.to_json()) == leaving
+    assert parse_member_record("k", "n1", leaving.to_json()).registration(5).leaving
+    assert "leaving" not in json.loads(record().to_json())
+    doc["leaving"] = "yes"
+    with pytest.raises(RecordError, match="leaving must be true or false, got 'yes'"):
+        parse_member_record("k", "n1", json.dumps(doc).encode())
+
+
+def test_partitions_moving_count_catching_up_handover_and_leaving_replicas() -> None:
+    v = view()  # p0: n2 catching up (not in sync)
+    assert partition_health(v).moving == 1
+    v.partitions[1].handover_to = "n3"
+    assert partition_health(v).moving == 2
+    v.leaving.append("n1")
+    v.target_members.remove("n1")
+    assert partition_health(v).moving == 3  # p2 has a replica on n1
+
+
+def test_a_node_has_left_once_no_partition_member_or_target_holds_it() -> None:
+    v = view()
+    assert not has_left(v, "n1")
+    del v.members[0]
+    v.target_members.remove("n1")
+    assert not has_left(v, "n1")  # p0 and p2 still hold it
+    for pa in v.partitions:
+        if "n1" in pa.replicas:
+            pa.replicas.remove("n1")
+        if "n1" in pa.in_sync:
+            pa.in_sync.remove("n1")
+    assert has_left(v, "n1")
+
+
+def test_a_rebalance_is_logged_when_it_starts_and_when_it_ends() -> None:
+    log = RebalanceLog()
+    settled = view()
+    settled.partitions[0].in_sync.append("n2")
+    assert log.observe(settled, 1_000) is None  # nothing moving, nothing started
+    moving = view(epoch=2)
+    moving.joining.append("n3")
+    start = log.observe(moving, 2_000)
+    assert start is not None
+    assert start.startswith("rebalance started in view 2: 1 of 3 partitions moving (joining n3)")
+    assert log.observe(view(epoch=3), 3_000) is None  # still moving: no line
+    done = view(epoch=4)
+    done.partitions[0].in_sync.append("n2")
+    end = log.observe(done, 4_500)
+    assert end is not None
+    assert end.startswith("rebalance finished in view 4 after 2.5s (views 2-4")
+    assert log.observe(done, 5_000) is None

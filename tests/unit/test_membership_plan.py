@@ -751,3 +751,75 @@ def test_failover_records_name_each_change_of_hands() -> None:
     }
     assert kinds == {0: ("failover", "n1", "n3")}
     assert failover_records(lost_n1, lost_n1, 5) == []
+
+
+# ----- join and leave (docs/failover.md, "Join" and "Leave") ---------------------------------
+
+
+def leaving_reg(node: str) -> Registration:
+    r = reg(node)
+    return Registration(
+        r.node_id, r.partition_addr, r.mqtt_addr, r.membership_addr, 1, 0, leaving=True
+    )
+
+
+def test_a_leaving_registration_takes_the_node_out_of_the_targets_and_its_goals() -> None:
+    view = first_view(N5, partitions=16)
+    obs = Observed({**{n: reg(n) for n in N5}, "n2": leaving_reg("n2")}, {})
+    new = next_view(view, obs)
+    assert list(new.leaving) == ["n2"]
+    assert "n2" not in new.target_members
+    assert "n2" in members(new)
+    for a in new.partitions:
+        if "n2" in a.replicas:
+            # It stays until RF is restored elsewhere: a goal replica was appended for it.
+            assert len(a.replicas) == 4
+            if a.replicas[0] == "n2":
+                assert a.handover_to in ("", *a.in_sync)
+    # Once every partition holds its goal in sync without n2, it is dropped, then removed.
+    rest = [n for n in N5 if n != "n2"]
+    done = make_view(
+        [(" ".join(r), " ".join(r)) for r in assign(rest, 16, 3)],
+        N5,
+        targets=rest,
+    )
+    done.leaving.append("n2")
+    check_view(done)
+    gone = next_view(done, obs)
+    assert members(gone) == rest
+    assert list(gone.leaving) == []
+
+
+def test_the_last_member_that_stays_cannot_leave() -> None:
+    view = make_view([("n1 n2", "n1 n2"), ("n2 n1", "n2 n1")], ["n1", "n2"], rf=2)
+    obs = Observed({"n1": leaving_reg("n1"), "n2": leaving_reg("n2")}, {})
+    new = next_view(view, obs)
+    assert list(new.leaving) == ["n1"]
+    assert list(new.target_members) == ["n2"]
+
+
+def test_a_joining_node_lost_before_it_caught_up_leaves_the_targets() -> None:
+    view = first_view(N3)
+    joined = next_view(view, observed(["n1", "n2", "n3", "n4"]))
+    assert list(joined.joining) == ["n4"]
+    assert "n4" in joined.target_members
+    lost = next_view(joined, observed(N3))
+    assert list(lost.target_members) == N3
+    assert list(lost.joining) == []
+    # A target member that held its goal in sync and is lost stays a target (kill_for_good).
+    settled = make_view([(" ".join(r), " ".join(r)) for r in assign(N5, 8, 3)], N5)
+    assert list(next_view(settled, observed([*N3, "n4"])).target_members) == N5
+
+
+def test_joining_and_leaving_must_be_members_in_their_place() -> None:
+    view = first_view(N3)
+    bad = pb.View()
+    bad.CopyFrom(view)
+    bad.leaving.append("n2")
+    with pytest.raises(ViewError, match=r"leaving \['n2'\] must be members and not target"):
+        check_view(bad)
+    bad = pb.View()
+    bad.CopyFrom(view)
+    bad.joining.append("n9")
+    with pytest.raises(ViewError, match=r"joining \['n9'\] must be members and targets"):
+        check_view(bad)

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from hexmq.api.common.v1 import common_pb2 as hexmq_dot_api_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(hexmq/api/membership/v1/membership.proto\x12\x17hexmq.api.membership.v1\x1a hexmq/api/common/v1/common.proto\"p\n\x0cWatchRequest\x12\x13\n\x0b\x61\x66ter_epoch\x18\x01 \x01(\x04\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12\x36\n\x08protocol\x18\x03 \x01(\x0b\x32$.hexmq.api.common.v1.ProtocolSupport\"\x10\n\x0eGetViewRequest\"r\n\x06Member\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x16\n\x0epartition_addr\x18\x02 \x01(\t\x12\x11\n\tmqtt_addr\x18\x03 \x01(\t\x12\x17\n\x0fmembership_addr\x18\x04 \x01(\t\x12\x13\n\x0bincarnation\x18\x05 \x01(\x04\"o\n\x13PartitionAssignment\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x10\n\x08replicas\x18\x03 \x03(\t\x12\x0f\n\x07in_sync\x18\x04 \x03(\t\x12\x13\n\x0bhandover_to\x18\x05 \x01(\t\"\x82\x02\n\x04View\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x17\n\x0fpartition_count\x18\x02 \x01(\r\x12\x1a\n\x12replication_factor\x18\x03 \x01(\r\x12\x30\n\x07members\x18\x04 \x03(\x0b\x32\x1f.hexmq.api.membership.v1.Member\x12@\n\npartitions\x18\x05 \x03(\x0b\x32,.hexmq.api.membership.v1.PartitionAssignment\x12\x16\n\x0etarget_members\x18\x06 \x03(\t\x12\x18\n\x10protocol_version\x18\x07 \x01(\r\x12\x10\n\x08\x66\x65\x61tures\x18\x08 \x03(\t\"\xdb\x01\n\x0cInSyncChange\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0b\n\x03\x61\x64\x64\x18\x03 \x03(\t\x12\x0e\n\x06remove\x18\x04 \x03(\t\x12T\n\x10\x61\x64\x64_incarnations\x18\x05 \x03(\x0b\x32:.hexmq.api.membership.v1.InSyncChange.AddIncarnationsEntry\x1a\x36\n\x14\x41\x64\x64IncarnationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"8\n\x08Handover\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\n\n\x02to\x18\x03 \x01(\t\"\x93\x01\n\x0eProposeRequest\x12\x13\n\x0bincarnation\x18\x01 \x01(\x04\x12\x36\n\x07in_sync\x18\x02 \x03(\x0b\x32%.hexmq.api.membership.v1.InSyncChange\x12\x34\n\thandovers\x18\x03 \x03(\x0b\x32!.hexmq.api.membership.v1.Handover\"4\n\x0cProposeReply\x12\x12\n\nview_epoch\x18\x01 \x01(\x04\x12\x10\n\x08rejected\x18\x02 \x03(\r\"\x0e\n\x0cLeaseRequest\"1\n\nLeaseState\x12\r\n\x05valid\x18\x01 \x01(\x08\x12\x14\n\x0cvalid_for_ms\x18\x02 \x01(\x04\"\x19\n\x17MembershipStatusRequest\"\xcc\x01\n\x0cMemberHealth\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07in_view\x18\x02 \x01(\x08\x12\x12\n\nregistered\x18\x03 \x01(\x08\x12\x13\n\x0bincarnation\x18\x04 \x01(\x04\x12\r\n\x05probe\x18\x05 \x01(\t\x12\x14\n\x0csuspected_by\x18\x06 \x03(\t\x12\x36\n\x08protocol\x18\x07 \x01(\x0b\x32$.hexmq.api.common.v1.ProtocolSupport\x12\x14\n\x0cnot_admitted\x18\x08 \x01(\t\"\x87\x01\n\x0e\x46\x61iloverRecord\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x11\n\tfrom_node\x18\x03 \x01(\t\x12\x0f\n\x07to_node\x18\x04 \x01(\t\x12\x0c\n\x04kind\x18\x05 \x01(\t\x12\r\n\x05\x61t_ms\x18\x06 \x01(\x04\x12\x12\n\nview_epoch\x18\x07 \x01(\x04\"\xf0\x01\n\x10MembershipStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12+\n\x04view\x18\x02 \x01(\x0b\x32\x1d.hexmq.api.membership.v1.View\x12\x36\n\x07members\x18\x03 \x03(\x0b\x32%.hexmq.api.membership.v1.MemberHealth\x12\x37\n\x06recent\x18\x04 \x03(\x0b\x32\'.hexmq.api.membership.v1.FailoverRecord\x12\x18\n\x10\x63onsul_reachable\x18\x05 \x01(\x08\x12\x13\n\x0blease_valid\x18\x06 \x01(\x08\x32\xd0\x03\n\x11MembershipService\x12O\n\x05Watch\x12%.hexmq.api.membership.v1.WatchRequest\x1a\x1d.hexmq.api.membership.v1.View0\x01\x12Q\n\x07GetView\x12\'.hexmq.api.membership.v1.GetViewRequest\x1a\x1d.hexmq.api.membership.v1.View\x12Y\n\x07Propose\x12\'.hexmq.api.membership.v1.ProposeRequest\x1a%.hexmq.api.membership.v1.ProposeReply\x12U\n\x05Lease\x12%.hexmq.api.membership.v1.LeaseRequest\x1a#.hexmq.api.membership.v1.LeaseState0\x01\x12\x65\n\x06Status\x12\x30.hexmq.api.membership.v1.MembershipStatusRequest\x1a).hexmq.api.membership.v1.MembershipStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(hexmq/api/membership/v1/membership.proto\x12\x17hexmq.api.membership.v1\x1a hexmq/api/common/v1/common.proto\"p\n\x0cWatchRequest\x12\x13\n\x0b\x61\x66ter_epoch\x18\x01 \x01(\x04\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12\x36\n\x08protocol\x18\x03 \x01(\x0b\x32$.hexmq.api.common.v1.ProtocolSupport\"\x10\n\x0eGetViewRequest\"r\n\x06Member\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x16\n\x0epartition_addr\x18\x02 \x01(\t\x12\x11\n\tmqtt_addr\x18\x03 \x01(\t\x12\x17\n\x0fmembership_addr\x18\x04 \x01(\t\x12\x13\n\x0bincarnation\x18\x05 \x01(\x04\"o\n\x13PartitionAssignment\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x10\n\x08replicas\x18\x03 \x03(\t\x12\x0f\n\x07in_sync\x18\x04 \x03(\t\x12\x13\n\x0bhandover_to\x18\x05 \x01(\t\"\xa4\x02\n\x04View\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x17\n\x0fpartition_count\x18\x02 \x01(\r\x12\x1a\n\x12replication_factor\x18\x03 \x01(\r\x12\x30\n\x07members\x18\x04 \x03(\x0b\x32\x1f.hexmq.api.membership.v1.Member\x12@\n\npartitions\x18\x05 \x03(\x0b\x32,.hexmq.api.membership.v1.PartitionAssignment\x12\x16\n\x0etarget_members\x18\x06 \x03(\t\x12\x18\n\x10protocol_version\x18\x07 \x01(\r\x12\x10\n\x08\x66\x65\x61tures\x18\x08 \x03(\t\x12\x0f\n\x07joining\x18\t \x03(\t\x12\x0f\n\x07leaving\x18\n \x03(\t\"\xdb\x01\n\x0cInSyncChange\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0b\n\x03\x61\x64\x64\x18\x03 \x03(\t\x12\x0e\n\x06remove\x18\x04 \x03(\t\x12T\n\x10\x61\x64\x64_incarnations\x18\x05 \x03(\x0b\x32:.hexmq.api.membership.v1.InSyncChange.AddIncarnationsEntry\x1a\x36\n\x14\x41\x64\x64IncarnationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"8\n\x08Handover\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\n\n\x02to\x18\x03 \x01(\t\"\x93\x01\n\x0eProposeRequest\x12\x13\n\x0bincarnation\x18\x01 \x01(\x04\x12\x36\n\x07in_sync\x18\x02 \x03(\x0b\x32%.hexmq.api.membership.v1.InSyncChange\x12\x34\n\thandovers\x18\x03 \x03(\x0b\x32!.hexmq.api.membership.v1.Handover\"4\n\x0cProposeReply\x12\x12\n\nview_epoch\x18\x01 \x01(\x04\x12\x10\n\x08rejected\x18\x02 \x03(\r\"\x0e\n\x0cLeaseRequest\"1\n\nLeaseState\x12\r\n\x05valid\x18\x01 \x01(\x08\x12\x14\n\x0cvalid_for_ms\x18\x02 \x01(\x04\"\x1f\n\x0cLeaveRequest\x12\x0f\n\x07wait_ms\x18\x01 \x01(\r\"G\n\nLeaveReply\x12\x0c\n\x04left\x18\x01 \x01(\x08\x12\x12\n\nview_epoch\x18\x02 \x01(\x04\x12\x17\n\x0fpartitions_held\x18\x03 \x01(\r\"\x19\n\x17MembershipStatusRequest\"\xcc\x01\n\x0cMemberHealth\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07in_view\x18\x02 \x01(\x08\x12\x12\n\nregistered\x18\x03 \x01(\x08\x12\x13\n\x0bincarnation\x18\x04 \x01(\x04\x12\r\n\x05probe\x18\x05 \x01(\t\x12\x14\n\x0csuspected_by\x18\x06 \x03(\t\x12\x36\n\x08protocol\x18\x07 \x01(\x0b\x32$.hexmq.api.common.v1.ProtocolSupport\x12\x14\n\x0cnot_admitted\x18\x08 \x01(\t\"\x87\x01\n\x0e\x46\x61iloverRecord\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x11\n\tfrom_node\x18\x03 \x01(\t\x12\x0f\n\x07to_node\x18\x04 \x01(\t\x12\x0c\n\x04kind\x18\x05 \x01(\t\x12\r\n\x05\x61t_ms\x18\x06 \x01(\x04\x12\x12\n\nview_epoch\x18\x07 \x01(\x04\"\xf0\x01\n\x10MembershipStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12+\n\x04view\x18\x02 \x01(\x0b\x32\x1d.hexmq.api.membership.v1.View\x12\x36\n\x07members\x18\x03 \x03(\x0b\x32%.hexmq.api.membership.v1.MemberHealth\x12\x37\n\x06recent\x18\x04 \x03(\x0b\x32\'.hexmq.api.membership.v1.FailoverRecord\x12\x18\n\x10\x63onsul_reachable\x18\x05 \x01(\x08\x12\x13\n\x0blease_valid\x18\x06 \x01(\x08\x32\xa5\x04\n\x11MembershipService\x12O\n\x05Watch\x12%.hexmq.api.membership.v1.WatchRequest\x1a\x1d.hexmq.api.membership.v1.View0\x01\x12Q\n\x07GetView\x12\'.hexmq.api.membership.v1.GetViewRequest\x1a\x1d.hexmq.api.membership.v1.View\x12Y\n\x07Propose\x12\'.hexmq.api.membership.v1.ProposeRequest\x1a%.hexmq.api.membership.v1.ProposeReply\x12U\n\x05Lease\x12%.hexmq.api.membership.v1.LeaseRequest\x1a#.hexmq.api.membership.v1.LeaseState0\x01\x12\x65\n\x06Status\x12\x30.hexmq.api.membership.v1.MembershipStatusRequest\x1a).hexmq.api.membership.v1.MembershipStatus\x12S\n\x05Leave\x12%.hexmq.api.membership.v1.LeaveRequest\x1a#.hexmq.api.membership.v1.LeaveReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,29 +43,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PARTITIONASSIGNMENT']._serialized_start=351
   _globals['_PARTITIONASSIGNMENT']._serialized_end=462
   _globals['_VIEW']._serialized_start=465
-  _globals['_VIEW']._serialized_end=723
-  _globals['_INSYNCCHANGE']._serialized_start=726
-  _globals['_INSYNCCHANGE']._serialized_end=945
-  _globals['_INSYNCCHANGE_ADDINCARNATIONSENTRY']._serialized_start=891
-  _globals['_INSYNCCHANGE_ADDINCARNATIONSENTRY']._serialized_end=945
-  _globals['_HANDOVER']._serialized_start=947
-  _globals['_HANDOVER']._serialized_end=1003
-  _globals['_PROPOSEREQUEST']._serialized_start=1006
-  _globals['_PROPOSEREQUEST']._serialized_end=1153
-  _globals['_PROPOSEREPLY']._serialized_start=1155
-  _globals['_PROPOSEREPLY']._serialized_end=1207
-  _globals['_LEASEREQUEST']._serialized_start=1209
-  _globals['_LEASEREQUEST']._serialized_end=1223
-  _globals['_LEASESTATE']._serialized_start=1225
-  _globals['_LEASESTATE']._serialized_end=1274
-  _globals['_MEMBERSHIPSTATUSREQUEST']._serialized_start=1276
-  _globals['_MEMBERSHIPSTATUSREQUEST']._serialized_end=1301
-  _globals['_MEMBERHEALTH']._serialized_start=1304
-  _globals['_MEMBERHEALTH']._serialized_end=1508
-  _globals['_FAILOVERRECORD']._serialized_start=1511
-  _globals['_FAILOVERRECORD']._serialized_end=1646
-  _globals['_MEMBERSHIPSTATUS']._serialized_start=1649
-  _globals['_MEMBERSHIPSTATUS']._serialized_end=1889
-  _globals['_MEMBERSHIPSERVICE']._serialized_start=1892
-  _globals['_MEMBERSHIPSERVICE']._serialized_end=2356
+  _globals['_VIEW']._serialized_end=757
+  _globals['_INSYNCCHANGE']._serialized_start=760
+  _globals['_INSYNCCHANGE']._serialized_end=979
+  _globals['_INSYNCCHANGE_ADDINCARNATIONSENTRY']._serialized_start=925
+  _globals['_INSYNCCHANGE_ADDINCARNATIONSENTRY']._serialized_end=979
+  _globals['_HANDOVER']._serialized_start=981
+  _globals['_HANDOVER']._serialized_end=1037
+  _globals['_PROPOSEREQUEST']._serialized_start=1040
+  _globals['_PROPOSEREQUEST']._serialized_end=1187
+  _globals['_PROPOSEREPLY']._serialized_start=1189
+  _globals['_PROPOSEREPLY']._serialized_end=1241
+  _globals['_LEASEREQUEST']._serialized_start=1243
+  _globals['_LEASEREQUEST']._serialized_end=1257
+  _globals['_LEASESTATE']._serialized_start=1259
+  _globals['_LEASESTATE']._serialized_end=1308
+  _globals['_LEAVEREQUEST']._serialized_start=1310
+  _globals['_LEAVEREQUEST']._serialized_end=1341
+  _globals['_LEAVEREPLY']._serialized_start=1343
+  _globals['_LEAVEREPLY']._serialized_end=1414
+  _globals['_MEMBERSHIPSTATUSREQUEST']._serialized_start=1416
+  _globals['_MEMBERSHIPSTATUSREQUEST']._serialized_end=1441
+  _globals['_MEMBERHEALTH']._serialized_start=1444
+  _globals['_MEMBERHEALTH']._serialized_end=1648
+  _globals['_FAILOVERRECORD']._serialized_start=1651
+  _globals['_FAILOVERRECORD']._serialized_end=1786
+  _globals['_MEMBERSHIPSTATUS']._serialized_start=1789
+  _globals['_MEMBERSHIPSTATUS']._serialized_end=2029
+  _globals['_MEMBERSHIPSERVICE']._serialized_start=2032
+  _globals['_MEMBERSHIPSERVICE']._serialized_end=2581
 # @@protoc_insertion_point(module_scope)

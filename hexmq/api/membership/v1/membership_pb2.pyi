@@ -161,6 +161,8 @@ class View(_message.Message):
     TARGET_MEMBERS_FIELD_NUMBER: _builtins.int
     PROTOCOL_VERSION_FIELD_NUMBER: _builtins.int
     FEATURES_FIELD_NUMBER: _builtins.int
+    JOINING_FIELD_NUMBER: _builtins.int
+    LEAVING_FIELD_NUMBER: _builtins.int
     epoch: _builtins.int
     partition_count: _builtins.int
     replication_factor: _builtins.int
@@ -182,6 +184,20 @@ class View(_message.Message):
 
     @_builtins.property
     def features(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def joining(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Members that joined as new target members and do not yet hold every partition of their
+        goal in sync; one that is lost meanwhile leaves target_members too, so a joining node
+        that dies mid-transfer leaves the placement as it was (docs/failover.md, "Join").
+        """
+
+    @_builtins.property
+    def leaving(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Members leaving for good (`hexmq cluster leave`, SIGTERM): out of target_members, they
+        hand over their master roles and lose their replicas once RF is restored elsewhere, then
+        leave members (docs/failover.md, "Leave").
+        """
+
     def __init__(
         self,
         *,
@@ -193,10 +209,12 @@ class View(_message.Message):
         target_members: _abc.Iterable[_builtins.str] | None = ...,
         protocol_version: _builtins.int = ...,
         features: _abc.Iterable[_builtins.str] | None = ...,
+        joining: _abc.Iterable[_builtins.str] | None = ...,
+        leaving: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "features", b"features", "members", b"members", "partition_count", b"partition_count", "partitions", b"partitions", "protocol_version", b"protocol_version", "replication_factor", b"replication_factor", "target_members", b"target_members"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "features", b"features", "joining", b"joining", "leaving", b"leaving", "members", b"members", "partition_count", b"partition_count", "partitions", b"partitions", "protocol_version", b"protocol_version", "replication_factor", b"replication_factor", "target_members", b"target_members"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -384,6 +402,54 @@ class LeaseState(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___LeaseState: _TypeAlias = LeaseState  # noqa: Y015
+
+@_typing.final
+class LeaveRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WAIT_MS_FIELD_NUMBER: _builtins.int
+    wait_ms: _builtins.int
+    """Answer after this long at most (0: at once, after marking the node leaving)."""
+    def __init__(
+        self,
+        *,
+        wait_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["wait_ms", b"wait_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LeaveRequest: _TypeAlias = LeaveRequest  # noqa: Y015
+
+@_typing.final
+class LeaveReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEFT_FIELD_NUMBER: _builtins.int
+    VIEW_EPOCH_FIELD_NUMBER: _builtins.int
+    PARTITIONS_HELD_FIELD_NUMBER: _builtins.int
+    left: _builtins.bool
+    """The node is out of the agreed view: nothing left to move, its services may exit."""
+    view_epoch: _builtins.int
+    """The agreed view's epoch when answering."""
+    partitions_held: _builtins.int
+    """Partitions that still have a replica on this node."""
+    def __init__(
+        self,
+        *,
+        left: _builtins.bool = ...,
+        view_epoch: _builtins.int = ...,
+        partitions_held: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["left", b"left", "partitions_held", b"partitions_held", "view_epoch", b"view_epoch"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LeaveReply: _TypeAlias = LeaveReply  # noqa: Y015
 
 @_typing.final
 class MembershipStatusRequest(_message.Message):

@@ -59,6 +59,11 @@ class MembershipServiceStub:
                 request_serializer=hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.MembershipStatusRequest.SerializeToString,
                 response_deserializer=hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.MembershipStatus.FromString,
                 _registered_method=True)
+        self.Leave = channel.unary_unary(
+                '/hexmq.api.membership.v1.MembershipService/Leave',
+                request_serializer=hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.LeaveRequest.SerializeToString,
+                response_deserializer=hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.LeaveReply.FromString,
+                _registered_method=True)
 
 
 class MembershipServiceServicer:
@@ -101,6 +106,16 @@ class MembershipServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Leave(self, request, context):
+        """Take this node out of the cluster gracefully (`hexmq cluster leave`, SIGTERM): its agent
+        marks its registration leaving, the view drops it from target_members, its master roles
+        move by handover and RF is restored elsewhere, then the view drops it from members.
+        Answers once the node is out of the view or after wait_ms, whichever comes first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MembershipServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -128,6 +143,11 @@ def add_MembershipServiceServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.MembershipStatusRequest.FromString,
                     response_serializer=hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.MembershipStatus.SerializeToString,
+            ),
+            'Leave': grpc.unary_unary_rpc_method_handler(
+                    servicer.Leave,
+                    request_deserializer=hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.LeaveRequest.FromString,
+                    response_serializer=hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.LeaveReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -265,6 +285,33 @@ class MembershipService:
             '/hexmq.api.membership.v1.MembershipService/Status',
             hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.MembershipStatusRequest.SerializeToString,
             hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.MembershipStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Leave(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hexmq.api.membership.v1.MembershipService/Leave',
+            hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.LeaveRequest.SerializeToString,
+            hexmq_dot_api_dot_membership_dot_v1_dot_membership__pb2.LeaveReply.FromString,
             options,
             channel_credentials,
             insecure,

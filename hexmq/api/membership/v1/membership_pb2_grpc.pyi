@@ -47,6 +47,12 @@ class MembershipServiceStub:
     """
     Status: _grpc.UnaryUnaryMultiCallable[_membership_pb2.MembershipStatusRequest, _membership_pb2.MembershipStatus]
     """What the agent knows of the cluster, for `hexmq cluster status`."""
+    Leave: _grpc.UnaryUnaryMultiCallable[_membership_pb2.LeaveRequest, _membership_pb2.LeaveReply]
+    """Take this node out of the cluster gracefully (`hexmq cluster leave`, SIGTERM): its agent
+    marks its registration leaving, the view drops it from target_members, its master roles
+    move by handover and RF is restored elsewhere, then the view drops it from members.
+    Answers once the node is out of the view or after wait_ms, whichever comes first.
+    """
 
 @_typing.type_check_only
 class MembershipServiceAsyncStub(MembershipServiceStub):
@@ -65,6 +71,12 @@ class MembershipServiceAsyncStub(MembershipServiceStub):
     """
     Status: _aio.UnaryUnaryMultiCallable[_membership_pb2.MembershipStatusRequest, _membership_pb2.MembershipStatus]  # type: ignore[assignment]
     """What the agent knows of the cluster, for `hexmq cluster status`."""
+    Leave: _aio.UnaryUnaryMultiCallable[_membership_pb2.LeaveRequest, _membership_pb2.LeaveReply]  # type: ignore[assignment]
+    """Take this node out of the cluster gracefully (`hexmq cluster leave`, SIGTERM): its agent
+    marks its registration leaving, the view drops it from target_members, its master roles
+    move by handover and RF is restored elsewhere, then the view drops it from members.
+    Answers once the node is out of the view or after wait_ms, whichever comes first.
+    """
 
 class MembershipServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -110,5 +122,17 @@ class MembershipServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_membership_pb2.MembershipStatus, _abc.Awaitable[_membership_pb2.MembershipStatus]]:
         """What the agent knows of the cluster, for `hexmq cluster status`."""
+
+    @_abc_1.abstractmethod
+    def Leave(
+        self,
+        request: _membership_pb2.LeaveRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_membership_pb2.LeaveReply, _abc.Awaitable[_membership_pb2.LeaveReply]]:
+        """Take this node out of the cluster gracefully (`hexmq cluster leave`, SIGTERM): its agent
+        marks its registration leaving, the view drops it from target_members, its master roles
+        move by handover and RF is restored elsewhere, then the view drops it from members.
+        Answers once the node is out of the view or after wait_ms, whichever comes first.
+        """
 
 def add_MembershipServiceServicer_to_server(servicer: MembershipServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,344 @@
+"""Growing and shrinking a local cluster: `hexmq cluster add` and `hexmq cluster leave`.
+
+`add` plans node N+1 of the cluster in DIR (ports, command lines, data directory) and starts
+it like `start` does; the running nodes admit it to the view and the planner moves about 1/(N+1)
+of the partitions onto it (docs/failover.md, "Join"). `leave NODE` asks the node's membership
+agent to take it out of the cluster and waits until the view has let it go (master roles handed
+over, RF restored on the others), then stops its processes with SIGTERM, the services' leave
+signal: the edge then disconnects its clients with DISCONNECT 0x8B (docs/operations.md,
+"Leaving"). A node that left stays in cluster.json, stopped, with its data; `start NODE` brings
+it back as a joining node.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from hexmq import procs
+from hexmq.clusterstate import (
+    INTERNAL_OFFSET,
+    MAX_NODES,
+    METRICS_SLOTS,
+    NODE_STRIDE,
+    SERVICES,
+    ClusterError,
+    ClusterState,
+    NodePorts,
+    NodeState,
+    ProcessRecord,
+    UsageError,
+    cluster_lock,
+    require_state,
+    save_state,
+    service_argv,
+    write_config,
+)
+from hexmq.localcluster import (
+    DEFAULT_GRACE,
+    DEFAULT_TIMEOUT,
+    _start_nodes,
+    _stop_processes,
+    partition_status,
+)
+from hexmq.procs import LOOPBACK
+
+if TYPE_CHECKING:
+    from hexmq.api.membership.v1 import membership_pb2
+
+log = logging.getLogger("hexmq.cluster")
+
+# How long `leave` waits for the view to let the node go before it gives up (the node keeps
+# leaving; the command can be run again).
+DEFAULT_LEAVE_TIMEOUT: Final = 120.0
+# How often `leave` reports progress while it waits.
+_PROGRESS_EVERY_S: Final = 5.0
+
+
+# --- add ------------------------------------------------------------------------------------
+
+
+def added_node_ports(state: ClusterState) -> NodePorts:
+    """The ports of the node after the last: MQTT on P+N (as `up --nodes N+1` would give), and
+    the first block of ten internal ports that no node and not the embedded agreement server
+    (P+1000+10*N for a cluster created with N nodes) uses."""
+    number = len(state.nodes) + 1
+    used = {n.ports.redis for n in state.nodes}
+    if state.consul is not None:
+        used.add(state.consul_port)
+    block = 0
+    while (internal := state.base_port + INTERNAL_OFFSET + NODE_STRIDE * block) in used:
+        block += 1
+    if internal + NODE_STRIDE - 1 > 65535:
+        raise ClusterError(
+            f"no free ports for node {number}: its internal block would end at "
+            f"{internal + NODE_STRIDE - 1} (base port {state.base_port})"
+        )
+    return NodePorts(
+        mqtt=state.base_port + number - 1,
+        redis=internal,
+        membership=internal + 1,
+        partition=internal + 2,
+    )
+
+
+def plan_added_node(state: ClusterState) -> NodeState:
+    """Node N+1 with the command lines of the others: the same extra service arguments as
+    node 1 (`up --edge-arg ...`), the same Python and redis-server (pure: touches no file)."""
+    if len(state.nodes) >= MAX_NODES:
+        raise UsageError(f"the cluster in {state.dir} already has {MAX_NODES} nodes, the most")
+    first = state.nodes[0]
+    number = len(state.nodes) + 1
+    membership_argv = first.processes["membership"].argv
+    if membership_argv[1:4] != ["-P", "-m", "hexmq.cli"]:
+        raise UsageError(
+            "cluster add: this cluster's processes run under --node-wrapper, which add cannot "
+            "repeat for a new node yet"
+        )
+    if first.ports.host != LOOPBACK:
+        raise UsageError(
+            "cluster add: this cluster places nodes on their own addresses (--hosts), which "
+            "add cannot choose for a new node yet"
+        )
+    # `up --discovery static`: the new node's agent reads DIR/members too (add rewrites it).
+    discovery = "static" if "--discovery" in membership_argv else None
+    python = membership_argv[0]
+    redis_server = first.processes["redis"].argv[0]
+    node = NodeState(
+        node=number,
+        ports=added_node_ports(state),
+        dir=state.dir / f"node{number}",
+        processes={},
+    )
+    for service in SERVICES:
+        # What `up` appended to node 1's command line after its own arguments.
+        own = service_argv(
+            service, state, first, python=python, redis_server=redis_server, discovery=discovery
+        )
+        extra = first.processes[service].argv[len(own) :]
+        argv = service_argv(
+            service, state, node, python=python, redis_server=redis_server, discovery=discovery
+        )
+        node.processes[service] = ProcessRecord(argv=argv + extra, log=node.dir / f"{service}.log")
+    return node
+
+
+def add_node(cluster_dir: Path, *, timeout: float = DEFAULT_TIMEOUT) -> NodeState:
+    """Add node N+1 to the running cluster in `cluster_dir`: plan it, start its processes and
+    wait until the view admits it and its edge serves clients of every node. The partitions
+    it takes over move afterwards, while traffic flows (`hexmq cluster status` shows them)."""
+    cluster_dir = cluster_dir.absolute()
+    with cluster_lock(cluster_dir):
+        state = require_state(cluster_dir)
+        running = [n for n in state.nodes if n.processes["membership"].running()]
+        if not running:
+            raise ClusterError(
+                f"no node of the cluster in {cluster_dir} is running: a node joins a running "
+                f"cluster (start it with `hexmq cluster up --dir {cluster_dir}` first)"
+            )
+        node = plan_added_node(state)
+        busy = [
+            f"{port} ({service})"
+            for service in SERVICES
+            for port in (node.ports.of(service), *_metrics_port(node, service))
+            if procs.port_in_use(port)
+        ]
+        if busy:
+            raise ClusterError(
+                f"port(s) for node {node.node} already in use on {procs.LOOPBACK}: "
+                + ", ".join(busy)
+            )
+        state.nodes.append(node)
+        write_config(state)
+        save_state(state)
+        log.info(
+            "node %d (%s) joins: MQTT on %s",
+            node.node,
+            node.node_id,
+            node.ports.addr(node.ports.mqtt),
+        )
+        _start_nodes(state, [node], timeout)
+        return node
+
+
+def _metrics_port(node: NodeState, service: str) -> list[int]:
+    return [node.ports.metrics(service)] if service in METRICS_SLOTS else []
+
+
+# --- leave ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LeaveOutcome:
+    view_epoch: int
+    seconds: float
+    stopped: int
+    notes: list[str]
+
+
+def _ask_leave(
+    node: NodeState, wait_s: float, rpc_timeout: float
+) -> membership_pb2.LeaveReply | None:
+    """One Leave call to the node's agent (None if it does not answer)."""
+    import grpc  # imported here: `hexmq cluster` commands that do not ask stay fast
+
+    from hexmq.api.membership.v1 import membership_pb2, membership_pb2_grpc
+
+    try:
+        with grpc.insecure_channel(node.ports.addr(node.ports.membership)) as channel:
+            stub = membership_pb2_grpc.MembershipServiceStub(channel)
+            reply: membership_pb2.LeaveReply = stub.Leave(
+                membership_pb2.LeaveRequest(wait_ms=int(wait_s * 1000)),
+                timeout=wait_s + rpc_timeout,
+            )
+            return reply
+    except grpc.RpcError as exc:
+        log.warning("node %d: leave: %s: %s", node.node, exc.code().name, exc.details())
+        return None
+
+
+def leave_node(
+    cluster_dir: Path,
+    number: int,
+    *,
+    timeout: float = DEFAULT_LEAVE_TIMEOUT,
+    grace: float = DEFAULT_GRACE,
+) -> LeaveOutcome:
+    """Take node `number` out of the running cluster gracefully: its agent marks it leaving,
+    the view moves its master roles by handover and restores RF without it; once the view no
+    longer holds it, stop its processes with SIGTERM (its edge sends 0x8B with another node's
+    address). If the view has not let it go within `timeout`, raise and leave it running (it
+    keeps leaving; run `leave` again to wait longer)."""
+    cluster_dir = cluster_dir.absolute()
+    state = require_state(cluster_dir)
+    state.node(number)  # a bad node number is a usage error, before taking the lock
+    with cluster_lock(cluster_dir):
+        state = require_state(cluster_dir)
+        node = state.node(number)
+        if not node.processes["membership"].running():
+            raise ClusterError(
+                f"node {number}'s membership agent is not running, so it cannot leave (a "
+                "stopped node's partitions have failed over already); start it first, or "
+                "leave it stopped"
+            )
+        others = [n for n in state.nodes if n is not node and n.processes["membership"].running()]
+        if not others:
+            raise ClusterError(f"node {number} is the only running node: nobody to leave to")
+        started = time.monotonic()
+        deadline = started + timeout
+        reply = None
+        failures = 0
+        log.info("node %d (%s) leaving the cluster", number, node.node_id)
+        while (left_s := deadline - time.monotonic()) > 0:
+            reply = _ask_leave(node, min(left_s, _PROGRESS_EVERY_S), rpc_timeout=5.0)
+            if reply is None:
+                failures += 1
+                if failures >= 3 or not node.processes["membership"].running():
+                    raise ClusterError(
+                        f"node {number}'s membership agent does not answer the leave "
+                        f"(log: {node.processes['membership'].log})"
+                    )
+                time.sleep(0.5)
+                continue
+            if reply.left:
+                break
+            log.info(
+                "node %d leaving: %d partition(s) still have a replica on it (view %d, %.0f s)",
+                number,
+                reply.partitions_held,
+                reply.view_epoch,
+                time.monotonic() - started,
+            )
+        if reply is None or not reply.left:
+            held = "?" if reply is None else str(reply.partitions_held)
+            raise ClusterError(
+                f"node {number} has not left after {timeout:g} s ({held} partition(s) still "
+                "have a replica on it); it stays up and keeps leaving: run `hexmq cluster "
+                f"leave {number}` again to wait longer, or `hexmq cluster stop {number}` to "
+                "stop it (its partitions then fail over)"
+            )
+        took = time.monotonic() - started
+        log.info(
+            "node %d left the cluster in view %d after %.1f s; stopping its processes",
+            number,
+            reply.view_epoch,
+            took,
+        )
+        targets = [(node, s) for s in SERVICES if node.processes[s].running()]
+        notes = _stop_processes(targets, grace, leave=True)
+        return LeaveOutcome(reply.view_epoch, took, len(targets), notes)
+
+
+# --- progress -------------------------------------------------------------------------------
+
+
+def _entries_left(nodes: list[dict[str, Any]]) -> tuple[int, int]:
+    """(replicas catching up, entries they still lack) over the nodes' partition services."""
+    replicas = entries = 0
+    for node in nodes:
+        parts = node.get("partitions") or {}
+        catching_up = parts.get("catching_up") or {}
+        replicas += catching_up.get("replicas", 0)
+        entries += catching_up.get("entries", 0)
+    return replicas, entries
+
+
+def rebalance_progress(
+    state: ClusterState, doc: dict[str, Any], sample_s: float = 1.0
+) -> dict[str, Any] | None:
+    """What `hexmq cluster status` says of a rebalance: the view's moving partitions (from
+    `doc`, a cluster_status document), the replicas still catching up and the log entries
+    they lack; while something moves, a second look after `sample_s` gives the rate at which
+    entries are copied and from it an estimate of the time left (None: no rate yet). None when
+    no agent answers."""
+    membership = doc.get("membership") or {}
+    view = membership.get("rebalance")
+    if view is None:
+        return None
+    replicas, entries = _entries_left(doc["nodes"])
+    progress: dict[str, Any] = {
+        **view,
+        "replicas_catching_up": replicas,
+        "entries_left": entries,
+        "entries_per_s": None,
+        "estimate_s": None,
+    }
+    if (view["moving"] or replicas) and sample_s > 0:
+        time.sleep(sample_s)
+        later = [
+            {"partitions": partition_status(n)}
+            for n in state.nodes
+            if n.processes["partition"].running()
+        ]
+        replicas, entries_now = _entries_left(later)
+        rate = (entries - entries_now) / sample_s
+        progress["replicas_catching_up"] = replicas
+        progress["entries_left"] = entries_now
+        if rate > 0:
+            progress["entries_per_s"] = round(rate)
+            progress["estimate_s"] = round(entries_now / rate, 1)
+    return progress
+
+
+def describe_progress(progress: dict[str, Any] | None) -> str:
+    """One line for `hexmq cluster status`."""
+    if progress is None:
+        return "rebalance: unknown (no membership agent answers)"
+    moving = progress["moving"]
+    who = [f"joining {', '.join(progress['joining'])}"] if progress["joining"] else []
+    who += [f"leaving {', '.join(progress['leaving'])}"] if progress["leaving"] else []
+    because = f" ({'; '.join(who)})" if who else ""
+    if not moving and not progress["replicas_catching_up"]:
+        return f"rebalance: none{because}: every partition in sync at its placement"
+    line = (
+        f"rebalance: {moving} partition(s) moving{because}, "
+        f"{progress['under_replicated']} under-replicated; "
+        f"{progress['replicas_catching_up']} replica(s) catching up, "
+        f"{progress['entries_left']} entries left"
+    )
+    if progress["estimate_s"] is not None:
+        line += f" (~{progress['estimate_s']:g} s at {progress['entries_per_s']} entries/s)"
+    return line + "; do not stop or add another node until it has finished"
