@@ -556,7 +556,12 @@ class Replicator:
                 if fp.isr == OUT:
                     fp.isr = IN
             elif fp.isr == IN:
-                fp.isr = OUT  # removed through the view (its node was lost)
+                # Removed through the view: its node was lost, or this master took an older
+                # view after its agent had confirmed the removal it asked for (seed 2027). A
+                # follower that is caught up is asked back now: on a partition without writes
+                # no acknowledgement would ever ask for it.
+                fp.isr = OUT
+                self._consider_adding(m, fp)
             if fp.state == WAITING and not fp.counted:
                 self._start_snapshot(m, fp)
         if a.handover_to != m.handover_to:

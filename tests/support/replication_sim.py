@@ -19,6 +19,9 @@ services/partition/peers.py does, and plays the agreement the way the membership
 - a master's in-sync changes and handovers are agreed at once (or, after `manual-agree`, when
   the script says `agree`): the view changes, every live node takes it (`set_view`), and the
   asking master hears the outcome (`in_sync_settled`, `handover_settled`);
+- a node made `late` takes views only when the script says `catch-up` (its partition service
+  busy, e.g. loading partitions), while its agent answers its requests from the agreed view at
+  once: an answer can come before the views that led to it;
 - `kill` ends a process without the view noticing; `fail` is the agreement removing a node (a
   master's partitions go to the first in-sync replica, at a new epoch); `restart` starts a
   process with a new incarnation, which the view treats as its old one leaving and the node
@@ -177,6 +180,9 @@ class Sim:
         self.members = set(names)
         # Nodes cut off from the agreement: they keep the last view they took.
         self.blind: set[str] = set()
+        # Nodes whose partition service takes views late: the views (roles, protocol) each has
+        # yet to take, oldest first.
+        self.late: dict[str, deque[tuple[dict[int, Assignment], ClusterProtocol]]] = {}
         self.nodes = {name: SimNode(name) for name in names}
         self.channels: dict[tuple[str, str], deque[Msg]] = {}
         self.streams: dict[tuple[str, str], Stream] = {}
@@ -235,10 +241,14 @@ class Sim:
         """What the members speak together (the planner writes it into every view)."""
         return cluster_protocol(self.nodes[n].support for n in sorted(self.members))
 
-    def _take_view(self, name: str) -> None:
+    def _take_view(
+        self, name: str, view: tuple[dict[int, Assignment], ClusterProtocol] | None = None
+    ) -> None:
+        """The current view, or `view` (one a late node missed)."""
+        roles, protocol = view if view is not None else (self._roles(name), self.protocol())
         rep = self.rep(name)
-        rep.set_protocol(self.protocol())
-        rep.set_view(self._roles(name), self._stored(name))
+        rep.set_protocol(protocol)
+        rep.set_view(roles, self._stored(name))
 
     def _start(self, name: str) -> None:
         node = self.nodes[name]
@@ -310,6 +320,7 @@ class Sim:
         if node.rep is None:
             raise ScriptError(f"{name} is already down")
         node.rep = None
+        self.late.pop(name, None)  # its next process takes the current view
         node.persists.clear()
         node.readers.clear()
         node.held = False
@@ -345,10 +356,37 @@ class Sim:
             self.assignments[p] = a
         for name in sorted(self.nodes):
             rep = self.nodes[name].rep
-            if rep is not None and name not in self.blind:
+            if rep is None or name in self.blind:
+                continue
+            missed = self.late.get(name)
+            if missed is not None:
+                missed.append((self._roles(name), self.protocol()))
+            else:
                 self._take_view(name)
         for name in sorted(self.nodes):
             self._process(name)
+        self._close_unwanted()
+        self._connect()
+
+    def fall_behind(self, name: str) -> None:
+        """`name` takes the views published from now on only when told (`catch_up`)."""
+        self.rep(name)
+        self.late.setdefault(name, deque())
+
+    def catch_up(self, name: str, count: int | None = None) -> None:
+        """`name` takes the next `count` views it missed, in order (all of them, and every
+        later view as it comes, when count is None)."""
+        self.rep(name)
+        missed = self.late.get(name)
+        if missed is None:
+            raise ScriptError(f"{name} is not late")
+        if count is not None and count > len(missed):
+            raise ScriptError(f"{name} missed {len(missed)} views, not {count}")
+        for _ in range(len(missed) if count is None else count):
+            self._take_view(name, missed.popleft())
+            self._process(name)
+        if count is None:
+            del self.late[name]
         self._close_unwanted()
         self._connect()
 
@@ -777,6 +815,8 @@ class Script:
             "manual-agree": self.do_manual_agree,
             "blind": self.do_blind,
             "see": self.do_see,
+            "late": self.do_late,
+            "catch-up": self.do_catch_up,
             "diverge": self.do_diverge,
             "version": self.do_version,
             "check": self.do_check,
@@ -1033,6 +1073,16 @@ class Script:
     def do_see(self, a: list[str]) -> None:
         """see n1: n1 hears the agreement again and takes the current view."""
         self.s.see(self.node(a[0]))
+
+    def do_late(self, a: list[str]) -> None:
+        """late n1: n1 takes views only at `catch-up` from now on, while its agent answers
+        its requests from the agreed view at once (a partition service busy loading)."""
+        self.s.fall_behind(self.node(a[0]))
+
+    def do_catch_up(self, a: list[str]) -> None:
+        """catch-up n1 [k]: n1 takes the next k views it missed, in order (without k: all of
+        them, and it keeps up from then on)."""
+        self.s.catch_up(self.node(a[0]), int(a[1]) if len(a) > 1 else None)
 
     def do_diverge(self, a: list[str]) -> None:
         """diverge n2 p0 E:S [f=v ...]: write straight into n2's store, bypassing replication,
