@@ -519,7 +519,13 @@ class Replicator:
             seq=position[1],
             durable=position[1],
             durable_epoch=position[0],
-            followers={n: FollowerProgress(n, down_since=self.now) for n in a.replicas[1:]},
+            # Caught up "now": a follower has lag_ticks from the start of this tenure to join
+            # and catch up before it counts as lagging (from 0 it would count as lagging on
+            # the first tick, and every in-sync follower would be dropped at once: seed 2027).
+            followers={
+                n: FollowerProgress(n, down_since=self.now, caught_up_at=self.now)
+                for n in a.replicas[1:]
+            },
             history=history,
             log=log,
         )
@@ -540,7 +546,11 @@ class Replicator:
                 del m.followers[node]
         for node in sorted(wanted):
             known = m.followers.get(node)
-            fp = known if known is not None else FollowerProgress(node, down_since=self.now)
+            fp = (
+                known
+                if known is not None
+                else FollowerProgress(node, down_since=self.now, caught_up_at=self.now)
+            )
             if known is None or known.departed:
                 m.followers[node] = fp
                 fp.departed = False
