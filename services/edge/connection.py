@@ -469,14 +469,13 @@ class ClientConnection(ConnectHandling, InboundQos2Handling, SubscribeHandling, 
 
     def shutdown(self, *, leaving: bool = False, reference: str | None = None) -> None:
         """The edge is stopping: tell 5.0 clients (0x8B, or 0x9C Use another server with the
-        --server-reference) and close. When its node left the cluster (`leaving`): 0x8B, with
-        `reference` as the Server Reference when the edge knows one for this listener."""
+        --server-reference) and close. When its node left the cluster (`leaving`), `reference`
+        is where the client should go when the edge knows one for this listener: 0x9C with it
+        as the Server Reference (a client redirects on 0x9C or 0x9D, the reason codes MQTT 5.0
+        section 4.11 pairs a Server Reference with), else 0x8B."""
         if self.state is State.CONNECTED and self.version == V5:
-            ref = self.config.server_reference
-            if leaving:
-                props = Properties(server_reference=reference) if reference else Properties()
-                packet = Disconnect(RC.SERVER_SHUTTING_DOWN, props)
-            elif ref:
+            ref = reference if leaving else self.config.server_reference
+            if ref:
                 packet = Disconnect(RC.USE_ANOTHER_SERVER, Properties(server_reference=ref))
             else:
                 packet = Disconnect(RC.SERVER_SHUTTING_DOWN)

@@ -328,7 +328,11 @@ class MembershipAgent:
 
     async def leave(self, wait_s: float) -> pb.LeaveReply:
         """Mark the node leaving (its registration says so, and the planner takes it out of the
-        targets), then wait up to `wait_s` until the view has let it go."""
+        targets), then wait up to `wait_s` until the view has let it go. Before any view
+        there is nothing to hand over: the node has left at once."""
+        if self.board.view is None:
+            log.info("leaving: no cluster view yet, so %s holds nothing", self.config.node_id)
+            return pb.LeaveReply(left=True)
         if not self._leaving:
             self._leaving = True
             log.info(

@@ -134,7 +134,12 @@ def test_a_membership_agent_process_runs_the_plugin_from_its_entry_point(
         assert (nodes / "n1").read_text() == "127.0.0.1:7001\n"
     finally:
         agent.send_signal(signal.SIGTERM)
-        out, _ = agent.communicate(timeout=20)
+        try:
+            out, _ = agent.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            agent.kill()  # never left running past the test
+            out, _ = agent.communicate(timeout=10)
+            raise AssertionError(f"the agent did not stop on SIGTERM within 20 s:\n{out}") from None
     assert "discovery plugin shared-dir lists: n1 at 127.0.0.1:7001" in out
     assert agent.returncode == 0, out
     assert not (nodes / "n1").exists()

@@ -2,7 +2,8 @@
 docs/operations.md, "Adding a node" and "Leaving"): a node is added with `hexmq cluster add`
 and one leaves with `hexmq cluster leave` or with SIGTERM to its services (an orchestrator's
 stop), under QoS 1 and QoS 2 traffic; partitions move by handover and bulk transfer, a leaving
-node's clients get DISCONNECT 0x8B naming another node, and nothing acknowledged is lost.
+node's 5.0 clients get DISCONNECT 0x9C Use another server naming another node, and nothing
+acknowledged is lost.
 
 32 partitions like tests/integration/test_failover.py; the long runs (3 -> 4 -> 5 -> 3, rolling
 restarts, a joiner killed mid-transfer) are in test_elastic_faults.py under the fault mark.
@@ -31,7 +32,7 @@ from tests.integration.test_failover import (
 from tests.support.workload import Publisher, Subscriber, check, close_client, open_client
 
 PARTITIONS = 32
-SERVER_SHUTTING_DOWN = 0x8B
+USE_ANOTHER_SERVER = 0x9C
 
 
 def rebalanced(cluster: Any) -> bool:
@@ -101,7 +102,7 @@ def test_a_node_joins_and_another_leaves_under_traffic_losing_nothing(hexmq_clus
     """RF 2, 3 nodes under QoS 1/2 traffic on every node: `hexmq cluster add` starts node 4,
     which takes over about a quarter of the replicas (by bulk transfer) and masters its share
     (by handover); then `hexmq cluster leave 2` moves node 2's roles away before it stops: its
-    MQTT 5.0 clients get DISCONNECT 0x8B naming another node, its partitions are handed over,
+    MQTT 5.0 clients get DISCONNECT 0x9C naming another node, its partitions are handed over,
     never failed over, and no acknowledged message is lost, duplicated at QoS 2 or
     reordered; mastership stays within 1.25x of the fair share throughout."""
     cluster = hexmq_cluster(nodes=3, partitions=PARTITIONS, extra=["--rf", "2"])
@@ -124,7 +125,7 @@ def test_a_node_joins_and_another_leaves_under_traffic_losing_nothing(hexmq_clus
     assert "left the cluster" in said, said
     assert "n2" not in members(cluster)
     assert watch.closed.wait(10), "the leaving node's 5.0 client was not disconnected"
-    assert watch.reason == SERVER_SHUTTING_DOWN, watch.reason
+    assert watch.reason == USE_ANOTHER_SERVER, watch.reason
     assert watch.reference is not None
     assert port_of(watch.reference) in others, watch.reference
     wait_for(lambda: rebalanced(cluster), 30, "the leave's rebalance finished")

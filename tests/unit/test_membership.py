@@ -676,6 +676,17 @@ async def test_an_agent_whose_loop_dies_asks_to_stop(tmp_path: Path) -> None:
 # --- join, leave and rebalance (docs/failover.md, "Join" and "Leave") ---------------------------
 
 
+async def test_an_agent_asked_to_leave_before_any_view_has_left_at_once() -> None:
+    # SIGTERM to an agent of a node that never got into a view (no cluster yet): nothing to
+    # hand over, so it stops at once instead of waiting --leave-timeout for a view.
+    config = membership_main.agent_config(parse())
+    tracing = telemetry.setup_tracing("membership", "n1")
+    agent = MembershipAgent(config, tracing, on_fatal=lambda: None)
+    reply = await asyncio.wait_for(agent.leave(60.0), 1.0)
+    assert reply.left
+    tracing.shutdown()
+
+
 def test_a_leaving_member_record_says_so_and_others_read_as_before() -> None:
     leaving = replace(record(), leaving=True)
     doc = json.loads(leaving.to_json())
