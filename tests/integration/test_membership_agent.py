@@ -191,7 +191,9 @@ class AgentCluster:
                 if process is not None:
                     if process.poll() is None:
                         os.kill(process.pid, signal.SIGCONT)  # in case a test paused it
-                    end(process)
+                    # The plain stop: SIGTERM would be a leave, waited for up to
+                    # --leave-timeout by an agent whose cluster is being torn down.
+                    end(process, signal.SIGINT)
 
 
 @pytest.fixture
