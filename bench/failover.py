@@ -89,10 +89,8 @@ class Cluster:
         import grpc
 
         from hexmq.api.membership.v1 import membership_pb2, membership_pb2_grpc
-        from hexmq.clusterstate import loopback_addr
-
         port = self.nodes[-1]["membership_port"]
-        with grpc.insecure_channel(loopback_addr(port)) as channel:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = membership_pb2_grpc.MembershipServiceStub(channel)
             view = stub.Status(membership_pb2.MembershipStatusRequest(), timeout=5).view
         return {pa.partition: pa.replicas[0] for pa in view.partitions if pa.replicas}

@@ -150,7 +150,7 @@ def _queued_on_masters(node: clusterstate.NodeState) -> int:
 
     from hexmq.api.partition.v1 import partition_pb2, partition_pb2_grpc
 
-    with grpc.insecure_channel(clusterstate.loopback_addr(node.ports.partition)) as channel:
+    with grpc.insecure_channel(node.ports.addr(node.ports.partition)) as channel:
         reply = partition_pb2_grpc.PartitionServiceStub(channel).Status(
             partition_pb2.StatusRequest(), timeout=10
         )

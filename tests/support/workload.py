@@ -256,7 +256,7 @@ def persistent_client(client_id: str, version: int = 5) -> mqtt.Client:
 
 def resume(client: mqtt.Client, port: int, *, version: int = 5, timeout: float = 30.0) -> bool:
     """Connect with clean start 0; True if accepted within `timeout` with session present 1."""
-    if not _connect(client, port, version, clean=False, timeout=timeout):
+    if not _connect(client, ("127.0.0.1", port), version, clean=False, timeout=timeout):
         return False
     return bool(client.session_present)  # type: ignore[attr-defined]
 
