@@ -89,6 +89,7 @@ class Cluster:
         import grpc
 
         from hexmq.api.membership.v1 import membership_pb2, membership_pb2_grpc
+
         port = self.nodes[-1]["membership_port"]
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = membership_pb2_grpc.MembershipServiceStub(channel)
