@@ -32,10 +32,11 @@ from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
 from hexmq.grpc_options import LINK_OPTIONS
-from hexmq.node_protocol import THIS_RELEASE, ClusterProtocol, ProtocolError, Support, link_refusal
+from hexmq.node_protocol import THIS_RELEASE, ClusterProtocol
 from hexmq.ranges import ranges
 from hexmq.service import cancel_and_wait
 from services.partition.agreement import AgreementClient
+from services.partition.hello import refuse_hello
 from services.partition.replication import (
     Assignment,
     Entry,
@@ -382,15 +383,8 @@ class ReplicationDriver:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first frame must carry hello")
             return
         follower = first.hello.node_id
-        try:
-            theirs = Support.from_proto(first.hello.protocol)
-        except ProtocolError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"hello protocol: {exc}")
-            return
-        why = link_refusal(f"follower {follower}", theirs, THIS_RELEASE)
-        if why is not None:
-            log.error("refusing the replication stream: %s", why)
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
+        peer = f"follower {follower}"
+        if await refuse_hello(context, peer, first.hello.protocol, "the replication stream", log):
             return
         core = self.core
         old = self._feeds.pop(follower, None)

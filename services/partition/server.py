@@ -10,7 +10,7 @@ import grpc
 
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
-from hexmq.node_protocol import THIS_RELEASE, ProtocolError, Support, link_refusal
+from services.partition.hello import refuse_hello
 from services.partition.links import EdgeLink
 from services.partition.node import PartitionNode
 from services.partition.peers import ReplicationDriver
@@ -38,15 +38,8 @@ class PartitionServicer(pb_grpc.PartitionServiceServicer):
         if first is None or not first.HasField("hello"):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first frame must carry hello")
             return
-        try:
-            theirs = Support.from_proto(first.hello.protocol)
-        except ProtocolError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"hello protocol: {exc}")
-            return
-        why = link_refusal(f"edge {first.hello.edge_id}", theirs, THIS_RELEASE)
-        if why is not None:
-            log.error("refusing the edge's link: %s", why)
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
+        peer = f"edge {first.hello.edge_id}"
+        if await refuse_hello(context, peer, first.hello.protocol, "the edge's link", log):
             return
         node = self._node
         link = node.open_link(first.hello)
