@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import socket
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -199,9 +198,12 @@ def interpolate(value: Any, env: Mapping[str, str], where: str) -> Any:
 
 
 def free_loopback_port() -> int:
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
+    """A port free on 127.0.0.1 now, below the ephemeral range (see tests.support.edgeproc):
+    a port the kernel handed out for bind(0) is soon handed to an outgoing connection or to
+    the next bind(0) as well."""
+    from tests.support.edgeproc import free_ports
+
+    return free_ports(1)[0]
 
 
 def _kind(name: str, spec: Mapping[str, Any], argv: list[str]) -> str:
@@ -314,10 +316,21 @@ def load_local_topology(
             healthcheck=health,
         )
 
+    taken: set[int] = set()
+
     def local_port(service: str, port: int) -> int:
+        """Each (service, container port) its own local port: `allocate` may give a port
+        twice (it is free again until a process binds it), so a repeat is drawn again."""
         ports = services[service].ports
         if port not in ports:
-            ports[port] = allocate()
+            for _ in range(1000):
+                local = allocate()
+                if local not in taken:
+                    break
+            else:
+                raise ComposeError(f"no distinct free port for {service}:{port}")
+            taken.add(local)
+            ports[port] = local
         return ports[port]
 
     def rewrite(owner: str, value: str, what: str) -> str:

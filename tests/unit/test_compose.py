@@ -119,6 +119,15 @@ def test_service_names_map_to_distinct_loopback_ports(topology: LocalTopology) -
     assert topology.port("edge-1", 9100) != topology.port("edge-2", 9100)
 
 
+def test_ports_stay_distinct_when_the_allocator_repeats_itself() -> None:
+    """A free port stays free until a process binds it, so a real allocator can hand the same
+    port out twice in a row (CI once gave partition-3 its metrics port as its gRPC port)."""
+    repeating = itertools.chain.from_iterable((p, p) for p in itertools.count(31000))
+    topo = load_local_topology(COMPOSE, allocate=lambda: next(repeating))
+    every = [p for s in topo.services.values() for p in s.ports.values()]
+    assert len(every) == len(set(every)), "two (service, port) pairs share a local port"
+
+
 def test_start_order_follows_depends_on(topology: LocalTopology) -> None:
     order = topology.start_order
     for node in (1, 2, 3):
