@@ -8,6 +8,10 @@ RUN_DIR ?= .hexmq/run
 NODES  ?= 3
 RF     ?= 2
 PYTEST_ARGS ?=
+# make test's workers (pytest-xdist, a test file per worker): the suite mostly waits on real
+# processes, so three workers on two cores take about half the time of one. TEST_WORKERS=0 runs
+# it in this process, one test at a time.
+TEST_WORKERS ?= 3
 
 COMPOSE_DIR := deploy/compose
 COMPOSE := $(BIN)/docker-compose --profile observability --profile traces
@@ -65,7 +69,7 @@ deploy-check: $(STAMP) system-deps
 	@echo "deploy-check: compose, schema, Dockerfile and HAProxy config are valid"
 
 test: $(STAMP) system-deps
-	$(BIN)/pytest -m "not fault and not soak" $(PYTEST_ARGS)
+	$(BIN)/pytest -m "not fault and not soak" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
