@@ -36,8 +36,11 @@ from hexmq.hashring import assign, partition_of
 from tests.conftest import HEXMQ, HexmqCluster, pick_base_port, running_processes
 from tests.support.workload import Publisher, Subscriber, check
 
-# The release before this one: set to the newest tag when a release is made (releases.md).
+# The release before this one: set to the newest tag and its commit when a release is made
+# (releases.md). The commit is there because tags do not travel with every clone (this
+# project's CI clones main without them); a tag that exists must name that commit.
 PREVIOUS_RELEASE = "v0.2.0"
+PREVIOUS_RELEASE_COMMIT = "a3c33eb811097006eb0dde03b7f2413db60ce9e7"
 REPO = Path(__file__).resolve().parents[2]
 RELEASES = REPO / ".hexmq" / "releases"
 NODES = ("n1", "n2", "n3")
@@ -54,22 +57,40 @@ def uid() -> str:
     return uuid.uuid4().hex[:8]
 
 
-def previous_release_python() -> Path:
-    """The Python of the previous release's venv, built on first use. Fails (never skips)
-    when the tag is missing: a clone without tags cannot test the upgrade."""
+def _commit_of(rev: str) -> str | None:
     found = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "--verify", "-q", f"{PREVIOUS_RELEASE}^{{commit}}"],
+        ["git", "-C", str(REPO), "rev-parse", "--verify", "-q", f"{rev}^{{commit}}"],
         capture_output=True,
         text=True,
         check=False,
     )
-    if found.returncode != 0:
+    return found.stdout.strip() if found.returncode == 0 else None
+
+
+def previous_release_commit() -> str:
+    """The previous release's commit: its tag where the clone has it (it must name the
+    recorded commit), else the recorded commit. Fails (never skips) when the clone has
+    neither: a shallow clone cannot test the upgrade."""
+    tagged = _commit_of(PREVIOUS_RELEASE)
+    if tagged is not None and tagged != PREVIOUS_RELEASE_COMMIT:
         pytest.fail(
-            f"the upgrade test starts from the previous release, tag {PREVIOUS_RELEASE}, and "
-            f"this clone of {REPO} has no such tag (a clone without tags? `git fetch --tags`)",
+            f"tag {PREVIOUS_RELEASE} names {tagged}, but the upgrade test records "
+            f"{PREVIOUS_RELEASE_COMMIT} as that release: one of them is wrong",
             pytrace=False,
         )
-    commit = found.stdout.strip()
+    if _commit_of(PREVIOUS_RELEASE_COMMIT) is None:
+        pytest.fail(
+            f"the upgrade test starts from the previous release, {PREVIOUS_RELEASE} "
+            f"({PREVIOUS_RELEASE_COMMIT}), and this clone of {REPO} has no such commit "
+            "(a shallow clone? `git fetch --unshallow --tags`)",
+            pytrace=False,
+        )
+    return PREVIOUS_RELEASE_COMMIT
+
+
+def previous_release_python() -> Path:
+    """The Python of the previous release's venv, built on first use."""
+    commit = previous_release_commit()
     home = RELEASES / f"{PREVIOUS_RELEASE}-{commit[:12]}"
     python = home / ".venv" / "bin" / "python"
     stamp = home / ".venv" / ".installed"
@@ -99,11 +120,26 @@ def previous_release_python() -> Path:
     return python
 
 
-def test_a_missing_previous_release_tag_fails_saying_so(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_missing_previous_release_commit_fails_saying_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(sys.modules[__name__], "PREVIOUS_RELEASE", "v0.0.0-never-tagged")
-    with pytest.raises(pytest.fail.Exception, match="has no such tag") as failed:
+    monkeypatch.setattr(sys.modules[__name__], "PREVIOUS_RELEASE_COMMIT", "0" * 40)
+    with pytest.raises(pytest.fail.Exception, match="has no such commit") as failed:
         previous_release_python()
-    assert "tag v0.0.0-never-tagged" in str(failed.value)
+    assert "v0.0.0-never-tagged (0000000000" in str(failed.value)
+
+
+def test_the_recorded_commit_serves_a_clone_without_tags() -> None:
+    """CI and most clones of main carry no tags: the recorded commit is what the test runs."""
+    assert _commit_of(PREVIOUS_RELEASE_COMMIT) == PREVIOUS_RELEASE_COMMIT
+    assert previous_release_commit() == PREVIOUS_RELEASE_COMMIT
+
+
+def test_a_tag_naming_another_commit_fails_saying_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys.modules[__name__], "PREVIOUS_RELEASE", "HEAD")
+    with pytest.raises(pytest.fail.Exception, match="one of them is wrong"):
+        previous_release_commit()
 
 
 class Upgrade:
