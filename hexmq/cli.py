@@ -288,6 +288,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_dir(p)
     _add_timeout(p)
+    p.add_argument(
+        "--host",
+        metavar="ADDR",
+        help="the loopback address every port of the new node binds: needed (and only "
+        "allowed) when the cluster was made with `up --hosts`",
+    )
 
     p = actions.add_parser(
         "leave",
@@ -545,7 +551,7 @@ def _start(args: argparse.Namespace) -> int:
 
 
 def _add(args: argparse.Namespace) -> int:
-    node = localmembers.add_node(args.dir, timeout=args.timeout)
+    node = localmembers.add_node(args.dir, host=args.host, timeout=args.timeout)
     _print_json({"dir": str(args.dir.absolute()), "nodes": [node.summary()]})
     return EXIT_OK
 

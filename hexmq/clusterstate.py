@@ -160,7 +160,7 @@ def validate_cluster_args(*, nodes: int, base_port: int, partitions: int, rf: in
         raise UsageError(f"--rf {rf} needs at least {rf} nodes, got --nodes {nodes}")
 
 
-def parse_hosts(text: str) -> list[str]:
+def parse_hosts(text: str, what: str = "--hosts") -> list[str]:
     """`--hosts`: comma-separated IPv4 loopback addresses, one per node, all different."""
     hosts = [h.strip() for h in text.split(",")]
     for host in hosts:
@@ -168,16 +168,15 @@ def parse_hosts(text: str) -> list[str]:
             addr = ipaddress.IPv4Address(host)
         except ValueError:
             raise UsageError(
-                f"--hosts: {host!r} is not an IPv4 address (expected e.g. 127.0.0.2,127.0.0.3)"
+                f"{what}: {host!r} is not an IPv4 address (expected e.g. 127.0.0.2,127.0.0.3)"
             ) from None
         if not addr.is_loopback:
             raise UsageError(
-                f"--hosts: {host} is not a loopback address (a local cluster binds 127.0.0.0/8 "
-                "only)"
+                f"{what}: {host} is not a loopback address (a local cluster binds 127.0.0.0/8 only)"
             )
     repeated = sorted({h for h in hosts if hosts.count(h) > 1})
     if repeated:
-        raise UsageError(f"--hosts: {', '.join(repeated)} listed more than once")
+        raise UsageError(f"{what}: {', '.join(repeated)} listed more than once")
     return hosts
 
 
@@ -300,6 +299,9 @@ class ClusterState:
     consul: ProcessRecord | None = None
     # The agents' KV prefix is hexmq/<cluster_name>/.
     cluster_name: str = "hexmq"
+    # `up --node-wrapper`'s words ({node} not yet replaced), for `add` to repeat; None in a
+    # cluster.json written before they were recorded.
+    node_wrapper: list[str] | None = None
 
     @property
     def consul_port(self) -> int:
@@ -341,6 +343,7 @@ class ClusterState:
             "consul_addr": self.consul_addr,
             "consul": _record_to_json(self.consul) if self.consul else None,
             "cluster_name": self.cluster_name,
+            "node_wrapper": self.node_wrapper,
             "nodes": [
                 {
                     **n.summary(),
@@ -381,6 +384,7 @@ class ClusterState:
             consul_addr=doc.get("consul_addr", DEFAULT_CONSUL_ADDR),
             consul=_record_from_json(doc["consul"]) if doc.get("consul") else None,
             cluster_name=doc.get("cluster_name", "hexmq"),
+            node_wrapper=doc.get("node_wrapper"),
         )
 
 
@@ -600,6 +604,7 @@ def plan_cluster(
         trace_dir=trace_dir,
         consul_addr=consul_addr or f"{host}:{port}",
         cluster_name=cluster_name_of(cluster_dir),
+        node_wrapper=list(node_wrapper),
     )
     if consul_addr is None:
         state.consul = ProcessRecord(

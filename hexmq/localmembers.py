@@ -32,9 +32,11 @@ from hexmq.clusterstate import (
     ProcessRecord,
     UsageError,
     cluster_lock,
+    parse_hosts,
     require_state,
     save_state,
     service_argv,
+    wrapper_argv,
     write_config,
 )
 from hexmq.localcluster import (
@@ -61,10 +63,10 @@ _PROGRESS_EVERY_S: Final = 5.0
 # --- add ------------------------------------------------------------------------------------
 
 
-def added_node_ports(state: ClusterState) -> NodePorts:
+def added_node_ports(state: ClusterState, host: str = LOOPBACK) -> NodePorts:
     """The ports of the node after the last: MQTT on P+N (as `up --nodes N+1` would give), and
     the first block of ten internal ports that no node and not the embedded agreement server
-    (P+1000+10*N for a cluster created with N nodes) uses."""
+    (P+1000+10*N for a cluster created with N nodes) uses; every one bound on `host`."""
     number = len(state.nodes) + 1
     used = {n.ports.redis for n in state.nodes}
     if state.consul is not None:
@@ -82,34 +84,65 @@ def added_node_ports(state: ClusterState) -> NodePorts:
         redis=internal,
         membership=internal + 1,
         partition=internal + 2,
+        host=host,
     )
 
 
-def plan_added_node(state: ClusterState) -> NodeState:
-    """Node N+1 with the command lines of the others: the same extra service arguments as
-    node 1 (`up --edge-arg ...`), the same Python and redis-server (pure: touches no file)."""
+def added_node_host(state: ClusterState, host: str | None) -> str:
+    """Where node N+1 binds: `host` (`add --host`), a loopback address no node and not the
+    agreement server binds, in a cluster whose nodes have addresses of their own (`up
+    --hosts`); 127.0.0.1 (the default) in a cluster whose nodes all bind it."""
+    placed = any(n.ports.host != LOOPBACK for n in state.nodes)
+    if host is None:
+        if placed:
+            raise UsageError(
+                "cluster add: this cluster places nodes on their own addresses (--hosts); "
+                "give the new node one with --host ADDR"
+            )
+        return LOOPBACK
+    if "," in host:
+        raise UsageError(f"cluster add --host: one address, not {host!r}")
+    (host,) = parse_hosts(host, "cluster add --host")
+    if not placed:
+        if host != LOOPBACK:
+            raise UsageError(
+                f"cluster add --host {host}: this cluster's nodes all bind {LOOPBACK}; a node "
+                "of its own address needs a cluster made with `up --hosts`"
+            )
+        return host
+    taken = {n.ports.host: f"node {n.node}" for n in state.nodes}
+    if state.consul is not None:
+        taken[state.consul_host] = "the agreement server"
+    if host in taken:
+        raise UsageError(f"cluster add --host {host}: {taken[host]} binds that address already")
+    return host
+
+
+def plan_added_node(state: ClusterState, host: str | None = None) -> NodeState:
+    """Node N+1 with the command lines of the others: the same node wrapper (`up
+    --node-wrapper`) and the same extra service arguments as node 1 (`up --edge-arg ...`),
+    the same Python and redis-server (pure: touches no file)."""
     if len(state.nodes) >= MAX_NODES:
         raise UsageError(f"the cluster in {state.dir} already has {MAX_NODES} nodes, the most")
     first = state.nodes[0]
     number = len(state.nodes) + 1
-    membership_argv = first.processes["membership"].argv
-    if membership_argv[1:4] != ["-P", "-m", "hexmq.cli"]:
-        raise UsageError(
-            "cluster add: this cluster's processes run under --node-wrapper, which add cannot "
-            "repeat for a new node yet"
-        )
-    if first.ports.host != LOOPBACK:
-        raise UsageError(
-            "cluster add: this cluster places nodes on their own addresses (--hosts), which "
-            "add cannot choose for a new node yet"
-        )
+    wrapper = state.node_wrapper
+    if wrapper is None:  # a cluster.json from before the wrapper was recorded
+        if first.processes["membership"].argv[1:4] != ["-P", "-m", "hexmq.cli"]:
+            raise UsageError(
+                "cluster add: this cluster's processes run under a --node-wrapper that its "
+                "cluster.json does not record (made by an older hexmq); add cannot repeat it"
+            )
+        wrapper = []
+    first_wrapped = len(wrapper_argv(wrapper, first.node))
+    membership_argv = first.processes["membership"].argv[first_wrapped:]
     # `up --discovery static`: the new node's agent reads DIR/members too (add rewrites it).
     discovery = "static" if "--discovery" in membership_argv else None
     python = membership_argv[0]
-    redis_server = first.processes["redis"].argv[0]
+    redis_server = first.processes["redis"].argv[first_wrapped]
     node = NodeState(
         node=number,
-        ports=added_node_ports(state),
+        ports=added_node_ports(state, added_node_host(state, host)),
         dir=state.dir / f"node{number}",
         processes={},
     )
@@ -118,18 +151,22 @@ def plan_added_node(state: ClusterState) -> NodeState:
         own = service_argv(
             service, state, first, python=python, redis_server=redis_server, discovery=discovery
         )
-        extra = first.processes[service].argv[len(own) :]
-        argv = service_argv(
+        extra = first.processes[service].argv[first_wrapped + len(own) :]
+        argv = wrapper_argv(wrapper, number)
+        argv += service_argv(
             service, state, node, python=python, redis_server=redis_server, discovery=discovery
         )
         node.processes[service] = ProcessRecord(argv=argv + extra, log=node.dir / f"{service}.log")
     return node
 
 
-def add_node(cluster_dir: Path, *, timeout: float = DEFAULT_TIMEOUT) -> NodeState:
-    """Add node N+1 to the running cluster in `cluster_dir`: plan it, start its processes and
-    wait until the view admits it and its edge serves clients of every node. The partitions
-    it takes over move afterwards, while traffic flows (`hexmq cluster status` shows them)."""
+def add_node(
+    cluster_dir: Path, *, host: str | None = None, timeout: float = DEFAULT_TIMEOUT
+) -> NodeState:
+    """Add node N+1 to the running cluster in `cluster_dir` (on `host`: added_node_host):
+    plan it, start its processes and wait until the view admits it and its edge serves
+    clients of every node. The partitions it takes over move afterwards, while traffic flows
+    (`hexmq cluster status` shows them)."""
     cluster_dir = cluster_dir.absolute()
     with cluster_lock(cluster_dir):
         state = require_state(cluster_dir)
@@ -139,16 +176,16 @@ def add_node(cluster_dir: Path, *, timeout: float = DEFAULT_TIMEOUT) -> NodeStat
                 f"no node of the cluster in {cluster_dir} is running: a node joins a running "
                 f"cluster (start it with `hexmq cluster up --dir {cluster_dir}` first)"
             )
-        node = plan_added_node(state)
+        node = plan_added_node(state, host)
         busy = [
             f"{port} ({service})"
             for service in SERVICES
             for port in (node.ports.of(service), *_metrics_port(node, service))
-            if procs.port_in_use(port)
+            if procs.port_in_use(port, node.ports.host)
         ]
         if busy:
             raise ClusterError(
-                f"port(s) for node {node.node} already in use on {procs.LOOPBACK}: "
+                f"port(s) for node {node.node} already in use on {node.ports.host}: "
                 + ", ".join(busy)
             )
         state.nodes.append(node)

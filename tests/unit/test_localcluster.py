@@ -791,13 +791,65 @@ def test_an_added_node_follows_static_discovery_and_refuses_what_add_cannot_repe
     assert argv[argv.index("--discovery-static-file") + 1] == str(tmp_path / "a" / "members")
     state.nodes.append(n3)
     assert "n3 127.0.0.1:31032" in clusterstate.members_file(state)
-    wrapped = clusterstate.plan_cluster(
+    legacy = clusterstate.plan_cluster(
         tmp_path / "b", nodes=2, node_wrapper=["nice", "-n", "5"], **shape
     )
-    with pytest.raises(clusterstate.UsageError, match="--node-wrapper"):
-        localmembers.plan_added_node(wrapped)
+    legacy.node_wrapper = None  # a cluster.json written before the wrapper was recorded
+    with pytest.raises(clusterstate.UsageError, match="--node-wrapper that its cluster.json"):
+        localmembers.plan_added_node(legacy)
     placed = clusterstate.plan_cluster(
         tmp_path / "c", nodes=2, hosts=["127.0.0.2", "127.0.0.3"], **shape
     )
-    with pytest.raises(clusterstate.UsageError, match="--hosts"):
+    with pytest.raises(clusterstate.UsageError, match="--host ADDR"):
         localmembers.plan_added_node(placed)
+    with pytest.raises(clusterstate.UsageError, match="node 2 binds that address"):
+        localmembers.plan_added_node(placed, "127.0.0.3")
+    with pytest.raises(clusterstate.UsageError, match="is not a loopback address"):
+        localmembers.plan_added_node(placed, "10.0.0.4")
+    with pytest.raises(clusterstate.UsageError, match="one address"):
+        localmembers.plan_added_node(placed, "127.0.0.4,127.0.0.5")
+    with pytest.raises(clusterstate.UsageError, match="all bind 127.0.0.1"):
+        localmembers.plan_added_node(state, "127.0.0.4")
+
+
+def test_an_added_node_repeats_the_node_wrapper_and_binds_its_own_address(
+    tmp_path: Path,
+) -> None:
+    """The fault suite's clusters: nodes on addresses of their own, every process under a
+    wrapper with {node} in it (tests/faults/node-exec); node 3 gets both, like nodes 1-2."""
+    state = clusterstate.plan_cluster(
+        tmp_path,
+        nodes=2,
+        base_port=30000,
+        partitions=8,
+        rf=1,
+        python="py",
+        redis_server="rs",
+        hosts=["127.0.0.11", "127.0.0.12"],
+        agreement_listen=("127.0.0.10", 31020),
+        node_wrapper=["node-exec", "4710{node}", "--"],
+        service_args={"edge": ["--sys-interval=1"]},
+    )
+    reloaded = clusterstate.ClusterState.from_json(state.to_json())
+    with pytest.raises(clusterstate.UsageError, match="the agreement server binds"):
+        localmembers.plan_added_node(reloaded, "127.0.0.10")
+    n3 = localmembers.plan_added_node(reloaded, "127.0.0.13")
+    assert n3.ports.host == "127.0.0.13"
+    for service in clusterstate.SERVICES:
+        argv = n3.processes[service].argv
+        assert argv[:3] == ["node-exec", "47103", "--"], service
+        first = state.nodes[0].processes[service].argv
+        # The same command line as node 1's past the wrapper, but for node 3.
+        assert len(argv) == len(first)
+        assert argv[3] == first[3]
+    edge = n3.processes["edge"].argv
+    assert edge[-1] == "--sys-interval=1"
+    assert edge[edge.index("--node-id") + 1] == "n3"
+    assert edge[edge.index("--metrics-listen") + 1].startswith("127.0.0.13:")
+    assert n3.processes["redis"].argv == [
+        "node-exec",
+        "47103",
+        "--",
+        "rs",
+        str(n3.dir / "redis.conf"),
+    ]
