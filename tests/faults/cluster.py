@@ -114,6 +114,43 @@ class FaultCluster:
     def down(self) -> None:
         self.cli("down", "--grace", "5")
 
+    def leave(self, node: int, timeout: float = 90) -> str | None:
+        """`hexmq cluster leave`: the node hands its roles over, RF is restored without it,
+        then its processes stop (its edge sends its clients elsewhere). None, or why not."""
+        done = self.cli("leave", str(node), "--timeout", f"{timeout:g}", timeout=timeout + 60)
+        return None if done.returncode == 0 else done.stderr.strip()[-1500:]
+
+    def join(self, node: int) -> str | None:
+        """Node `node` (the one after the last, or one that left) joins: `hexmq cluster add`
+        on its own address the first time, `start` after; from then on the run watches it
+        like the others. None, or why it failed."""
+        known = len(self._state().nodes)
+        if node == known + 1:
+            done = self.cli("add", "--host", node_address(node), "--timeout", "60")
+        elif node <= known:
+            done = self.cli("start", str(node), "--timeout", "60")
+        else:
+            return f"node {node} cannot join a cluster of {known}: add node {known + 1} first"
+        if done.returncode != 0:
+            return done.stderr.strip()[-1500:]
+        (n,) = json.loads(done.stdout)["nodes"]
+        info = NodeInfo(
+            n["node"],
+            n["node_id"],
+            n["host"],
+            n["mqtt_port"],
+            n["redis_port"],
+            n["partition_port"],
+            n["membership_port"],
+        )
+        # A new dict, not an update: the observers' threads iterate the one they hold.
+        self.nodes = {**self.nodes, node: info}
+        return None
+
+    def forget(self, node: int) -> None:
+        """A node that left for good: the run no longer watches it nor expects it back."""
+        self.nodes = {n: info for n, info in self.nodes.items() if n != node}
+
     @staticmethod
     def _checked(done: subprocess.CompletedProcess[str]) -> None:
         if done.returncode != 0:
@@ -192,7 +229,9 @@ class FaultCluster:
             return None
 
     def node_view(self, node: int, timeout: float = 1.0) -> mpb.View | None:
-        info = self.nodes[node]
+        info = self.nodes.get(node)  # None: forgotten (left for good) meanwhile
+        if info is None:
+            return None
         try:
             with grpc.insecure_channel(f"{info.host}:{info.membership_port}") as channel:
                 stub = mpb_grpc.MembershipServiceStub(channel)
@@ -213,7 +252,9 @@ class FaultCluster:
         return best
 
     def partition_status(self, node: int, timeout: float = 1.0) -> ppb.StatusReply | None:
-        info = self.nodes[node]
+        info = self.nodes.get(node)  # None: forgotten (left for good) meanwhile
+        if info is None:
+            return None
         try:
             with grpc.insecure_channel(f"{info.host}:{info.partition_port}") as channel:
                 stub = ppb_grpc.PartitionServiceStub(channel)

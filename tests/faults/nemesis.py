@@ -32,9 +32,17 @@ DURATIONS: dict[str, tuple[float, float]] = {
     "agreement-restart": (3.0, 15.0),  # kill -9 of the agreement server, restarted after
     "redis-kill": (3.0, 10.0),  # kill -9 of one node's Redis, restarted after
     "clock-jump": (5.0, 15.0),  # one node's wall clock steps, and steps back after
+    # `hexmq cluster leave` of a node (handover, RF restored without it, SIGTERM: its edge
+    # sends its clients elsewhere), then `hexmq cluster start` of it: it joins again
+    "leave-rejoin": (6.0, 16.0),
+    # a spare node joins (`hexmq cluster add`: partitions move onto it), then leaves
+    "join-leave": (8.0, 20.0),
 }
 NETWORK = frozenset({"isolate", "halves", "ring", "cut-agreement", "one-way"})
 KILLS = frozenset({"kill-master", "kill-follower", "kill-majority"})
+ELASTIC = frozenset({"leave-rejoin", "join-leave"})
+# The node numbers of a fault network (tests/faults/netns.py gives each a group id).
+MAX_NODES = 9
 # How far a clock jumps (seconds, either way).
 CLOCK_JUMPS = (30, 120, 600, 3600)
 
@@ -53,13 +61,16 @@ class Fault:
 
 
 def kinds_for(nodes: int, kinds: Sequence[str] | None = None) -> list[str]:
-    """The kinds a cluster of `nodes` nodes can take (a ring needs five)."""
+    """The kinds a cluster of `nodes` nodes can take (a ring needs five; a join, a spare
+    node's number)."""
     chosen = list(DURATIONS) if kinds is None else list(kinds)
     unknown = [k for k in chosen if k not in DURATIONS]
     if unknown:
         raise ValueError(f"unknown nemesis {', '.join(unknown)}; known: {', '.join(DURATIONS)}")
     if nodes < 5:
         chosen = [k for k in chosen if k != "ring"]
+    if nodes + 1 > MAX_NODES:
+        chosen = [k for k in chosen if k != "join-leave"]
     if not chosen:
         raise ValueError(f"no nemesis left for {nodes} nodes")
     return chosen
@@ -109,9 +120,12 @@ class Targets:
 AGREEMENT = 0
 
 
-def targets(fault: Fault, nodes: Sequence[int], table: Sequence[Sequence[int]]) -> Targets:
+def targets(
+    fault: Fault, nodes: Sequence[int], table: Sequence[Sequence[int]], *, spare: int = 0
+) -> Targets:
     """The nodes a fault hits, given the live nodes and the agreed table (per partition its
-    replicas, master first, as node numbers). Deterministic in fault.pick."""
+    replicas, master first, as node numbers) and the spare node a join adds. Deterministic
+    in fault.pick."""
     rng = random.Random(fault.pick)
     live = sorted(nodes)
     n = len(live)
@@ -173,4 +187,12 @@ def targets(fault: Fault, nodes: Sequence[int], table: Sequence[Sequence[int]]) 
         )
     if kind == "agreement-restart":
         return Targets()
+    if kind == "leave-rejoin":
+        if n < 2:
+            return Targets(note="a lone live node has nobody to leave to")
+        return Targets(nodes=[rng.choice(live)])
+    if kind == "join-leave":
+        if not spare:
+            return Targets(note="no spare node to join")
+        return Targets(nodes=[spare])
     raise ValueError(f"unknown nemesis {kind!r}")

@@ -78,11 +78,13 @@ class Run:
             shutil.rmtree(self.dir)
         self.dir.mkdir(parents=True)
         self.cluster = FaultCluster(self.dir / "cluster", config.nodes)
-        self.network = netns.Network(
-            {i: node_address(i) for i in range(1, config.nodes + 1)}, AGREEMENT_ADDRESS
-        )
         self.skipped: dict[str, str] = {}
         self.kinds = nemesis.kinds_for(config.nodes, config.kinds)
+        # The node a join-leave adds (and takes away again): its address, group id and clock
+        # are ready from the start.
+        self.spare = config.nodes + 1 if "join-leave" in self.kinds else 0
+        numbers = range(1, config.nodes + 1 + (1 if self.spare else 0))
+        self.network = netns.Network({i: node_address(i) for i in numbers}, AGREEMENT_ADDRESS)
         self.clocks: clock.Clocks | None = None
         self.records: list[FaultRecord] = []
         self.t0 = 0.0
@@ -97,7 +99,8 @@ class Run:
                 self.skipped["clock-jump"] = why or "libfaketime not found"
                 self.kinds = [k for k in self.kinds if k != "clock-jump"]
             else:
-                self.clocks = clock.Clocks(self.dir / "clocks", self.config.nodes, library)
+                nodes = self.config.nodes + (1 if self.spare else 0)
+                self.clocks = clock.Clocks(self.dir / "clocks", nodes, library)
                 return netns.node_wrapper(self.clocks.wrapper_args())
         return netns.node_wrapper()
 
@@ -133,6 +136,15 @@ class Run:
                 self.clocks.set(node, record.fault.jump_s)
                 faked = self.cluster.preloaded(node, "libfaketime")
                 record.notes.append(f"n{node}: libfaketime in {', '.join(faked) or 'nothing'}")
+        elif kind == "leave-rejoin":
+            clients.down |= set(t.nodes)
+            for node in t.nodes:
+                why = self.cluster.leave(node)
+                record.notes.append(f"n{node} left" if why is None else f"n{node} leave: {why}")
+        elif kind == "join-leave":
+            for node in t.nodes:
+                why = self.cluster.join(node)
+                record.notes.append(f"n{node} joined" if why is None else f"n{node} join: {why}")
 
     def _heal(self, record: FaultRecord, clients: RunClients) -> None:
         kind, t = record.fault.kind, record.targets
@@ -156,9 +168,27 @@ class Run:
             assert self.clocks is not None
             for node in t.nodes:
                 self.clocks.set(node, 0)
+        elif kind == "leave-rejoin":
+            for node in t.nodes:
+                why = self.cluster.join(node)
+                record.notes.append(f"n{node} rejoined" if why is None else f"n{node}: {why}")
+            clients.down -= set(t.nodes)
+        elif kind == "join-leave":
+            for node in t.nodes:
+                record.notes.append(self._leave_for_good(node))
+
+    def _leave_for_good(self, node: int) -> str:
+        if node not in self.cluster.nodes:
+            return f"n{node} never joined"
+        why = self.cluster.leave(node)
+        if why is not None:
+            return f"n{node} leave: {why}"
+        self.cluster.forget(node)
+        return f"n{node} left"
 
     def _heal_everything(self) -> list[str]:
-        """After the schedule, whatever is still broken (a start that failed) is mended."""
+        """After the schedule, whatever is still broken (a start that failed, a spare node
+        whose leave failed) is mended."""
         notes = []
         self.network.heal()
         for node in self.cluster.nodes:
@@ -169,6 +199,8 @@ class Run:
             if not self.cluster.running(node) or not self.cluster.agreement_running():
                 why = self.cluster.start(node)
                 notes.append(f"n{node} started after the schedule" + (f": {why}" if why else ""))
+        if self.spare in self.cluster.nodes:
+            notes.append(self._leave_for_good(self.spare))
         return notes
 
     def _sides(self, record: FaultRecord) -> dict[str, list[int]]:
@@ -200,7 +232,7 @@ class Run:
             view = self.cluster.view()
             table = self.cluster.table(view) if view is not None else []
             live = [n for n in self.cluster.nodes if n not in clients.down]
-            record = FaultRecord(fault, nemesis.targets(fault, live, table))
+            record = FaultRecord(fault, nemesis.targets(fault, live, table, spare=self.spare))
             if view is not None:
                 record.notes.append(f"view {view.epoch} at the start")
             self.records.append(record)

@@ -32,7 +32,7 @@ class RunSpec:
 
 
 # The fixed set: every nemesis at least once (tests/faults/test_nemesis.py checks that the
-# seeds' schedules cover them), in four runs of a few minutes together. The traced one is
+# seeds' schedules cover them), in five runs of a few minutes together. The traced one is
 # also checked against the Spark job's audit (tests/faults/crosscheck.py): no kills there, so
 # no span is lost with a killed process.
 FIXED = (
@@ -56,6 +56,7 @@ FIXED = (
         kinds=("agreement-restart", "redis-kill", "clock-jump"),
         length=40.0,
     ),
+    RunSpec("joins-and-leaves", 1505, kinds=("leave-rejoin", "join-leave"), length=40.0),
 )
 
 

@@ -32,6 +32,8 @@ def test_faults_come_one_at_a_time_with_quiet_periods() -> None:
 def test_kinds_for_a_size_and_unknown_kinds() -> None:
     assert "ring" not in nemesis.kinds_for(3)
     assert "ring" in nemesis.kinds_for(5)
+    assert "join-leave" in nemesis.kinds_for(8)
+    assert "join-leave" not in nemesis.kinds_for(9)  # no group id for a tenth node
     with pytest.raises(ValueError, match="unknown nemesis partition-all"):
         nemesis.kinds_for(3, ["isolate", "partition-all"])
     with pytest.raises(ValueError, match="no nemesis left for 3 nodes"):
@@ -114,6 +116,16 @@ def test_cut_agreement_and_one_way() -> None:
         directions.add(all(a == node for a, _b in one.one_way))
         assert all(node in pair for pair in one.one_way)
     assert directions == {True, False}  # both "cannot send" and "cannot hear"
+
+
+def test_leave_rejoin_takes_a_live_node_and_join_leave_the_spare() -> None:
+    left = {targets(fault("leave-rejoin", pick), [1, 3], TABLE).nodes[0] for pick in range(20)}
+    assert left == {1, 3}
+    alone = targets(fault("leave-rejoin"), [2], TABLE)
+    assert alone.nodes == []
+    assert "nobody to leave to" in alone.note
+    assert targets(fault("join-leave"), [1, 2, 3], TABLE, spare=4).nodes == [4]
+    assert targets(fault("join-leave"), [1, 2, 3], TABLE).nodes == []
 
 
 def test_the_fixed_set_covers_every_nemesis() -> None:

@@ -107,8 +107,8 @@ def test_every_broken_rule_is_named() -> None:
     ]
 
 
-def test_disconnects_by_kill_takeover_and_refusal_are_excused() -> None:
-    faults = [fault(0, "kill-master", 10.0, 20.0, [1])]
+def test_disconnects_by_kill_leave_takeover_and_refusal_are_excused() -> None:
+    faults = [fault(0, "kill-master", 10.0, 20.0, [1]), fault(1, "leave-rejoin", 60, 80, [3])]
     pub = Publisher("p2", 1883, "t", qos=2, version=4)
     pub.sent_at = {5: 30.0}
     pub.sent_via = {5: f"{N2}:1883"}
@@ -119,8 +119,12 @@ def test_disconnects_by_kill_takeover_and_refusal_are_excused() -> None:
         conn("s2", N3, 14.9, None, purpose="takeover"),
         conn("p2", N2, 25.0, 40.5, "server"),  # 3.1.1: PUBLISH held 10.5 s, then closed
         conn("s3", N3, 1.0, 50.0, "client"),  # closed by the client itself
+        conn("s4", N3, 1.0, 63.0, "server"),  # its node left (0x9C, another server)
     ]
     assert disconnects(history, faults, {"p2": pub}, 0.0, 10.0) == []
+    # A node that leaves sends off only its own clients.
+    elsewhere = [conn("s5", N2, 1.0, 63.0, "server")]
+    assert [d["client_id"] for d in disconnects(elsewhere, faults, {}, 0.0, 10.0)] == ["s5"]
 
 
 def test_unexplained_disconnects_are_reported_and_split_ones_are_g7() -> None:

@@ -6,9 +6,9 @@ message came twice, no order was broken (G1-G3), no epoch had two masters, every
 converged and the cluster came back to its full shape after the heal, retained messages agree
 on every node (G6), no client id had two live connections except across a cut that kept the
 server from closing the old one (G5), no subscription granted during a split is missing
-(G7), and no client was disconnected except by a kill of its node, by a takeover of its own
-session, or (a 3.1.1 publisher) as the refusal of a publish held past the failover hold (G7:
-clients are never disconnected merely because of a split).
+(G7), and no client was disconnected except by a kill or a leave of its node, by a takeover
+of its own session, or (a 3.1.1 publisher) as the refusal of a publish held past the failover
+hold (G7: clients are never disconnected merely because of a split).
 """
 
 from __future__ import annotations
@@ -28,6 +28,9 @@ AFTER_HEAL_S = 10.0
 # A network fault lasting this long must see the majority side serve in its last part.
 MAJORITY_SERVES_AFTER_S = 8.0
 KILL_KINDS = ("kill-master", "kill-follower", "kill-majority")
+# A node that leaves sends its clients elsewhere (DISCONNECT 0x9C/0x8B, or a close): G8's
+# "no client error beyond the reconnect of a stopped node's own clients".
+LEAVE_KINDS = ("leave-rejoin",)
 NETWORK_KINDS = ("isolate", "halves", "ring", "cut-agreement", "one-way")
 
 
@@ -102,7 +105,7 @@ def disconnects(
         if taken_over:
             continue
         if any(
-            f["kind"] in KILL_KINDS
+            f["kind"] in (*KILL_KINDS, *LEAVE_KINDS)
             and node in f["targets"]["nodes"]
             and f["start"] - 0.5 <= ended <= f["end"] + KILL_SLACK_S
             for f in faults
