@@ -87,6 +87,10 @@ class Dispatcher:
         ):
             self._answered(ticket, attempt, _LINK_DOWN)
 
+    def withdraw(self, ticket: Ticket) -> None:
+        """The caller gives a request up: never sent again (PartitionCommands.withdraw)."""
+        self._run(self.core.withdraw(ticket, self.clock()))
+
     def attach(self, p: int, cmd: pb.EdgeCommand, on_result: ResultCallback) -> Ticket:
         """AttachSession: ahead of p's held commands, and p's other commands wait for it."""
         ticket = Ticket(Kind.ATTACH, (p,), cmd, on_result)

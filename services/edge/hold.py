@@ -27,6 +27,14 @@ partition links. The rules (docs/failover.md, "The edge during a failover"), per
   every part has one (the first failure, else OK).
 - A command held longer than `hold` seconds is answered with a refusal naming the partition
   (status UNAVAILABLE: see `refused_by_hold`); one log line per partition and burst of refusals.
+  A request in flight is not: its master may still make it durable.
+- A caller may give a request up (`withdraw`: a CONNECT whose session did not open within the
+  bound, a client gone). Held, it is dropped unsent; in flight, it is never sent again: an
+  answer asking for that (its master was deposed, or cut off and then moved) ends it, and so
+  does the loss of its link. An OpenSession sent again after its client gave up would take
+  the session from the connection the client made since, through another node (fault seed
+  3032: a CONNECT to a node cut off from the others stayed in flight to that node's own
+  master, which could not commit it, and went again to the new master after the heal).
 """
 
 from __future__ import annotations
@@ -295,6 +303,23 @@ class PartitionCommands:
                 self.dropped_qos0 += 1
         return effects
 
+    def withdraw(self, ticket: Ticket, now: float) -> list[Effect]:
+        """The caller gives up on a request of one partition: held, it is dropped (what it
+        held back may go now); in flight, it will not be sent again (module docstring). Its
+        caller hears nothing more, but an answer that applied it (OK) or refused it."""
+        assert ticket.parent is None, "a whole request, not a part of one"
+        assert len(ticket.partitions) == 1, "a request of one partition"
+        ticket.withdrawn = True
+        if ticket.in_flight:
+            return []
+        (p,) = ticket.partitions
+        held = self._parts[p].held
+        if ticket not in held:
+            return []  # answered already
+        held.remove(ticket)
+        self.held -= 1
+        return self._pump(p, now)
+
     def answered(self, ticket: Ticket, attempt: int, result: pb.Result, now: float) -> list[Effect]:
         """The answer to a request's send number `attempt` (an answer to an earlier send, or
         to a request taken back, is ignored)."""
@@ -304,7 +329,8 @@ class PartitionCommands:
         effects: list[Effect] = []
         if result.status in SEND_AGAIN:
             self._mark(ticket, result, now)
-            self._requeue(ticket)
+            if not ticket.withdrawn:  # given up by its caller: not sent again, nobody told
+                self._requeue(ticket)
         else:
             self._answer(ticket, result, effects)
         for p in ticket.partitions:
@@ -495,7 +521,8 @@ class PartitionCommands:
             return
         for ticket in sorted(tickets.values(), key=lambda t: t.serial):
             self._unflight(ticket)
-            self._requeue(ticket)
+            if not ticket.withdrawn:
+                self._requeue(ticket)
 
     def _requeue(self, ticket: Ticket) -> None:
         """Back among the held commands of its partitions, in its original place. A copy of

@@ -70,6 +70,8 @@ class Ticket:
     parent: Ticket | None = None
     parts_left: int = 0
     failure: pb.Result | None = None
+    # The caller gave up on it (PartitionCommands.withdraw): never sent again.
+    withdrawn: bool = False
 
     @property
     def sent_to(self) -> Route | None:

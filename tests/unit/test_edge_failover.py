@@ -332,6 +332,50 @@ def test_a_command_held_again_keeps_its_first_submission_time_for_the_bound() ->
     assert len([e for e in effects if isinstance(e, Log)]) == 1
 
 
+def test_a_withdrawn_request_is_never_sent_again() -> None:
+    """Fault seed 3032: an OpenSession in flight to a master that could not commit it (cut off
+    with the edge's node) came back WRONG_MASTER after the heal and went to the new master,
+    taking the session from the connection its client had made meanwhile elsewhere. Once the
+    edge gives the CONNECT up, nothing of it goes again."""
+    w = World({0: ("n1", 1)})
+    (a,) = sends(w.request(0, "a")[1])
+    w.now = HOLD + 1
+    assert w.run(w.core.withdraw(a.ticket, w.now)) == []
+    assert w.set_view(view(2, {0: ("n2", 2)})) == []  # the old master's answer is awaited
+    assert w.answer(a, SC.STATUS_CODE_WRONG_MASTER) == []
+    assert w.heard.statuses() == []
+    assert w.core.held == 0
+    _b, effects = w.request(0, "b")
+    assert sent(effects) == [("b", "n2", 2)]  # the partition is open: nothing waits for a
+
+
+def test_a_withdrawn_request_lost_with_its_link_or_answered_is_ended() -> None:
+    w = World({0: ("n1", 1)})
+    (a,) = sends(w.request(0, "a")[1])
+    w.core.withdraw(a.ticket, w.now)
+    w.link_down("n1")
+    assert w.core.held == 0
+    assert w.link_up("n1") == []
+    # An answer that applied it still reaches its caller (who lets the session go).
+    w2 = World({0: ("n1", 1)})
+    (c,) = sends(w2.request(0, "c")[1])
+    w2.core.withdraw(c.ticket, w2.now)
+    w2.answer(c)
+    assert w2.heard.statuses() == [("c", SC.STATUS_CODE_OK)]
+
+
+def test_a_withdrawn_held_request_is_dropped_and_lets_the_next_go() -> None:
+    w = World({0: ("n1", 1)}, up=())
+    a, _ = w.request(0, "a")
+    w.request(0, "b")
+    assert w.core.held == 2
+    assert w.run(w.core.withdraw(a, w.now)) == []  # the link is still down
+    assert w.core.held == 1
+    assert sent(w.link_up("n1")) == [("b", "n1", 1)]
+    w.tick(HOLD * 2)
+    assert w.heard.statuses() == []  # neither refused (withdrawn) nor answered (in flight)
+
+
 def test_the_hold_must_be_positive() -> None:
     with pytest.raises(ValueError, match="failover hold must be more than 0 seconds"):
         PartitionCommands(0)
