@@ -44,6 +44,7 @@ class Sampler:
     binary: str
     outdir: Path
     stem: str
+    rate_hz: int = RATE_HZ
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)
     logs: dict[str, Path] = field(default_factory=dict)
@@ -65,7 +66,7 @@ class Sampler:
                         "--duration",
                         str(max(1, round(duration))),
                         "--rate",
-                        str(RATE_HZ),
+                        str(self.rate_hz),
                         "--format",
                         "raw",
                         "--output",
@@ -127,13 +128,15 @@ def rank(collapsed: str, top: int = 25) -> dict[str, Any]:
     return {"samples": total, "self": table(own), "inclusive": table(inclusive)}
 
 
-def format_report(results: dict[str, Any], header: str, top: int = 25) -> str:
+def format_report(
+    results: dict[str, Any], header: str, top: int = 25, rate_hz: int = RATE_HZ
+) -> str:
     lines = [header, ""]
     for role, result in results.items():
         if "error" in result:
             lines += [f"== {role}: no profile ({result['error']})", ""]
             continue
-        lines.append(f"== {role}: {result['samples']} samples at {RATE_HZ} Hz ({result['raw']})")
+        lines.append(f"== {role}: {result['samples']} samples at {rate_hz} Hz ({result['raw']})")
         for kind in ("self", "inclusive"):
             lines.append(f"-- {kind} time")
             lines += [
