@@ -18,6 +18,7 @@ from hexmq.grpc_options import LINK_OPTIONS
 from hexmq.health import NOT_SERVING, SERVING, add_health
 from hexmq.netaddr import parse_hostport
 from hexmq.node_protocol import THIS_RELEASE
+from hexmq.pacing import add_batch_interval_argument, apply_batch_interval
 from hexmq.service import (
     StopEvent,
     add_observability_arguments,
@@ -98,6 +99,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a Redis command (or connect) that takes longer fails, and the service stops: its "
         "partitions fail over (default %(default)g)",
     )
+    add_batch_interval_argument(parser)
     parser.add_argument("--log-level", default="INFO")
     add_observability_arguments(parser)
 
@@ -120,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         check_leave_timeout(args.leave_timeout)
         if not args.redis.startswith(("redis://", "unix://")):
             raise ValueError(f"--redis must be a redis:// or unix:// URL, got {args.redis!r}")
+        apply_batch_interval(args)
     except ValueError as exc:
         log.error("%s", exc)
         return 2

@@ -37,8 +37,10 @@ from typing import NamedTuple, cast
 
 import redis.asyncio as redis
 
+from hexmq import telemetry
 from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.pacing import FlushPacer
 from hexmq.service import cancel_and_wait
 from services.partition.replication import (
     DEL,
@@ -93,6 +95,9 @@ def handoff_key(p: int) -> str:
 def meta_key(p: int) -> str:
     return f"hx:{p}:meta"
 
+
+# Writes that make a group-commit batch worth sending without waiting out the pacing interval.
+FULL_COMMIT = 1024
 
 # Connections to the node's Redis at most. Reads for snapshots run concurrently with the group
 # commit and the loads; after a churn of views a master can owe dozens of snapshots at once.
@@ -261,6 +266,8 @@ class GroupCommit:
         self._oks: list[tuple[Callable[[int], None], int, Scope | None]] = []
         self._finishers: list[Callable[[WriteBatch], None]] = []
         self._wake = asyncio.Event()
+        self._pacer = FlushPacer(full=FULL_COMMIT)
+        self._linger = telemetry.METRICS.linger("group_commit")
         self._task: asyncio.Task[None] | None = None
         # The command being handled (set by the partition node around each handler).
         self.scope: Scope | None = None
@@ -315,9 +322,18 @@ class GroupCommit:
             await self._flush()
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        pacer, linger = self._pacer, self._linger
         while True:
             await self._wake.wait()
             self._wake.clear()
+            # One MULTI/EXEC in flight, and at most one per pacing interval (hexmq/pacing.py):
+            # the writes of commands handled meanwhile join the batch.
+            delay = pacer.delay(loop.time(), self.gathering)
+            if delay:
+                await asyncio.sleep(delay)
+            pacer.sent(loop.time())
+            linger.record(self.gathering, delay)
             try:
                 await self._flush()
             except asyncio.CancelledError:
