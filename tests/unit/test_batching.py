@@ -1,13 +1,22 @@
 """Batches that follow the load (issue 14): the pacer every batching stage asks when to send
-(hexmq/pacing.py)."""
+(hexmq/pacing.py), the Redis commands a batch of storage ops becomes (services/partition/
+store.py apply_ops), and one Delivery per session per released batch (services/partition/
+delivery.py)."""
 
 from __future__ import annotations
 
 import math
+import random
+from typing import Any
 
 import pytest
 
+from hexmq.api.common.v1 import common_pb2 as cpb
+from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.pacing import FlushPacer, Linger
+from services.partition.replication import DEL, HDEL, HSET, Op
+from services.partition.store import apply_ops
+from tests.support.partition_harness import EPOCH, Edge, P, make_node
 
 # ----- the pacer ----------------------------------------------------------------------------
 
@@ -85,3 +94,120 @@ def test_linger_exports_to_its_counters() -> None:
     linger.record(1, 0.0)
     assert (linger.batches, linger.items) == (2, 4)
     assert (batches.value, items.value, seconds.value) == (2, 4, 0.0005)
+
+
+# ----- storage ops as Redis commands ----------------------------------------------------------
+
+
+class RecordingPipe:
+    """The three commands apply_ops uses, recorded and applied to a model of Redis hashes."""
+
+    def __init__(self) -> None:
+        self.commands: list[tuple[Any, ...]] = []
+        self.hashes: dict[str, dict[bytes, bytes]] = {}
+
+    def hset(self, key: str, mapping: dict[bytes, bytes]) -> None:
+        self.commands.append(("HSET", key, dict(mapping)))
+        self.hashes.setdefault(key, {}).update(mapping)
+
+    def hdel(self, key: str, *fields: bytes) -> None:
+        self.commands.append(("HDEL", key, fields))
+        h = self.hashes.get(key, {})
+        for f in fields:
+            h.pop(f, None)
+        if not h:
+            self.hashes.pop(key, None)
+
+    def delete(self, key: str) -> None:
+        self.commands.append(("DEL", key))
+        self.hashes.pop(key, None)
+
+
+def one_by_one(ops: list[Op]) -> dict[str, dict[bytes, bytes]]:
+    pipe = RecordingPipe()
+    for kind, key, fld, value in ops:
+        if kind == HSET:
+            pipe.hset(key, {fld: value})
+        elif kind == HDEL:
+            pipe.hdel(key, fld)
+        else:
+            pipe.delete(key)
+    return pipe.hashes
+
+
+def test_interleaved_ops_become_one_command_per_key() -> None:
+    """Two subscribers' messages queued in one batch, interleaved, then their session records:
+    one HSET per key, not one per message."""
+    ops: list[Op] = []
+    for mid in range(1, 4):
+        for cid in ("a", "b"):
+            ops.append((HSET, f"hx:{{3}}:q:{cid}", b"%d" % mid, b"m"))
+    ops += [(HSET, "hx:{3}:sessions", b"a", b"ra"), (HSET, "hx:{3}:sessions", b"b", b"rb")]
+    pipe = RecordingPipe()
+    apply_ops(pipe, ops)  # type: ignore[arg-type]
+    assert [c[:2] for c in pipe.commands] == [
+        ("HSET", "hx:{3}:q:a"),
+        ("HSET", "hx:{3}:q:b"),
+        ("HSET", "hx:{3}:sessions"),
+    ]
+    assert pipe.hashes == one_by_one(ops)
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_grouped_ops_leave_redis_as_the_ops_one_by_one_do(seed: int) -> None:
+    rng = random.Random(seed)
+    keys = [f"hx:{{1}}:k{i}" for i in range(3)]
+    fields = [b"f%d" % i for i in range(3)]
+    ops: list[Op] = []
+    for _ in range(rng.randrange(1, 30)):
+        kind = rng.choice((HSET, HSET, HDEL, DEL))
+        key = rng.choice(keys)
+        if kind == DEL:
+            ops.append((DEL, key, b"", b""))
+        else:
+            ops.append((kind, key, rng.choice(fields), b"v%d" % rng.randrange(100)))
+    pipe = RecordingPipe()
+    apply_ops(pipe, ops)  # type: ignore[arg-type]
+    assert pipe.hashes == one_by_one(ops)
+    assert len(pipe.commands) <= len(ops)
+
+
+# ----- deliveries ---------------------------------------------------------------------------
+
+
+def test_messages_made_durable_together_leave_in_one_delivery_per_session() -> None:
+    node, commit = make_node()
+    edge = Edge(node, "e1")
+    for cid in ("a", "b"):
+        edge.command(
+            cid,
+            open_session=pb.OpenSession(
+                client_id=cid, connection_id=f"{cid}1", session_expiry_s=600, receive_maximum=10
+            ),
+        )
+        edge.command(
+            cid,
+            subscribe=pb.Subscribe(
+                client_id=cid,
+                connection_id=f"{cid}1",
+                subscriptions=[pb.SubscriptionSpec(filter="t/#", qos=1)],
+            ),
+        )
+    node.handle(edge.link, pb.EdgeCommand(index_ack=pb.IndexAck(seq=node.index_barrier.seq)))
+    commit.durable()
+    edge.heard()
+    for i in range(3):
+        message = cpb.Message(topic=f"t/{i}", payload=b"%d" % i, qos=1, publisher_id="p")
+        edge.command(
+            "p",
+            publish=pb.Publish(
+                message=message, targets=[pb.PartitionTarget(partition=P, epoch=EPOCH)]
+            ),
+        )
+    commit.durable()
+    results, deliveries = edge.heard()
+    assert len(results) == 3
+    assert sorted(d.client_id for d in deliveries) == ["a", "b"]
+    for d in deliveries:
+        assert [m.message.payload for m in d.messages] == [b"0", b"1", b"2"]
+        assert [m.message_id for m in d.messages] == [1, 2, 3]
