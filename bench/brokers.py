@@ -137,6 +137,8 @@ class Hexmq(Broker):
         self.node_pids: list[dict[str, int]] = []
         # The cluster's agreement server (hexmq consul-dev), counted with the cluster's CPU.
         self.agreement_pid: int | None = None
+        # Every service's Prometheus port (bench/moderate.py reads the batching counters).
+        self.metrics_ports: list[int] = []
 
     def _cli(self, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -191,6 +193,9 @@ class Hexmq(Broker):
 
         self.pids = {key(node, role): pid for node in nodes for role, pid in node["pids"].items()}
         self.node_pids = [dict(node["pids"]) for node in nodes]
+        self.metrics_ports = [
+            port for node in nodes for port in (node.get("metrics_ports") or {}).values() if port
+        ]
         self.agreement_pid = (summary.get("consul") or {}).get("pid")
         if self.agreement_pid:
             suffix = "" if self.nodes == 1 else f"-rf{self.rf}"

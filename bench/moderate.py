@@ -30,9 +30,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +183,50 @@ def derive(run: dict[str, Any], topology: str) -> dict[str, Any]:
     return run
 
 
+_BATCH_LINE = re.compile(
+    r'^hexmq_(batches|batched_items|batch_linger_seconds)_total\{stage="([a-z_]+)"\} (\S+)$'
+)
+
+
+def batch_counters(ports: list[int]) -> dict[str, dict[str, float]]:
+    """The hexmq_batch_* counters of every service, summed per stage (empty for a hexmq that
+    has none: the baseline before pacing)."""
+    totals: dict[str, dict[str, float]] = {}
+    for port in ports:
+        try:
+            with urllib.request.urlopen(f"http://{LOOPBACK}:{port}/metrics", timeout=5) as reply:
+                text = reply.read().decode()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            m = _BATCH_LINE.match(line)
+            if m:
+                kind, stage, value = m.groups()
+                stage_totals = totals.setdefault(stage, {})
+                stage_totals[kind] = stage_totals.get(kind, 0.0) + float(value)
+    return totals
+
+
+def batching(
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]
+) -> dict[str, Any]:
+    """Per stage over a run: batches sent, items per batch, and the mean wait per batch."""
+    out: dict[str, Any] = {}
+    for stage, end in sorted(after.items()):
+        start = before.get(stage, {})
+        batches = end.get("batches", 0.0) - start.get("batches", 0.0)
+        if batches <= 0:
+            continue
+        items = end.get("batched_items", 0.0) - start.get("batched_items", 0.0)
+        waited = end.get("batch_linger_seconds", 0.0) - start.get("batch_linger_seconds", 0.0)
+        out[stage] = {
+            "batches": int(batches),
+            "items_per_batch": round(items / batches, 2),
+            "linger_us_per_batch": round(waited / batches * 1e6, 1),
+        }
+    return out
+
+
 def rss_kib(pid: int) -> int | None:
     """Resident memory of a process, in KiB (None if it is gone)."""
     try:
@@ -276,7 +322,11 @@ class ModerateSuite:
                 turn.append(mosquitto)
             for rate in args.rates:
                 for broker in turn:
+                    ports = broker.metrics_ports if isinstance(broker, Hexmq) else []
+                    before = batch_counters(ports)
                     run = derive(bench.run(broker, SCENARIO, rate), topology)
+                    if ports:
+                        run["batching"] = batching(before, batch_counters(ports))
                     if isinstance(broker, Hexmq) and (topology, rate) in args.profile:
                         self.profile(broker, topology, rate, run)
             mosquitto_done = mosquitto_done or mosquitto in turn
@@ -413,6 +463,17 @@ def print_summary(doc: dict[str, Any], path: Path) -> None:
     )
     print()
     print(report._table(*table(doc)))
+    batched = [r for r in doc["runs"] if r.get("batching")]
+    if batched:
+        print()
+        print("batches per stage over each run (whole run: warm-up, window, drain):")
+        for run in batched:
+            stages = ", ".join(
+                f"{stage} {b['items_per_batch']:.1f}/batch ({b['batches']:,} batches, "
+                f"{b['linger_us_per_batch']:.0f} us wait)"
+                for stage, b in run["batching"].items()
+            )
+            print(f"  {run['label']} at {run['rate']:,}/s: {stages}")
     if doc.get("memory"):
         print()
         print(report._table(*memory_rows(doc)))
