@@ -135,6 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="repeat that run with py-spy on every Python process of each hexmq (needs "
         "py-spy: pip install py-spy); repeatable",
     )
+    p.add_argument(
+        "--profile-native",
+        action="store_true",
+        help="--profile with native frames (py-spy --native): C time (garbage collection, "
+        "protobuf, gRPC's core) under its own name",
+    )
     p.add_argument("--drain-timeout", type=_positive(float), default=15.0, metavar="S")
     p.add_argument("--quiet-wait", type=float, default=5.0, metavar="S")
     p.add_argument("--redo-disturbed", type=int, default=0, metavar="N")
@@ -351,7 +357,13 @@ class ModerateSuite:
         if broker.agreement_pid:
             targets["agreement"] = broker.agreement_pid
         stem = f"{self.stem}-profile-{broker.name}-{topology}-{rate}"
-        sampler = pyspy.Sampler(binary, report.RESULTS_DIR, stem, rate_hz=PROFILE_RATE_HZ)
+        sampler = pyspy.Sampler(
+            binary,
+            report.RESULTS_DIR,
+            stem,
+            rate_hz=PROFILE_RATE_HZ,
+            native=self.args.profile_native,
+        )
         print(f"bench: --profile: py-spy on {broker.label} {targets}", file=sys.stderr)
         again = self.bench.run(
             broker,

@@ -45,6 +45,10 @@ class Sampler:
     outdir: Path
     stem: str
     rate_hz: int = RATE_HZ
+    # Native frames too (py-spy --native): time in C (the garbage collector, protobuf, gRPC's
+    # core) shows under its own name instead of as the calling Python frame's self time. The
+    # target is paused for each sample then (py-spy cannot read native stacks otherwise).
+    native: bool = False
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)
     logs: dict[str, Path] = field(default_factory=dict)
@@ -71,7 +75,8 @@ class Sampler:
                         "raw",
                         "--output",
                         str(out),
-                        "--nonblocking",
+                        # --native needs the target paused while it reads its stack.
+                        *(["--native"] if self.native else ["--nonblocking"]),
                     ],
                     stdin=subprocess.DEVNULL,
                     stdout=errors,
