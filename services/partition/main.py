@@ -157,7 +157,10 @@ def run(args: argparse.Namespace) -> int:
         # This process's incarnation: the view admits the node only with the partition service
         # that runs now (a restart is a new incarnation, docs/failover.md).
         incarnation = time.time_ns()
-        commit = GroupCommit(client, replicator, storage_failed)
+        # The hot path's two writers (group commit, follower writes) share a small client of
+        # their own without per-reply timeouts; each MULTI/EXEC has --redis-timeout in all.
+        writer = redis_client(args.redis, args.redis_timeout, max_connections=4, per_reply=False)
+        commit = GroupCommit(writer, replicator, storage_failed, write_timeout=args.redis_timeout)
         store = RedisStore(client)
         agent = AgreementClient(args.membership, incarnation)
         replication = ReplicationDriver(
@@ -168,6 +171,8 @@ def run(args: argparse.Namespace) -> int:
             tick_s=TICK_S,
             incarnation=incarnation,
             agent=agent,
+            writer=writer,
+            write_timeout=args.redis_timeout,
         )
         limits = QueueLimits(args.max_queued_messages, args.queue_overflow == "drop-oldest")
         seen = SeenOrigins(int(args.qos2_dedupe_retention * 1000))
@@ -248,6 +253,7 @@ def run(args: argparse.Namespace) -> int:
         await watcher.stop()
         await agent.close()
         await client.aclose()
+        await writer.aclose()
         await obs.close()
         return exit_code
 

@@ -54,6 +54,7 @@ from services.partition.store import (
     StorageFailed,
     apply_ops,
     put_position,
+    timed_execute,
 )
 
 log = logging.getLogger(__name__)
@@ -257,9 +258,15 @@ class ReplicationDriver:
         tick_s: float = 0.1,
         incarnation: int = 0,
         agent: AgreementClient | None = None,
+        writer: redis.Redis | None = None,
+        write_timeout: float | None = None,
     ) -> None:
         self.core = core
         self.store = store
+        # The client the follower's writes go through (the store's, unless the service gives
+        # one without per-reply timeouts: then each MULTI/EXEC has write_timeout in all).
+        self._writer = writer if writer is not None else store.client
+        self._write_timeout = write_timeout
         self.tick_s = tick_s
         self.incarnation = incarnation
         self.roles: RoleListener | None = None
@@ -513,7 +520,8 @@ class ReplicationDriver:
     # ----- follower side -----------------------------------------------------------------
 
     async def _write_loop(self) -> None:
-        client = self.store.client
+        client = self._writer
+        timeout = self._write_timeout
         core = self.core
         loop = asyncio.get_running_loop()
         pacer, linger = FlushPacer(full=FULL_PERSIST), telemetry.METRICS.linger("replica_write")
@@ -535,14 +543,14 @@ class ReplicationDriver:
                 for persist in batches:
                     if persist.clear and len(pipe):
                         # Read what to drop only after the writes before it are in.
-                        await pipe.execute()
+                        await timed_execute(pipe, timeout)
                         pipe = client.pipeline(transaction=True)
                     for p in persist.clear:
                         pipe.delete(*await self.store.partition_keys(p))
                     apply_ops(pipe, persist.ops)
                     for p, pos in persist.positions.items():
                         put_position(pipe, p, pos, persist.histories.get(p))
-                await pipe.execute()
+                await timed_execute(pipe, timeout)
             except (redis.RedisError, OSError) as exc:
                 self._on_failure(StorageFailed(f"redis write of replicated entries failed: {exc}"))
                 return
