@@ -494,11 +494,7 @@ def print_summary(doc: dict[str, Any], path: Path) -> None:
             print(f"\nprofile: unavailable: {profile['error']}")
         else:
             print(f"\nprofile of {profile['broker']} at {profile['rate']:,}/s: {profile['file']}")
-    for name, info in doc["brokers"].items():
-        for log, found in info["findings"].items():
-            print(f"\n{name} log {log}: {found['count']} warning/error line(s), first:")
-            for line in found["first"]:
-                print(f"    {line}")
+    report.print_findings(doc)
     print(f"\nresults: {path}")
 
 
