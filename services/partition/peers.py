@@ -534,10 +534,10 @@ class ReplicationDriver:
             if delay:
                 await asyncio.sleep(delay)
             pacer.sent(loop.time())
-            linger.record(len(self._persist), delay)
             batches, self._persist = self._persist, []
             if not batches:
                 continue
+            linger.record(len(batches), delay)
             pipe = client.pipeline(transaction=True)
             try:
                 for persist in batches:
