@@ -265,7 +265,7 @@ class ReplicationDriver:
         self.store = store
         # The client the follower's writes go through (the store's, unless the service gives
         # one without per-reply timeouts: then each MULTI/EXEC has write_timeout in all).
-        self._writer = writer if writer is not None else store.client
+        self._writer = writer
         self._write_timeout = write_timeout
         self.tick_s = tick_s
         self.incarnation = incarnation
@@ -520,7 +520,7 @@ class ReplicationDriver:
     # ----- follower side -----------------------------------------------------------------
 
     async def _write_loop(self) -> None:
-        client = self._writer
+        client = self._writer if self._writer is not None else self.store.client
         timeout = self._write_timeout
         core = self.core
         loop = asyncio.get_running_loop()
