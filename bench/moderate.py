@@ -146,6 +146,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--redo-disturbed", type=int, default=0, metavar="N")
     p.add_argument("--keep", action="store_true", help="keep the brokers' directories and logs")
     p.add_argument("--out", type=Path, help="JSON results file (default bench/results/...)")
+    p.add_argument(
+        "--table",
+        type=Path,
+        metavar="RESULTS.json",
+        help="print that results file's tables as Markdown (for docs/benchmarks.md) and exit",
+    )
     return p
 
 
@@ -500,6 +506,13 @@ def print_summary(doc: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.table is not None:
+        doc = json.loads(args.table.read_text())
+        print(report.markdown_table(*table(doc)))
+        if doc.get("memory"):
+            print()
+            print(report.markdown_table(*memory_rows(doc)))
+        return 0
     names = ["hexmq", "mosquitto"] if args.broker == "both" else [args.broker]
     if args.baseline and not Path(args.baseline).exists():
         raise SystemExit(f"bench: --baseline {args.baseline}: no such interpreter")
