@@ -5,6 +5,7 @@ delivery.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 from typing import Any
@@ -138,10 +139,9 @@ def one_by_one(ops: list[Op]) -> dict[str, dict[bytes, bytes]]:
 def test_interleaved_ops_become_one_command_per_key() -> None:
     """Two subscribers' messages queued in one batch, interleaved, then their session records:
     one HSET per key, not one per message."""
-    ops: list[Op] = []
-    for mid in range(1, 4):
-        for cid in ("a", "b"):
-            ops.append((HSET, f"hx:{{3}}:q:{cid}", b"%d" % mid, b"m"))
+    ops: list[Op] = [
+        (HSET, f"hx:{{3}}:q:{cid}", b"%d" % mid, b"m") for mid in range(1, 4) for cid in ("a", "b")
+    ]
     ops += [(HSET, "hx:{3}:sessions", b"a", b"ra"), (HSET, "hx:{3}:sessions", b"b", b"rb")]
     pipe = RecordingPipe()
     apply_ops(pipe, ops)  # type: ignore[arg-type]
@@ -211,3 +211,49 @@ def test_messages_made_durable_together_leave_in_one_delivery_per_session() -> N
     for d in deliveries:
         assert [m.message.payload for m in d.messages] == [b"0", b"1", b"2"]
         assert [m.message_id for m in d.messages] == [1, 2, 3]
+
+
+# ----- paced stages -------------------------------------------------------------------------
+
+
+async def test_a_partition_link_sends_a_lone_answer_at_once_and_gathers_the_next_ones() -> None:
+    from services.partition.links import EdgeLink
+
+    link = EdgeLink("e1", 1)
+    link._pacer.interval = 0.05
+    loop = asyncio.get_running_loop()
+    link.ok(1)
+    started = loop.time()
+    first = await link.frames()
+    assert list(first[0].ok_request_ids) == [1]
+    assert loop.time() - started < 0.04  # nothing sent before: no wait
+
+    async def answer_later() -> None:
+        for rid in (2, 3, 4):
+            link.ok(rid)
+            await asyncio.sleep(0.005)
+
+    feeder = asyncio.create_task(answer_later())
+    second = await link.frames()
+    await feeder
+    # Within the interval after the first frame: the three answers leave together.
+    assert list(second[0].ok_request_ids) == [2, 3, 4]
+    assert loop.time() - started >= 0.045
+    assert (link._linger.batches, link._linger.items) == (2, 4)
+
+
+async def test_a_replication_feed_gathers_entries_within_the_interval() -> None:
+    from services.partition.peers import Outbox
+
+    outbox = Outbox()
+    outbox._pacer.interval = 0.05
+    item = pb.ReplicationItem(start=pb.FeedStart(partition=1, epoch=1, from_seq=1))
+    frames = outbox.frames()
+    outbox.push([item])
+    first = await anext(frames)
+    assert len(first.items) == 1
+    outbox.push([item])
+    outbox.push([item, item])
+    second = await anext(frames)
+    assert len(second.items) == 3
+    outbox.close()
