@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="hexmq at fixed moderate rates (QoS 1 pairs, publishers on node 1, "
         "subscribers on node 2) on one node and on 3 nodes at RF 1 and 3, beside mosquitto: "
         "latency, delivered rate, deliveries per CPU-second of the whole cluster, and memory "
-        "per 1,000 idle connections. About 4 minutes on 2 cores (8 with --baseline).",
+        "per 1,000 idle connections. About 6 minutes on 2 cores (12 with --baseline).",
     )
     p.add_argument("--broker", choices=("hexmq", "mosquitto", "both"), default="both")
     p.add_argument(
