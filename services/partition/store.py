@@ -117,8 +117,8 @@ def redis_client(
     `per_reply` False: no socket timeout, so redis-py neither sends through asyncio.wait_for (a
     task per send) nor reads each reply under its own asyncio.timeout; the caller bounds each
     pipeline as a whole (`timed_execute`). For the two writers of the hot path (the group commit
-    and the follower's writes), where those took a sixth of a partition service's busy time at
-    moderate load."""
+    and the follower's writes): redis-py took 11-19% of a partition service's busy time at
+    moderate load, the timeouts a fifth to a quarter of that (py-spy, docs/benchmarks.md)."""
     pool = redis.BlockingConnectionPool.from_url(
         url,
         max_connections=max_connections,
