@@ -118,7 +118,7 @@ def redis_client(
     task per send) nor reads each reply under its own asyncio.timeout; the caller bounds each
     pipeline as a whole (`timed_execute`). For the two writers of the hot path (the group commit
     and the follower's writes): redis-py took 11-19% of a partition service's busy time at
-    moderate load, the timeouts a fifth to a quarter of that (py-spy, docs/benchmarks.md)."""
+    moderate load, a third of that in the timeouts (py-spy, docs/benchmarks.md)."""
     pool = redis.BlockingConnectionPool.from_url(
         url,
         max_connections=max_connections,
