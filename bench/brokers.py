@@ -122,16 +122,27 @@ class Broker:
 
 
 class Hexmq(Broker):
-    """`hexmq cluster up --nodes N --rf R` in a temporary directory; `cluster down` to stop."""
+    """`hexmq cluster up --nodes N --rf R` in a temporary directory; `cluster down` to stop.
 
-    def __init__(self, nodes: int = 1, rf: int = 1) -> None:
-        super().__init__("hexmq", nodes=nodes, rf=rf)
+    `python` runs the hexmq of another checkout (its venv's interpreter) under the name
+    `hexmq-<variant>`: the moderate-load suite compares a baseline commit with this one in
+    one session of runs (bench/moderate.py --baseline)."""
+
+    def __init__(
+        self, nodes: int = 1, rf: int = 1, *, python: str | None = None, variant: str = ""
+    ) -> None:
+        super().__init__(f"hexmq-{variant}" if variant else "hexmq", nodes=nodes, rf=rf)
+        self.python = python or sys.executable
         # Per node (in order), its processes by role: what --profile attaches to.
         self.node_pids: list[dict[str, int]] = []
+        # The cluster's agreement server (hexmq consul-dev), counted with the cluster's CPU.
+        self.agreement_pid: int | None = None
+        # Every service's Prometheus port (bench/moderate.py reads the batching counters).
+        self.metrics_ports: list[int] = []
 
     def _cli(self, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "hexmq.cli", *args],
+            [self.python, "-m", "hexmq.cli", *args],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -168,18 +179,27 @@ class Hexmq(Broker):
         )
         if done.returncode != 0:
             raise BrokerFailure(f"hexmq cluster up failed ({done.returncode}): {done.stderr}")
-        nodes = json.loads(done.stdout)["nodes"]
+        summary = json.loads(done.stdout)
+        nodes = summary["nodes"]
         self.ports = [node["mqtt_port"] for node in nodes]
         self.port = self.ports[0]
         # One node keeps the names of the one-node benchmark; several are told apart by node.
-        self.pids = {
-            (
-                f"hexmq-{role}" if self.nodes == 1 else f"hexmq-rf{self.rf}-n{node['node']}-{role}"
-            ): pid
-            for node in nodes
-            for role, pid in node["pids"].items()
-        }
+        name = self.name
+
+        def key(node: dict[str, Any], role: str) -> str:
+            if self.nodes == 1:
+                return f"{name}-{role}"
+            return f"{name}-rf{self.rf}-n{node['node']}-{role}"
+
+        self.pids = {key(node, role): pid for node in nodes for role, pid in node["pids"].items()}
         self.node_pids = [dict(node["pids"]) for node in nodes]
+        self.metrics_ports = [
+            port for node in nodes for port in (node.get("metrics_ports") or {}).values() if port
+        ]
+        self.agreement_pid = (summary.get("consul") or {}).get("pid")
+        if self.agreement_pid:
+            suffix = "" if self.nodes == 1 else f"-rf{self.rf}"
+            self.pids[f"{name}{suffix}-agreement"] = self.agreement_pid
         if self.rf > 1:
             self._wait_in_sync(timeout=30)
 

@@ -386,6 +386,7 @@ def clients_for(scenario: Scenario, args: argparse.Namespace) -> int:
         "fanin": args.fanin_publishers,
         "fanout": args.fanout_subscribers,
         "pairs": args.pairs,
+        "split": args.pairs,
     }
     return int(per_shape[scenario.shape])
 

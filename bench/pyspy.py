@@ -44,6 +44,11 @@ class Sampler:
     binary: str
     outdir: Path
     stem: str
+    rate_hz: int = RATE_HZ
+    # Native frames too (py-spy --native): time in C (the garbage collector, protobuf, gRPC's
+    # core) shows under its own name instead of as the calling Python frame's self time. The
+    # target is paused for each sample then (py-spy cannot read native stacks otherwise).
+    native: bool = False
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)
     logs: dict[str, Path] = field(default_factory=dict)
@@ -65,12 +70,13 @@ class Sampler:
                         "--duration",
                         str(max(1, round(duration))),
                         "--rate",
-                        str(RATE_HZ),
+                        str(self.rate_hz),
                         "--format",
                         "raw",
                         "--output",
                         str(out),
-                        "--nonblocking",
+                        # --native needs the target paused while it reads its stack.
+                        *(["--native"] if self.native else ["--nonblocking"]),
                     ],
                     stdin=subprocess.DEVNULL,
                     stdout=errors,
@@ -127,13 +133,15 @@ def rank(collapsed: str, top: int = 25) -> dict[str, Any]:
     return {"samples": total, "self": table(own), "inclusive": table(inclusive)}
 
 
-def format_report(results: dict[str, Any], header: str, top: int = 25) -> str:
+def format_report(
+    results: dict[str, Any], header: str, top: int = 25, rate_hz: int = RATE_HZ
+) -> str:
     lines = [header, ""]
     for role, result in results.items():
         if "error" in result:
             lines += [f"== {role}: no profile ({result['error']})", ""]
             continue
-        lines.append(f"== {role}: {result['samples']} samples at {RATE_HZ} Hz ({result['raw']})")
+        lines.append(f"== {role}: {result['samples']} samples at {rate_hz} Hz ({result['raw']})")
         for kind in ("self", "inclusive"):
             lines.append(f"-- {kind} time")
             lines += [

@@ -373,12 +373,17 @@ def print_summary(doc: dict[str, Any], path: Path) -> None:
                 print(f"  {role} ({result['samples']} samples), self time:")
                 for entry in result["self"][:8]:
                     print(f"    {entry['pct']:5.1f}%  {entry['function']}")
+    print_findings(doc)
+    print(f"\nresults: {path}")
+
+
+def print_findings(doc: dict[str, Any]) -> None:
+    """The warning and error lines found in the brokers' logs."""
     for name, info in doc["brokers"].items():
         for log, found in info["findings"].items():
             print(f"\n{name} log {log}: {found['count']} warning/error line(s), first:")
             for line in found["first"]:
                 print(f"    {line}")
-    print(f"\nresults: {path}")
 
 
 def main(argv: list[str] | None = None) -> int:

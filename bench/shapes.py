@@ -12,6 +12,9 @@ Against a single broker (mosquitto, one hexmq node) every port is the same one.
   round robin starting at the second node.
 - **pairs**: N publishers, each with its own subscriber on its own topic; publisher i on node
   i mod nodes, its subscriber on the next node.
+- **split**: pairs as above, but every publisher on the first node and every subscriber on the
+  second (the moderate-load suite, bench/moderate.py: each message crosses from one edge to
+  another, as the issue's measurements did). With one port, all on it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 SHAPES = ("fanin", "fanout", "pairs")
+# Shapes the moderate-load suite uses (not part of the cluster suite's SHAPES).
+EXTRA_SHAPES = ("split",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +86,12 @@ def layout(shape: str, clients: int, ports: list[int], prefix: str) -> Layout:
             {"index": i, "port": node(i + 1), "filter": _topic(prefix, i), "publishers": [i]}
             for i in range(clients)
         ]
+    elif shape == "split":
+        pubs = [{"index": i, "port": node(0), "topic": _topic(prefix, i)} for i in range(clients)]
+        subs = [
+            {"index": i, "port": node(1), "filter": _topic(prefix, i), "publishers": [i]}
+            for i in range(clients)
+        ]
     else:
-        raise ValueError(f"shape must be one of {SHAPES}, got {shape!r}")
+        raise ValueError(f"shape must be one of {SHAPES + EXTRA_SHAPES}, got {shape!r}")
     return Layout(shape, pubs, subs)

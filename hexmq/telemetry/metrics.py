@@ -32,6 +32,7 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
 from hexmq.node_protocol import FEATURES, ClusterProtocol
+from hexmq.pacing import Linger
 from hexmq.readiness import STARTING, Readiness
 
 # gRPC calls inside a cluster take ~0.1-1 ms when well (STACK.md), seconds when a peer is gone:
@@ -205,6 +206,23 @@ class Metrics:
             buckets=GRPC_LATENCY_BUCKETS,
             registry=r,
         )
+        # Batching stages (hexmq/pacing.py): batches sent, items in them, and the seconds they
+        # waited for more to join (the linger), per stage.
+        self.batches = Counter(
+            "hexmq_batches", "Batches sent by a batching stage", ["stage"], registry=r
+        )
+        self.batched_items = Counter(
+            "hexmq_batched_items",
+            "Items (commands, events, entries, writes) in them",
+            ["stage"],
+            registry=r,
+        )
+        self.batch_linger = Counter(
+            "hexmq_batch_linger_seconds",
+            "Time batches waited for more items to join (at most the stage's interval each)",
+            ["stage"],
+            registry=r,
+        )
         self._spans_collector: _SpansDroppedCollector | None = None
         self._lock = threading.Lock()
 
@@ -213,6 +231,16 @@ class Metrics:
         self.protocol_version.set(protocol.version)
         for feature in FEATURES:
             self.protocol_features.labels(feature).set(int(protocol.uses(feature)))
+
+    def linger(self, stage: str) -> Linger:
+        """A stage's batching counters, exported under `stage`."""
+        return Linger(
+            exported=(
+                self.batches.labels(stage),
+                self.batched_items.labels(stage),
+                self.batch_linger.labels(stage),
+            )
+        )
 
     def reject(self, packet: str, reason_code: int) -> None:
         """Count a refused packet: `reject("CONNECT", 0x87)`."""

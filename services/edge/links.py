@@ -1,8 +1,10 @@
 """PartitionLink: the edge's long-lived, batched gRPC stream to one partition node.
 
-Commands queue up while a frame is on the wire and leave together in the next one, so a burst
-of publishes costs one gRPC frame, not one call each. Results come back matched by request id
-and are handed to plain callbacks (no coroutine or future per message).
+Commands queue up while a frame is on the wire, and for at most one pacing interval after the
+last frame (hexmq/pacing.py), and leave together in the next one, so a burst of publishes, or a
+steady few thousand a second, costs one gRPC frame per interval, not one each. Results come
+back matched by request id and are handed to plain callbacks (no coroutine or future per
+message).
 
 The link knows nothing of partitions: the edge's partition commands go through
 services/edge/dispatch.py, which sends them only while the link is up and holds them again when
@@ -25,6 +27,7 @@ from hexmq import telemetry
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
 from hexmq.grpc_options import LINK_OPTIONS
+from hexmq.pacing import FlushPacer
 from hexmq.service import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -101,6 +104,8 @@ class PartitionLink:
             "hexmq.api.partition.v1.PartitionService/Link", "client"
         )
         self._wake = asyncio.Event()
+        self._pacer = FlushPacer(full=MAX_COMMANDS_PER_FRAME)
+        self._linger = telemetry.METRICS.linger("edge_link")
         self._task: asyncio.Task[None] | None = None
         # Bumped per stream: the request generator of a dead stream may still be waiting, and
         # must not take commands meant for its successor.
@@ -193,12 +198,21 @@ class PartitionLink:
 
     async def _frames(self, generation: int) -> AsyncIterator[pb.EdgeFrame]:
         yield pb.EdgeFrame(hello=self._hello)
+        loop = asyncio.get_running_loop()
+        pacer, linger = self._pacer, self._linger
         while True:
             while not (self._outgoing or self._urgent) or generation != self._generation:
                 if generation != self._generation:
                     return
                 self._wake.clear()
                 await self._wake.wait()
+            # At most one frame per pacing interval (hexmq/pacing.py): what arrives while it
+            # waits joins the frame; a lone command after a quiet spell goes at once.
+            delay = pacer.delay(loop.time(), len(self._outgoing) + len(self._urgent))
+            if delay:
+                await asyncio.sleep(delay)
+                if generation != self._generation:
+                    return
             batch, self._urgent = self._urgent, []
             room = max(MAX_COMMANDS_PER_FRAME - len(batch), 0)
             if len(self._outgoing) <= room:
@@ -213,6 +227,8 @@ class PartitionLink:
                 if cmd.request_id:
                     self._probes[cmd.request_id] = time.perf_counter()
                     break
+            pacer.sent(loop.time())
+            linger.record(len(batch), delay)
             frame = pb.EdgeFrame(commands=batch)
             if frame.ByteSize() > MAX_FRAME_BYTES and len(batch) > 1:
                 # Split big frames so one large payload does not hold up the rest for long.

@@ -15,6 +15,7 @@ from hexmq.health import add_health
 from hexmq.mqtt.reason_codes import ReasonCode as RC
 from hexmq.netaddr import parse_hostport
 from hexmq.node_protocol import ClusterProtocol
+from hexmq.pacing import add_batch_interval_argument, apply_batch_interval
 from hexmq.readiness import follow_in_health
 from hexmq.service import (
     StopEvent,
@@ -121,6 +122,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _add_transport_arguments(parser)
     _add_access_arguments(parser)
+    add_batch_interval_argument(parser)
     parser.add_argument("--log-level", default="INFO")
     add_observability_arguments(parser)
 
@@ -355,6 +357,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--max-topic-levels must be at least 0")
         tls = _tls(args)
         access = _access(args)
+        apply_batch_interval(args)
     except ValueError as exc:
         log.error("%s", exc)
         return 2

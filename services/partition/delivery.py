@@ -50,6 +50,9 @@ class MessageDelivery(MasterState):
     tracer: AppendTracer
     retained: dict[str, tuple[int, common_pb.Message]]
     _dirty: dict[str, Session]
+    # Sessions to pump when the release under way ends (by identity: a session replaced in
+    # the meantime is not pumped, see _pump).
+    _released_pumps: dict[int, Session]
     messages_in: int
     messages_out: int
 
@@ -303,10 +306,22 @@ class MessageDelivery(MasterState):
     def _durable(self, session: Session, message_id: int) -> None:
         if message_id > session.durable_mid:
             session.durable_mid = message_id
-        self._pump(session)
+        self._released_pumps[id(session)] = session
 
     def _schedule_pump(self, session: Session) -> None:
-        self.commit.after(lambda: self._pump(session))
+        self.commit.after(functools.partial(self._pump_after_release, session))
+
+    def _pump_after_release(self, session: Session) -> None:
+        self._released_pumps[id(session)] = session
+
+    def _pump_released(self) -> None:
+        """Once per release of committed batches: each session that got messages in them is
+        pumped once, so its new messages leave in one Delivery, not one each."""
+        pumps = self._released_pumps
+        if pumps:
+            self._released_pumps = {}
+            for session in pumps.values():
+                self._pump(session)
 
     def _pump(self, session: Session) -> None:
         conn = session.connection

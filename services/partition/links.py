@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+from hexmq import telemetry
 from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.pacing import FlushPacer
 
 # A frame carries at most this many events; the rest wait for the next frame.
 MAX_EVENTS_PER_FRAME = 2048
@@ -17,6 +19,8 @@ class EdgeLink:
         self._events: list[pb.PartitionEvent] = []
         self._ok_ids: list[int] = []
         self._wake = asyncio.Event()
+        self._pacer = FlushPacer(full=MAX_EVENTS_PER_FRAME)
+        self._linger = telemetry.METRICS.linger("partition_link")
         self.closed = False
         # The highest index update seq this edge has applied (IndexAck).
         self.index_acked = 0
@@ -40,12 +44,22 @@ class EdgeLink:
         self._wake.set()
 
     async def frames(self) -> list[pb.PartitionFrame]:
-        """Wait for events, then hand them out as frames (empty list: the link is closed)."""
+        """Wait for events, then hand them out as frames (empty list: the link is closed), at
+        most one batch per pacing interval (hexmq/pacing.py): results and deliveries made
+        meanwhile join it."""
         while not self._events and not self._ok_ids:
             if self.closed:
                 return []
             await self._wake.wait()
             self._wake.clear()
+        loop = asyncio.get_running_loop()
+        delay = self._pacer.delay(loop.time(), len(self._events) + len(self._ok_ids))
+        if delay:
+            await asyncio.sleep(delay)
+            if self.closed:
+                return []
+        self._pacer.sent(loop.time())
+        self._linger.record(len(self._events) + len(self._ok_ids), delay)
         events, self._events = self._events, []
         ok_ids, self._ok_ids = self._ok_ids, []
         frames = [

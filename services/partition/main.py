@@ -18,6 +18,7 @@ from hexmq.grpc_options import LINK_OPTIONS
 from hexmq.health import NOT_SERVING, SERVING, add_health
 from hexmq.netaddr import parse_hostport
 from hexmq.node_protocol import THIS_RELEASE
+from hexmq.pacing import add_batch_interval_argument, apply_batch_interval
 from hexmq.service import (
     StopEvent,
     add_observability_arguments,
@@ -98,6 +99,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a Redis command (or connect) that takes longer fails, and the service stops: its "
         "partitions fail over (default %(default)g)",
     )
+    add_batch_interval_argument(parser)
     parser.add_argument("--log-level", default="INFO")
     add_observability_arguments(parser)
 
@@ -120,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         check_leave_timeout(args.leave_timeout)
         if not args.redis.startswith(("redis://", "unix://")):
             raise ValueError(f"--redis must be a redis:// or unix:// URL, got {args.redis!r}")
+        apply_batch_interval(args)
     except ValueError as exc:
         log.error("%s", exc)
         return 2
@@ -154,7 +157,10 @@ def run(args: argparse.Namespace) -> int:
         # This process's incarnation: the view admits the node only with the partition service
         # that runs now (a restart is a new incarnation, docs/failover.md).
         incarnation = time.time_ns()
-        commit = GroupCommit(client, replicator, storage_failed)
+        # The hot path's two writers (group commit, follower writes) share a small client of
+        # their own without per-reply timeouts; each MULTI/EXEC has --redis-timeout in all.
+        writer = redis_client(args.redis, args.redis_timeout, max_connections=4, per_reply=False)
+        commit = GroupCommit(writer, replicator, storage_failed, write_timeout=args.redis_timeout)
         store = RedisStore(client)
         agent = AgreementClient(args.membership, incarnation)
         replication = ReplicationDriver(
@@ -165,6 +171,8 @@ def run(args: argparse.Namespace) -> int:
             tick_s=TICK_S,
             incarnation=incarnation,
             agent=agent,
+            writer=writer,
+            write_timeout=args.redis_timeout,
         )
         limits = QueueLimits(args.max_queued_messages, args.queue_overflow == "drop-oldest")
         seen = SeenOrigins(int(args.qos2_dedupe_retention * 1000))
@@ -245,6 +253,7 @@ def run(args: argparse.Namespace) -> int:
         await watcher.stop()
         await agent.close()
         await client.aclose()
+        await writer.aclose()
         await obs.close()
         return exit_code
 

@@ -123,6 +123,8 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         # Sessions whose record changed in the batch being gathered (written once per batch).
         self._dirty: dict[str, Session] = {}
         commit.add_finisher(self._write_dirty)
+        self._released_pumps: dict[int, Session] = {}
+        commit.add_release_hook(self._pump_released)
         # Inbound QoS 2 attempts that are routing now: (client id, packet id) -> the claiming
         # connection and its edge link; and the Qos2Receive commands of other connections
         # waiting for such an attempt to report (memory only: an attempt whose link is gone

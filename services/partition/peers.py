@@ -33,6 +33,7 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
 from hexmq.grpc_options import LINK_OPTIONS
 from hexmq.node_protocol import THIS_RELEASE, ClusterProtocol
+from hexmq.pacing import FlushPacer
 from hexmq.ranges import ranges
 from hexmq.service import cancel_and_wait
 from services.partition.agreement import AgreementClient
@@ -53,6 +54,7 @@ from services.partition.store import (
     StorageFailed,
     apply_ops,
     put_position,
+    timed_execute,
 )
 
 log = logging.getLogger(__name__)
@@ -67,6 +69,10 @@ SNAPSHOT_CHUNK_OPS = 512
 SNAPSHOT_READS_AT_ONCE = 8
 # Stop reading a snapshot ahead while the stream to that follower holds this many items.
 SNAPSHOT_BACKLOG = 4 * MAX_ITEMS_PER_FRAME
+
+# Replication frames' writes that make a follower's MULTI/EXEC worth sending without waiting out
+# the pacing interval.
+FULL_PERSIST = 64
 
 # How long to wait before asking the agent again after it could not be reached.
 AGENT_RETRY_S = 0.5
@@ -86,6 +92,8 @@ class Outbox:
         self.closed = False
         self._wake = asyncio.Event()
         self._drained = asyncio.Event()
+        self._pacer = FlushPacer(full=MAX_ITEMS_PER_FRAME)
+        self._linger = telemetry.METRICS.linger("replication_feed")
 
     def push(self, items: list[pb.ReplicationItem]) -> None:
         self.items.extend(items)
@@ -102,14 +110,23 @@ class Outbox:
             await self._drained.wait()
 
     async def frames(self) -> AsyncIterator[pb.MasterFrame]:
+        loop = asyncio.get_running_loop()
+        pacer = self._pacer
         while True:
             while not self.items:
                 if self.closed:
                     return
                 self._wake.clear()
                 await self._wake.wait()
+            # At most one frame per pacing interval (hexmq/pacing.py): entries made durable
+            # meanwhile join it.
+            delay = pacer.delay(loop.time(), len(self.items))
+            if delay:
+                await asyncio.sleep(delay)
             if self.closed:
                 return
+            pacer.sent(loop.time())
+            self._linger.record(min(len(self.items), MAX_ITEMS_PER_FRAME), delay)
             batch = self.items[:MAX_ITEMS_PER_FRAME]
             del self.items[:MAX_ITEMS_PER_FRAME]
             self._drained.set()
@@ -125,6 +142,8 @@ class MasterLink:
         self.target = target
         self.frames: list[pb.FollowerFrame] = []
         self._wake = asyncio.Event()
+        self._pacer = FlushPacer()
+        self._linger = telemetry.METRICS.linger("replication_acks")
         self._generation = 0
         self._task: asyncio.Task[None] | None = None
 
@@ -142,12 +161,22 @@ class MasterLink:
         self, generation: int, hello: pb.FollowerHello
     ) -> AsyncIterator[pb.FollowerFrame]:
         yield pb.FollowerFrame(hello=hello)
+        loop = asyncio.get_running_loop()
+        pacer = self._pacer
         while True:
             while not self.frames or generation != self._generation:
                 if generation != self._generation:
                     return
                 self._wake.clear()
                 await self._wake.wait()
+            # Acknowledgements of writes made durable meanwhile join these (hexmq/pacing.py).
+            delay = pacer.delay(loop.time(), 0)
+            if delay:
+                await asyncio.sleep(delay)
+                if generation != self._generation:
+                    return
+            pacer.sent(loop.time())
+            self._linger.record(len(self.frames), delay)
             frames, self.frames = self.frames, []
             merged = pb.FollowerFrame()
             for frame in frames:
@@ -229,9 +258,15 @@ class ReplicationDriver:
         tick_s: float = 0.1,
         incarnation: int = 0,
         agent: AgreementClient | None = None,
+        writer: redis.Redis | None = None,
+        write_timeout: float | None = None,
     ) -> None:
         self.core = core
         self.store = store
+        # The client the follower's writes go through (the store's, unless the service gives
+        # one without per-reply timeouts: then each MULTI/EXEC has write_timeout in all).
+        self._writer = writer
+        self._write_timeout = write_timeout
         self.tick_s = tick_s
         self.incarnation = incarnation
         self.roles: RoleListener | None = None
@@ -485,27 +520,37 @@ class ReplicationDriver:
     # ----- follower side -----------------------------------------------------------------
 
     async def _write_loop(self) -> None:
-        client = self.store.client
+        client = self._writer if self._writer is not None else self.store.client
+        timeout = self._write_timeout
         core = self.core
+        loop = asyncio.get_running_loop()
+        pacer, linger = FlushPacer(full=FULL_PERSIST), telemetry.METRICS.linger("replica_write")
         while True:
             await self._persist_wake.wait()
             self._persist_wake.clear()
+            # One MULTI/EXEC in flight, at most one per pacing interval (hexmq/pacing.py): the
+            # frames that arrive meanwhile join it.
+            delay = pacer.delay(loop.time(), len(self._persist))
+            if delay:
+                await asyncio.sleep(delay)
+            pacer.sent(loop.time())
             batches, self._persist = self._persist, []
             if not batches:
                 continue
+            linger.record(len(batches), delay)
             pipe = client.pipeline(transaction=True)
             try:
                 for persist in batches:
                     if persist.clear and len(pipe):
                         # Read what to drop only after the writes before it are in.
-                        await pipe.execute()
+                        await timed_execute(pipe, timeout)
                         pipe = client.pipeline(transaction=True)
                     for p in persist.clear:
                         pipe.delete(*await self.store.partition_keys(p))
                     apply_ops(pipe, persist.ops)
                     for p, pos in persist.positions.items():
                         put_position(pipe, p, pos, persist.histories.get(p))
-                await pipe.execute()
+                await timed_execute(pipe, timeout)
             except (redis.RedisError, OSError) as exc:
                 self._on_failure(StorageFailed(f"redis write of replicated entries failed: {exc}"))
                 return

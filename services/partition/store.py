@@ -37,8 +37,10 @@ from typing import NamedTuple, cast
 
 import redis.asyncio as redis
 
+from hexmq import telemetry
 from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.pacing import FlushPacer
 from hexmq.service import cancel_and_wait
 from services.partition.replication import (
     DEL,
@@ -94,26 +96,47 @@ def meta_key(p: int) -> str:
     return f"hx:{p}:meta"
 
 
+# Writes that make a group-commit batch worth sending without waiting out the pacing interval.
+FULL_COMMIT = 1024
+
 # Connections to the node's Redis at most. Reads for snapshots run concurrently with the group
 # commit and the loads; after a churn of views a master can owe dozens of snapshots at once.
 REDIS_CONNECTIONS = 64
 
 
-def redis_client(url: str, timeout: float) -> redis.Redis:
+def redis_client(
+    url: str, timeout: float, *, max_connections: int = REDIS_CONNECTIONS, per_reply: bool = True
+) -> redis.Redis:
     """The partition service's Redis client. Timeouts stated, not redis-py's defaults (none): a
     Redis that stops answering fails a command within `timeout`, and the service stops
     (fail-stop: its partitions fail over). The pool makes a command wait for a free connection
     (up to `timeout` too) rather than fail: redis-py's default pool raises "Too many
     connections" past 100, which stopped a node that owed 127 snapshots after a churn of views
-    (fault suite, seed 2001 replayed)."""
+    (fault suite, seed 2001 replayed).
+
+    `per_reply` False: no socket timeout, so redis-py neither sends through asyncio.wait_for (a
+    task per send) nor reads each reply under its own asyncio.timeout; the caller bounds each
+    pipeline as a whole (`timed_execute`). For the two writers of the hot path (the group commit
+    and the follower's writes): redis-py took 11-19% of a partition service's busy time at
+    moderate load, a third of that in the timeouts (py-spy, docs/benchmarks.md)."""
     pool = redis.BlockingConnectionPool.from_url(
         url,
-        max_connections=REDIS_CONNECTIONS,
+        max_connections=max_connections,
         timeout=timeout,
-        socket_timeout=timeout,
+        socket_timeout=timeout if per_reply else None,
         socket_connect_timeout=timeout,
     )
     return redis.Redis.from_pool(pool)  # owns the pool: aclose() closes its connections
+
+
+async def timed_execute(pipe: redis.client.Pipeline, limit: float | None) -> None:
+    """Run a pipeline within `limit` seconds in all (TimeoutError past it), for a client made
+    with per_reply False; None: the client's own per-reply timeouts apply."""
+    if limit is None:
+        await pipe.execute()
+        return
+    async with asyncio.timeout(limit):
+        await pipe.execute()
 
 
 @dataclass(slots=True)
@@ -168,30 +191,41 @@ class WriteBatch:
 
 
 def apply_ops(pipe: redis.client.Pipeline, ops: Sequence[Op]) -> None:
-    """Queue storage ops on a Redis pipeline (the master's and the followers' one way). Runs of
-    HSETs or HDELs on one key become one command (a subscriber's queued messages in a batch, its
-    acknowledgements): fewer commands to encode and replies to read, same result."""
-    i, n = 0, len(ops)
-    while i < n:
-        kind, key, fld, value = ops[i]
-        j = i + 1
-        if kind == HSET:
-            mapping = {fld: value}
-            while j < n and ops[j][0] == HSET and ops[j][1] == key:
-                mapping[ops[j][2]] = ops[j][3]
-                j += 1
-            pipe.hset(key, mapping=mapping)  # type: ignore[arg-type]
-        elif kind == HDEL:
-            fields = [fld]
-            while j < n and ops[j][0] == HDEL and ops[j][1] == key:
-                fields.append(ops[j][2])
-                j += 1
-            pipe.hdel(key, *fields)
-        elif kind == DEL:
-            pipe.delete(key)
+    """Queue storage ops on a Redis pipeline (the master's and the followers' one way), one
+    command per key and run of one kind: the ops are taken key by key (in the order each key
+    first appears, each key's own ops in their order: ops on different keys commute), and a
+    run of HSETs or HDELs on one key becomes one command (a subscriber's queued messages in a
+    batch, its acknowledgements, interleaved with other subscribers' in the batch). Fewer
+    commands to encode and replies to read, same result."""
+    by_key: dict[str, list[Op]] = {}
+    for op in ops:
+        same = by_key.get(op[1])
+        if same is None:
+            by_key[op[1]] = [op]
         else:
-            raise ValueError(f"unknown storage op kind {kind}")
-        i = j
+            same.append(op)
+    for key, key_ops in by_key.items():
+        i, n = 0, len(key_ops)
+        while i < n:
+            kind, _key, fld, value = key_ops[i]
+            j = i + 1
+            if kind == HSET:
+                mapping = {fld: value}
+                while j < n and key_ops[j][0] == HSET:
+                    mapping[key_ops[j][2]] = key_ops[j][3]
+                    j += 1
+                pipe.hset(key, mapping=mapping)  # type: ignore[arg-type]
+            elif kind == HDEL:
+                fields = [fld]
+                while j < n and key_ops[j][0] == HDEL:
+                    fields.append(key_ops[j][2])
+                    j += 1
+                pipe.hdel(key, *fields)
+            elif kind == DEL:
+                pipe.delete(key)
+            else:
+                raise ValueError(f"unknown storage op kind {kind}")
+            i = j
 
 
 def put_position(
@@ -251,8 +285,13 @@ class GroupCommit:
         client: redis.Redis,
         replicator: Replicator,
         on_failure: Callable[[BaseException], None],
+        *,
+        write_timeout: float | None = None,
     ) -> None:
         self._client = client
+        # Set when `client` has no per-reply timeout (redis_client per_reply False): each
+        # MULTI/EXEC then has this long in all.
+        self._write_timeout = write_timeout
         self._replicator = replicator
         self._on_failure = on_failure
         self._batch: WriteBatch | None = None
@@ -260,7 +299,10 @@ class GroupCommit:
         # (sink, request id) pairs answered OK once durable: cheaper than an action each.
         self._oks: list[tuple[Callable[[int], None], int, Scope | None]] = []
         self._finishers: list[Callable[[WriteBatch], None]] = []
+        self._release_hooks: list[Callable[[], None]] = []
         self._wake = asyncio.Event()
+        self._pacer = FlushPacer(full=FULL_COMMIT)
+        self._linger = telemetry.METRICS.linger("group_commit")
         self._task: asyncio.Task[None] | None = None
         # The command being handled (set by the partition node around each handler).
         self.scope: Scope | None = None
@@ -300,6 +342,11 @@ class GroupCommit:
         self._oks.append((sink, request_id, self.scope))
         self._wake.set()
 
+    def add_release_hook(self, hook: Callable[[], None]) -> None:
+        """`hook()` runs after each `release`, once the actions of every batch it released ran
+        (e.g. each session pumped once for all the messages those batches made durable)."""
+        self._release_hooks.append(hook)
+
     def add_finisher(self, finisher: Callable[[WriteBatch], None]) -> None:
         """`finisher(batch)` adds its last writes to every batch just before it commits (e.g.
         one session record per batch instead of one per message)."""
@@ -315,9 +362,18 @@ class GroupCommit:
             await self._flush()
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        pacer, linger = self._pacer, self._linger
         while True:
             await self._wake.wait()
             self._wake.clear()
+            # One MULTI/EXEC in flight, and at most one per pacing interval (hexmq/pacing.py):
+            # the writes of commands handled meanwhile join the batch.
+            delay = pacer.delay(loop.time(), self.gathering)
+            if delay:
+                await asyncio.sleep(delay)
+            pacer.sent(loop.time())
+            linger.record(self.gathering, delay)
             try:
                 await self._flush()
             except asyncio.CancelledError:
@@ -346,9 +402,9 @@ class GroupCommit:
             self.commands += len(pipe)
             self.batches += 1
             try:
-                await pipe.execute()
+                await timed_execute(pipe, self._write_timeout)
             except (redis.RedisError, OSError) as exc:
-                self._on_failure(StorageFailed(f"redis write failed: {exc}"))
+                self._on_failure(StorageFailed(f"redis write failed: {exc!r}"))
                 return
         if actions or oks or entries or aborted:
             token = _Released(actions, oks, time.time_ns(), {e.partition: e.seq for e in entries})
@@ -373,6 +429,8 @@ class GroupCommit:
                     continue
                 sink(request_id)
         self.releasing = None
+        for hook in self._release_hooks:
+            hook()
 
     def _answer_moved(
         self, scope: Scope, aborted: frozenset[int], answered: set[tuple[int, int]]
