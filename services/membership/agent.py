@@ -34,6 +34,7 @@ from services.membership.plan import (
     Observed,
     PlanConfig,
     failover_records,
+    lost_reasons,
     plan,
     refused_joiners,
 )
@@ -776,6 +777,8 @@ class MembershipAgent:
             return False
         if won:
             log.debug("proposed view %d", proposal.epoch)
+            if view is not None:
+                _log_removals(view, proposal, observed)
         try:
             _, entry = await self._consul.kv.get(self.keys.view)
         except CONSUL_ERRORS as exc:
@@ -783,3 +786,17 @@ class MembershipAgent:
             return False
         self._on_view_entry(entry)
         return not won
+
+
+def _log_removals(view: pb.View, proposal: pb.View, observed: Observed) -> None:
+    """Why the view this agent just wrote removes members (each agent logs the view change;
+    only the proposer knows what it saw)."""
+    removed = {m.node_id for m in view.members} - {m.node_id for m in proposal.members}
+    reasons = lost_reasons(view, observed)
+    for node in sorted(removed):
+        log.info(
+            "proposed view %d without %s: %s",
+            proposal.epoch,
+            node,
+            reasons.get(node, "its leave is done"),
+        )
