@@ -258,7 +258,7 @@ class RoleListener(Protocol):
     """What the partition node hears of the roles the state machine takes."""
 
     def promoted(self, p: int) -> None: ...
-    def demoted(self, p: int) -> None: ...
+    def demoted_all(self, partitions: Sequence[int]) -> None: ...
 
 
 class ReplicationDriver:
@@ -390,8 +390,8 @@ class ReplicationDriver:
         if roles is not None:
             if ready.demoted:
                 log.info("no longer master of partitions %s", ranges(ready.demoted))
-            for p in ready.demoted:
-                roles.demoted(p)
+            if ready.demoted:
+                roles.demoted_all(ready.demoted)
             for p in ready.promoted:
                 roles.promoted(p)
         if ready.relink:
