@@ -33,6 +33,7 @@ from services.membership.changes import (
 from services.membership.client import ViewWatcher
 from services.membership.plan import HandoverRequest, InSyncRequest
 from services.membership.probes import (
+    FORGIVE_MS,
     FailureDetector,
     Outcome,
     ProbeChannel,
@@ -257,6 +258,49 @@ def test_an_answer_clears_the_report() -> None:
     detector.record("n2", Outcome.OK, now_ms=300)
     assert detector.reports(300) == {}
     assert detector.probe_states(300) == {"n2": "ok"}
+
+
+def stall(detector: FailureDetector, node: str, start_ms: int, length_ms: int) -> bool:
+    """It answers at `start_ms`, its probes fail every 200 ms for `length_ms`, then it answers
+    again: whether it was reported meanwhile."""
+    detector.record(node, Outcome.OK, now_ms=start_ms)
+    reported = False
+    for t in range(start_ms + 200, start_ms + length_ms, 200):
+        detector.record(node, Outcome.FAILED, now_ms=t)
+        reported = reported or node in detector.reports(t)
+    detector.record(node, Outcome.OK, now_ms=start_ms + length_ms)
+    assert detector.reports(start_ms + length_ms) == {}
+    return reported
+
+
+def test_after_a_false_alarm_a_peer_is_allowed_twice_the_silence() -> None:
+    """A peer reported silent that answers again was stalled, not dead: its next stall of the
+    same length must not get it reported again (a joiner stalled by its catch-up flapped)."""
+    detector = FailureDetector(suspect_after_ms=1000)
+    detector.watch(["n2"], now_ms=0)
+    detector.record("n2", Outcome.OK, now_ms=0)
+    assert stall(detector, "n2", 200, 1400)  # reported after 1 s
+    assert not stall(detector, "n2", 2000, 1800)  # 2 s allowed now
+    assert stall(detector, "n2", 4000, 2400)  # but not more
+    assert not stall(detector, "n2", 7000, 3800)  # 4 s after a second false alarm
+    # Forgiven after FORGIVE_MS of answers: back to --suspect-after.
+    quiet = 11_000 + FORGIVE_MS
+    detector.record("n2", Outcome.OK, now_ms=quiet)
+    assert stall(detector, "n2", quiet + 200, 1400)
+
+
+def test_a_refusal_is_no_false_alarm() -> None:
+    detector = FailureDetector(suspect_after_ms=1000)
+    detector.watch(["n2"], now_ms=0)
+    detector.record("n2", Outcome.OK, now_ms=0)
+    assert stall(detector, "n2", 200, 1400)
+    detector.record("n2", Outcome.FAILED, now_ms=2000)
+    detector.record("n2", Outcome.FAILED, now_ms=3700)
+    assert detector.reports(3700) == {"n2": "silent"}
+    detector.record("n2", Outcome.REFUSED, now_ms=3800)  # it was gone: restarted
+    detector.record("n2", Outcome.OK, now_ms=4500)
+    # One false alarm (the first stall) counts, the restart does not: 2 s allowed, not 4.
+    assert stall(detector, "n2", 4600, 2400)
 
 
 def test_a_peer_that_leaves_the_view_is_forgotten_with_its_report() -> None:
