@@ -503,6 +503,12 @@ class ReplicationDriver:
             )
         except (redis.RedisError, OSError) as exc:
             self._on_failure(StorageFailed(f"redis read for a snapshot failed: {exc}"))
+        except Exception:
+            # A bug, not storage: the follower's repeated joins no longer restart a snapshot
+            # under way, so start it again here rather than leave it waiting for good.
+            log.exception("snapshot of partition %d for %s failed", read.partition, read.follower)
+            self.core.snapshot_lost(read)
+            self.process()
 
     async def _send_chunk(
         self,

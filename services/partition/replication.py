@@ -225,6 +225,12 @@ class FollowerProgress:
     snapshot_id: int = 0
     snapshot_at: Position = NOWHERE
     snapshot_started: bool = False
+    # The last join this follower made on its current stream (None: none yet). One answered
+    # by a snapshot has its FeedStart sent with the first chunk, which may take a while (reads
+    # wait for a slot, Redis is busy): the follower joins again meanwhile, every
+    # need_retry_ticks, and each such join used to restart the snapshot, which then never got
+    # to its first chunk (the rebalance benchmark: 9 partitions copying by snapshot for good).
+    last_join: Position | None = None
     # No longer one of the view's replicas, but still counted until the agent settles the
     # in-sync change asked for it (an addition might yet be made).
     departed: bool = False
@@ -712,6 +718,9 @@ class Replicator:
         self._advance()
 
     def _accept_join(self, m: MasteredPartition, fp: FollowerProgress, pos: Position) -> None:
+        if fp.state == SNAPSHOT and fp.last_join == pos:
+            return  # the same join again, on the same stream: its snapshot is under way
+        fp.last_join = pos
         fp.snapshot_started = False
         fp.joined = True
         if on_history(m.history, m.durable, pos) and m.log.reaches(pos[1] + 1):
@@ -759,6 +768,7 @@ class Replicator:
             fp.down_since = self.now
         fp.state = DOWN
         fp.snapshot_started = False
+        fp.last_join = None
 
     def step_acks(self, follower: str, acks: Iterable[pb.PartitionPosition]) -> None:
         now = self.now
@@ -829,6 +839,16 @@ class Replicator:
             fp.state, fp.next, fp.acked = LOG, at[1] + 1, 0
             self._send(m, fp)
         return sent
+
+    def snapshot_lost(self, read: SnapshotRead) -> None:
+        """A snapshot read ended without its last chunk for a reason other than the stream or
+        a newer snapshot (the adapter's read failed): if that snapshot is still wanted, start
+        it again, since the follower's repeated joins no longer do."""
+        m = self.mastered.get(read.partition)
+        fp = m.followers.get(read.follower) if m is not None else None
+        if m is None or fp is None or fp.state != SNAPSHOT or fp.snapshot_id != read.id:
+            return
+        self._start_snapshot(m, fp)
 
     def _start_snapshot(self, m: MasteredPartition, fp: FollowerProgress) -> None:
         fp.state = SNAPSHOT
