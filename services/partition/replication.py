@@ -1112,6 +1112,11 @@ class Replicator:
                     fd.need = 0
                     fd.history = ()
                     fd.received = NOWHERE
+                    # Its recent log goes with the state it held: cut off mid-snapshot, the
+                    # follower joins from nothing and may be sent the log from seq 1, which
+                    # appended to the old entries made a log whose entries[seq - start] is
+                    # not entry seq (served wrong entries, or failed, once it was promoted).
+                    fd.log.reset(NOWHERE)
                     # Anything this batch held for the partition is superseded.
                     persist.clear.append(c.partition)
                     persist.ops = [op for op in persist.ops if not _in_partition(op, c.partition)]
