@@ -184,8 +184,11 @@ class MasterLink:
                     self.driver.process()
                     call = stub.Replicate(self._outgoing(self._generation, hello))
                     log.info("replicating from %s (%s)", self.master, self.target)
-                    backoff = 0.05
                     async for frame in call:
+                        # Back to a short backoff only once the master has sent something: a
+                        # stream it ends at once (a failing join) is retried at most once a
+                        # second, not 10-20 times a second as when any connect reset it.
+                        backoff = 0.05
                         for items in item_slices(frame.items, MAX_OPS_PER_WRITE):
                             core.step_items(self.master, items)
                             self.driver.process()

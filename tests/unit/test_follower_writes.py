@@ -12,7 +12,10 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any, cast
 
+import grpc
+
 from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
 from services.partition import peers
 from services.partition.replication import HSET, Persist, Ready
 
@@ -86,7 +89,14 @@ class Transactions:
 async def test_a_follower_backlog_is_written_in_bounded_transactions() -> None:
     client = Transactions()
     durable: list[int] = []
-    core = SimpleNamespace(follower_durable=durable.append, ready=Ready)
+    all_durable = asyncio.Event()
+
+    def follower_durable(persist_id: int) -> None:
+        durable.append(persist_id)
+        if len(durable) == 40:
+            all_durable.set()
+
+    core = SimpleNamespace(follower_durable=follower_durable, ready=Ready)
     driver = peers.ReplicationDriver(
         cast(Any, core),
         cast(Any, SimpleNamespace(client=client)),
@@ -109,8 +119,7 @@ async def test_a_follower_backlog_is_written_in_bounded_transactions() -> None:
     try:
         driver._persist.extend(backlog)
         driver._persist_wake.set()
-        while len(durable) < len(backlog):
-            await asyncio.sleep(0)
+        await all_durable.wait()
     finally:
         writer.cancel()
         ticker.cancel()
@@ -121,3 +130,53 @@ async def test_a_follower_backlog_is_written_in_bounded_transactions() -> None:
     assert len(client.sizes) >= 40 * 900 // MAX
     # The event loop ran other work between the transactions.
     assert all(b > a for a, b in zip(client.between, client.between[1:], strict=False))
+
+
+class EndsAtOnce(pb_grpc.PartitionServiceServicer):
+    """A master that takes the follower's hello and ends the stream without sending anything
+    (as one failing on every join did)."""
+
+    def __init__(self) -> None:
+        self.streams = 0
+
+    async def Replicate(self, request_iterator: Any, context: Any) -> Any:
+        self.streams += 1
+        await anext(aiter(request_iterator))
+        return
+        yield  # pragma: no cover - makes this a stream handler
+
+
+async def test_a_stream_the_master_ends_at_once_is_retried_with_growing_backoff(
+    monkeypatch: Any,
+) -> None:
+    server = grpc.aio.server()
+    master = EndsAtOnce()
+    pb_grpc.add_PartitionServiceServicer_to_server(master, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    waits: list[float] = []
+    six = asyncio.Event()
+    real_sleep = asyncio.sleep
+
+    async def sleep(delay: float) -> None:
+        if delay:
+            waits.append(delay)
+            if len(waits) == 6:
+                six.set()
+        await real_sleep(0)
+
+    monkeypatch.setattr(peers.asyncio, "sleep", sleep)
+    core = SimpleNamespace(
+        node_id="n2", link_open=lambda master: [], link_closed=lambda master: None, links=set()
+    )
+    driver = SimpleNamespace(core=core, incarnation=1, process=lambda: None)
+    link = peers.MasterLink(cast(Any, driver), "n1", f"127.0.0.1:{port}")
+    link.start()
+    try:
+        await asyncio.wait_for(six.wait(), 30)
+    finally:
+        await link.stop()
+        await server.stop(None)
+    # Reset to the shortest backoff only by a frame from the master, never by a connect alone.
+    assert waits[:6] == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0]
+    assert master.streams >= 6
