@@ -624,13 +624,14 @@ def partition_status(node: NodeState, timeout: float = 2.0) -> dict[str, Any]:
     # follower node id -> its replication of this node's partitions, summed.
     followers: dict[str, dict[str, Any]] = {}
     # Followers of this node's partitions not yet in sync: what a rebalance still copies.
-    catching_up = {"replicas": 0, "entries": 0}
+    catching_up = {"replicas": 0, "entries": 0, "bytes": 0}
     for p in reply.partitions:
         roles[p.role] = roles.get(p.role, 0) + 1
         for f in p.followers:
             if not f.in_sync:
                 catching_up["replicas"] += 1
                 catching_up["entries"] += f.lag
+                catching_up["bytes"] += f.bytes_left
             row = followers.setdefault(
                 f.node_id, {"partitions": 0, "in_sync": 0, "lag": 0, "max_lag": 0, "states": {}}
             )

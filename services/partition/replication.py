@@ -37,7 +37,7 @@ the membership agent. Tests drive this class directly over an in-memory network
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hexmq.api.partition.v1 import partition_pb2 as pb
@@ -204,6 +204,13 @@ class RecentLog:
         """The log holds every entry from seq on (up to its end)."""
         return seq >= self.start
 
+    def bytes_after(self, seq: int) -> int | None:
+        """The size of the entries after seq (None: the log no longer reaches back to them)."""
+        if not self.reaches(seq + 1):
+            return None
+        skip = seq + 1 - self.start
+        return sum(e.size for i, e in enumerate(self.entries) if i >= skip)
+
 
 @dataclass(slots=True)
 class FollowerProgress:
@@ -225,6 +232,8 @@ class FollowerProgress:
     snapshot_id: int = 0
     snapshot_at: Position = NOWHERE
     snapshot_started: bool = False
+    # Bytes of storage ops the snapshot has sent so far (for status: what is left).
+    snapshot_sent: int = 0
     # The last join this follower made on its current stream (None: none yet). One answered
     # by a snapshot has its FeedStart sent with the first chunk, which may take a while (reads
     # wait for a slot, Redis is busy): the follower joins again meanwhile, every
@@ -834,6 +843,7 @@ class Replicator:
         if not fp.snapshot_started:
             out.append(self._start_item(m, at[1] + 1, snapshot=True))
         fp.snapshot_started = True
+        fp.snapshot_sent += sum(op_size(op) for op in ops)
         out.append(pb.ReplicationItem(snapshot=chunk))
         if last:
             fp.state, fp.next, fp.acked = LOG, at[1] + 1, 0
@@ -853,6 +863,7 @@ class Replicator:
     def _start_snapshot(self, m: MasteredPartition, fp: FollowerProgress) -> None:
         fp.state = SNAPSHOT
         fp.snapshot_started = False
+        fp.snapshot_sent = 0
         fp.snapshot_at = (m.durable_epoch, m.durable)
         fp.acked = 0
         self._snapshot_ids += 1
@@ -1206,10 +1217,21 @@ class Replicator:
 
     # ----- status ------------------------------------------------------------------------
 
-    def follower_status(self, p: int) -> list[pb.FollowerStatus]:
+    def follower_status(
+        self, p: int, state_bytes: Callable[[], int] = lambda: 0
+    ) -> list[pb.FollowerStatus]:
+        """Each follower of p mastered here; `state_bytes` estimates the size of p's state,
+        asked only when some follower needs or takes a snapshot."""
         m = self.mastered.get(p)
         if m is None:
             return []
+        size: list[int] = []
+
+        def state() -> int:
+            if not size:
+                size.append(state_bytes())
+            return size[0]
+
         return [
             pb.FollowerStatus(
                 node_id=fp.node,
@@ -1217,6 +1239,7 @@ class Replicator:
                 lag=m.lag(fp),
                 in_sync=fp.isr == IN,
                 state=fp.state,
+                bytes_left=_bytes_left(m, fp, state),
             )
             for fp in m.followers.values()
         ]
@@ -1244,6 +1267,16 @@ class Replicator:
             return (m.durable_epoch, m.durable)
         fd = self.followed.get(p)
         return fd.received if fd is not None else NOWHERE
+
+
+def _bytes_left(m: MasteredPartition, fp: FollowerProgress, state: Callable[[], int]) -> int:
+    """About what the follower still lacks, in bytes of storage ops (Entry.size's measure)."""
+    if fp.state == SNAPSHOT:
+        return max(state() - fp.snapshot_sent, 0) + (m.log.bytes_after(fp.snapshot_at[1]) or 0)
+    lacking = m.log.bytes_after(fp.acked) if fp.state != WAITING else None
+    if lacking is None:  # it needs a snapshot: the state, then the log from its position
+        return state() + (m.log.bytes_after(m.durable) or 0)
+    return lacking
 
 
 def _in_partition(op: Op, p: int) -> bool:

@@ -759,18 +759,23 @@ def test_status_describes_a_rebalance_with_what_is_left(tmp_path: Path) -> None:
         "leaving": [],
         "target_members": ["n1", "n2", "n3"],
     }
-    catching = {"catching_up": {"replicas": 2, "entries": 1500}}
+    catching = {"catching_up": {"replicas": 2, "entries": 1500, "bytes": 2_400_000}}
     doc = {"membership": {"rebalance": view}, "nodes": [{"partitions": catching}, {}]}
     progress = localmembers.rebalance_progress(state, doc, sample_s=0)
     assert progress is not None
     assert progress["entries_left"] == 1500
+    assert progress["bytes_left"] == 2_400_000
     assert progress["replicas_catching_up"] == 2
     assert localmembers.describe_progress(progress) == (
         "rebalance: 3 partition(s) moving (joining n3), 2 under-replicated; 2 replica(s) "
-        "catching up, 1500 entries left; do not stop or add another node until it has finished"
+        "catching up, 1500 entries (2.4 MB) left; do not stop or add another node until it "
+        "has finished"
     )
-    progress.update(entries_per_s=500, estimate_s=3.0)
-    assert "1500 entries left (~3 s at 500 entries/s)" in localmembers.describe_progress(progress)
+    # The estimate from bytes when bytes moved, else from entries.
+    progress.update(entries_per_s=500, bytes_per_s=800_000, estimate_s=3.0)
+    assert "(2.4 MB) left (~3 s at 0.8 MB/s)" in localmembers.describe_progress(progress)
+    progress.update(bytes_per_s=None)
+    assert "(2.4 MB) left (~3 s at 500 entries/s)" in localmembers.describe_progress(progress)
     view.update(moving=0, under_replicated=0, joining=[])
     doc["nodes"] = []
     settled = localmembers.rebalance_progress(state, doc, sample_s=0)
@@ -778,6 +783,33 @@ def test_status_describes_a_rebalance_with_what_is_left(tmp_path: Path) -> None:
         "rebalance: none: every partition in sync at its placement"
     )
     assert localmembers.rebalance_progress(state, {"membership": None, "nodes": []}) is None
+
+
+def test_the_rebalance_estimate_comes_from_the_bytes_copied_between_two_looks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A snapshot's entry lag is the partition's whole history: 100,000 entries that are
+    copied in one go. Bytes say what is left: the estimate uses them."""
+    state = clusterstate.plan_cluster(
+        tmp_path, nodes=2, base_port=30000, partitions=8, rf=2, python="py", redis_server="rs"
+    )
+    view = {"moving": 1, "under_replicated": 1, "joining": ["n3"], "leaving": []}
+    first = {"catching_up": {"replicas": 1, "entries": 100_000, "bytes": 3_000_000}}
+    later = {"catching_up": {"replicas": 1, "entries": 100_000, "bytes": 2_000_000}}
+    monkeypatch.setattr(localmembers, "_partition_statuses", lambda state: [{"partitions": later}])
+    monkeypatch.setattr(localmembers.time, "sleep", lambda s: None)
+    doc = {"membership": {"rebalance": view}, "nodes": [{"partitions": first}]}
+    progress = localmembers.rebalance_progress(state, doc, sample_s=0.5)
+    assert progress is not None
+    assert (progress["bytes_left"], progress["bytes_per_s"]) == (2_000_000, 2_000_000)
+    assert progress["entries_per_s"] is None  # no entry acknowledged in that second
+    assert progress["estimate_s"] == 1.0
+    # Nothing copied in bytes (a log catch-up measured by entries only): from entries.
+    later["catching_up"] = {"replicas": 1, "entries": 40_000, "bytes": 3_000_000}
+    progress = localmembers.rebalance_progress(state, doc, sample_s=0.5)
+    assert progress is not None
+    assert (progress["entries_per_s"], progress["bytes_per_s"]) == (120_000, None)
+    assert progress["estimate_s"] == 0.3
 
 
 def test_an_added_node_follows_static_discovery_and_refuses_what_add_cannot_repeat(
