@@ -241,10 +241,16 @@ class MembershipAgent:
             partition_addr=c.partition_addr,
             mqtt_addr=c.mqtt_addr,
             membership_addr=c.membership_addr,
-            incarnation=self._incarnation,
+            # A node that has left serves the cluster nothing any more: its registration says
+            # so while its services stop, or an agent of a release without leave (v0.2.0, which
+            # reads no `leaving`) admits it again as a joining node (seen in a mixed cluster).
+            incarnation=0 if self._left() else self._incarnation,
             protocol=self.protocol,
             leaving=self._leaving,
         )
+
+    def _left(self) -> bool:
+        return self._leaving and self.has_left(self.board.view)
 
     @property
     def protocol(self) -> Support:
@@ -587,6 +593,9 @@ class MembershipAgent:
                 view.epoch,
                 self.config.node_id,
             )
+            if self._session is not None:
+                self._session.set_record(self.record())  # incarnation 0: not serving
+            self._rewrite.set()
 
     def _update_peers(self) -> None:
         """Probe every other member, and every registered node waiting to join: a node is

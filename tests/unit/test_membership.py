@@ -731,6 +731,32 @@ async def test_an_agent_asked_to_leave_before_any_view_has_left_at_once() -> Non
     tracing.shutdown()
 
 
+async def test_a_node_that_has_left_registers_as_serving_nothing() -> None:
+    """Between the view letting a leaving node go and its services stopping, its registration
+    said it served: an agent of v0.2.0 (which reads no `leaving`) admitted it again as a joining
+    node (the mixed-cluster leave test saw it). Once left, it registers incarnation 0."""
+    config = membership_main.agent_config(parse())  # node n1
+    tracing = telemetry.setup_tracing("membership", "n1")
+    agent = MembershipAgent(config, tracing, on_fatal=lambda: None)
+    agent.partition_attached(7)
+    holding = view(3)
+    agent._adopt(None, holding)
+    leave = asyncio.create_task(agent.leave(60.0))
+    await asyncio.sleep(0)
+    assert agent.record().leaving
+    assert agent.record().incarnation == 7  # still holds p0 and p2: serving
+    gone = view(4, members=("n2", "n3"))  # n1 no member, no target ...
+    for pa in gone.partitions:  # ... and no replica
+        pa.ClearField("replicas")
+        pa.ClearField("in_sync")
+        pa.replicas.extend(("n2", "n3"))
+        pa.in_sync.extend(("n2", "n3"))
+    agent._adopt(holding, gone)
+    assert (await asyncio.wait_for(leave, 1.0)).left
+    assert agent.record().incarnation == 0
+    tracing.shutdown()
+
+
 def test_a_leaving_member_record_says_so_and_others_read_as_before() -> None:
     leaving = replace(record(), leaving=True)
     doc = json.loads(leaving.to_json())
