@@ -182,7 +182,8 @@ class LeaveOutcome:
 def _ask_leave(
     node: NodeState, wait_s: float, rpc_timeout: float
 ) -> membership_pb2.LeaveReply | None:
-    """One Leave call to the node's agent (None if it does not answer)."""
+    """One Leave call to the node's agent (None if it does not answer). An agent that has no
+    Leave (a release before it: v0.2.0) is refused at once, saying what to do instead."""
     import grpc  # imported here: `hexmq cluster` commands that do not ask stay fast
 
     from hexmq.api.membership.v1 import membership_pb2, membership_pb2_grpc
@@ -196,6 +197,14 @@ def _ask_leave(
             )
             return reply
     except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+            raise ClusterError(
+                f"node {node.node} cannot leave gracefully: its membership agent runs a "
+                "release without leave (v0.2.0 or older), so nothing was asked of it and it "
+                f"keeps running. Stop it plainly with `hexmq cluster stop {node.node}` (its "
+                "partitions fail over to in-sync replicas; nothing acknowledged is lost), or "
+                "upgrade it first (docs/operations.md, Rolling upgrade and rollback)"
+            ) from exc
         log.warning("node %d: leave: %s: %s", node.node, exc.code().name, exc.details())
         return None
 

@@ -12,8 +12,11 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
@@ -833,3 +836,30 @@ def test_an_added_node_follows_static_discovery_and_refuses_what_add_cannot_repe
     )
     with pytest.raises(clusterstate.UsageError, match="--hosts"):
         localmembers.plan_added_node(placed)
+
+
+def test_a_leave_of_a_node_whose_agent_knows_no_leave_is_refused_saying_what_to_do() -> None:
+    """v0.2.0's membership agent has no Leave RPC: `hexmq cluster leave` used to retry it,
+    fail with "does not answer the leave" and leave the operator guessing."""
+    import grpc
+
+    from hexmq.api.membership.v1 import membership_pb2_grpc
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=2))
+    membership_pb2_grpc.add_MembershipServiceServicer_to_server(
+        membership_pb2_grpc.MembershipServiceServicer(),
+        server,  # implements nothing
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        node = SimpleNamespace(
+            node=2, ports=SimpleNamespace(membership=port, addr=lambda p: f"127.0.0.1:{p}")
+        )
+        with pytest.raises(clusterstate.ClusterError) as refused:
+            localmembers._ask_leave(cast(Any, node), wait_s=1.0, rpc_timeout=5.0)
+    finally:
+        server.stop(None)
+    said = str(refused.value)
+    assert "node 2 cannot leave gracefully" in said
+    assert "`hexmq cluster stop 2`" in said
