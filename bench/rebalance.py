@@ -282,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partitions", type=int, default=256)
     p.add_argument("--sessions", type=int, default=10_000)
     p.add_argument("--messages", type=int, default=100_000, help="queued, over the sessions")
-    p.add_argument("--threads", type=int, default=8, help="loader connections")
+    p.add_argument("--threads", type=int, default=32, help="loader connections")
     p.add_argument("--publishers", type=int, default=4, help="live QoS 1 publishers")
     p.add_argument("--steady", type=float, default=5, help="seconds of traffic before a move")
     p.add_argument("--timeout", type=float, default=600, help="for each move to finish")
