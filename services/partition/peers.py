@@ -393,7 +393,6 @@ class ReplicationDriver:
         if roles is not None:
             if ready.demoted:
                 log.info("no longer master of partitions %s", ranges(ready.demoted))
-            if ready.demoted:
                 roles.demoted_all(ready.demoted)
             for p in ready.promoted:
                 roles.promoted(p)
