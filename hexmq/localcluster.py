@@ -290,21 +290,27 @@ def _start_agreement(state: ClusterState, timeout: float) -> bool:
         state.consul_addr,
     )
     deadline = time.monotonic() + timeout
-    while not procs.tcp_accepts(state.consul_port, host=state.consul_host):
-        if not record.running():
-            how = procs.describe_exit(record.identity.pid)
-            raise StartFailure(
-                f"the agreement server (pid {record.identity.pid}) {how} during startup "
-                f"(log: {record.log})",
-                record.log,
-            )
-        if time.monotonic() >= deadline:
-            raise StartFailure(
-                f"the agreement server is not serving on {state.consul_addr} after "
-                f"{timeout:g} s (log: {record.log})",
-                record.log,
-            )
-        time.sleep(0.05)
+    try:
+        while not procs.tcp_accepts(state.consul_port, host=state.consul_host):
+            if not record.running():
+                how = procs.describe_exit(record.identity.pid)
+                raise StartFailure(
+                    f"the agreement server (pid {record.identity.pid}) {how} during startup "
+                    f"(log: {record.log})",
+                    record.log,
+                )
+            if time.monotonic() >= deadline:
+                raise StartFailure(
+                    f"the agreement server is not serving on {state.consul_addr} after "
+                    f"{timeout:g} s (log: {record.log})",
+                    record.log,
+                )
+            time.sleep(0.05)
+    except BaseException:
+        # The caller stops what it started only once this returns: a server that never
+        # served was left running (a loaded machine's `up` timed out and kept consul-dev).
+        _stop_agreement(state, ABORT_GRACE)
+        raise
     return True
 
 

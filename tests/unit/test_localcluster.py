@@ -248,6 +248,30 @@ def test_up_fails_on_the_agreement_servers_port_in_use(
     assert running_processes(cluster_dir) == []
 
 
+def test_an_agreement_server_that_never_serves_is_stopped_when_up_gives_up(
+    tmp_path: Path,
+) -> None:
+    """`up` stops what it started when a step fails, but the agreement server's own wait
+    failing left it running (make test at load 20: consul-dev kept running after `up` timed
+    out on it)."""
+    state = clusterstate.plan_cluster(
+        tmp_path / "c",
+        nodes=1,
+        base_port=pick_base_port(1),
+        partitions=8,
+        rf=1,
+        python=sys.executable,
+        redis_server="redis-server",
+    )
+    assert state.consul is not None
+    state.dir.mkdir()
+    state.consul.argv = [sys.executable, "-c", "import time; time.sleep(60)"]  # never listens
+    with pytest.raises(localcluster.StartFailure, match="not serving"):
+        localcluster._start_agreement(state, timeout=0.5)
+    assert state.consul.identity is not None
+    assert not state.consul.running()
+
+
 def test_port_in_use_detection(listener: socket.socket) -> None:
     listener.bind(("127.0.0.1", 0))
     port = listener.getsockname()[1]
