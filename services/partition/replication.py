@@ -36,6 +36,7 @@ the membership agent. Tests drive this class directly over an in-memory network
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -208,8 +209,7 @@ class RecentLog:
         """The size of the entries after seq (None: the log no longer reaches back to them)."""
         if not self.reaches(seq + 1):
             return None
-        skip = seq + 1 - self.start
-        return sum(e.size for i, e in enumerate(self.entries) if i >= skip)
+        return sum(e.size for e in itertools.islice(self.entries, seq + 1 - self.start, None))
 
 
 @dataclass(slots=True)
@@ -1274,9 +1274,7 @@ def _bytes_left(m: MasteredPartition, fp: FollowerProgress, state: Callable[[], 
     if fp.state == SNAPSHOT:
         return max(state() - fp.snapshot_sent, 0) + (m.log.bytes_after(fp.snapshot_at[1]) or 0)
     lacking = m.log.bytes_after(fp.acked) if fp.state != WAITING else None
-    if lacking is None:  # it needs a snapshot: the state, then the log from its position
-        return state() + (m.log.bytes_after(m.durable) or 0)
-    return lacking
+    return state() if lacking is None else lacking  # None: it needs a snapshot
 
 
 def _in_partition(op: Op, p: int) -> bool:

@@ -148,7 +148,7 @@ def state_bytes(node: PartitionNode, p: int, sessions: list[Session]) -> int:
         size += records + len(cid) + s.record.ByteSize()
         subs = len(subs_key(p, cid)) + _OP
         size += sum(subs + len(f) + spec.ByteSize() for f, spec in s.subscriptions.items())
-        queued = len(queue_key(p, cid)) + _OP + 6
+        queued = len(queue_key(p, cid)) + _OP + 6  # + a message id's digits, about
         size += sum(queued + qm.ByteSize() for qm in s.queue.values())
         size += sum(queued + q.ByteSize() for q in s.q2in.values())
     retained = len(retained_key(p)) + _OP
