@@ -111,6 +111,7 @@ class Cluster:
             *("--nodes", str(args.nodes), "--rf", str(args.rf)),
             *("--partitions", str(args.partitions), "--dir", str(self.dir)),
             *("--base-port", str(pick_base_port(args.nodes + 2))),
+            *(f"--membership-arg={a}" for a in args.membership_arg),
         )
         self.nodes = json.loads(out.stdout)["nodes"]
 
@@ -282,10 +283,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partitions", type=int, default=256)
     p.add_argument("--sessions", type=int, default=10_000)
     p.add_argument("--messages", type=int, default=100_000, help="queued, over the sessions")
-    p.add_argument("--threads", type=int, default=8, help="loader connections")
+    p.add_argument("--threads", type=int, default=32, help="loader connections")
     p.add_argument("--publishers", type=int, default=4, help="live QoS 1 publishers")
     p.add_argument("--steady", type=float, default=5, help="seconds of traffic before a move")
     p.add_argument("--timeout", type=float, default=600, help="for each move to finish")
+    p.add_argument(
+        "--membership-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="add ARG to every membership agent's command line (repeatable), e.g. "
+        "--membership-arg=--suspect-after=3 on a machine too loaded for the 1 s default (keep "
+        "it below --replica-lag-timeout, 5 s, minus --probe-timeout: docs/failover.md)",
+    )
     p.add_argument("--out", type=Path, help="JSON results file (default bench/results/...)")
     p.add_argument(
         "--keep", type=Path, metavar="DIR", help="run the cluster in DIR/cluster and keep its logs"

@@ -244,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = actions.add_parser(
         "status",
         help="show every process of every node (pid, alive or not), the view and any rebalance "
-        "under way (partitions moving, entries left, an estimate)",
+        "under way (partitions moving, entries and bytes left, an estimate)",
     )
     _add_dir(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -290,21 +290,27 @@ def _start_agreement(state: ClusterState, timeout: float) -> bool:
         state.consul_addr,
     )
     deadline = time.monotonic() + timeout
-    while not procs.tcp_accepts(state.consul_port, host=state.consul_host):
-        if not record.running():
-            how = procs.describe_exit(record.identity.pid)
-            raise StartFailure(
-                f"the agreement server (pid {record.identity.pid}) {how} during startup "
-                f"(log: {record.log})",
-                record.log,
-            )
-        if time.monotonic() >= deadline:
-            raise StartFailure(
-                f"the agreement server is not serving on {state.consul_addr} after "
-                f"{timeout:g} s (log: {record.log})",
-                record.log,
-            )
-        time.sleep(0.05)
+    try:
+        while not procs.tcp_accepts(state.consul_port, host=state.consul_host):
+            if not record.running():
+                how = procs.describe_exit(record.identity.pid)
+                raise StartFailure(
+                    f"the agreement server (pid {record.identity.pid}) {how} during startup "
+                    f"(log: {record.log})",
+                    record.log,
+                )
+            if time.monotonic() >= deadline:
+                raise StartFailure(
+                    f"the agreement server is not serving on {state.consul_addr} after "
+                    f"{timeout:g} s (log: {record.log})",
+                    record.log,
+                )
+            time.sleep(0.05)
+    except BaseException:
+        # The caller stops what it started only once this returns: a server that never
+        # served was left running (a loaded machine's `up` timed out and kept consul-dev).
+        _stop_agreement(state, ABORT_GRACE)
+        raise
     return True
 
 
@@ -624,13 +630,14 @@ def partition_status(node: NodeState, timeout: float = 2.0) -> dict[str, Any]:
     # follower node id -> its replication of this node's partitions, summed.
     followers: dict[str, dict[str, Any]] = {}
     # Followers of this node's partitions not yet in sync: what a rebalance still copies.
-    catching_up = {"replicas": 0, "entries": 0}
+    catching_up = {"replicas": 0, "entries": 0, "bytes": 0}
     for p in reply.partitions:
         roles[p.role] = roles.get(p.role, 0) + 1
         for f in p.followers:
             if not f.in_sync:
                 catching_up["replicas"] += 1
                 catching_up["entries"] += f.lag
+                catching_up["bytes"] += f.bytes_left
             row = followers.setdefault(
                 f.node_id, {"partitions": 0, "in_sync": 0, "lag": 0, "max_lag": 0, "states": {}}
             )

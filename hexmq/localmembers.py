@@ -219,7 +219,8 @@ class LeaveOutcome:
 def _ask_leave(
     node: NodeState, wait_s: float, rpc_timeout: float
 ) -> membership_pb2.LeaveReply | None:
-    """One Leave call to the node's agent (None if it does not answer)."""
+    """One Leave call to the node's agent (None if it does not answer). An agent that has no
+    Leave (a release before it: v0.2.0) is refused at once, saying what to do instead."""
     import grpc  # imported here: `hexmq cluster` commands that do not ask stay fast
 
     from hexmq.api.membership.v1 import membership_pb2, membership_pb2_grpc
@@ -233,6 +234,14 @@ def _ask_leave(
             )
             return reply
     except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+            raise ClusterError(
+                f"node {node.node} cannot leave gracefully: its membership agent runs a "
+                "release without leave (v0.2.0 or older), so nothing was asked of it and it "
+                f"keeps running. Stop it plainly with `hexmq cluster stop {node.node}` (its "
+                "partitions fail over to in-sync replicas; nothing acknowledged is lost), or "
+                "upgrade it first (docs/operations.md, Rolling upgrade and rollback)"
+            ) from exc
         log.warning("node %d: leave: %s: %s", node.node, exc.code().name, exc.details())
         return None
 
@@ -312,52 +321,70 @@ def leave_node(
 # --- progress -------------------------------------------------------------------------------
 
 
-def _entries_left(nodes: list[dict[str, Any]]) -> tuple[int, int]:
-    """(replicas catching up, entries they still lack) over the nodes' partition services."""
-    replicas = entries = 0
+def _left(nodes: list[dict[str, Any]]) -> tuple[int, int, int]:
+    """(replicas catching up, log entries and bytes they still lack) over the nodes'
+    partition services."""
+    replicas = entries = size = 0
     for node in nodes:
         parts = node.get("partitions") or {}
         catching_up = parts.get("catching_up") or {}
         replicas += catching_up.get("replicas", 0)
         entries += catching_up.get("entries", 0)
-    return replicas, entries
+        size += catching_up.get("bytes", 0)
+    return replicas, entries, size
 
 
 def rebalance_progress(
     state: ClusterState, doc: dict[str, Any], sample_s: float = 1.0
 ) -> dict[str, Any] | None:
     """What `hexmq cluster status` says of a rebalance: the view's moving partitions (from
-    `doc`, a cluster_status document), the replicas still catching up and the log entries
-    they lack; while something moves, a second look after `sample_s` gives the rate at which
-    entries are copied and from it an estimate of the time left (None: no rate yet). None when
-    no agent answers."""
+    `doc`, a cluster_status document), the replicas still catching up and the log entries and
+    bytes they lack; while something moves, a second look after `sample_s` gives the rates at
+    which they are copied and an estimate of the time left (None: no rate yet), from bytes
+    (a snapshot's entry lag counts the partition's whole history, its bytes what is left to
+    copy), or from entries while no bytes moved. None when no agent answers."""
     membership = doc.get("membership") or {}
     view = membership.get("rebalance")
     if view is None:
         return None
-    replicas, entries = _entries_left(doc["nodes"])
+    replicas, entries, size = _left(doc["nodes"])
     progress: dict[str, Any] = {
         **view,
         "replicas_catching_up": replicas,
         "entries_left": entries,
+        "bytes_left": size,
         "entries_per_s": None,
+        "bytes_per_s": None,
         "estimate_s": None,
     }
     if (view["moving"] or replicas) and sample_s > 0:
         time.sleep(sample_s)
-        later = [
-            {"partitions": partition_status(n)}
-            for n in state.nodes
-            if n.processes["partition"].running()
-        ]
-        replicas, entries_now = _entries_left(later)
-        rate = (entries - entries_now) / sample_s
-        progress["replicas_catching_up"] = replicas
-        progress["entries_left"] = entries_now
-        if rate > 0:
-            progress["entries_per_s"] = round(rate)
-            progress["estimate_s"] = round(entries_now / rate, 1)
+        replicas, entries_now, size_now = _left(_partition_statuses(state))
+        progress.update(replicas_catching_up=replicas, entries_left=entries_now)
+        progress["bytes_left"] = size_now
+        entry_rate = (entries - entries_now) / sample_s
+        byte_rate = (size - size_now) / sample_s
+        if entry_rate > 0:
+            progress["entries_per_s"] = round(entry_rate)
+        if byte_rate > 0:
+            progress["bytes_per_s"] = round(byte_rate)
+            progress["estimate_s"] = round(size_now / byte_rate, 1)
+        elif entry_rate > 0:
+            progress["estimate_s"] = round(entries_now / entry_rate, 1)
     return progress
+
+
+def _partition_statuses(state: ClusterState) -> list[dict[str, Any]]:
+    """Each running partition service's account, as cluster_status puts it in a node."""
+    return [
+        {"partitions": partition_status(n)}
+        for n in state.nodes
+        if n.processes["partition"].running()
+    ]
+
+
+def _mb(size: float) -> str:
+    return f"{size / 1e6:.1f} MB"
 
 
 def describe_progress(progress: dict[str, Any] | None) -> str:
@@ -374,8 +401,13 @@ def describe_progress(progress: dict[str, Any] | None) -> str:
         f"rebalance: {moving} partition(s) moving{because}, "
         f"{progress['under_replicated']} under-replicated; "
         f"{progress['replicas_catching_up']} replica(s) catching up, "
-        f"{progress['entries_left']} entries left"
+        f"{progress['entries_left']} entries ({_mb(progress.get('bytes_left', 0))}) left"
     )
     if progress["estimate_s"] is not None:
-        line += f" (~{progress['estimate_s']:g} s at {progress['entries_per_s']} entries/s)"
+        rate = (
+            f"{_mb(progress['bytes_per_s'])}/s"
+            if progress.get("bytes_per_s")
+            else f"{progress['entries_per_s']} entries/s"
+        )
+        line += f" (~{progress['estimate_s']:g} s at {rate})"
     return line + "; do not stop or add another node until it has finished"

@@ -34,6 +34,7 @@ from services.membership.plan import (
     Observed,
     PlanConfig,
     failover_records,
+    lost_reasons,
     plan,
     refused_joiners,
 )
@@ -240,10 +241,16 @@ class MembershipAgent:
             partition_addr=c.partition_addr,
             mqtt_addr=c.mqtt_addr,
             membership_addr=c.membership_addr,
-            incarnation=self._incarnation,
+            # A node that has left serves the cluster nothing any more: its registration says
+            # so while its services stop, or an agent of a release without leave (v0.2.0, which
+            # reads no `leaving`) admits it again as a joining node (seen in a mixed cluster).
+            incarnation=0 if self._left() else self._incarnation,
             protocol=self.protocol,
             leaving=self._leaving,
         )
+
+    def _left(self) -> bool:
+        return self._leaving and self.has_left(self.board.view)
 
     @property
     def protocol(self) -> Support:
@@ -586,6 +593,9 @@ class MembershipAgent:
                 view.epoch,
                 self.config.node_id,
             )
+            if self._session is not None:
+                self._session.set_record(self.record())  # incarnation 0: not serving
+            self._rewrite.set()
 
     def _update_peers(self) -> None:
         """Probe every other member, and every registered node waiting to join: a node is
@@ -776,6 +786,8 @@ class MembershipAgent:
             return False
         if won:
             log.debug("proposed view %d", proposal.epoch)
+            if view is not None:
+                _log_removals(view, proposal, observed)
         try:
             _, entry = await self._consul.kv.get(self.keys.view)
         except CONSUL_ERRORS as exc:
@@ -783,3 +795,17 @@ class MembershipAgent:
             return False
         self._on_view_entry(entry)
         return not won
+
+
+def _log_removals(view: pb.View, proposal: pb.View, observed: Observed) -> None:
+    """Why the view this agent just wrote removes members (each agent logs the view change;
+    only the proposer knows what it saw)."""
+    removed = {m.node_id for m in view.members} - {m.node_id for m in proposal.members}
+    reasons = lost_reasons(view, observed)
+    for node in sorted(removed):
+        log.info(
+            "proposed view %d without %s: %s",
+            proposal.epoch,
+            node,
+            reasons.get(node, "its leave is done"),
+        )

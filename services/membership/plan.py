@@ -59,6 +59,7 @@ __all__ = [
     "failover_records",
     "goal",
     "lost_members",
+    "lost_reasons",
     "plan",
     "refused_joiners",
     "request_outcome",
@@ -284,26 +285,39 @@ def _live_reporters(view: pb.View, observed: Observed) -> list[str]:
 
 
 def lost_members(view: pb.View, observed: Observed) -> list[str]:
-    """The members of `view` that are lost, sorted.
+    """The members of `view` that are lost, sorted (why: `lost_reasons`)."""
+    return sorted(lost_reasons(view, observed))
+
+
+def lost_reasons(view: pb.View, observed: Observed) -> dict[str, str]:
+    """The members of `view` that are lost, each with why (for the agents' logs).
 
     Lost: no registration; a registration with another incarnation (0 included: not serving,
     or restarted); reported "refused" by any live member; or reported (any kind) by more than
     half of the view's members. Only live members' reports count, never a node's own.
     """
     reporters = _live_reporters(view, observed)
-    lost = []
+    lost = {}
     for m in sorted(view.members, key=lambda m: m.node_id):
         reg = observed.registry.get(m.node_id)
-        if reg is None or reg.incarnation != m.incarnation:
-            lost.append(m.node_id)
+        if reg is None:
+            lost[m.node_id] = "not registered"
             continue
-        kinds = [
-            kind
+        if reg.incarnation != m.incarnation:
+            lost[m.node_id] = f"registered with incarnation {reg.incarnation}, not {m.incarnation}"
+            continue
+        reports = {
+            r: kind
             for r in reporters
             if r != m.node_id and (kind := observed.suspicions.get(r, {}).get(m.node_id))
-        ]
-        if REFUSED in kinds or 2 * len(kinds) > len(view.members):
-            lost.append(m.node_id)
+        }
+        refused = sorted(r for r, kind in reports.items() if kind == REFUSED)
+        if refused:
+            lost[m.node_id] = f"reported refused by {', '.join(refused)}"
+        elif 2 * len(reports) > len(view.members):
+            lost[m.node_id] = (
+                f"reported silent by {', '.join(sorted(reports))} of {len(view.members)} members"
+            )
     return lost
 
 

@@ -33,10 +33,53 @@ class Outcome(enum.Enum):
     FAILED = "failed"
 
 
+# After a false alarm (a peer this agent reported silent answers again) the silence it allows
+# that peer doubles, up to this many doublings; it is back to --suspect-after once the peer
+# has answered for FORGIVE_MS since its last false alarm.
+MAX_STRIKES = 3
+FORGIVE_MS = 30_000
+
+
+@dataclass(slots=True)
+class SilenceAllowance:
+    """How long one peer may stay silent before this agent reports it.
+
+    --suspect-after at first, doubled after each false alarm: a peer reported silent that
+    answers again was alive (stalled: a loaded machine, a busy event loop, a pause), and was
+    removed from the view for it. A node whose loop stalls under the work its admission brings
+    (a join's catch-up, the partitions a restore gives back) would otherwise be removed again
+    at its next stall of the same length, and flap for as long as the load lasts (the
+    rebalance benchmark at load 20: 32 removals in 3 minutes). Real deaths are unaffected: a
+    gone process is refused, not silent, and a peer that stays silent is reported, only later.
+    Shared by FailureDetector and the agreement simulator (tests/support/agreement_sim.py)."""
+
+    base_ms: int
+    strikes: int = 0
+    # A silence report of this peer stands (made, and no answer since).
+    reported: bool = False
+    # When its last false alarm ended.
+    cleared_ms: int = 0
+
+    def limit_ms(self, now_ms: int) -> int:
+        if self.strikes and not self.reported and now_ms - self.cleared_ms >= FORGIVE_MS:
+            self.strikes = 0
+        return self.base_ms << self.strikes
+
+    def report(self) -> None:
+        self.reported = True
+
+    def answered(self, now_ms: int) -> None:
+        if self.reported:
+            self.reported = False
+            self.strikes = min(self.strikes + 1, MAX_STRIKES)
+            self.cleared_ms = now_ms
+
+
 @dataclass(slots=True)
 class _Peer:
     # The last time the peer answered (or when probing it began): silence is counted from here.
     last_ok_ms: int
+    allowance: SilenceAllowance
     last: Outcome | None = None
     # Whether it has answered since this agent began probing it: until then a refusal is
     # only silence (a partition service starts serving a moment after the view admits it).
@@ -48,7 +91,8 @@ class FailureDetector:
 
     A confirmed refusal of a peer that has answered before is reported "refused" at once;
     failures (and refusals of a peer that never answered yet) are reported "silent" once the
-    peer has not answered for `suspect_after_ms`; any answer clears the report."""
+    peer has not answered for `suspect_after_ms` (longer after false alarms:
+    `SilenceAllowance`); any answer clears the report."""
 
     def __init__(self, suspect_after_ms: int) -> None:
         if suspect_after_ms <= 0:
@@ -61,7 +105,9 @@ class FailureDetector:
         others are forgotten (with their reports)."""
         wanted = set(peers)
         self._peers = {
-            node: self._peers.get(node) or _Peer(last_ok_ms=now_ms) for node in sorted(wanted)
+            node: self._peers.get(node)
+            or _Peer(last_ok_ms=now_ms, allowance=SilenceAllowance(self._suspect_after_ms))
+            for node in sorted(wanted)
         }
 
     def record(self, node: str, outcome: Outcome, now_ms: int) -> None:
@@ -74,6 +120,9 @@ class FailureDetector:
         if outcome is Outcome.OK:
             peer.last_ok_ms = now_ms
             peer.answered = True
+            peer.allowance.answered(now_ms)
+        elif outcome is Outcome.REFUSED:
+            peer.allowance.reported = False  # gone, not stalled: no false alarm
 
     def reports(self, now_ms: int) -> dict[str, str]:
         """{node: "refused" | "silent"} for the peers this agent finds unreachable now."""
@@ -81,8 +130,12 @@ class FailureDetector:
         for node, peer in self._peers.items():
             if peer.last is Outcome.REFUSED:
                 found[node] = "refused"
-            elif peer.last is Outcome.FAILED and now_ms - peer.last_ok_ms >= self._suspect_after_ms:
+            elif (
+                peer.last is Outcome.FAILED
+                and now_ms - peer.last_ok_ms >= peer.allowance.limit_ms(now_ms)
+            ):
                 found[node] = "silent"
+                peer.allowance.report()
         return found
 
     def doubted_since(self, node: str) -> int | None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Protocol
 
 import grpc
@@ -73,6 +73,14 @@ SNAPSHOT_BACKLOG = 4 * MAX_ITEMS_PER_FRAME
 # Replication frames' writes that make a follower's MULTI/EXEC worth sending without waiting out
 # the pacing interval.
 FULL_PERSIST = 64
+# A follower writes at most about this many storage ops in one MULTI/EXEC (whole Persists:
+# each is one transaction) and hands the state machine a frame's items in slices of about as
+# many. redis-py packs a transaction's commands and reads its replies without yielding to the
+# event loop: a node joining a loaded cluster, catching up on a hundred partitions at once, put
+# every pending frame's writes in one transaction and stalled its loop for about a second, long
+# enough for every agent's health probe to time out, and was removed as silent right after its
+# admission.
+MAX_OPS_PER_WRITE = 4096
 
 # How long to wait before asking the agent again after it could not be reached.
 AGENT_RETRY_S = 0.5
@@ -204,10 +212,15 @@ class MasterLink:
                     self.driver.process()
                     call = stub.Replicate(self._outgoing(self._generation, hello))
                     log.info("replicating from %s (%s)", self.master, self.target)
-                    backoff = 0.05
                     async for frame in call:
-                        core.step_items(self.master, frame.items)
-                        self.driver.process()
+                        # Back to a short backoff only once the master has sent something: a
+                        # stream it ends at once (a failing join) is retried at most once a
+                        # second, not 10-20 times a second as when any connect reset it.
+                        backoff = 0.05
+                        for items in item_slices(frame.items, MAX_OPS_PER_WRITE):
+                            core.step_items(self.master, items)
+                            self.driver.process()
+                            await asyncio.sleep(0)
                     why = "stream ended"
             except TimeoutError:
                 why = "not reachable"
@@ -240,11 +253,43 @@ def _encoding_summary(chunks: list[ChunkSent]) -> str:
     return f"{how}, {raw / 1024:.0f} KB as {wire / 1024:.0f} KB"
 
 
+def persists_within(persists: Sequence[Persist], max_ops: int) -> int:
+    """How many of the first `persists` one transaction takes: as many as fit in `max_ops`
+    storage ops, and at least one."""
+    ops = 0
+    for i, persist in enumerate(persists):
+        ops += len(persist.ops)
+        if ops > max_ops and i > 0:
+            return i
+    return len(persists)
+
+
+def item_slices(
+    items: Sequence[pb.ReplicationItem], max_ops: int
+) -> Iterator[Sequence[pb.ReplicationItem]]:
+    """A frame's items in runs of about `max_ops` storage ops (at least one item each)."""
+    start = ops = 0
+    for i, item in enumerate(items):
+        kind = item.WhichOneof("item")
+        if kind == "entry":
+            size = len(item.entry.ops)
+        elif kind == "snapshot":
+            size = len(item.snapshot.ops) if not item.snapshot.packed_ops else SNAPSHOT_CHUNK_OPS
+        else:
+            size = 0
+        if ops + size > max_ops and i > start:
+            yield items[start:i]
+            start, ops = i, 0
+        ops += size
+    if start < len(items):
+        yield items[start:]
+
+
 class RoleListener(Protocol):
     """What the partition node hears of the roles the state machine takes."""
 
     def promoted(self, p: int) -> None: ...
-    def demoted(self, p: int) -> None: ...
+    def demoted_all(self, partitions: Sequence[int]) -> None: ...
 
 
 class ReplicationDriver:
@@ -382,8 +427,7 @@ class ReplicationDriver:
         if roles is not None:
             if ready.demoted:
                 log.info("no longer master of partitions %s", ranges(ready.demoted))
-            for p in ready.demoted:
-                roles.demoted(p)
+                roles.demoted_all(ready.demoted)
             for p in ready.promoted:
                 roles.promoted(p)
         if ready.relink:
@@ -495,6 +539,12 @@ class ReplicationDriver:
             )
         except (redis.RedisError, OSError) as exc:
             self._on_failure(StorageFailed(f"redis read for a snapshot failed: {exc}"))
+        except Exception:
+            # A bug, not storage: the follower's repeated joins no longer restart a snapshot
+            # under way, so start it again here rather than leave it waiting for good.
+            log.exception("snapshot of partition %d for %s failed", read.partition, read.follower)
+            self.core.snapshot_lost(read)
+            self.process()
 
     async def _send_chunk(
         self,
@@ -521,42 +571,50 @@ class ReplicationDriver:
 
     async def _write_loop(self) -> None:
         client = self._writer if self._writer is not None else self.store.client
-        timeout = self._write_timeout
-        core = self.core
         loop = asyncio.get_running_loop()
         pacer, linger = FlushPacer(full=FULL_PERSIST), telemetry.METRICS.linger("replica_write")
         while True:
             await self._persist_wake.wait()
             self._persist_wake.clear()
             # One MULTI/EXEC in flight, at most one per pacing interval (hexmq/pacing.py): the
-            # frames that arrive meanwhile join it.
+            # frames that arrive meanwhile join it, up to MAX_OPS_PER_WRITE a transaction.
             delay = pacer.delay(loop.time(), len(self._persist))
             if delay:
                 await asyncio.sleep(delay)
             pacer.sent(loop.time())
-            batches, self._persist = self._persist, []
-            if not batches:
-                continue
-            linger.record(len(batches), delay)
-            pipe = client.pipeline(transaction=True)
-            try:
-                for persist in batches:
-                    if persist.clear and len(pipe):
-                        # Read what to drop only after the writes before it are in.
-                        await timed_execute(pipe, timeout)
-                        pipe = client.pipeline(transaction=True)
-                    for p in persist.clear:
-                        pipe.delete(*await self.store.partition_keys(p))
-                    apply_ops(pipe, persist.ops)
-                    for p, pos in persist.positions.items():
-                        put_position(pipe, p, pos, persist.histories.get(p))
-                await timed_execute(pipe, timeout)
-            except (redis.RedisError, OSError) as exc:
-                self._on_failure(StorageFailed(f"redis write of replicated entries failed: {exc}"))
-                return
+            while self._persist:
+                count = persists_within(self._persist, MAX_OPS_PER_WRITE)
+                batches = self._persist[:count]
+                del self._persist[:count]
+                linger.record(len(batches), delay)
+                delay = 0.0
+                if not await self._write(client, batches):
+                    return
+
+    async def _write(self, client: redis.Redis, batches: list[Persist]) -> bool:
+        """One transaction of follower writes; False if it failed (the service stops)."""
+        core = self.core
+        timeout = self._write_timeout
+        pipe = client.pipeline(transaction=True)
+        try:
             for persist in batches:
-                core.follower_durable(persist.id)
-            self.process()
+                if persist.clear and len(pipe):
+                    # Read what to drop only after the writes before it are in.
+                    await timed_execute(pipe, timeout)
+                    pipe = client.pipeline(transaction=True)
+                for p in persist.clear:
+                    pipe.delete(*await self.store.partition_keys(p))
+                apply_ops(pipe, persist.ops)
+                for p, pos in persist.positions.items():
+                    put_position(pipe, p, pos, persist.histories.get(p))
+            await timed_execute(pipe, timeout)
+        except (redis.RedisError, OSError) as exc:
+            self._on_failure(StorageFailed(f"redis write of replicated entries failed: {exc}"))
+            return False
+        for persist in batches:
+            core.follower_durable(persist.id)
+        self.process()
+        return True
 
     async def _tick_loop(self) -> None:
         while True:

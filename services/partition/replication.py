@@ -36,8 +36,9 @@ the membership agent. Tests drive this class directly over an in-memory network
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hexmq.api.partition.v1 import partition_pb2 as pb
@@ -204,6 +205,12 @@ class RecentLog:
         """The log holds every entry from seq on (up to its end)."""
         return seq >= self.start
 
+    def bytes_after(self, seq: int) -> int | None:
+        """The size of the entries after seq (None: the log no longer reaches back to them)."""
+        if not self.reaches(seq + 1):
+            return None
+        return sum(e.size for e in itertools.islice(self.entries, seq + 1 - self.start, None))
+
 
 @dataclass(slots=True)
 class FollowerProgress:
@@ -225,6 +232,14 @@ class FollowerProgress:
     snapshot_id: int = 0
     snapshot_at: Position = NOWHERE
     snapshot_started: bool = False
+    # Bytes of storage ops the snapshot has sent so far (for status: what is left).
+    snapshot_sent: int = 0
+    # The last join this follower made on its current stream (None: none yet). One answered
+    # by a snapshot has its FeedStart sent with the first chunk, which may take a while (reads
+    # wait for a slot, Redis is busy): the follower joins again meanwhile, every
+    # need_retry_ticks, and each such join used to restart the snapshot, which then never got
+    # to its first chunk (the rebalance benchmark: 9 partitions copying by snapshot for good).
+    last_join: Position | None = None
     # No longer one of the view's replicas, but still counted until the agent settles the
     # in-sync change asked for it (an addition might yet be made).
     departed: bool = False
@@ -712,6 +727,9 @@ class Replicator:
         self._advance()
 
     def _accept_join(self, m: MasteredPartition, fp: FollowerProgress, pos: Position) -> None:
+        if fp.state == SNAPSHOT and fp.last_join == pos:
+            return  # the same join again, on the same stream: its snapshot is under way
+        fp.last_join = pos
         fp.snapshot_started = False
         fp.joined = True
         if on_history(m.history, m.durable, pos) and m.log.reaches(pos[1] + 1):
@@ -759,6 +777,7 @@ class Replicator:
             fp.down_since = self.now
         fp.state = DOWN
         fp.snapshot_started = False
+        fp.last_join = None
 
     def step_acks(self, follower: str, acks: Iterable[pb.PartitionPosition]) -> None:
         now = self.now
@@ -824,15 +843,27 @@ class Replicator:
         if not fp.snapshot_started:
             out.append(self._start_item(m, at[1] + 1, snapshot=True))
         fp.snapshot_started = True
+        fp.snapshot_sent += sum(op_size(op) for op in ops)
         out.append(pb.ReplicationItem(snapshot=chunk))
         if last:
             fp.state, fp.next, fp.acked = LOG, at[1] + 1, 0
             self._send(m, fp)
         return sent
 
+    def snapshot_lost(self, read: SnapshotRead) -> None:
+        """A snapshot read ended without its last chunk for a reason other than the stream or
+        a newer snapshot (the adapter's read failed): if that snapshot is still wanted, start
+        it again, since the follower's repeated joins no longer do."""
+        m = self.mastered.get(read.partition)
+        fp = m.followers.get(read.follower) if m is not None else None
+        if m is None or fp is None or fp.state != SNAPSHOT or fp.snapshot_id != read.id:
+            return
+        self._start_snapshot(m, fp)
+
     def _start_snapshot(self, m: MasteredPartition, fp: FollowerProgress) -> None:
         fp.state = SNAPSHOT
         fp.snapshot_started = False
+        fp.snapshot_sent = 0
         fp.snapshot_at = (m.durable_epoch, m.durable)
         fp.acked = 0
         self._snapshot_ids += 1
@@ -1092,6 +1123,11 @@ class Replicator:
                     fd.need = 0
                     fd.history = ()
                     fd.received = NOWHERE
+                    # Its recent log goes with the state it held: cut off mid-snapshot, the
+                    # follower joins from nothing and may be sent the log from seq 1, which
+                    # appended to the old entries made a log whose entries[seq - start] is
+                    # not entry seq (served wrong entries, or failed, once it was promoted).
+                    fd.log.reset(NOWHERE)
                     # Anything this batch held for the partition is superseded.
                     persist.clear.append(c.partition)
                     persist.ops = [op for op in persist.ops if not _in_partition(op, c.partition)]
@@ -1181,10 +1217,21 @@ class Replicator:
 
     # ----- status ------------------------------------------------------------------------
 
-    def follower_status(self, p: int) -> list[pb.FollowerStatus]:
+    def follower_status(
+        self, p: int, state_bytes: Callable[[], int] = lambda: 0
+    ) -> list[pb.FollowerStatus]:
+        """Each follower of p mastered here; `state_bytes` estimates the size of p's state,
+        asked only when some follower needs or takes a snapshot."""
         m = self.mastered.get(p)
         if m is None:
             return []
+        size: list[int] = []
+
+        def state() -> int:
+            if not size:
+                size.append(state_bytes())
+            return size[0]
+
         return [
             pb.FollowerStatus(
                 node_id=fp.node,
@@ -1192,6 +1239,7 @@ class Replicator:
                 lag=m.lag(fp),
                 in_sync=fp.isr == IN,
                 state=fp.state,
+                bytes_left=_bytes_left(m, fp, state),
             )
             for fp in m.followers.values()
         ]
@@ -1219,6 +1267,14 @@ class Replicator:
             return (m.durable_epoch, m.durable)
         fd = self.followed.get(p)
         return fd.received if fd is not None else NOWHERE
+
+
+def _bytes_left(m: MasteredPartition, fp: FollowerProgress, state: Callable[[], int]) -> int:
+    """About what the follower still lacks, in bytes of storage ops (Entry.size's measure)."""
+    if fp.state == SNAPSHOT:
+        return max(state() - fp.snapshot_sent, 0) + (m.log.bytes_after(fp.snapshot_at[1]) or 0)
+    lacking = m.log.bytes_after(fp.acked) if fp.state != WAITING else None
+    return state() if lacking is None else lacking  # None: it needs a snapshot
 
 
 def _in_partition(op: Op, p: int) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator
 
@@ -16,6 +17,7 @@ from services.partition.node import PartitionNode
 from services.partition.peers import ReplicationDriver
 from services.partition.replication import Replicator
 from services.partition.sessions import Session
+from services.partition.store import queue_key, retained_key, sessions_key, subs_key
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +106,9 @@ def status_reply(node: PartitionNode, replicator: Replicator) -> pb.StatusReply:
             sequence=replicator.position(p)[1],
             sessions=len(per_partition[p]),
             queued_messages=sum(len(s.queue) for s in per_partition[p]),
-            followers=replicator.follower_status(p),
+            followers=replicator.follower_status(
+                p, functools.partial(state_bytes, node, p, per_partition[p])
+            ),
         )
         for p, epoch in sorted(node.mastered.items())
     ]
@@ -126,3 +130,31 @@ def status_reply(node: PartitionNode, replicator: Replicator) -> pb.StatusReply:
         messages_in=node.messages_in,
         messages_out=node.messages_out,
     )
+
+
+# Per storage op beyond its key, field and value (replication.op_size's measure).
+_OP = 8
+
+
+def state_bytes(node: PartitionNode, p: int, sessions: list[Session]) -> int:
+    """About how large partition p's snapshot is, in replication.op_size's measure, from what
+    its master holds in memory: sessions with their subscriptions, queues and inbound QoS 2
+    state, and retained messages (remembered QoS 2 origins and shared handoffs, small, are
+    left out)."""
+    size = 0
+    records = len(sessions_key(p)) + _OP
+    for s in sessions:
+        cid = s.client_id
+        size += records + len(cid) + s.record.ByteSize()
+        subs = len(subs_key(p, cid)) + _OP
+        size += sum(subs + len(f) + spec.ByteSize() for f, spec in s.subscriptions.items())
+        queued = len(queue_key(p, cid)) + _OP + 6  # + a message id's digits, about
+        size += sum(queued + qm.ByteSize() for qm in s.queue.values())
+        size += sum(queued + q.ByteSize() for q in s.q2in.values())
+    retained = len(retained_key(p)) + _OP
+    size += sum(
+        retained + len(topic) + msg.ByteSize()
+        for topic, (q, msg) in node.retained.items()
+        if q == p
+    )
+    return size

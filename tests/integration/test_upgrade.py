@@ -34,6 +34,7 @@ import pytest
 
 from hexmq.hashring import assign, partition_of
 from tests.conftest import HEXMQ, HexmqCluster, pick_base_port, running_processes
+from tests.integration.test_elastic import failovers_from
 from tests.support.workload import Publisher, Subscriber, check
 
 # The release before this one: set to the newest tag and its commit when a release is made
@@ -326,15 +327,7 @@ def test_rolling_upgrade_from_the_previous_release_then_one_node_back(
     for s in subs:  # through n3's own edge, of the previous release
         assert s.move(cluster.mqtt_port(3)), s.client_id
 
-    wanted = {p.payload(n) for p in publishers for n in p.acked}
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not all(wanted <= set(s.payloads()) for s in subs):
-        time.sleep(0.3)
-    report = check(publishers, subs)
-    report.assert_clean()
-    assert report.acknowledged > 1000, report
-    for s in subs:
-        s.close()
+    delivered_and_clean(publishers, subs, at_least=1000)
     # The previous release's CLI still reads the state this one wrote.
     old_status = json.loads(up.old_cli("status", "--json").stdout)
     assert all(n["alive"] for n in old_status["nodes"]), old_status
@@ -342,6 +335,106 @@ def test_rolling_upgrade_from_the_previous_release_then_one_node_back(
     assert runs == {1: str(up.new_python), 2: str(up.new_python), 3: str(up.old_python)}
 
 
+def delivered_and_clean(pubs: list[Publisher], subs: list[Subscriber], at_least: int) -> None:
+    """Every subscriber got every acknowledged message (up to 60 s to drain), none lost,
+    duplicated at QoS 2 or out of order; then the subscribers close."""
+    wanted = {p.payload(n) for p in pubs for n in p.acked}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not all(wanted <= set(s.payloads()) for s in subs):
+        time.sleep(0.3)
+    report = check(pubs, subs)
+    report.assert_clean()
+    assert report.acknowledged > at_least, report
+    for s in subs:
+        s.close()
+
+
 def _state(cluster_dir: Path) -> list[dict[str, Any]]:
     nodes: list[dict[str, Any]] = json.loads((cluster_dir / "cluster.json").read_text())["nodes"]
     return nodes
+
+
+@pytest.mark.fault
+@pytest.mark.timeout(1800)
+def test_a_node_of_this_release_leaves_while_previous_release_nodes_are_members(
+    old_cluster: Upgrade,
+) -> None:
+    """A leave in a mixed cluster (docs/operations.md, "Rolling upgrade and rollback"): n3 is
+    upgraded, then leaves while n1 and n2 still run the previous release, under QoS 1 traffic
+    through all three. The previous release's agents know no leave: the views they write
+    lack `leaving` (this release's agents write it back), and they would admit again a
+    registered node that is not a member. The leave still moves n3's master roles by
+    handover, copies its replicas to n1 and n2 (2 of RF 3 are left), lets n3 go, and n3 stays
+    out (once left, its registration says it serves nothing, so no agent admits it again while
+    its services stop); nothing acknowledged is lost. A leave of n1, of the previous release,
+    is refused saying why and what to do, and changes nothing."""
+    up = old_cluster
+    cluster = up.cluster
+    up.wait_whole()
+    cluster.stop(3)
+    result = cluster.cli("start", "3", "--python", str(up.new_python), timeout=300)
+    (started,) = json.loads(result.stdout)["nodes"]
+    cluster.nodes[2] = started
+    up.wait_whole()
+    tag = uid()
+    subs = [
+        Subscriber(f"s{i}-{tag}-{v}", cluster.mqtt_port(i), f"mix/{tag}/#", qos=1, version=v)
+        for i in (1, 3)
+        for v in (5, 4)
+    ]
+    for s in subs:
+        s.connect()
+    pubs = [
+        Publisher(f"p{i}-{tag}-{v}", cluster.mqtt_port(i), f"mix/{tag}/{i}-{v}", 1, v)
+        for i in (1, 2, 3)
+        for v in (5, 4)
+    ]
+    for p in pubs:
+        p.start(interval=0.01)
+    time.sleep(2)
+    leave_line = len((cluster.dir / "node1" / "membership.log").read_text().splitlines())
+    said = cluster.leave(3)
+    assert "left the cluster" in said, said
+    for s in subs:
+        if s.port == cluster.mqtt_port(3):  # its edge sent them away: resume on n1
+            deadline = time.monotonic() + 10
+            while s.connected() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert s.move(cluster.mqtt_port(1)), f"{s.client_id}: session not present"
+
+    def out_and_whole() -> bool:
+        doc = up.membership()
+        in_view = {m["node_id"] for m in doc.get("members", []) if m["in_view"]}
+        roles = doc.get("partitions", {})
+        n3 = roles.get("n3", {})
+        return (
+            in_view == {"n1", "n2"}
+            and all(roles.get(n, {}).get("in_sync") == PARTITIONS for n in ("n1", "n2"))
+            and n3.get("masters", 0) + n3.get("follows", 0) == 0
+        )
+
+    deadline = time.monotonic() + 120
+    while not out_and_whole():
+        assert time.monotonic() < deadline, f"not whole without n3: {up.membership()}"
+        time.sleep(0.5)
+    time.sleep(5)  # the previous release's agents do not take n3 back in
+    assert out_and_whole(), up.membership()
+    # Its master roles went by handover (the failovers of its upgrade's plain stop, before,
+    # are in the same log).
+    assert not failovers_from(cluster, "n3", log_node=3)
+    # Nobody admitted it again once it had left: its registration said it serves nothing
+    # (the previous release's agents read no `leaving`, and took it back in before).
+    n1_log = (cluster.dir / "node1" / "membership.log").read_text().splitlines()
+    readmitted = [line for line in n1_log[leave_line:] if "members +n3" in line]
+    assert not readmitted, readmitted
+
+    refused = cluster.cli("leave", "1", check=False)
+    assert refused.returncode == 1, refused
+    assert "node 1 cannot leave gracefully" in refused.stderr, refused.stderr
+    assert "hexmq cluster stop 1" in refused.stderr, refused.stderr
+    time.sleep(2)
+    assert out_and_whole(), up.membership()
+
+    for p in pubs:
+        p.stop()
+    delivered_and_clean(pubs, subs, at_least=500)

@@ -68,6 +68,7 @@ from services.membership.plan import (
     plan,
     request_outcome,
 )
+from services.membership.probes import SilenceAllowance
 from tests.support.memory_consul import Entry, MemoryConsul
 
 TICK_MS = 100
@@ -133,6 +134,9 @@ class SimNode:
     seen: dict[str, tuple[object, int]] = field(default_factory=dict)
     failing: dict[str, tuple[str, int, int]] = field(default_factory=dict)  # kind, since, count
     reports: dict[str, str] = field(default_factory=dict)
+    # How long each peer may stay silent before this agent reports it (longer after false
+    # alarms), as the real agent's FailureDetector keeps it.
+    allowances: dict[str, SilenceAllowance] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
     idle_key: object = None  # the inputs of its last plan that changed nothing
     observed_ms: int = -1  # when it last read Consul
@@ -148,6 +152,7 @@ class SimNode:
     def forget(self) -> None:
         """What a process loses when it ends: all but its session id (kept on disk)."""
         self.seen, self.failing, self.reports, self.requests = {}, {}, {}, []
+        self.allowances = {}
         self.idle_key = None
         self.leaving = False
         self.up, self.down, self.quiesced = {}, {}, {}
@@ -375,18 +380,24 @@ class Sim:
             if other == node.name:
                 continue
             result = self.probe(node.name, other)
+            allowance = node.allowances.get(other)
+            if allowance is None:
+                allowance = node.allowances[other] = SilenceAllowance(self.cfg.suspect_ms)
             if result is None:
                 node.failing.pop(other, None)
                 node.reports.pop(other, None)
+                allowance.answered(self.now_ms)
                 continue
             kind, since, count = node.failing.get(other, (result, self.now_ms, 0))
             if kind != result:
                 kind, since, count = result, self.now_ms, 0
             node.failing[other] = (kind, since, count + 1)
-            if (kind == REFUSED and count + 1 >= 2) or (
-                kind == SILENT and self.now_ms - since >= self.cfg.suspect_ms
-            ):
+            if kind == REFUSED and count + 1 >= 2:
                 node.reports[other] = kind
+                allowance.reported = False  # gone, not stalled
+            elif kind == SILENT and self.now_ms - since >= allowance.limit_ms(self.now_ms):
+                node.reports[other] = kind
+                allowance.report()
         for other in sorted(set(node.reports) - set(self._known(self._read()))):
             node.reports.pop(other)
         self.consul.put(

@@ -537,6 +537,20 @@ class Sim:
         if relink:
             self._close_unwanted()
             self._connect()
+        self._check_logs(node)
+
+    def _check_logs(self, node: SimNode) -> None:
+        """Every recent log the node keeps holds consecutive entries from its start (a master
+        serves followers by indexing it: entries[seq - start])."""
+        rep = node.rep
+        if rep is None:
+            return
+        logs = [(f"master of p{p}", m.log) for p, m in rep.mastered.items()]
+        logs += [(f"follower of p{p}", fd.log) for p, fd in rep.followed.items()]
+        for what, log in logs:
+            seqs = [e.seq for e in log.entries]
+            if seqs and (seqs[0] != log.start or seqs != list(range(seqs[0], seqs[-1] + 1))):
+                raise SimError(f"{node.name}'s log as {what} is not consecutive: {seqs[:8]}...")
 
     def _holds(self, node: SimNode, p: int, epoch: int, seq: int) -> bool:
         pos = node.positions.get(p, NOWHERE)

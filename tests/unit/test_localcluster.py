@@ -12,8 +12,11 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
@@ -243,6 +246,30 @@ def test_up_fails_on_the_agreement_servers_port_in_use(
     assert cli.main(argv) == 1
     assert f"already in use: 127.0.0.1:{taken} (agreement server)" in capsys.readouterr().err
     assert running_processes(cluster_dir) == []
+
+
+def test_an_agreement_server_that_never_serves_is_stopped_when_up_gives_up(
+    tmp_path: Path,
+) -> None:
+    """`up` stops what it started when a step fails, but the agreement server's own wait
+    failing left it running (make test at load 20: consul-dev kept running after `up` timed
+    out on it)."""
+    state = clusterstate.plan_cluster(
+        tmp_path / "c",
+        nodes=1,
+        base_port=pick_base_port(1),
+        partitions=8,
+        rf=1,
+        python=sys.executable,
+        redis_server="redis-server",
+    )
+    assert state.consul is not None
+    state.dir.mkdir()
+    state.consul.argv = [sys.executable, "-c", "import time; time.sleep(60)"]  # never listens
+    with pytest.raises(localcluster.StartFailure, match="not serving"):
+        localcluster._start_agreement(state, timeout=0.5)
+    assert state.consul.identity is not None
+    assert not state.consul.running()
 
 
 def test_port_in_use_detection(listener: socket.socket) -> None:
@@ -759,18 +786,23 @@ def test_status_describes_a_rebalance_with_what_is_left(tmp_path: Path) -> None:
         "leaving": [],
         "target_members": ["n1", "n2", "n3"],
     }
-    catching = {"catching_up": {"replicas": 2, "entries": 1500}}
+    catching = {"catching_up": {"replicas": 2, "entries": 1500, "bytes": 2_400_000}}
     doc = {"membership": {"rebalance": view}, "nodes": [{"partitions": catching}, {}]}
     progress = localmembers.rebalance_progress(state, doc, sample_s=0)
     assert progress is not None
     assert progress["entries_left"] == 1500
+    assert progress["bytes_left"] == 2_400_000
     assert progress["replicas_catching_up"] == 2
     assert localmembers.describe_progress(progress) == (
         "rebalance: 3 partition(s) moving (joining n3), 2 under-replicated; 2 replica(s) "
-        "catching up, 1500 entries left; do not stop or add another node until it has finished"
+        "catching up, 1500 entries (2.4 MB) left; do not stop or add another node until it "
+        "has finished"
     )
-    progress.update(entries_per_s=500, estimate_s=3.0)
-    assert "1500 entries left (~3 s at 500 entries/s)" in localmembers.describe_progress(progress)
+    # The estimate from bytes when bytes moved, else from entries.
+    progress.update(entries_per_s=500, bytes_per_s=800_000, estimate_s=3.0)
+    assert "(2.4 MB) left (~3 s at 0.8 MB/s)" in localmembers.describe_progress(progress)
+    progress.update(bytes_per_s=None)
+    assert "(2.4 MB) left (~3 s at 500 entries/s)" in localmembers.describe_progress(progress)
     view.update(moving=0, under_replicated=0, joining=[])
     doc["nodes"] = []
     settled = localmembers.rebalance_progress(state, doc, sample_s=0)
@@ -778,6 +810,33 @@ def test_status_describes_a_rebalance_with_what_is_left(tmp_path: Path) -> None:
         "rebalance: none: every partition in sync at its placement"
     )
     assert localmembers.rebalance_progress(state, {"membership": None, "nodes": []}) is None
+
+
+def test_the_rebalance_estimate_comes_from_the_bytes_copied_between_two_looks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A snapshot's entry lag is the partition's whole history: 100,000 entries that are
+    copied in one go. Bytes say what is left: the estimate uses them."""
+    state = clusterstate.plan_cluster(
+        tmp_path, nodes=2, base_port=30000, partitions=8, rf=2, python="py", redis_server="rs"
+    )
+    view = {"moving": 1, "under_replicated": 1, "joining": ["n3"], "leaving": []}
+    first = {"catching_up": {"replicas": 1, "entries": 100_000, "bytes": 3_000_000}}
+    later = {"catching_up": {"replicas": 1, "entries": 100_000, "bytes": 2_000_000}}
+    monkeypatch.setattr(localmembers, "_partition_statuses", lambda state: [{"partitions": later}])
+    monkeypatch.setattr(localmembers.time, "sleep", lambda s: None)
+    doc = {"membership": {"rebalance": view}, "nodes": [{"partitions": first}]}
+    progress = localmembers.rebalance_progress(state, doc, sample_s=0.5)
+    assert progress is not None
+    assert (progress["bytes_left"], progress["bytes_per_s"]) == (2_000_000, 2_000_000)
+    assert progress["entries_per_s"] is None  # no entry acknowledged in that second
+    assert progress["estimate_s"] == 1.0
+    # Nothing copied in bytes (a log catch-up measured by entries only): from entries.
+    later["catching_up"] = {"replicas": 1, "entries": 40_000, "bytes": 3_000_000}
+    progress = localmembers.rebalance_progress(state, doc, sample_s=0.5)
+    assert progress is not None
+    assert (progress["entries_per_s"], progress["bytes_per_s"]) == (120_000, None)
+    assert progress["estimate_s"] == 0.3
 
 
 def test_an_added_node_follows_static_discovery_and_refuses_what_add_cannot_repeat(
@@ -853,3 +912,30 @@ def test_an_added_node_repeats_the_node_wrapper_and_binds_its_own_address(
         "rs",
         str(n3.dir / "redis.conf"),
     ]
+
+
+def test_a_leave_of_a_node_whose_agent_knows_no_leave_is_refused_saying_what_to_do() -> None:
+    """v0.2.0's membership agent has no Leave RPC: `hexmq cluster leave` used to retry it,
+    fail with "does not answer the leave" and leave the operator guessing."""
+    import grpc
+
+    from hexmq.api.membership.v1 import membership_pb2_grpc
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=2))
+    membership_pb2_grpc.add_MembershipServiceServicer_to_server(
+        membership_pb2_grpc.MembershipServiceServicer(),
+        server,  # implements nothing
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        node = SimpleNamespace(
+            node=2, ports=SimpleNamespace(membership=port, addr=lambda p: f"127.0.0.1:{p}")
+        )
+        with pytest.raises(clusterstate.ClusterError) as refused:
+            localmembers._ask_leave(cast(Any, node), wait_s=1.0, rpc_timeout=5.0)
+    finally:
+        server.stop(None)
+    said = str(refused.value)
+    assert "node 2 cannot leave gracefully" in said
+    assert "`hexmq cluster stop 2`" in said

@@ -33,6 +33,7 @@ from services.membership.changes import (
 from services.membership.client import ViewWatcher
 from services.membership.plan import HandoverRequest, InSyncRequest
 from services.membership.probes import (
+    FORGIVE_MS,
     FailureDetector,
     Outcome,
     ProbeChannel,
@@ -257,6 +258,49 @@ def test_an_answer_clears_the_report() -> None:
     detector.record("n2", Outcome.OK, now_ms=300)
     assert detector.reports(300) == {}
     assert detector.probe_states(300) == {"n2": "ok"}
+
+
+def stall(detector: FailureDetector, node: str, start_ms: int, length_ms: int) -> bool:
+    """It answers at `start_ms`, its probes fail every 200 ms for `length_ms`, then it answers
+    again: whether it was reported meanwhile."""
+    detector.record(node, Outcome.OK, now_ms=start_ms)
+    reported = False
+    for t in range(start_ms + 200, start_ms + length_ms, 200):
+        detector.record(node, Outcome.FAILED, now_ms=t)
+        reported = reported or node in detector.reports(t)
+    detector.record(node, Outcome.OK, now_ms=start_ms + length_ms)
+    assert detector.reports(start_ms + length_ms) == {}
+    return reported
+
+
+def test_after_a_false_alarm_a_peer_is_allowed_twice_the_silence() -> None:
+    """A peer reported silent that answers again was stalled, not dead: its next stall of the
+    same length must not get it reported again (a joiner stalled by its catch-up flapped)."""
+    detector = FailureDetector(suspect_after_ms=1000)
+    detector.watch(["n2"], now_ms=0)
+    detector.record("n2", Outcome.OK, now_ms=0)
+    assert stall(detector, "n2", 200, 1400)  # reported after 1 s
+    assert not stall(detector, "n2", 2000, 1800)  # 2 s allowed now
+    assert stall(detector, "n2", 4000, 2400)  # but not more
+    assert not stall(detector, "n2", 7000, 3800)  # 4 s after a second false alarm
+    # Forgiven after FORGIVE_MS of answers: back to --suspect-after.
+    quiet = 11_000 + FORGIVE_MS
+    detector.record("n2", Outcome.OK, now_ms=quiet)
+    assert stall(detector, "n2", quiet + 200, 1400)
+
+
+def test_a_refusal_is_no_false_alarm() -> None:
+    detector = FailureDetector(suspect_after_ms=1000)
+    detector.watch(["n2"], now_ms=0)
+    detector.record("n2", Outcome.OK, now_ms=0)
+    assert stall(detector, "n2", 200, 1400)
+    detector.record("n2", Outcome.FAILED, now_ms=2000)
+    detector.record("n2", Outcome.FAILED, now_ms=3700)
+    assert detector.reports(3700) == {"n2": "silent"}
+    detector.record("n2", Outcome.REFUSED, now_ms=3800)  # it was gone: restarted
+    detector.record("n2", Outcome.OK, now_ms=4500)
+    # One false alarm (the first stall) counts, the restart does not: 2 s allowed, not 4.
+    assert stall(detector, "n2", 4600, 2400)
 
 
 def test_a_peer_that_leaves_the_view_is_forgotten_with_its_report() -> None:
@@ -684,6 +728,32 @@ async def test_an_agent_asked_to_leave_before_any_view_has_left_at_once() -> Non
     agent = MembershipAgent(config, tracing, on_fatal=lambda: None)
     reply = await asyncio.wait_for(agent.leave(60.0), 1.0)
     assert reply.left
+    tracing.shutdown()
+
+
+async def test_a_node_that_has_left_registers_as_serving_nothing() -> None:
+    """Between the view letting a leaving node go and its services stopping, its registration
+    said it served: an agent of v0.2.0 (which reads no `leaving`) admitted it again as a joining
+    node (the mixed-cluster leave test saw it). Once left, it registers incarnation 0."""
+    config = membership_main.agent_config(parse())  # node n1
+    tracing = telemetry.setup_tracing("membership", "n1")
+    agent = MembershipAgent(config, tracing, on_fatal=lambda: None)
+    agent.partition_attached(7)
+    holding = view(3)
+    agent._adopt(None, holding)
+    leave = asyncio.create_task(agent.leave(60.0))
+    await asyncio.sleep(0)
+    assert agent.record().leaving
+    assert agent.record().incarnation == 7  # still holds p0 and p2: serving
+    gone = view(4, members=("n2", "n3"))  # n1 no member, no target ...
+    for pa in gone.partitions:  # ... and no replica
+        pa.ClearField("replicas")
+        pa.ClearField("in_sync")
+        pa.replicas.extend(("n2", "n3"))
+        pa.in_sync.extend(("n2", "n3"))
+    agent._adopt(holding, gone)
+    assert (await asyncio.wait_for(leave, 1.0)).left
+    assert agent.record().incarnation == 0
     tracing.shutdown()
 
 

@@ -20,6 +20,7 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from services.partition.delivery import publish_origin
 from services.partition.node import PartitionNode
 from services.partition.replication import Assignment, Replicator
+from services.partition.roles import ACTIVATE_AT_ONCE
 from services.partition.store import RedisStore, StoredPartition, StoredSession
 from tests.support.partition_harness import Edge, FakeCommit, connect
 
@@ -85,8 +86,7 @@ class Cluster:
         }
         self.rep.set_view(assignments, {})
         ready = self.rep.ready()
-        for p in ready.demoted:
-            self.node.demoted(p)
+        self.node.demoted_all(ready.demoted)
         for p in ready.promoted:
             self.node.promoted(p)
 
@@ -186,6 +186,72 @@ async def test_a_demoted_partition_is_unloaded_and_its_commands_go_elsewhere() -
     result = c.edge.heard()[0][rid]
     assert result.status == SC.STATUS_CODE_WRONG_MASTER
     assert (result.current_master, result.current_epoch) == ("n2", 5)
+
+
+def view_of(epoch: int, masters: dict[int, tuple[str, int]]) -> mpb.View:
+    """Partitions 0-7 on n1 and n2, with the (master, epoch) `masters` gives (n2 at epoch 1
+    for the rest)."""
+    parts = []
+    for q in range(8):
+        master, at = masters.get(q, ("n2", 1))
+        replicas = [master, "n2" if master == "n1" else "n1"]
+        parts.append(
+            mpb.PartitionAssignment(
+                partition=q,
+                epoch=at,
+                replicas=replicas,
+                in_sync=replicas,
+            )
+        )
+    return mpb.View(
+        epoch=epoch,
+        partition_count=8,
+        replication_factor=2,
+        members=[mpb.Member(node_id="n1"), mpb.Member(node_id="n2")],
+        partitions=parts,
+    )
+
+
+async def test_partitions_promoted_together_are_served_a_share_at_a_time() -> None:
+    """A failover promotes a node's share of every session at once: activating them in one go
+    stalled the event loop past the agents' probe timeout, so the loop turns between shares."""
+    c = Cluster()
+    per = ACTIVATE_AT_ONCE // 2 + 1  # two partitions' sessions are more than one share
+    for q in (1, 2, 3):
+        c.store.partitions[q] = StoredPartition(
+            sessions=[stored_session(f"c{q}-{i}") for i in range(per)]
+        )
+    c.take(view_of(4, {1: ("n1", 4), 2: ("n1", 4), 3: ("n1", 4)}))
+    seen: list[int] = []
+
+    async def watch() -> None:
+        while len(c.node.mastered) < 3:
+            seen.append(len(c.node.mastered))
+            await asyncio.sleep(0)
+
+    watcher = asyncio.create_task(watch())
+    await c.loaded()
+    await watcher
+    assert c.node.mastered == {1: 4, 2: 4, 3: 4}
+    assert len(c.node.sessions) == 3 * per
+    assert 2 in seen  # other work ran while the third partition waited its turn
+
+
+async def test_partitions_demoted_together_leave_the_others_alone() -> None:
+    c = Cluster()
+    for q in (1, 2, 3):
+        c.store.partitions[q] = StoredPartition(
+            sessions=[stored_session(f"c{q}")],
+            retained=[Message(topic=f"r{q}", payload=b"x", retain=True)],
+        )
+    c.take(view_of(4, {1: ("n1", 4), 2: ("n1", 4), 3: ("n1", 4)}))
+    await c.loaded()
+    c.take(view_of(5, {1: ("n2", 5), 2: ("n2", 5), 3: ("n1", 4)}))
+    assert c.node.mastered == {3: 4}
+    assert set(c.node.sessions) == {"c3"}
+    assert set(c.node.retained) == {"r3"}
+    assert {q for q, _filter in c.node.index_refs} == {3}
+    assert [cid for _filter, cid, _spec in c.node.trie.match("t")] == ["c3"]
 
 
 async def test_writes_of_a_partition_aborted_before_release_are_answered_moved() -> None:

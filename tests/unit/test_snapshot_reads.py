@@ -9,8 +9,10 @@ from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any, cast
 
+import pytest
+
 from services.partition import peers
-from services.partition.replication import SnapshotRead
+from services.partition.replication import Ready, SnapshotRead
 
 
 class CountingStore:
@@ -42,3 +44,25 @@ async def test_snapshot_reads_wait_for_a_slot() -> None:
     await asyncio.gather(*(driver._read_snapshot(r) for r in reads))
     assert store.reads == 64
     assert store.most == peers.SNAPSHOT_READS_AT_ONCE
+
+
+class BrokenStore:
+    async def snapshot_chunks(self, p: int, chunk_ops: int) -> AsyncIterator[list[Any]]:
+        raise ValueError("a bug in the read")
+        yield []  # pragma: no cover - makes this an async generator
+
+
+async def test_a_snapshot_read_that_fails_is_started_again() -> None:
+    """The follower's repeated joins no longer restart a snapshot under way (a slow read was
+    restarted for good), so a read that fails for another reason than Redis must be."""
+    lost: list[SnapshotRead] = []
+    core = SimpleNamespace(snapshot_lost=lost.append, ready=Ready)
+    driver = peers.ReplicationDriver(
+        cast(Any, core),
+        cast(Any, BrokenStore()),
+        cast(Any, SimpleNamespace(on_durable=None)),
+        on_failure=lambda exc: pytest.fail(f"not a storage failure: {exc}"),
+    )
+    read = SnapshotRead("n2", 3, (1, 1), 7)
+    await driver._read_snapshot(read)
+    assert lost == [read]

@@ -1518,6 +1518,7 @@ class FollowerStatus(_message.Message):
     LAG_FIELD_NUMBER: _builtins.int
     IN_SYNC_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
+    BYTES_LEFT_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     acknowledged: _builtins.int
     """The follower's durable sequence number."""
@@ -1526,6 +1527,12 @@ class FollowerStatus(_message.Message):
     in_sync: _builtins.bool
     state: _builtins.str
     """"live", "log" (catching up from the master's log), "snapshot" (bulk transfer) or "down"."""
+    bytes_left: _builtins.int
+    """About how many bytes the follower still lacks: the log entries it has not acknowledged and,
+    while it needs or takes a snapshot, the partition's state not sent yet (an estimate from
+    the master's memory). A snapshot's entry lag says little (the whole history counts), its
+    bytes say what is left to copy.
+    """
     def __init__(
         self,
         *,
@@ -1534,10 +1541,11 @@ class FollowerStatus(_message.Message):
         lag: _builtins.int = ...,
         in_sync: _builtins.bool = ...,
         state: _builtins.str = ...,
+        bytes_left: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged", b"acknowledged", "in_sync", b"in_sync", "lag", b"lag", "node_id", b"node_id", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged", b"acknowledged", "bytes_left", b"bytes_left", "in_sync", b"in_sync", "lag", b"lag", "node_id", b"node_id", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
