@@ -854,7 +854,7 @@ def test_an_added_node_follows_static_discovery_and_refuses_what_add_cannot_repe
         tmp_path / "b", nodes=2, node_wrapper=["nice", "-n", "5"], **shape
     )
     legacy.node_wrapper = None  # a cluster.json written before the wrapper was recorded
-    with pytest.raises(clusterstate.UsageError, match="--node-wrapper that its cluster.json"):
+    with pytest.raises(clusterstate.UsageError, match=r"--node-wrapper that its cluster\.json"):
         localmembers.plan_added_node(legacy)
     placed = clusterstate.plan_cluster(
         tmp_path / "c", nodes=2, hosts=["127.0.0.2", "127.0.0.3"], **shape
@@ -867,7 +867,7 @@ def test_an_added_node_follows_static_discovery_and_refuses_what_add_cannot_repe
         localmembers.plan_added_node(placed, "10.0.0.4")
     with pytest.raises(clusterstate.UsageError, match="one address"):
         localmembers.plan_added_node(placed, "127.0.0.4,127.0.0.5")
-    with pytest.raises(clusterstate.UsageError, match="all bind 127.0.0.1"):
+    with pytest.raises(clusterstate.UsageError, match=r"all bind 127\.0\.0\.1"):
         localmembers.plan_added_node(state, "127.0.0.4")
 
 
