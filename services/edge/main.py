@@ -25,22 +25,24 @@ from hexmq.service import (
     start_observability,
 )
 from services.edge import scram
+from services.edge.access import AccessControl
 from services.edge.acl import Acl
-from services.edge.auth import AccessControl, PasswordFile
-from services.edge.enhanced_auth import AuthMethods, MethodFactory, PluginContext
-from services.edge.limits import TopicLimits, connection_ceiling
-from services.edge.listeners import PROXY_PROTOCOL_LISTENERS, tls_context
-from services.edge.readiness import edge_readiness
-from services.edge.server import (
+from services.edge.auth import PasswordFile
+from services.edge.config import (
     DEFAULT_FAILOVER_HOLD,
     DEFAULT_MAX_INFLIGHT_V311,
     DEFAULT_MAX_OUTBOUND_TOPIC_ALIASES,
     DEFAULT_MAX_PACKET_SIZE,
     DEFAULT_RECEIVE_MAXIMUM,
+    DEFAULT_SHUTDOWN_GRACE,
     DEFAULT_TOPIC_ALIAS_MAXIMUM,
-    Edge,
     EdgeConfig,
 )
+from services.edge.enhanced_auth import AuthMethods, MethodFactory, PluginContext
+from services.edge.limits import TopicLimits, connection_ceiling
+from services.edge.listeners import PROXY_PROTOCOL_LISTENERS, tls_context
+from services.edge.readiness import edge_readiness
+from services.edge.server import Edge
 from services.membership.client import add_leave_timeout, check_leave_timeout
 
 log = logging.getLogger("hexmq.edge")
@@ -110,6 +112,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how long a command for a partition without a reachable master (a failover, a "
         "restart, a link down) is held before it is refused: PUBACK/PUBREC 0x80 (5.0) or a "
         "closed connection (3.1.1), CONNACK 0x88 / 3 (default %(default)s)",
+    )
+    parser.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=DEFAULT_SHUTDOWN_GRACE,
+        metavar="SECONDS",
+        help="on stop, how long to wait for clients' sockets to close and for the partitions' "
+        "answers to what the connections sent (their sessions' closes, QoS 2 routings) before "
+        "cancelling what is left (default %(default)s)",
     )
     parser.add_argument(
         "--fault-stall-qos2-routing",
@@ -339,6 +350,10 @@ def run(args: argparse.Namespace) -> int:
                 f"--failover-hold must be more than 0 and at most 3600 seconds, not "
                 f"{args.failover_hold:g}"
             )
+        if not 0 <= args.shutdown_grace <= 3600:
+            raise ValueError(
+                f"--shutdown-grace must be 0-3600 seconds, not {args.shutdown_grace:g}"
+            )
         if not 0 <= args.topic_alias_maximum <= 65535:
             raise ValueError("--topic-alias-maximum must be 0-65535")
         if not 0 <= args.max_outbound_topic_aliases <= 65535:
@@ -386,6 +401,7 @@ def run(args: argparse.Namespace) -> int:
         acl_deny_reason_code=args.acl_deny_reason_code,
         connect_timeout=args.connect_timeout,
         failover_hold=args.failover_hold,
+        shutdown_grace=args.shutdown_grace,
         fault_stall_qos2_routing=args.fault_stall_qos2_routing,
     )
 

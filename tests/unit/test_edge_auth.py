@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from services.edge.auth import AccessControl, PasswordFile, hash_password, parse_hash
+from services.edge.access import AccessControl
+from services.edge.auth import PasswordFile, hash_password, parse_hash
 from services.edge.passwd import set_password
 
 # Written by mosquitto_passwd 2.0.11 (`-b` for alice, `-H sha512 -b` for bob).
