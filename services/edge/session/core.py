@@ -108,8 +108,7 @@ class Session(SessionState):
     def answered(self, token: int, result: pb.Result, sent_to: Route | None = None) -> list[Action]:
         """The partition's answer to the command sent with `token` (`sent_to`: where it went).
         A token nothing waits for is a DeliveryAck's (its answer confirms its ids)."""
-        waiting = self.waiting
-        on_answer = waiting.pop(token, None) if waiting else None
+        on_answer = self._awaited(token)
         if on_answer is None:
             acknowledged(self, token, result)
         else:
@@ -122,8 +121,7 @@ class Session(SessionState):
 
     def gathered(self, token: int, messages: Sequence[cpb.Message]) -> list[Action]:
         """The retained messages gathered for the GatherRetained sent with `token`."""
-        waiting = self.waiting
-        on_answer = waiting.pop(token, None) if waiting else None
+        on_answer = self._awaited(token)
         if on_answer is not None:
             on_answer(messages)
         return self.take()
@@ -207,6 +205,16 @@ class Session(SessionState):
         when there was nothing to do (services/edge/session/delivery.py)."""
         done = reattach_session(self)
         return done, self.take()
+
+    def _awaited(self, token: int) -> Callable[..., None] | None:
+        """What waits for `token`'s answer (taken), or None."""
+        waiting = self.waiting
+        if not waiting:
+            return None
+        on_answer = waiting.pop(token, None)
+        if not waiting:
+            self.waiting = None  # (an emptied dict keeps its size: idle connections hold none)
+        return on_answer
 
     # ----- packets --------------------------------------------------------------------------
 
