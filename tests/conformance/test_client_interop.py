@@ -6,21 +6,18 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import threading
-import uuid
 
 import aiomqtt
 import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
+from tests.support.unique import uid
+
 PROTOCOLS = {
     "3.1.1": (aiomqtt.ProtocolVersion.V311, paho.MQTTv311),
     "5.0": (aiomqtt.ProtocolVersion.V5, paho.MQTTv5),
 }
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
 
 
 async def collect(sub: aiomqtt.Client, count: int, timeout: float = 10.0) -> list[aiomqtt.Message]:

@@ -5,15 +5,10 @@ must keep to (0x93), QoS 2 counting until PUBCOMP, and the client's window the s
 
 from __future__ import annotations
 
-import uuid
-
 from hexmq.mqtt import ConnAck, Disconnect, PubAck, PubComp, Publish, PubRec, PubRel, Subscription
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
 from tests.support.v5client import connect, nothing_within, publish, subscribe
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
 
 
 async def test_s3_2_2_3_3_connack_announces_the_limits(limits_node) -> None:  # type: ignore[no-untyped-def]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,10 +14,7 @@ import pytest
 from hexmq.mqtt import Disconnect, PingReq, PingResp
 from tests.support.edgeproc import edge_process
 from tests.support.rawclient import RawClient
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
+from tests.support.unique import uid
 
 
 @pytest.mark.parametrize("version", [4, 5])

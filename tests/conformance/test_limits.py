@@ -9,7 +9,6 @@ startup. (The edge's maximum Keep Alive is in test_keepalive.py.)"""
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,16 +30,13 @@ from hexmq.mqtt import (
     Subscription,
     Will,
 )
-from tests.conformance.test_transports import _ws_packets
-from tests.integration.test_metrics import scrape
 from tests.support.edgeproc import edge_process, free_ports, run_edge_expecting_failure
+from tests.support.metrics import scrape
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
+from tests.support.wsclient import ws_packets
 
 REFERENCE = "other.example:1883"
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
 
 
 @pytest.mark.parametrize(
@@ -66,12 +62,12 @@ async def test_s4_1_1_a_full_session_queue_drops_by_policy(  # type: ignore[no-u
         ],
     )
     port = cluster.mqtt_port(1)
-    client_id, topic = f"bounded-{uuid.uuid4().hex[:8]}", f"b/{uuid.uuid4().hex[:8]}"
+    client_id, topic = f"bounded-{uid(8)}", f"b/{uid(8)}"
     sub, _ = await RawClient.connect(port, client_id, clean_start=False)
     await sub.subscribe(topic, qos=1)
     await sub.send(Disconnect())
     await sub.close()
-    pub, _ = await RawClient.connect(port, f"pub-{uuid.uuid4().hex[:8]}")
+    pub, _ = await RawClient.connect(port, f"pub-{uid(8)}")
     for i in range(8):
         ack = await pub.publish(topic, f"{i}".encode(), qos=1)
         assert ack is not None
@@ -88,7 +84,7 @@ async def test_s4_1_1_a_full_session_queue_drops_by_policy(  # type: ignore[no-u
         await sub.send(PubAck(packet.packet_id))
     assert got == expected
     # Nothing beyond the limit was kept: a marker published now is the next delivery.
-    pub, _ = await RawClient.connect(port, f"pub-{uuid.uuid4().hex[:8]}")
+    pub, _ = await RawClient.connect(port, f"pub-{uid(8)}")
     await pub.publish(topic, b"marker", qos=1)
     assert (await sub.expect(Publish)).payload == b"marker"
     for client in (pub, sub):
@@ -169,7 +165,7 @@ async def test_mqtt_3_2_2_7_max_connections_refuses_with_quota_exceeded(
     codec = MQTTConnection(Role.CLIENT, protocol_version=5)
     async with ws_connect(f"ws://127.0.0.1:{ws_port}/mqtt", subprotocols=["mqtt"]) as ws:
         await ws.send(codec.send(Connect(client_id=f"lim-ws-{uid()}", protocol_version=5)))
-        (connack,) = await _ws_packets(ws, codec, 1)
+        (connack,) = await ws_packets(ws, codec, 1)
         assert isinstance(connack, ConnAck)
         assert connack.reason_code == 0x97
 

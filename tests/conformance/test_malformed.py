@@ -3,12 +3,11 @@ right reason code), other clients keep working, and the edge logs one line sayin
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 
 from hexmq.mqtt import ConnAck, Connect, Disconnect, Publish, encode
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
 from tests.unit.mqtt.vectors import CONNECT_BYTES, MALFORMED
 
 # Bytes sent right after a valid CONNECT, per protocol version, with the reason code expected.
@@ -31,10 +30,6 @@ CASES = {
     # Remaining length 2 MiB, above the edge's 1 MiB maximum: refused from the header alone.
     "packet too large": ({4: b"\x30\x80\x80\x80\x01", 5: b"\x30\x80\x80\x80\x01"}, 0x95),
 }
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
 
 
 @pytest.mark.parametrize("version", [4, 5])

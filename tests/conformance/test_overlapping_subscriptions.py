@@ -3,14 +3,9 @@ the matching subscriptions, with every matching Subscription Identifier, live an
 
 from __future__ import annotations
 
-import uuid
-
 from hexmq.mqtt import Subscription
+from tests.support.unique import uid
 from tests.support.v5client import KEEP, connect, leave, publish, receive, subscribe
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
 
 
 async def test_mqtt_3_3_4_3_subscription_identifiers_on_live_and_queued_deliveries(trio) -> None:  # type: ignore[no-untyped-def]

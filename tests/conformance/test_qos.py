@@ -3,16 +3,11 @@ DUP flag. (QoS 2 is tests/conformance/test_qos2.py; Receive Maximum is test_flow
 
 from __future__ import annotations
 
-import uuid
-
 from hexmq.mqtt import PubAck, Publish, Subscription
-from tests.conformance.test_sessions import publish_acked, subscribe_then_leave
 from tests.support.rawclient import RawClient
+from tests.support.sessions import publish_acked, subscribe_then_leave
+from tests.support.unique import uid
 from tests.support.v5client import connect, publish, receive, subscribe
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
 
 
 async def test_mqtt_4_4_0_1_unacknowledged_delivery_is_resent_with_dup(hexmq_cluster) -> None:  # type: ignore[no-untyped-def]

@@ -25,7 +25,6 @@ import os
 import signal
 import subprocess
 import time
-import uuid
 from typing import Any, cast
 
 import pytest
@@ -47,6 +46,7 @@ from hexmq.mqtt import (
 from tests.support import placement
 from tests.support import v5client as v5
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
 
 PARTITIONS = 32  # as the `trio` fixture (tests/conformance/conftest.py)
 # The failover hold of the clusters whose tests kill a node and expect a refusal: a command for
@@ -54,10 +54,6 @@ PARTITIONS = 32  # as the `trio` fixture (tests/conformance/conftest.py)
 HOLD = 2
 NODES = ["n1", "n2", "n3"]
 PERSISTENT = Properties(session_expiry_interval=3600)
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
 
 
 def client_id_on(node_id: str, prefix: str) -> str:

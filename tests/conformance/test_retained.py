@@ -4,17 +4,12 @@ the 5.0 Retain Handling and Retain As Published options, RETAIN 0, and kept acro
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 
 from hexmq.mqtt import Publish, SubAck, Subscribe, Subscription
 from tests.support import v5client as v5
 from tests.support.rawclient import RawClient
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
+from tests.support.unique import uid
 
 
 async def publish(

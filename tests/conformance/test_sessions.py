@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 
 import pytest
 
@@ -25,18 +24,11 @@ from hexmq.mqtt import (
     Subscription,
 )
 from tests.support.rawclient import RawClient
+from tests.support.sessions import publish_acked, session_props, subscribe_then_leave
+from tests.support.unique import uid
 from tests.support.v5client import KEEP, connect, leave, publish, receive, subscribe
 
 COUNT = 100
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
-
-
-def session_props(version: int) -> Properties:
-    # 3.1.1: clean session 0 keeps the session; 5.0 also needs a Session Expiry Interval.
-    return Properties(session_expiry_interval=600) if version == 5 else Properties()
 
 
 async def receive_in_order(client: RawClient, topic: str, count: int) -> list[Publish]:
@@ -48,28 +40,6 @@ async def receive_in_order(client: RawClient, topic: str, count: int) -> list[Pu
         assert packet.packet_id is not None
         await client.send(PubAck(packet.packet_id))
     return got
-
-
-async def subscribe_then_leave(port: int, client_id: str, version: int, topic: str) -> None:
-    sub, connack = await RawClient.connect(
-        port, client_id, version=version, clean_start=False, properties=session_props(version)
-    )
-    assert connack.reason_code == 0
-    assert connack.session_present is False
-    suback = await sub.subscribe(topic, qos=1)
-    assert suback.reason_codes == (1,)
-    await sub.send(Disconnect())
-    await sub.close()
-
-
-async def publish_acked(port: int, version: int, topic: str, count: int) -> None:
-    pub, _ = await RawClient.connect(port, f"pub-{uid()}", version=version)
-    for i in range(count):
-        ack = await pub.publish(topic, f"{i}".encode(), qos=1)
-        assert ack is not None
-        assert ack.reason_code == 0
-    await pub.send(Disconnect())
-    await pub.close()
 
 
 @pytest.mark.parametrize("version", [4, 5])

@@ -14,7 +14,6 @@ aborted: no DISCONNECT)."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
 
@@ -36,15 +35,13 @@ from hexmq.mqtt import (
     encode,
 )
 from tests.support import v5client as v5
+from tests.support.eventually import eventually
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
 from tests.support.v5client import KEEP
 
 PARTITIONS = 32  # as the `trio` fixture (tests/conformance/conftest.py)
 PERSISTENT = Properties(session_expiry_interval=600)
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
 
 
 def client_ids(prefix: str, count: int) -> list[str]:
@@ -122,9 +119,7 @@ async def publish_all(
 async def settle(collectors: Iterable[Collector], total: int, timeout: float = 20) -> None:
     """Until the collectors together hold `total` messages, then a moment for any extras."""
     collectors = list(collectors)
-    async with asyncio.timeout(timeout):
-        while sum(len(c.got) for c in collectors) < total:  # noqa: ASYNC110 - polls readers
-            await asyncio.sleep(0.05)
+    await eventually(lambda: sum(len(c.got) for c in collectors) >= total, timeout, "messages")
     await asyncio.sleep(0.5)
 
 
@@ -492,12 +487,6 @@ async def publish(port: int, topic: str, count: int, qos: int) -> list[bytes]:
     return payloads
 
 
-async def until(condition: Callable[[], bool], timeout: float = 15) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():  # noqa: ASYNC110 - polls the members' readers
-            await asyncio.sleep(0.05)
-
-
 @pytest.mark.parametrize("where", ["other-node", "same-partition"])
 async def test_s4_8_2_qos1_unacknowledged_messages_of_a_lost_member_go_to_another_member(
     duo,  # type: ignore[no-untyped-def]
@@ -515,14 +504,14 @@ async def test_s4_8_2_qos1_unacknowledged_messages_of_a_lost_member_go_to_anothe
     a = await Member.join(duo.mqtt_port(1), a_id, group, ack=False)
     b = await Member.join(duo.mqtt_port(2), b_id, group, ack=True)
     payloads = await publish(duo.mqtt_port(2), topic, 40, qos=1)
-    await until(lambda: len(a.got) + len(b.got) == 40)
+    await eventually(lambda: len(a.got) + len(b.got) == 40, 15)
     assert a.got
     assert b.got
     unacked = a.payloads
     before = len(b.got)
     await a.drop()
     # Every message A had, never acknowledged, reaches B, in order, once.
-    await until(lambda: len(b.got) == 40)
+    await eventually(lambda: len(b.got) == 40, 15)
     await asyncio.sleep(0.5)
     assert sorted(b.payloads) == payloads
     assert b.payloads[before:] == unacked
@@ -550,11 +539,11 @@ async def test_s4_8_2_qos1_messages_of_a_member_whose_session_ends_go_to_an_offl
     a = await Member.join(duo.mqtt_port(2), a_id, group, ack=False, expiry=0)
     await asyncio.sleep(0.5)  # every edge hears that B's partition has nobody online
     payloads = await publish(duo.mqtt_port(1), topic, 20, qos=1)
-    await until(lambda: len(a.got) == 20)  # the only member online gets them all
+    await eventually(lambda: len(a.got) == 20, 15)  # the only member online gets them all
     await a.drop()  # expiry 0: A's session ends with its connection
     await asyncio.sleep(1.0)
     b = await Member.join(duo.mqtt_port(2), b_id, None, ack=True, clean_start=False)
-    await until(lambda: len(b.got) == 20)
+    await eventually(lambda: len(b.got) == 20, 15)
     await asyncio.sleep(0.5)
     assert b.payloads == payloads
     for m in (a, b):
@@ -578,7 +567,7 @@ async def qos2_members(
     )
     b = await Member.join(duo.mqtt_port(2), b_id, group, ack=True, qos=2)
     payloads = await publish(duo.mqtt_port(2), topic, 20, qos=2)
-    await until(lambda: len(a.got) == 2 and len(b.completed) == len(b.got))
+    await eventually(lambda: len(a.got) == 2 and len(b.completed) == len(b.got), 15)
     await asyncio.sleep(0.5)
     assert len(a.got) == 2  # its window: the rest of its share is queued, never sent to it
     assert 0 < len(b.got) < 18
@@ -594,15 +583,15 @@ async def test_mqtt_4_8_2_4_qos2_sent_to_a_lost_member_is_completed_with_it_on_r
     sent_to_a = a.got
     await a.drop()
     # What A was never sent goes to B; the two PUBLISHes A has stay with A.
-    await until(lambda: len(b.got) == 18)
+    await eventually(lambda: len(b.got) == 18, 15)
     await asyncio.sleep(1.0)
     assert len(b.got) == 18
     assert sorted(b.payloads + [p.payload for p in sent_to_a]) == payloads
-    await until(lambda: b.completed == [p.packet_id for p in b.got])
+    await eventually(lambda: b.completed == [p.packet_id for p in b.got], 15)
     # A comes back (through the other node): both are sent again, DUP, with their packet ids,
     # and their exchanges complete.
     a = await Member.join(duo.mqtt_port(2), a_id, None, ack=True, clean_start=False)
-    await until(lambda: len(a.completed) == 2)
+    await eventually(lambda: len(a.completed) == 2, 15)
     assert [(p.payload, p.packet_id, p.qos, p.dup) for p in a.got] == [
         (p.payload, p.packet_id, 2, True) for p in sent_to_a
     ]
@@ -622,11 +611,11 @@ async def test_mqtt_4_8_2_5_qos2_sent_to_a_member_whose_session_ends_goes_to_nob
     await a.drop()  # expiry 0: A's session ends with its connection
     # What A was never sent goes to B (its session ended: SHOULD, 4.8.2); the two PUBLISHes
     # A had go to nobody.
-    await until(lambda: len(b.got) == 18)
+    await eventually(lambda: len(b.got) == 18, 15)
     await asyncio.sleep(1.5)
     assert len(b.got) == 18
     assert set(b.payloads) == set(payloads) - sent_to_a
-    await until(lambda: b.completed == [p.packet_id for p in b.got])
+    await eventually(lambda: b.completed == [p.packet_id for p in b.got], 15)
     # A's session is gone, and with it the two messages.
     a = await Member.join(duo.mqtt_port(1), a_id, None, ack=True, clean_start=False)
     await asyncio.sleep(1.0)

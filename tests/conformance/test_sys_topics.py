@@ -7,16 +7,12 @@ retained so that a new subscriber sees it at once."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Callable, Mapping
 
 from hexmq.mqtt import Disconnect, Publish
 from tests.support.placement import client_id_on
 from tests.support.rawclient import RawClient
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
+from tests.support.unique import uid
 
 
 async def test_s4_7_2_sys_topics_report_node_counters(hexmq_cluster) -> None:  # type: ignore[no-untyped-def]

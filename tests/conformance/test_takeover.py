@@ -3,16 +3,11 @@ the old connection (5.0: DISCONNECT 0x8E) and the new one has the session."""
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 
 from hexmq.mqtt import Disconnect, Properties, Publish
 from tests.support.rawclient import RawClient
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
+from tests.support.unique import uid
 
 
 @pytest.mark.parametrize("version", [4, 5])

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,11 +30,8 @@ from tests.conftest import HexmqCluster
 from tests.support import v5client as v5
 from tests.support.edgeproc import edge_process, run_edge_expecting_failure
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
 from tests.support.v5client import KEEP
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
 
 
 async def test_mqtt_3_3_2_9_inbound_topic_aliases(limits_node) -> None:  # type: ignore[no-untyped-def]

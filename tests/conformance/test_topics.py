@@ -4,17 +4,13 @@ normalization, and UNSUBSCRIBE deleting the subscription whose filter it names."
 from __future__ import annotations
 
 import unicodedata
-import uuid
 
 import pytest
 
 from hexmq.mqtt import Publish, Subscription, UnsubAck, Unsubscribe
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
 from tests.support.v5client import connect, publish, receive, subscribe
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
 
 
 async def test_s4_7_1_publish_reaches_subscribers_on_every_node(trio_256) -> None:  # type: ignore[no-untyped-def]

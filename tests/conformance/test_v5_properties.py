@@ -9,16 +9,11 @@ Authentication Method. Other 5.0 features are in their own modules: Session Expi
 from __future__ import annotations
 
 import asyncio
-import uuid
 
 from hexmq.mqtt import NO_PROPERTIES, ConnAck, Connect, Properties, PubAck, Publish, Subscription
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
 from tests.support.v5client import KEEP, connect, leave, open_v5, publish, receive, subscribe
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
-
 
 # ----- Message Expiry Interval (MQTT-3.3.2-5, MQTT-3.3.2-6) --------------------------------
 

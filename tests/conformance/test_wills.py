@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from typing import Any
 
 import pytest
@@ -30,13 +29,10 @@ from hexmq.mqtt import (
 )
 from tests.support.placement import client_id_on
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
 from tests.support.v5client import connect, open_v5, publish, receive, subscribe
 
 PARTITIONS = 32  # as the `trio` fixture (tests/conformance/conftest.py)
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
 
 
 async def connect_with_will(
@@ -284,7 +280,7 @@ async def test_mqtt_3_2_2_12_will_qos_2_is_accepted_and_published_at_qos_2(
 ) -> None:
     """MQTT-3.2.2-12: an unsupported Will QoS is refused (0x9B); hexmq supports QoS 2, uses it."""
     c = duo
-    topic = f"wills/{uuid.uuid4().hex[:8]}"
+    topic = f"wills/{uid(8)}"
     sub = await RawClient.open(c.mqtt_port(2), 5)
     await sub.send(Connect(client_id=client_id_on("n2", 2, "sub"), protocol_version=5))
     assert (await sub.expect(ConnAck)).reason_code == 0

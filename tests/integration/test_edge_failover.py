@@ -12,19 +12,15 @@ import asyncio
 import contextlib
 import os
 import signal
-import uuid
 from typing import Any
 
 from hexmq.hashring import assign, partition_of
 from hexmq.mqtt import Properties, PubAck, Publish
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
 
 PERSISTENT = Properties(session_expiry_interval=600)
 PARTITIONS = 16
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
 
 
 def client_id_on(master: str, prefix: str, nodes: int, rf: int) -> str:

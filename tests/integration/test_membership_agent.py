@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from hexmq.api.membership.v1 import membership_pb2 as pb
 from hexmq.api.membership.v1 import membership_pb2_grpc as pb_grpc
 from services.membership.consul_client import make_consul
 from tests.conftest import HEXMQ
+from tests.support.unique import uid
 
 # The agent's defaults, except a 10 s session TTL made explicit.
 AGENT_FLAGS = ("--session-ttl", "10", "--partitions", "16", "--rf", "2")
@@ -138,7 +138,7 @@ class AgentCluster:
     consul: str
     dir: Path
     nodes: list[Node]
-    name: str = field(default_factory=lambda: f"t{uuid.uuid4().hex[:12]}")
+    name: str = field(default_factory=lambda: f"t{uid(12)}")
 
     def node(self, i: int) -> Node:
         return self.nodes[i - 1]

@@ -6,16 +6,11 @@ takeover) is in tests/conformance: test_sessions, test_topics, test_takeover."""
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 
 from hexmq.mqtt import PubAck, Publish
 from tests.support.rawclient import RawClient
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
+from tests.support.unique import uid
 
 
 @pytest.fixture(scope="module")

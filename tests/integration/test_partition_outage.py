@@ -9,14 +9,10 @@ import asyncio
 import contextlib
 import os
 import signal
-import uuid
 
 from hexmq.mqtt import ConnAck, Connect, Disconnect, Properties, PubAck, Publish
 from tests.support.rawclient import RawClient
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
+from tests.support.unique import uid
 
 
 async def until_connack(

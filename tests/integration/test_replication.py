@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,14 +21,11 @@ from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
 from hexmq.hashring import assign, partition_of
 from hexmq.mqtt import Disconnect, PingReq, PingResp, Properties, PubAck, Publish
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
 
 PARTITIONS = 32
 NODES = ("n1", "n2", "n3")
 PERSISTENT = Properties(session_expiry_interval=3600)
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
 
 
 def client_id_where(prefix: str, rf: int, *, master: str, excluding: str | None = None) -> str:

@@ -12,21 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 from collections.abc import Callable, Sequence
 
 import pytest
 
 from hexmq.mqtt import ConnAck, Connect, Properties, PubAck, Publish
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
 
 PERSISTENT = Properties(session_expiry_interval=3600)
 MESSAGES = 600
 PACE_S = 0.004
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
 
 
 async def until(done: Callable[[], bool]) -> None:

@@ -5,7 +5,6 @@ real OTLP/gRPC receiver as one trace with the parent/child structure of docs/tra
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -14,12 +13,9 @@ from hexmq.hashring import assign, partition_of
 from hexmq.mqtt import PubAck, Publish
 from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan, SpanNode
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
 
 DESTINATION = "messaging.destination.name"
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
 
 
 @pytest.fixture

@@ -88,6 +88,48 @@ def config(**overrides: Any) -> EdgeConfig:
     return EdgeConfig(**(fields | overrides))
 
 
+# ----- a router alone ---------------------------------------------------------------------------
+
+
+def alternating_master(p: int) -> str:
+    """Partition p's master in `alternating_router`'s view: n1 and n2 in turn."""
+    return NODES[p % 2]
+
+
+def alternating_router(*, up: tuple[str, ...] = NODES) -> Router:
+    """A router whose partitions take commands while their master is in `up` (a set the test
+    may change: `router.up`)."""
+    router = Router()
+    router.set_view(
+        mpb.View(
+            epoch=1,
+            partition_count=PARTITIONS,
+            partitions=[
+                mpb.PartitionAssignment(partition=p, epoch=10 + p, replicas=[alternating_master(p)])
+                for p in range(PARTITIONS)
+            ],
+        )
+    )
+    live = set(up)
+    router.up = live  # type: ignore[attr-defined]
+    router.partition_open = lambda p: alternating_master(p) in live
+    for node in NODES:
+        router.apply_index_update(node, pb.IndexUpdate(reset=True, snapshot_done=True))
+    assert router.index_complete
+    return router
+
+
+def announce(
+    router: Router, p: int, filt: str, *, present: bool = True, online: bool = True
+) -> None:
+    router.apply_index_update(
+        alternating_master(p),
+        pb.IndexUpdate(
+            entries=[pb.IndexEntry(partition=p, filter=filt, present=present, online=online)]
+        ),
+    )
+
+
 # ----- the session core -------------------------------------------------------------------------
 
 

@@ -104,3 +104,15 @@ def connect(
             **options,
         ),
     )
+
+
+def receive(edge: Edge, cid: str, conn: str, pid: int) -> int:
+    return edge.command(
+        cid, qos2_receive=pb.Qos2Receive(client_id=cid, connection_id=conn, packet_id=pid)
+    )
+
+
+def routed(edge: Edge, cid: str, conn: str, pid: int, ok: bool = True) -> int:
+    return edge.command(
+        cid, qos2_routed=pb.Qos2Routed(client_id=cid, connection_id=conn, packet_id=pid, ok=ok)
+    )

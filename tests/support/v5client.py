@@ -10,8 +10,6 @@ messages of one SUBSCRIBE come in one batch, in topic order)."""
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 
 from hexmq.mqtt import (
@@ -27,12 +25,9 @@ from hexmq.mqtt import (
     Subscription,
 )
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
 
 KEEP = 600  # a Session Expiry Interval that outlives the test
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
 
 
 # Every client a test opens, closed when it ends (pass or fail).

@@ -27,7 +27,7 @@ from tests.support.compose_run import (
     LocalCompose,
     depends_on_conditions,
 )
-from tests.unit.test_env_options import service_parser
+from tests.support.options import service_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "deploy" / "compose" / "compose.yaml"

@@ -9,7 +9,7 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from services.partition.replication import HDEL, HSET
 from services.partition.sessions import Claim, LiveConnection, Routed, Session
 from services.partition.store import qos2_inbound_key, queue_key
-from tests.support.partition_harness import Edge, P, connect, make_node
+from tests.support.partition_harness import Edge, P, connect, make_node, receive, routed
 
 
 def message(mid: int, qos: int = 2) -> pb.QueuedMessage:
@@ -125,18 +125,6 @@ def test_a_failed_routing_drops_only_its_own_claim() -> None:
 
 
 # ----- PartitionNode over a fake group commit --------------------------------------------
-
-
-def receive(edge: Edge, cid: str, conn: str, pid: int) -> int:
-    return edge.command(
-        cid, qos2_receive=pb.Qos2Receive(client_id=cid, connection_id=conn, packet_id=pid)
-    )
-
-
-def routed(edge: Edge, cid: str, conn: str, pid: int, ok: bool = True) -> int:
-    return edge.command(
-        cid, qos2_routed=pb.Qos2Routed(client_id=cid, connection_id=conn, packet_id=pid, ok=ok)
-    )
 
 
 def test_node_records_a_packet_id_durably_before_answering() -> None:

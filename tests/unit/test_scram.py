@@ -26,8 +26,8 @@ from services.edge.enhanced_auth import (
     load_plugin,
 )
 from services.edge.scram import NAME, ScramExchange, ScramKeys, ScramSha512
+from tests.support.access import MOSQUITTO_FILE
 from tests.support.scram import ScramClient
-from tests.unit.test_edge_auth import MOSQUITTO_FILE
 
 
 class RfcExample(NamedTuple):

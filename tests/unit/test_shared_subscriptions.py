@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.mqtt.errors import TopicFilterInvalid
 from hexmq.mqtt.reason_codes import ReasonCode
@@ -22,48 +21,13 @@ from services.partition.replication import HDEL, HSET
 from services.partition.sessions import LiveConnection, Session
 from services.partition.shared import SharedGroups
 from services.partition.store import queue_key
+from tests.support.edge_harness import alternating_master as master
+from tests.support.edge_harness import alternating_router as make_router
+from tests.support.edge_harness import announce
 from tests.support.partition_harness import EPOCH, Edge, FakeCommit, P, connect, make_node
 
 PARTITIONS = 8
 NODES = ("n1", "n2")
-
-
-def master(p: int) -> str:
-    return NODES[p % 2]
-
-
-def make_router(*, up: tuple[str, ...] = NODES) -> Router:
-    """A router whose partitions take commands while their master is in `up` (a set the test
-    may change: `router.up`)."""
-    router = Router()
-    router.set_view(
-        mpb.View(
-            epoch=1,
-            partition_count=PARTITIONS,
-            partitions=[
-                mpb.PartitionAssignment(partition=p, epoch=10 + p, replicas=[master(p)])
-                for p in range(PARTITIONS)
-            ],
-        )
-    )
-    live = set(up)
-    router.up = live  # type: ignore[attr-defined]
-    router.partition_open = lambda p: master(p) in live
-    for node in NODES:
-        router.apply_index_update(node, pb.IndexUpdate(reset=True, snapshot_done=True))
-    assert router.index_complete
-    return router
-
-
-def announce(
-    router: Router, p: int, filt: str, *, present: bool = True, online: bool = True
-) -> None:
-    router.apply_index_update(
-        master(p),
-        pb.IndexUpdate(
-            entries=[pb.IndexEntry(partition=p, filter=filt, present=present, online=online)]
-        ),
-    )
 
 
 def plan(router: Router, topic: str) -> dict[int, tuple[str, ...]]:
