@@ -11,6 +11,7 @@ write buffer is over its high-water mark (pause_writing/resume_writing).
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -37,13 +38,14 @@ class ConnectionHost(EdgeServices, Protocol):
     qos2_forgets: OriginForgets
     # True while the edge handles a partition link's frame: writes wait for its end.
     corked: bool
+    # Commands the connections sent whose answers have not come (a stop waits for them).
+    answers_due: int
 
     def new_connection_id(self) -> str: ...
     def connection_opened(self, conn: ClientConnection) -> None: ...
     def connection_gone(self, conn: ClientConnection) -> None: ...
     def flush_later(self, conn: ClientConnection) -> None: ...
-    def answer_due(self) -> None: ...
-    def answer_came(self) -> None: ...
+    def answers_settled(self) -> None: ...
 
 
 class ClientConnection(asyncio.Protocol):
@@ -65,7 +67,7 @@ class ClientConnection(asyncio.Protocol):
         self.connection_id = edge.new_connection_id()
         self.session = Session(edge, self.connection_id)
         self.transport: asyncio.Transport | None = None
-        self._paused = Pause(0)
+        self._paused = 0  # Pause bits
         self._timer: asyncio.TimerHandle | None = None
         self._out: list[bytes] | None = None
         self._out_bytes = 0
@@ -169,7 +171,8 @@ class ClientConnection(asyncio.Protocol):
     def _publish(self, a: act.PublishCommand) -> None:
         edge = self.edge
         if a.token:
-            edge.dispatcher.publish(a.command, self._answer(a.token, due=True))
+            edge.answers_due += 1
+            edge.dispatcher.publish(a.command, functools.partial(self._stored, a.token))
         else:
             edge.dispatcher.publish_qos0(a.command)
         link = edge.router.links.get(a.node)
@@ -180,10 +183,12 @@ class ClientConnection(asyncio.Protocol):
     def _request(self, a: act.Request | act.Attach) -> None:
         edge, session, token = self.edge, self.session, a.token
         ticket: Ticket | None = None
-        edge.answer_due()
+        edge.answers_due += 1
 
         def answered(result: pb.Result) -> None:
-            edge.answer_came()
+            edge.answers_due -= 1
+            if not edge.answers_due:
+                edge.answers_settled()
             if ticket is self._attach:
                 self._attach = None
             if token:
@@ -195,29 +200,31 @@ class ClientConnection(asyncio.Protocol):
         else:
             ticket = edge.dispatcher.request(a.partition, a.command, answered)
 
-    def _answer(self, token: int, *, due: bool = False) -> ResultCallback:
-        edge, session = self.edge, self.session
-        if due:
-            edge.answer_due()
+    def _answer(self, token: int) -> ResultCallback:
+        return functools.partial(self._answered, token)
 
-        def answered(result: pb.Result) -> None:
-            if due:
-                edge.answer_came()
-            self.carry_out(session.answered(token, result))
+    def _answered(self, token: int, result: pb.Result) -> None:
+        self.carry_out(self.session.answered(token, result))
 
-        return answered
+    def _stored(self, token: int, result: pb.Result) -> None:
+        """The answer to a Publish: counted as due while the edge stops."""
+        edge = self.edge
+        edge.answers_due -= 1
+        if not edge.answers_due:
+            edge.answers_settled()
+        self.carry_out(self.session.answered(token, result))
 
     def _gather(self, a: act.GatherRetained) -> None:
         session, token = self.session, a.token
         links = list(self.edge.router.links.values())
         retained.gather(links, a.filters, lambda m: self.carry_out(session.gathered(token, m)))
 
-    def _pause(self, why: Pause) -> None:
+    def _pause(self, why: int) -> None:
         if not self._paused and self.transport is not None:
             self.transport.pause_reading()
         self._paused |= why
 
-    def _resume(self, why: Pause) -> None:
+    def _resume(self, why: int) -> None:
         if not self._paused & why:
             return
         self._paused &= ~why

@@ -90,12 +90,10 @@ class Edge:
     def flush_later(self, conn: ClientConnection) -> None:
         self.to_flush.append(conn)
 
-    def answer_due(self) -> None:
-        self.answers_due += 1
-
-    def answer_came(self) -> None:
-        self.answers_due -= 1
-        self._settle_check()
+    def answers_settled(self) -> None:
+        """Every command the connections sent has its answer (for now)."""
+        if self._settled is not None:
+            self._settle_check()
 
     def connection_gone(self, conn: ClientConnection) -> None:
         self.connections.pop(conn.connection_id, None)

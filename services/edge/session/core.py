@@ -108,15 +108,19 @@ class Session(SessionState):
     def answered(self, token: int, result: pb.Result, sent_to: Route | None = None) -> list[Action]:
         """The partition's answer to the command sent with `token` (`sent_to`: where it went).
         A token nothing waits for is a DeliveryAck's (its answer confirms its ids)."""
-        on_answer = self._awaited(token)
+        waiting = self.waiting
+        on_answer = waiting.pop(token, None) if waiting else None
         if on_answer is None:
             acknowledged(self, token, result)
-        else:
-            on_answer(result, sent_to)
-            if self.codec.buffered_bytes:
-                # Packets read while a CONNECT waited for its partition or its session (AUTH,
-                # what came before CONNACK), handled as of when they were read.
-                self.process(self.keepalive.last_rx, self.rx_wall_ms)
+            return self.take()
+        if not waiting:
+            self.waiting = None  # (an emptied dict keeps its size: idle connections hold none)
+        connecting = self.state is State.CONNECTING
+        on_answer(result, sent_to)
+        if connecting and self.codec.buffered_bytes:
+            # Packets read while a CONNECT waited for its partition or its session (AUTH, what
+            # came before CONNACK), handled as of when they were read.
+            self.process(self.keepalive.last_rx, self.rx_wall_ms)
         return self.take()
 
     def gathered(self, token: int, messages: Sequence[cpb.Message]) -> list[Action]:
@@ -232,8 +236,9 @@ class Session(SessionState):
                 if packet is NEED_DATA:
                     break
                 if state is State.CONNECTED:
-                    handler = HANDLERS.get(type(packet))
-                    if handler is None:  # (the codec lets no other packet through)
+                    try:
+                        handler = HANDLERS[type(packet)]
+                    except KeyError:  # (the codec lets no other packet through)
                         self.fail(RC.PROTOCOL_ERROR, f"unexpected {type(packet).__name__}")
                         break
                 else:

@@ -14,7 +14,8 @@ def handle_puback(s: SessionState, packet: PubAck, now: float, wall_ms: int) -> 
     if out is None or mid is None:
         return  # not in flight on this connection
     out.acks.append(mid)
-    client_acked(s, packet.packet_id)
+    if s.deliver_spans:
+        client_acked(s, packet.packet_id)
 
 
 def handle_pubrec(s: SessionState, packet: PubRec, now: float, wall_ms: int) -> None:

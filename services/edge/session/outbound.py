@@ -50,11 +50,15 @@ class Outbound:
 
     def sent(self, pid: int, message_id: int, phase: Phase, size: int) -> None:
         """A PUBLISH (or PUBREL) went to the client with packet id `pid`."""
+        # (The window's fields directly: this runs once per delivery.)
+        window = self.window
         old = self._inflight.get(pid)
         if old is not None:  # sent again (DUP, or PUBREL after PUBLISH): one entry per id
-            self.window.remove(old[2])
+            window.count -= 1
+            window.bytes -= old[2]
         self._inflight[pid] = (message_id, phase, size)
-        self.window.add(size)
+        window.count += 1
+        window.bytes += size
 
     def answered(self, pid: int, phase: Phase) -> int | None:
         """The client answered packet id `pid` in `phase` (PUBACK: PUBLISHED, PUBREC:
@@ -64,7 +68,9 @@ class Outbound:
         if entry is None or entry[1] is not phase:
             return None
         del self._inflight[pid]
-        self.window.remove(entry[2])
+        window = self.window
+        window.count -= 1
+        window.bytes -= entry[2]
         return entry[0]
 
     def released(self, pid: int, message_id: int, size: int) -> None:

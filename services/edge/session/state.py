@@ -158,8 +158,8 @@ class SessionState:
         self.inbound: InflightWindow | None = None
         self.claims: Qos2Claims | None = None
         self.outbound: Outbound | None = None
-        # Why the session wants reading paused (the adapter adds its own reasons).
-        self.paused = Pause(0)
+        # Why the session wants reading paused, Pause bits (the adapter adds its own reasons).
+        self.paused = 0
         self.assigned_id: str | None = None
         # What this client may publish and receive (None: no ACL file, everything).
         self.acl: ClientAcl | None = None
@@ -188,7 +188,12 @@ class SessionState:
             out.append(data)
 
     def send(self, packet: Packet) -> None:
-        self.write(self.codec.send(packet))
+        data = self.codec.send(packet)
+        out = self.out
+        if out is None:
+            self.out = [data]
+        else:
+            out.append(data)
 
     def emit(self, action: Action) -> None:
         if self.out:
@@ -211,11 +216,18 @@ class SessionState:
 
     def take(self) -> list[Action]:
         """Everything decided since the last call, in order."""
-        if self.out:
-            self._written()
+        out = self.out
         actions = self.actions
+        if out is not None:
+            self.out = None
+            write = Write(out[0] if len(out) == 1 else b"".join(out))
+            if actions is None:
+                return [write]
+            actions.append(write)
+        elif actions is None:
+            return []
         self.actions = None
-        return actions if actions is not None else []
+        return actions
 
     @property
     def out_bytes(self) -> int:
