@@ -46,7 +46,7 @@ REFERENCE = "other.example:1883"
         ("drop-oldest", [b"3", b"4", b"5", b"6", b"7"]),
     ],
 )
-async def test_s4_1_1_a_full_session_queue_drops_by_policy(  # type: ignore[no-untyped-def]
+async def test_s4_1_1_a_full_session_queue_drops_by_policy(
     hexmq_cluster, policy: str, expected: list[bytes]
 ) -> None:
     """§4.1.1: the server may bound the session state it stores: a full queue drops by policy.
@@ -100,7 +100,7 @@ async def test_s4_1_1_a_full_session_queue_drops_by_policy(  # type: ignore[no-u
             counted = (await asyncio.to_thread(scrape, port)).get(dropped)
 
 
-async def test_mqtt_3_3_4_1_a_qos0_flood_does_not_wedge_the_connection(node) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_3_4_1_a_qos0_flood_does_not_wedge_the_connection(node) -> None:
     """MQTT-3.3.4-1: after a flood of QoS 0, a QoS 1 PUBLISH still gets its PUBACK.
 
     100 000 QoS 0 PUBLISHes written at once, faster than the partition link drains (the edge

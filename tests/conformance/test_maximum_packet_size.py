@@ -16,7 +16,7 @@ from tests.support.rawclient import RawClient
 from tests.support.unique import uid
 
 
-async def test_mqtt_3_1_2_25_deliveries_larger_than_the_clients_maximum_are_discarded(  # type: ignore[no-untyped-def]
+async def test_mqtt_3_1_2_25_deliveries_larger_than_the_clients_maximum_are_discarded(
     limits_node,
 ) -> None:
     """MQTT-3.1.2-25: a delivery larger than the client's Maximum Packet Size is discarded.

@@ -91,7 +91,7 @@ class Collector:
 async def member(
     port: int, client_id: str, *filters: str, version: int = 5, qos: int = 1, **kw: object
 ) -> Collector:
-    client, connack = await RawClient.connect(port, client_id, version=version, **kw)  # type: ignore[arg-type]
+    client, connack = await RawClient.connect(port, client_id, version=version, **kw)
     assert connack.reason_code == 0
     if filters:
         suback = await client.subscribe(*filters, qos=qos)
@@ -155,7 +155,7 @@ async def next_publishes(
     return got
 
 
-async def test_s4_8_2_one_member_per_message_across_nodes(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_s4_8_2_one_member_per_message_across_nodes(trio) -> None:
     """§4.8.2: each message goes to one member of the group, besides every plain subscriber.
 
     Members on three nodes. Also MQTT-4.6.0-6 (the plain subscriber gets them in order).
@@ -177,7 +177,7 @@ async def test_s4_8_2_one_member_per_message_across_nodes(trio) -> None:  # type
         await c.close()
 
 
-async def test_mqtt_4_8_2_3_each_group_gets_every_message_once(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_4_8_2_3_each_group_gets_every_message_once(trio) -> None:
     """MQTT-4.8.2-3: a member gets a message at most at the QoS granted to it.
 
     Two groups, each gets every message once. Also MQTT-3.8.4-7, -8 and MQTT-3.10.4-1 (an
@@ -213,7 +213,7 @@ async def test_mqtt_4_8_2_3_each_group_gets_every_message_once(trio) -> None:  #
         await c.close()
 
 
-async def test_s4_8_2_wildcard_shared_filters(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_s4_8_2_wildcard_shared_filters(trio) -> None:
     """§4.8.2: a group is its whole filter: `$share/w/a/+/x` and `$share/w/a/#` are two.
 
     Also MQTT-3.3.2-3 (the delivered Topic Names match the filter).
@@ -240,7 +240,7 @@ async def test_s4_8_2_wildcard_shared_filters(trio) -> None:  # type: ignore[no-
         await c.close()
 
 
-async def test_s4_8_2_no_retained_messages_on_shared_subscribe(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_s4_8_2_no_retained_messages_on_shared_subscribe(trio) -> None:
     """§4.8.2: a shared subscribe gets no retained messages (3.1.1 and 5.0 members)."""
     topic = f"sh/{uid()}/r"
     pub, _ = await RawClient.connect(trio.mqtt_port(1), f"pub-{uid()}")
@@ -263,7 +263,7 @@ async def test_s4_8_2_no_retained_messages_on_shared_subscribe(trio) -> None:  #
         await c.close()
 
 
-async def test_mqtt_4_8_2_2_bad_share_names_and_no_local(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_4_8_2_2_bad_share_names_and_no_local(trio) -> None:
     """MQTT-4.8.2-2: a ShareName has no `/`, `+` or `#` and is followed by `/` and a filter.
 
     5.0 gets 0x8F, 3.1.1 0x80 per bad filter, in one SUBACK. Also MQTT-4.8.2-1 (an empty
@@ -287,11 +287,11 @@ async def test_mqtt_4_8_2_2_bad_share_names_and_no_local(trio) -> None:  # type:
     assert data[-1] == 0x01
     await client.send_bytes(data[:-1] + bytes((0x05,)))
     seen = await client.wait_closed()
-    assert [(type(p), p.reason_code) for p in seen] == [(Disconnect, 0x82)]  # type: ignore[union-attr]
+    assert [(type(p), p.reason_code) for p in seen] == [(Disconnect, 0x82)]
     await client.close()
 
 
-async def test_s4_8_2_v311_members(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_s4_8_2_v311_members(trio) -> None:
     """§4.8.2: 3.1.1 and 5.0 clients are members of one group alike."""
     topic = f"sh/{uid()}/t"
     ids = client_ids("v", 3)
@@ -308,7 +308,7 @@ async def test_s4_8_2_v311_members(trio) -> None:  # type: ignore[no-untyped-def
         await c.close()
 
 
-async def test_s4_8_2_offline_members_get_messages_only_when_none_is_online(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_s4_8_2_offline_members_get_messages_only_when_none_is_online(trio) -> None:
     """§4.8.2: online members first; with every member offline, each message queued at one."""
     topic = f"sh/{uid()}/t"
     flt = f"$share/g/{topic}"
@@ -339,7 +339,7 @@ async def test_s4_8_2_offline_members_get_messages_only_when_none_is_online(trio
         await c.close()
 
 
-async def test_mqtt_4_8_2_6_a_failed_puback_from_a_shared_member_discards_the_message(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_4_8_2_6_a_failed_puback_from_a_shared_member_discards_the_message(trio) -> None:
     """MQTT-4.8.2-6: a member's PUBACK of 0x80 or more discards the message for every member."""
     # MQTT-4.8.2-6: the member that got it answers PUBACK 0x80: the message is neither sent to
     # the other member nor resent to this one when it comes back.
@@ -386,7 +386,7 @@ TABLE = assign(list(NODES), PARTITIONS, RF)
 
 
 @pytest.fixture(scope="module")
-def duo(hexmq_cluster_module):  # type: ignore[no-untyped-def]
+def duo(hexmq_cluster_module):
     return hexmq_cluster_module(nodes=2, partitions=PARTITIONS, extra=["--rf", str(RF)])
 
 
@@ -446,9 +446,9 @@ class Member:
             if isinstance(packet, Publish):
                 self.got.append(packet)
                 if self.ack and packet.qos == 1:
-                    await self.client.send(PubAck(packet.packet_id))  # type: ignore[arg-type]
+                    await self.client.send(PubAck(packet.packet_id))
                 elif self.ack and packet.qos == 2:
-                    await self.client.send(PubRec(packet.packet_id))  # type: ignore[arg-type]
+                    await self.client.send(PubRec(packet.packet_id))
             elif isinstance(packet, PubRel):
                 self.completed.append(packet.packet_id)
                 await self.client.send(PubComp(packet.packet_id))
@@ -489,7 +489,7 @@ async def publish(port: int, topic: str, count: int, qos: int) -> list[bytes]:
 
 @pytest.mark.parametrize("where", ["other-node", "same-partition"])
 async def test_s4_8_2_qos1_unacknowledged_messages_of_a_lost_member_go_to_another_member(
-    duo,  # type: ignore[no-untyped-def]
+    duo,
     where: str,
 ) -> None:
     """§4.8.2: on a lost connection the Server MAY send the QoS 1 message to another member."""
@@ -525,7 +525,7 @@ async def test_s4_8_2_qos1_unacknowledged_messages_of_a_lost_member_go_to_anothe
 
 
 async def test_s4_8_2_qos1_messages_of_a_member_whose_session_ends_go_to_an_offline_member(
-    duo,  # type: ignore[no-untyped-def]
+    duo,
 ) -> None:
     """§4.8.2: if the member's Session terminates, the Server SHOULD send the message to
     another member (here the only other one, offline: it is queued for it)."""
@@ -551,7 +551,7 @@ async def test_s4_8_2_qos1_messages_of_a_member_whose_session_ends_go_to_an_offl
 
 
 async def qos2_members(
-    duo,  # type: ignore[no-untyped-def]
+    duo,
     topic: str,
     *,
     a_expiry: int,
@@ -575,7 +575,7 @@ async def qos2_members(
 
 
 async def test_mqtt_4_8_2_4_qos2_sent_to_a_lost_member_is_completed_with_it_on_reconnect(
-    duo,  # type: ignore[no-untyped-def]
+    duo,
 ) -> None:
     """MQTT-4.8.2-4: the Server MUST complete the delivery of the QoS 2 message to that Client
     when it reconnects."""
@@ -602,7 +602,7 @@ async def test_mqtt_4_8_2_4_qos2_sent_to_a_lost_member_is_completed_with_it_on_r
 
 
 async def test_mqtt_4_8_2_5_qos2_sent_to_a_member_whose_session_ends_goes_to_nobody_else(
-    duo,  # type: ignore[no-untyped-def]
+    duo,
 ) -> None:
     """MQTT-4.8.2-5: if the Client's Session terminates before the Client reconnects, the
     Server MUST NOT send the Application Message to any other subscribed Client."""

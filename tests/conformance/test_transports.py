@@ -48,7 +48,7 @@ class Listeners:
 
 
 @pytest.fixture(scope="module")
-def cluster(hexmq_cluster_module):  # type: ignore[no-untyped-def]
+def cluster(hexmq_cluster_module):
     return hexmq_cluster_module(nodes=1)
 
 

@@ -79,7 +79,7 @@ async def drop(client: RawClient) -> None:
 
 
 @pytest.mark.parametrize("version", [4, 5])
-async def test_mqtt_3_1_2_8_a_lost_connection_publishes_the_will_on_every_node(  # type: ignore[no-untyped-def]
+async def test_mqtt_3_1_2_8_a_lost_connection_publishes_the_will_on_every_node(
     trio,
     version: int,
 ) -> None:
@@ -99,7 +99,7 @@ async def test_mqtt_3_1_2_8_a_lost_connection_publishes_the_will_on_every_node( 
         await w.close()
 
 
-async def test_mqtt_3_14_4_3_a_normal_disconnect_discards_the_will(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_14_4_3_a_normal_disconnect_discards_the_will(trio) -> None:
     """MQTT-3.14.4-3: a DISCONNECT 0x00 from the client discards the Will.
 
     Also MQTT-3.1.2-10 (the Will is removed).
@@ -113,7 +113,7 @@ async def test_mqtt_3_14_4_3_a_normal_disconnect_discards_the_will(trio) -> None
     await w.close()
 
 
-async def test_s3_14_2_1_disconnect_with_will_message_sends_it(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_s3_14_2_1_disconnect_with_will_message_sends_it(trio) -> None:
     """§3.14.2.1: DISCONNECT 0x04 (Disconnect with Will Message) publishes the Will."""
     topic = f"will/{uid()}"
     w = await watcher(trio.mqtt_port(3), topic)
@@ -124,7 +124,7 @@ async def test_s3_14_2_1_disconnect_with_will_message_sends_it(trio) -> None:  #
     await w.close()
 
 
-async def test_mqtt_3_1_2_8_will_delay_is_waited_for(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_1_2_8_will_delay_is_waited_for(trio) -> None:
     """MQTT-3.1.2-8: the Will is published once the Will Delay Interval has passed."""
     topic = f"will/{uid()}"
     w = await watcher(trio.mqtt_port(2), topic)
@@ -138,7 +138,7 @@ async def test_mqtt_3_1_2_8_will_delay_is_waited_for(trio) -> None:  # type: ign
     await w.close()
 
 
-async def test_mqtt_3_1_3_9_a_reconnect_within_the_delay_cancels_the_will(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_1_3_9_a_reconnect_within_the_delay_cancels_the_will(trio) -> None:
     """MQTT-3.1.3-9: a new connection within the Will Delay Interval: the Will is not sent."""
     topic = f"will/{uid()}"
     cid = f"back-{uid()}"
@@ -159,7 +159,7 @@ async def test_mqtt_3_1_3_9_a_reconnect_within_the_delay_cancels_the_will(trio) 
         await c.close()
 
 
-async def test_mqtt_3_1_2_8_a_takeover_publishes_the_old_connections_will(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_1_2_8_a_takeover_publishes_the_old_connections_will(trio) -> None:
     """MQTT-3.1.2-8: a takeover closes the old connection, so its Will is published.
 
     Also MQTT-3.1.2-10 (then removed: published once).
@@ -181,7 +181,7 @@ async def test_mqtt_3_1_2_8_a_takeover_publishes_the_old_connections_will(trio) 
         await c.close()
 
 
-async def test_mqtt_3_1_2_15_a_retained_will_is_kept_for_later_subscribers(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_1_2_15_a_retained_will_is_kept_for_later_subscribers(trio) -> None:
     """MQTT-3.1.2-15: a Will with Will Retain 1 is published as a retained message."""
     topic = f"will/{uid()}"
     client = await connect_with_will(
@@ -207,7 +207,7 @@ async def test_mqtt_3_1_2_15_a_retained_will_is_kept_for_later_subscribers(trio)
         assert time.monotonic() < deadline, "the will never arrived as a retained message"
 
 
-async def test_mqtt_3_1_2_14_a_will_without_retain_is_not_retained(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_1_2_14_a_will_without_retain_is_not_retained(trio) -> None:
     """MQTT-3.1.2-14: a Will with Will Retain 0 is published as a non-retained message."""
     # MQTT-3.1.2-14: published as a non-retained message (RETAIN 0 even to a subscriber with
     # Retain As Published), and not kept for later subscribers.
@@ -236,7 +236,7 @@ async def test_mqtt_3_1_2_14_a_will_without_retain_is_not_retained(trio) -> None
     assert (got.topic, got.payload) == (f"{base}/zz-marker", b"marker")
 
 
-async def test_g6_the_will_is_published_when_the_node_holding_the_connection_dies(  # type: ignore[no-untyped-def]
+async def test_g6_the_will_is_published_when_the_node_holding_the_connection_dies(
     hexmq_cluster,
 ) -> None:
     """G6: the Will is published even when the node holding the connection dies.

@@ -11,7 +11,7 @@ from tests.support.rawclient import RawClient
 from tests.support.unique import uid
 
 
-async def test_services_serve_metrics(hexmq_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_services_serve_metrics(hexmq_cluster) -> None:
     cluster = hexmq_cluster(nodes=1)
     ports = cluster.node(1)["metrics_ports"]
     topic = f"m/{uid(8)}"

@@ -112,7 +112,7 @@ async def subscriber(
 
 
 @pytest.mark.parametrize("rf", [2, 3])
-async def test_no_acknowledged_message_lost_across_kill_and_start(hexmq_cluster, rf: int) -> None:  # type: ignore[no-untyped-def]
+async def test_no_acknowledged_message_lost_across_kill_and_start(hexmq_cluster, rf: int) -> None:
     cluster = hexmq_cluster(nodes=3, partitions=32, extra=["--rf", str(rf)])
     ports = [cluster.mqtt_port(i) for i in (1, 2, 3)]
 

@@ -17,7 +17,7 @@ from tests.support.unique import uid
 MESSAGES = 20
 
 
-async def test_spark_audit_of_a_real_cluster(hexmq_cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+async def test_spark_audit_of_a_real_cluster(hexmq_cluster, tmp_path: Path) -> None:
     trace_dir = tmp_path / "traces"
     cluster = hexmq_cluster(nodes=3, extra=["--trace-dir", str(trace_dir), "--rf", "2"])
     topic = f"audit/{uid(8)}"

@@ -111,7 +111,7 @@ def alternating_router(*, up: tuple[str, ...] = NODES) -> Router:
         )
     )
     live = set(up)
-    router.up = live  # type: ignore[attr-defined]
+    router.up = live
     router.partition_open = lambda p: alternating_master(p) in live
     for node in NODES:
         router.apply_index_update(node, pb.IndexUpdate(reset=True, snapshot_done=True))

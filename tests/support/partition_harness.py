@@ -26,7 +26,7 @@ class FakeCommit(GroupCommit):
     (with `aborted`, those of commands that wrote an aborted partition are answered MOVED)."""
 
     def __init__(self) -> None:
-        super().__init__(None, None, lambda exc: None)  # type: ignore[arg-type]
+        super().__init__(None, None, lambda exc: None)
         self.written: list[tuple[int, Op]] = []
 
     def durable(self, aborted: frozenset[int] = frozenset()) -> None:
@@ -84,7 +84,7 @@ class Edge:
 
 def make_node() -> tuple[PartitionNode, FakeCommit]:
     commit = FakeCommit()
-    node = PartitionNode("n1", RedisStore(None), commit)  # type: ignore[arg-type]
+    node = PartitionNode("n1", RedisStore(None), commit)
     node.mastered[P] = EPOCH
     return node, commit
 

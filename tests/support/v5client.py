@@ -56,7 +56,7 @@ async def connect(
             client_id=client_id or f"c-{uid()}",
             protocol_version=5,
             clean_start=clean_start,
-            properties=Properties(**props) if props else NO_PROPERTIES,  # type: ignore[arg-type]
+            properties=Properties(**props) if props else NO_PROPERTIES,
         )
     )
     connack = await client.expect(ConnAck)
@@ -92,7 +92,7 @@ async def publish(
     must carry the PUBLISH's packet id (MQTT-2.2.1-5) and not be a failure."""
     pid = (packet_id or client.next_packet_id()) if qos else None
     if properties is None:
-        properties = Properties(**props) if props else NO_PROPERTIES  # type: ignore[arg-type]
+        properties = Properties(**props) if props else NO_PROPERTIES
     await client.send(Publish(topic, payload, qos, retain, dup, pid, properties))
     if not qos:
         return None
@@ -113,7 +113,7 @@ async def receive(client: RawClient, timeout: float = 10.0) -> Publish:
 
 async def leave(client: RawClient, **props: object) -> None:
     """A normal DISCONNECT (with `props`, e.g. a new session_expiry_interval), then close."""
-    properties = Properties(**props) if props else NO_PROPERTIES  # type: ignore[arg-type]
+    properties = Properties(**props) if props else NO_PROPERTIES
     await client.send(Disconnect(0, properties))
     await client.close()
 

@@ -17,5 +17,5 @@ async def ws_packets(ws: Any, codec: MQTTConnection, count: int) -> list[Packet]
             if event is NEED_DATA:
                 codec.receive_data(await ws.recv())
             else:
-                packets.append(event)  # type: ignore[arg-type]
+                packets.append(event)
     return packets

@@ -34,7 +34,7 @@ COMPOSE = ROOT / "deploy" / "compose" / "compose.yaml"
 HAPROXY_CFG = ROOT / "deploy" / "compose" / "haproxy" / "haproxy.cfg"
 
 
-def counting_ports(start: int = 30000):  # type: ignore[no-untyped-def]
+def counting_ports(start: int = 30000):
     counter = itertools.count(start)
     return lambda: next(counter)
 

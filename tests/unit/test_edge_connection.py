@@ -48,7 +48,7 @@ async def test_the_answers_of_one_link_frame_leave_in_one_write(edge: Edge) -> N
     edge.batched(n1._dispatch, frame_of_answers(*publishes))  # as the link's stream does
     assert client.transport.writes == writes + 1
     acks = await client.received()
-    assert [(type(p), p.packet_id) for p in acks] == [(PubAck, pid) for pid in range(1, 51)]  # type: ignore[attr-defined]
+    assert [(type(p), p.packet_id) for p in acks] == [(PubAck, pid) for pid in range(1, 51)]
 
 
 async def test_a_congested_link_and_a_full_socket_pause_reading(edge: Edge) -> None:

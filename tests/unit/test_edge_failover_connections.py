@@ -72,7 +72,7 @@ async def test_a_live_subscriber_is_re_attached_with_its_delivery_state(edge: Ed
         ),
     )
     packets = await sub.received()
-    assert [(type(p).__name__, p.packet_id) for p in packets] == [  # type: ignore[attr-defined]
+    assert [(type(p).__name__, p.packet_id) for p in packets] == [
         ("Publish", 1),
         ("Publish", 2),
         ("PubRel", 3),
@@ -157,7 +157,7 @@ async def test_deliveries_from_a_master_the_session_left_are_dropped(edge: Edge)
     ok(n2, attach)
     edge.on_delivery(n2, late)  # the new master's is taken
     (publish,) = await sub.received()
-    assert publish.packet_id == 8  # type: ignore[attr-defined]
+    assert publish.packet_id == 8
 
 
 async def test_publishes_wait_for_a_link_and_are_acknowledged_after_it_returns(
@@ -182,9 +182,9 @@ async def test_publishes_wait_for_a_link_and_are_acknowledged_after_it_returns(
         (3, b"m2"),
     ]
     ok(n1, *publishes[:3])
-    assert [(type(p), p.packet_id) for p in await pub.received()] == [(PubAck, 1)]  # type: ignore[attr-defined]
+    assert [(type(p), p.packet_id) for p in await pub.received()] == [(PubAck, 1)]
     ok(n1, publishes[3], attach)
-    assert [(type(p), p.packet_id, p.reason_code) for p in await pub.received()] == [  # type: ignore[attr-defined]
+    assert [(type(p), p.packet_id, p.reason_code) for p in await pub.received()] == [
         (PubAck, 2, 0),
     ]
 
@@ -236,7 +236,7 @@ async def test_past_the_bound_5_0_hears_why_3_1_1_is_closed_and_sessions_stay(
     pub5.send(Publish("t/x", b"after", qos=1, packet_id=10))
     (publish,) = taken(n1)
     ok(n1, publish)
-    assert [(type(p), p.reason_code) for p in await pub5.received()] == [(PubAck, 0)]  # type: ignore[attr-defined]
+    assert [(type(p), p.reason_code) for p in await pub5.received()] == [(PubAck, 0)]
 
 
 async def test_a_connect_waits_for_its_sessions_partition(edge: Edge) -> None:
@@ -359,4 +359,4 @@ async def test_a_publish_waits_until_every_partitions_index_has_arrived(clock: C
     assert [t.partition for t in to_n2.publish.targets] == [7]
     ok(n1, to_n1)
     ok(n2, to_n2)
-    assert [(type(p), p.packet_id) for p in await pub.received()] == [(PubAck, 1)]  # type: ignore[attr-defined]
+    assert [(type(p), p.packet_id) for p in await pub.received()] == [(PubAck, 1)]

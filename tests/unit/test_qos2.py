@@ -21,7 +21,7 @@ def message(mid: int, qos: int = 2) -> pb.QueuedMessage:
 
 def live_session(*mids: int, window: int = 10) -> Session:
     session = Session(P, pb.SessionRecord(client_id="c"))
-    session.attach(LiveConnection(None, "conn-1", window, ready=True))  # type: ignore[arg-type]
+    session.attach(LiveConnection(None, "conn-1", window, ready=True))
     for mid in mids:
         session.enqueue(message(mid))
         session.durable_mid = mid
@@ -55,7 +55,7 @@ def test_after_a_reconnect_released_ones_go_as_pubrel_and_the_rest_as_publish_du
     session.pump()
     session.release([2])
     session.detach(0)
-    session.attach(LiveConnection(None, "conn-2", 10, ready=True))  # type: ignore[arg-type]
+    session.attach(LiveConnection(None, "conn-2", 10, ready=True))
     again = session.pump()
     assert [(qm.message_id, qm.released, qm.dup) for qm in again] == [
         (1, False, True),
@@ -81,7 +81,7 @@ def test_a_message_loaded_after_a_restart_keeps_its_released_state() -> None:
         session.queue[qm.message_id] = qm
         session.durable_mid = qm.message_id
         session.ever_sent.add(qm.message_id)
-    session.attach(LiveConnection(None, "conn", 10, ready=True))  # type: ignore[arg-type]
+    session.attach(LiveConnection(None, "conn", 10, ready=True))
     assert [(qm.message_id, qm.released, qm.dup) for qm in session.pump()] == [
         (5, True, False),
         (6, False, True),

@@ -320,7 +320,7 @@ async def test_a_partition_snapshot_and_reload_carry_its_remembered_origins() ->
         f"hx:{P}:sessions": {b"s1": pb.SessionRecord(client_id="s1").SerializeToString()},
         qos2_seen_key(P): seen,
     }
-    store = RedisStore(HashRedis(data))  # type: ignore[arg-type]
+    store = RedisStore(HashRedis(data))
     assert qos2_seen_key(P) in await store.partition_keys(P)
     ops = [op async for chunk in store.snapshot_chunks(P, 100) for op in chunk]
     assert {(op[1], op[2], op[3]) for op in ops if op[1] == qos2_seen_key(P)} == {
