@@ -617,3 +617,26 @@ def test_the_session_of_a_client_lives_in_its_partition() -> None:
     client = Driver(SessionEdge.make())
     (request,) = of_kind(client.send(Connect(cid, protocol_version=5)), act.Request)
     assert request.partition == 2
+
+
+def test_a_connect_of_an_unknown_protocol_level_is_refused_in_a_form_the_client_reads() -> None:
+    # CONNECT, protocol name "MQTT", level 3 (older than 3.1.1) / 6 (newer than 5.0): 3.1.1's
+    # CONNACK return code 1 for the first, 5.0's 0x84 for the second.
+    v311_refusal = ConnectReturnCode.UNACCEPTABLE_PROTOCOL_VERSION
+    for level, connack in (
+        (3, bytes([0x20, 2, 0, v311_refusal])),
+        (6, bytes([0x20, 3, 0, RC.UNSUPPORTED_PROTOCOL_VERSION, 0])),
+    ):
+        client = Driver(SessionEdge.make())
+        refused = client.send_bytes(bytes([0x10, 10, 0, 4, *b"MQTT", level, 2, 0, 60]))
+        assert refused[0] == act.Write(connack)
+        assert isinstance(refused[1], act.Close)
+
+
+def test_a_malformed_packet_after_connect_ends_only_that_connection_with_its_reason() -> None:
+    client = connected(subscribed_edge())
+    ended = client.send_bytes(bytes([0x30, 2, 0, 9]))  # a topic length past the packet's end
+    (disconnect,) = client.packets(ended)
+    assert disconnect.reason_code == RC.MALFORMED_PACKET
+    assert [(k, c.close_session.graceful) for k, c in commands(ended)] == [("close_session", False)]
+    assert client.edge.stats.rejected["disconnect", RC.MALFORMED_PACKET] == 1

@@ -19,6 +19,7 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.mqtt import (
     NEED_DATA,
     Auth,
+    ConnAck,
     Disconnect,
     MQTTError,
     PingReq,
@@ -30,9 +31,12 @@ from hexmq.mqtt import (
     PubRel,
     Subscribe,
     Unsubscribe,
+    UnsupportedProtocolVersion,
+    encode,
 )
+from hexmq.mqtt.reason_codes import ConnectReturnCode
 from services.edge.limits import Admission
-from services.edge.session.actions import Action, SetTimer
+from services.edge.session.actions import Action, Close, SetTimer
 from services.edge.session.delivery import acknowledged, flush_acks, send_delivery
 from services.edge.session.delivery import reattach as reattach_session
 from services.edge.session.handle_acks import (
@@ -221,6 +225,34 @@ class Session(SessionState):
         return on_answer
 
     # ----- packets --------------------------------------------------------------------------
+
+    def on_protocol_error(self, exc: MQTTError) -> None:
+        """Bad input from the client (the codec's error, carrying its reason code)."""
+        if self.state in (State.AWAITING_CONNECT, State.AUTHENTICATING, State.CONNECTING):
+            code = exc.reason_code
+            self.edge.stats.rejected["connect", code] += 1
+            log.warning(
+                "closing %s: bad CONNECT: %s (0x%02X): %s",
+                self.peer,
+                reason_name(code),
+                code,
+                exc.message,
+            )
+            if isinstance(exc, UnsupportedProtocolVersion):
+                # 3.1.1 clients (and older) understand return code 0x01 [MQTT-3.1.2-2]; a newer
+                # level gets the 5.0 form of 0x84.
+                if (exc.protocol_level or 0) > V5:
+                    self.write(encode(ConnAck(False, RC.UNSUPPORTED_PROTOCOL_VERSION), V5))
+                else:
+                    v311 = ConnectReturnCode.UNACCEPTABLE_PROTOCOL_VERSION
+                    self.write(encode(ConnAck(False, v311), 4))
+            elif self.codec.protocol_version == V5:
+                self.version = V5
+                self.send(ConnAck(False, code))
+            self.state = State.CLOSED
+            self.emit(Close(code, exc.message))
+            return
+        self.fail(exc.reason_code, exc.message)
 
     def process(self, now: float, wall_ms: int) -> None:
         """Handle every whole packet the codec holds, while the state reads packets (not
