@@ -15,6 +15,24 @@ OK_RESULT = pb.Result(status=SC.STATUS_CODE_OK)
 ResultCallback = Callable[[pb.Result], None]
 
 
+def fan_in(parts: int, done: Callable[[pb.Result | None], None]) -> Callable[..., None]:
+    """One callback for the answers of `parts` commands (a publish split per master node):
+    once all have come, `done(the first failure, or None)`. Extra arguments (the route an
+    answer came by) are ignored."""
+    failures: list[pb.Result] = []
+    remaining = parts
+
+    def answered(result: pb.Result, *_: object) -> None:
+        nonlocal remaining
+        remaining -= 1
+        if result.status != SC.STATUS_CODE_OK:
+            failures.append(result)
+        if not remaining:
+            done(failures[0] if failures else None)
+
+    return answered
+
+
 def refused_by_hold(result: pb.Result) -> bool:
     """The answer is the refusal of a command held past the failover bound (services/edge/
     hold.py). A partition's own UNAVAILABLE answer never reaches a caller: the command is held

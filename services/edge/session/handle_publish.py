@@ -16,7 +16,7 @@ from services.edge.session.actions import AwaitIndex, PublishCommand
 from services.edge.session.handle_qos2 import publish_qos2
 from services.edge.session.receive_maximum import count_in, uncount_in
 from services.edge.session.state import OK, RC, V5, SessionState, State
-from services.edge.tickets import refused_by_hold
+from services.edge.tickets import fan_in, refused_by_hold
 from services.edge.topic_alias import InboundTopicAliases
 from services.edge.translate import publish_commands
 
@@ -119,23 +119,14 @@ def route_publish(
     commands = publish_commands(s.client_id, packet, route.targets, retained, wall_ms)
     if retained is not None:
         router.routed_retained(commands[0][1].publish.message)
-    failures: list[pb.Result] = []
-    remaining = len(commands)
 
-    def stored(result: pb.Result, _route: object) -> None:
-        nonlocal remaining
-        remaining -= 1
-        if result.status != OK:
-            failures.append(result)
-        if remaining:
-            return
+    def stored(failure: pb.Result | None) -> None:
         uncount_in(s, size)
         if s.state is not State.CONNECTED:
             if span is not None:
                 tracer.finish(span, error="connection closed before PUBACK")
             return
-        if failures:
-            failure = failures[0]
+        if failure is not None:
             s.publish_refused(pid, failure.message, span, quiet=refused_by_hold(failure))
         else:
             s.send(PubAck(pid))
@@ -144,8 +135,9 @@ def route_publish(
 
     if span is not None:
         tracer.stamp(span, commands)
+    answered = fan_in(len(commands), stored)
     for node, cmd in commands:
-        s.emit(PublishCommand(s.ask(stored), node, cmd))
+        s.emit(PublishCommand(s.ask(answered), node, cmd))
 
 
 def publish_refusal(s: SessionState, topic: str) -> tuple[int, str] | None:

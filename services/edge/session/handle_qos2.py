@@ -19,7 +19,7 @@ from services.edge.session.actions import ForgetOrigins, PublishCommand
 from services.edge.session.inbound import Qos2Claims, Unrecorded
 from services.edge.session.receive_maximum import count_in, uncount_in
 from services.edge.session.state import GONE, OK, RC, UNAVAILABLE, V5, SessionState, State
-from services.edge.tickets import refused_by_hold
+from services.edge.tickets import fan_in, refused_by_hold
 from services.edge.translate import publish_commands
 
 if TYPE_CHECKING:
@@ -111,18 +111,9 @@ def route_qos2(
     if retained is not None:
         router.routed_retained(commands[0][1].publish.message)
     routed = carry_origin(origin, commands)
-    failures: list[pb.Result] = []
-    remaining = len(commands)
 
-    def done(result: pb.Result, _route: object) -> None:
-        nonlocal remaining
-        remaining -= 1
-        if result.status != OK:
-            failures.append(result)
-        if remaining:
-            return
-        if failures:
-            failure = failures[0]
+    def stored(failure: pb.Result | None) -> None:
+        if failure is not None:
             quiet = refused_by_hold(failure)
             record_qos2(s, pid, size, failure.message, RC.SUCCESS, span, routed, quiet=quiet)
         else:
@@ -130,8 +121,9 @@ def route_qos2(
 
     if span is not None:
         s.edge.tracer.stamp(span, commands)
+    answered = fan_in(len(commands), stored)
     for node, cmd in fault_stall(s.config.fault_stall_qos2_routing, packet, commands):
-        s.emit(PublishCommand(s.ask(done), node, cmd))
+        s.emit(PublishCommand(s.ask(answered), node, cmd))
 
 
 def record_qos2(
