@@ -38,8 +38,10 @@ class ConnectionHost(EdgeServices, Protocol):
     qos2_forgets: OriginForgets
     # True while the edge handles a partition link's frame: writes wait for its end.
     corked: bool
-    # Commands the connections sent whose answers have not come (a stop waits for them).
+    # Commands the connections sent whose answers have not come, and whether the edge is
+    # stopping (then it waits for them: `answers_settled` once none is due).
     answers_due: int
+    stopping: bool
 
     def new_connection_id(self) -> str: ...
     def connection_opened(self, conn: ClientConnection) -> None: ...
@@ -52,7 +54,6 @@ class ClientConnection(asyncio.Protocol):
     __slots__ = (
         "_attach",
         "_out",
-        "_out_bytes",
         "_paused",
         "_timer",
         "connection_id",
@@ -70,7 +71,6 @@ class ClientConnection(asyncio.Protocol):
         self._paused = 0  # Pause bits
         self._timer: asyncio.TimerHandle | None = None
         self._out: list[bytes] | None = None
-        self._out_bytes = 0
         self.queued = False  # among the edge's connections to flush after a frame
         self._attach: Ticket | None = None  # the AttachSession on its way
 
@@ -109,7 +109,8 @@ class ClientConnection(asyncio.Protocol):
 
     def deliver(self, delivery: pb.Delivery) -> None:
         if self.transport is not None:
-            buffered = self.transport.get_write_buffer_size() + self._out_bytes
+            out = self._out
+            buffered = self.transport.get_write_buffer_size() + (sum(map(len, out)) if out else 0)
             wall_ms = int(time.time() * 1000)
             self.carry_out(self.session.deliver(delivery, wall_ms, buffered))
 
@@ -142,7 +143,13 @@ class ClientConnection(asyncio.Protocol):
 
     def carry_out(self, actions: list[Action]) -> None:
         for action in actions:
-            _CARRY_OUT[type(action)](self, action)
+            if type(action) is act.Write:  # (the commonest, inline)
+                if self._out is None:
+                    self._out = [action.data]
+                else:
+                    self._out.append(action.data)
+            else:
+                _CARRY_OUT[type(action)](self, action)
         if self._out is not None:
             if not self.edge.corked:
                 self.flush()
@@ -154,19 +161,11 @@ class ClientConnection(asyncio.Protocol):
         """Write what the session produced, in one transport.write."""
         self.queued = False
         out, self._out = self._out, None
-        self._out_bytes = 0
         transport = self.transport
         if out and transport is not None and not transport.is_closing():
             data = out[0] if len(out) == 1 else b"".join(out)
             self.edge.stats.bytes_out += len(data)
             transport.write(data)
-
-    def _write(self, a: act.Write) -> None:
-        if self._out is None:
-            self._out = [a.data]
-        else:
-            self._out.append(a.data)
-        self._out_bytes += len(a.data)
 
     def _publish(self, a: act.PublishCommand) -> None:
         edge = self.edge
@@ -187,7 +186,7 @@ class ClientConnection(asyncio.Protocol):
 
         def answered(result: pb.Result) -> None:
             edge.answers_due -= 1
-            if not edge.answers_due:
+            if edge.stopping and not edge.answers_due:
                 edge.answers_settled()
             if ticket is self._attach:
                 self._attach = None
@@ -210,7 +209,7 @@ class ClientConnection(asyncio.Protocol):
         """The answer to a Publish: counted as due while the edge stops."""
         edge = self.edge
         edge.answers_due -= 1
-        if not edge.answers_due:
+        if edge.stopping and not edge.answers_due:
             edge.answers_settled()
         self.carry_out(self.session.answered(token, result))
 
@@ -264,7 +263,6 @@ def _forget(c: ClientConnection, a: act.ForgetOrigins) -> None:
 
 
 _CARRY_OUT: dict[type, Callable[[ClientConnection, Any], None]] = {
-    act.Write: ClientConnection._write,
     act.PublishCommand: ClientConnection._publish,
     act.Request: ClientConnection._request,
     act.Attach: ClientConnection._request,

@@ -81,6 +81,7 @@ class Edge:
         self.to_flush: list[ClientConnection] = []
         # Set by `stop` once its clients have gone and their answers have come.
         self._settled: asyncio.Event | None = None
+        self.stopping = False
 
     # ----- what connections tell it (services/edge/connection.py, ConnectionHost) -----------
 
@@ -143,6 +144,7 @@ class Edge:
         for conn in list(self.connections.values()):
             conn.shutdown(self.leave_reference(conn) if leaving else self.config.server_reference)
         grace = self.config.shutdown_grace
+        self.stopping = True
         self._settled = asyncio.Event()
         self._settle_check()
         try:
