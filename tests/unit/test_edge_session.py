@@ -640,3 +640,8 @@ def test_a_malformed_packet_after_connect_ends_only_that_connection_with_its_rea
     assert disconnect.reason_code == RC.MALFORMED_PACKET
     assert [(k, c.close_session.graceful) for k, c in commands(ended)] == [("close_session", False)]
     assert client.edge.stats.rejected["disconnect", RC.MALFORMED_PACKET] == 1
+
+
+def test_with_keep_alive_0_a_stale_tick_ends_nothing() -> None:
+    client = connected(SessionEdge.make(), keepalive=0)
+    assert client.tick(10_000.0) == []

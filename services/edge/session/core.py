@@ -153,7 +153,7 @@ class Session(SessionState):
             )
         elif state is not State.CONNECTED:
             self.close(f"no CONNECT within {timeout:g}s")
-        else:
+        elif self.keepalive.interval:  # (Keep Alive 0: no timer, a stale tick does nothing)
             keepalive = self.keepalive
             again = keepalive.due(now)
             if again is None:
