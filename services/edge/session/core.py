@@ -55,7 +55,16 @@ from services.edge.session.handle_connect import (
 from services.edge.session.handle_publish import handle_publish
 from services.edge.session.handle_qos2 import handle_pubrel
 from services.edge.session.handle_subscribe import handle_subscribe, handle_unsubscribe
-from services.edge.session.state import RC, V5, SessionState, State
+from services.edge.session.state import (
+    AUTHENTICATING,
+    AWAITING_CONNECT,
+    CONNECTED,
+    CONNECTING,
+    RC,
+    V5,
+    SessionState,
+    State,
+)
 from services.edge.tickets import Route
 from services.edge.translate import reason_name
 
@@ -119,7 +128,7 @@ class Session(SessionState):
             return self.take()
         if not waiting:
             self.waiting = None  # (an emptied dict keeps its size: idle connections hold none)
-        connecting = self.state is State.CONNECTING
+        connecting = self.state is CONNECTING
         on_answer(result, sent_to)
         if connecting and self.codec.buffered_bytes:
             # Packets read while a CONNECT waited for its partition or its session (AUTH, what
@@ -260,14 +269,14 @@ class Session(SessionState):
         codec = self.codec
         try:
             while (
-                (state := self.state) is State.CONNECTED
-                or state is State.AWAITING_CONNECT
-                or state is State.AUTHENTICATING
+                (state := self.state) is CONNECTED
+                or state is AWAITING_CONNECT
+                or state is AUTHENTICATING
             ):
                 packet = codec.next_event()
                 if packet is NEED_DATA:
                     break
-                if state is State.CONNECTED:
+                if state is CONNECTED:
                     try:
                         handler = HANDLERS[type(packet)]
                     except KeyError:  # (the codec lets no other packet through)

@@ -25,8 +25,8 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.mqtt import NO_PROPERTIES, Disconnect, Publish, PubRel
 from services.edge.session.actions import Acknowledge, Attach
 from services.edge.session.handle_qos2 import record_qos2
-from services.edge.session.outbound import Outbound, Phase
-from services.edge.session.state import OK, RC, V5, SessionState, State
+from services.edge.session.outbound import PUBLISHED, PUBLISHED_QOS2, Outbound
+from services.edge.session.state import CONNECTED, OK, RC, V5, SessionState, State
 from services.edge.tickets import Route, refused_by_hold
 from services.edge.translate import packet_id_for, publish_properties
 
@@ -45,7 +45,7 @@ def outbound(s: SessionState) -> Outbound:
 
 def send_delivery(s: SessionState, delivery: pb.Delivery, wall_ms: int, buffered: int) -> None:
     """Send a Delivery's messages; `buffered`: bytes the socket has not sent yet."""
-    if s.state is not State.CONNECTED:
+    if s.state is not CONNECTED:
         return
     out = outbound(s)
     edge = s.edge
@@ -99,7 +99,7 @@ def send_delivery(s: SessionState, delivery: pb.Delivery, wall_ms: int, buffered
             continue
         span = tracer.start_deliver(qm, s.client_id) if tracer.enabled else None
         if pid is not None:
-            phase = Phase.PUBLISHED_QOS2 if qm.qos == 2 else Phase.PUBLISHED
+            phase = PUBLISHED_QOS2 if qm.qos == 2 else PUBLISHED
             out.sent(pid, qm.message_id, phase, len(data))
             if span is not None:
                 spans = s.deliver_spans

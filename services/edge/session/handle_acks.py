@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from hexmq.mqtt import Disconnect, PingReq, PingResp, PubAck, PubComp, PubRec
 from services.edge.session.actions import Close
-from services.edge.session.outbound import Phase
+from services.edge.session.outbound import PUBLISHED, PUBLISHED_QOS2, RELEASED
 from services.edge.session.state import RC, V5, SessionState, State
 
 
 def handle_puback(s: SessionState, packet: PubAck, now: float, wall_ms: int) -> None:
     out = s.outbound
-    mid = out.answered(packet.packet_id, Phase.PUBLISHED) if out is not None else None
+    mid = out.answered(packet.packet_id, PUBLISHED) if out is not None else None
     if out is None or mid is None:
         return  # not in flight on this connection
     out.acks.append(mid)
@@ -20,7 +20,7 @@ def handle_puback(s: SessionState, packet: PubAck, now: float, wall_ms: int) -> 
 
 def handle_pubrec(s: SessionState, packet: PubRec, now: float, wall_ms: int) -> None:
     out = s.outbound
-    mid = out.answered(packet.packet_id, Phase.PUBLISHED_QOS2) if out is not None else None
+    mid = out.answered(packet.packet_id, PUBLISHED_QOS2) if out is not None else None
     if out is None or mid is None:
         return  # not in flight on this connection
     if packet.reason_code >= RC.UNSPECIFIED_ERROR:
@@ -35,7 +35,7 @@ def handle_pubrec(s: SessionState, packet: PubRec, now: float, wall_ms: int) -> 
 
 def handle_pubcomp(s: SessionState, packet: PubComp, now: float, wall_ms: int) -> None:
     out = s.outbound
-    mid = out.answered(packet.packet_id, Phase.RELEASED) if out is not None else None
+    mid = out.answered(packet.packet_id, RELEASED) if out is not None else None
     if out is not None and mid is not None:
         out.acks.append(mid)
 

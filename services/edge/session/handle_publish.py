@@ -15,7 +15,7 @@ from hexmq.mqtt import PubAck, Publish, PubRec
 from services.edge.session.actions import AwaitIndex, PublishCommand
 from services.edge.session.handle_qos2 import publish_qos2
 from services.edge.session.receive_maximum import count_in, uncount_in
-from services.edge.session.state import OK, RC, V5, SessionState, State
+from services.edge.session.state import CONNECTED, OK, RC, V5, SessionState, State
 from services.edge.tickets import fan_in, refused_by_hold
 from services.edge.topic_alias import InboundTopicAliases
 from services.edge.translate import publish_commands
@@ -122,7 +122,7 @@ def route_publish(
 
     def stored(failure: pb.Result | None) -> None:
         uncount_in(s, size)
-        if s.state is not State.CONNECTED:
+        if s.state is not CONNECTED:
             if span is not None:
                 tracer.finish(span, error="connection closed before PUBACK")
             return

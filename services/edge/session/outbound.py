@@ -31,6 +31,12 @@ class Phase(enum.IntEnum):
     RELEASED = 3  # PUBREL sent: awaiting PUBCOMP
 
 
+# As module constants for the per-message paths (an enum member's lookup costs more).
+PUBLISHED = Phase.PUBLISHED
+PUBLISHED_QOS2 = Phase.PUBLISHED_QOS2
+RELEASED = Phase.RELEASED
+
+
 class Outbound:
     __slots__ = ("_inflight", "acks", "recs", "unconfirmed", "window")
 
@@ -75,15 +81,15 @@ class Outbound:
 
     def released(self, pid: int, message_id: int, size: int) -> None:
         """The partition recorded the PUBREC: PUBREL (again) until PUBCOMP."""
-        self.sent(pid, message_id, Phase.RELEASED, size)
+        self.sent(pid, message_id, RELEASED, size)
 
     def in_flight_ids(self) -> list[int]:
         """Message ids sent and not acknowledged (QoS 1 PUBLISH, QoS 2 PUBLISH before PUBREC)."""
-        return [mid for mid, phase, _ in self._inflight.values() if phase is not Phase.RELEASED]
+        return [mid for mid, phase, _ in self._inflight.values() if phase is not RELEASED]
 
     def released_ids(self) -> list[int]:
         """Message ids whose PUBREL awaits PUBCOMP."""
-        return [mid for mid, phase, _ in self._inflight.values() if phase is Phase.RELEASED]
+        return [mid for mid, phase, _ in self._inflight.values() if phase is RELEASED]
 
     # ----- acknowledgements to the partition ----------------------------------------------
 

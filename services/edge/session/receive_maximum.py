@@ -7,6 +7,7 @@ from services.edge.session.actions import Pause
 from services.edge.session.state import RC, V5, SessionState
 from services.edge.session.window import InflightWindow
 
+INFLIGHT = Pause.INFLIGHT  # (a module constant: per-message path)
 # Bytes of payload a connection may have being stored before its socket stops being read
 # (with our Receive Maximum, the inbound window's bounds).
 INBOUND_BYTES = 16 * 1024 * 1024
@@ -32,7 +33,7 @@ def count_in(s: SessionState, size: int) -> bool:
         )
         return False
     if window.count >= window.max_count or window.bytes >= window.max_bytes:
-        s.pause(Pause.INFLIGHT)
+        s.pause(INFLIGHT)
     return True
 
 
@@ -41,5 +42,5 @@ def uncount_in(s: SessionState, size: int) -> None:
     assert window is not None
     window.count -= 1
     window.bytes -= size
-    if s.paused & Pause.INFLIGHT and window.low:
-        s.resume(Pause.INFLIGHT)
+    if s.paused & INFLIGHT and window.low:
+        s.resume(INFLIGHT)

@@ -73,6 +73,15 @@ class State(enum.Enum):
     CLOSED = 4
 
 
+# The states as module constants for the per-message paths: reading an enum member off its
+# class is a Python-level lookup, several times a global's cost.
+AWAITING_CONNECT = State.AWAITING_CONNECT
+AUTHENTICATING = State.AUTHENTICATING
+CONNECTING = State.CONNECTING
+CONNECTED = State.CONNECTED
+CLOSED = State.CLOSED
+
+
 class SessionState:
     """One client connection's session: see the module docstring."""
 
