@@ -16,7 +16,7 @@ TEST_WORKERS ?= 3
 COMPOSE_DIR := deploy/compose
 COMPOSE := $(BIN)/docker-compose --profile observability --profile traces
 
-.PHONY: system-deps venv proto proto-check lint typecheck deploy-check test test-unit test-fault bench bench-moderate bench-failover bench-rebalance run clean
+.PHONY: system-deps venv proto proto-check lint typecheck deploy-check test test-unit test-fault bench bench-moderate bench-failover bench-rebalance bench-memory run clean
 
 # redis-server and the mosquitto tools come from the system's packages (apt on Debian).
 # (A no-op when they are installed, so every target that needs them can depend on it.)
@@ -107,6 +107,10 @@ bench-failover: $(STAMP) system-deps
 # What a join and a leave cost: time to move sessions and queued messages, client throughput.
 bench-rebalance: $(STAMP) system-deps
 	$(BIN)/python -m bench.rebalance $(REBALANCE_ARGS)
+
+# Edge memory per 1,000 idle connections, beside mosquitto (MEMORY_ARGS).
+bench-memory: $(STAMP) system-deps
+	$(BIN)/python -m bench.memory $(MEMORY_ARGS)
 
 # A local cluster in the foreground on the embedded defaults, until Ctrl-C.
 run: $(STAMP) system-deps

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.edge.server import DEFAULT_MAX_INFLIGHT_V311
+from services.edge.config import DEFAULT_MAX_INFLIGHT_V311
 
 LOOPBACK = "127.0.0.1"
 

@@ -38,7 +38,7 @@ from hexmq.mqtt.packets import (
     Will,
 )
 from hexmq.mqtt.properties import NO_PROPERTIES, Properties, PropertyId
-from hexmq.mqtt.reason_codes import ConnectReturnCode, ReasonCode
+from hexmq.mqtt.reason_codes import ConnectReturnCode, ReasonCode, SubackReturnCode
 from hexmq.mqtt.wire import PacketType
 
 __all__ = [
@@ -70,6 +70,7 @@ __all__ = [
     "ReasonCode",
     "Role",
     "SubAck",
+    "SubackReturnCode",
     "Subscribe",
     "Subscription",
     "TopicAliasInvalid",

@@ -92,6 +92,10 @@ _COMPACT_AT: Final = 64 * 1024
 
 _State = Literal["handshake", "open", "closed"]
 
+# The decoder tables, one per (role, state, version, AUTH allowed): shared by every connection,
+# so that a connection costs no table of its own (a broker holds tens of thousands).
+_DECODER_TABLES: dict[tuple[Role, _State, int | None, bool], tuple[Decoder | None, ...]] = {}
+
 
 class MQTTConnection:
     """One side of one MQTT network connection, without the network.
@@ -100,6 +104,20 @@ class MQTTConnection:
     as soon as the protocol level has been read, so a broken CONNECT can still be refused with a
     CONNACK in the client's format); a client gives it here or sends a CONNECT first.
     """
+
+    __slots__ = (
+        "_auth_allowed",
+        "_buf",
+        "_decode_version",
+        "_decoders",
+        "_error",
+        "_max_packet_size",
+        "_pos",
+        "_role",
+        "_sent_disconnect",
+        "_state",
+        "_version",
+    )
 
     def __init__(
         self,
@@ -270,6 +288,14 @@ class MQTTConnection:
 
     def _build_decoders(self) -> None:
         """The decoder per packet type for the current role, state and version; None refuses."""
+        key = (self._role, self._state, self._version, self._auth_allowed)
+        decoders = _DECODER_TABLES.get(key)
+        if decoders is None:
+            decoders = _DECODER_TABLES[key] = self._decoder_table()
+        self._decoders = decoders
+        self._decode_version = self._version or 4
+
+    def _decoder_table(self) -> tuple[Decoder | None, ...]:
         allowed: frozenset[int] | set[int]
         if self._state == "closed":
             allowed = frozenset()
@@ -287,8 +313,7 @@ class MQTTConnection:
                 allowed.discard(_T.DISCONNECT)
         elif not self._auth_allowed:
             allowed = set(allowed) - {_T.AUTH}
-        self._decoders = tuple(DECODERS[t] if t in allowed else None for t in range(len(DECODERS)))
-        self._decode_version = self._version or 4
+        return tuple(DECODERS[t] if t in allowed else None for t in range(len(DECODERS)))
 
     def _unexpected(self, ptype: int) -> MQTTError:
         """The error for a packet type the current state does not accept."""

@@ -22,6 +22,7 @@ __all__ = [
     "UNSUBACK_REASON_CODES",
     "ConnectReturnCode",
     "ReasonCode",
+    "SubackReturnCode",
 ]
 
 
@@ -84,6 +85,15 @@ class ConnectReturnCode(IntEnum):
     SERVER_UNAVAILABLE = 3
     BAD_USER_NAME_OR_PASSWORD = 4
     NOT_AUTHORIZED = 5
+
+
+class SubackReturnCode(IntEnum):
+    """MQTT 3.1.1 SUBACK return codes (section 3.9.3): the granted QoS, or Failure."""
+
+    GRANTED_QOS_0 = 0x00
+    GRANTED_QOS_1 = 0x01
+    GRANTED_QOS_2 = 0x02
+    FAILURE = 0x80
 
 
 R = ReasonCode
@@ -155,7 +165,7 @@ SUBACK_REASON_CODES: frozenset[int] = frozenset(
 )
 
 # MQTT 3.1.1 section 3.9.3: granted QoS 0-2 or 0x80 Failure.
-SUBACK_RETURN_CODES_V311: frozenset[int] = frozenset({0x00, 0x01, 0x02, 0x80})
+SUBACK_RETURN_CODES_V311: frozenset[int] = frozenset(SubackReturnCode)
 
 # Section 3.11.3.
 UNSUBACK_REASON_CODES: frozenset[int] = frozenset(

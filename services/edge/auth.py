@@ -21,9 +21,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from hexmq.mqtt.reason_codes import ReasonCode
-from services.edge.acl import Acl, read_config_text
-from services.edge.enhanced_auth import AuthMethods
+from services.edge.acl import read_config_text
 
 # mosquitto_passwd 2.0's defaults, so that both tools write the same kind of line.
 DEFAULT_ITERATIONS = 101
@@ -141,35 +139,3 @@ class PasswordFile:
             self._verified.clear()
         self._verified.add(key)
         return True
-
-
-class AccessControl:
-    """The edge's authentication and authorization settings, shared by every connection."""
-
-    def __init__(
-        self,
-        passwords: PasswordFile | None = None,
-        *,
-        allow_anonymous: bool = True,
-        acl: Acl | None = None,
-        methods: AuthMethods | None = None,
-    ) -> None:
-        self.passwords = passwords
-        self.allow_anonymous = allow_anonymous
-        self.acl = acl
-        # Enhanced authentication methods (MQTT 5.0 4.12) offered to CONNECTs naming one.
-        self.methods = methods if methods is not None else AuthMethods()
-
-    def authenticate(self, username: str | None, password: bytes | None) -> tuple[int, str]:
-        """(0, "") to let a CONNECT in, else (CONNACK reason code, why for the log).
-
-        Without a password file a user name is taken as given (it still selects ACL rules)."""
-        if username is None:
-            if self.allow_anonymous:
-                return 0, ""
-            return ReasonCode.NOT_AUTHORIZED, "anonymous clients are not allowed"
-        if self.passwords is None:
-            return 0, ""
-        if password is None or not self.passwords.verify(username, password):
-            return ReasonCode.BAD_USER_NAME_OR_PASSWORD, f"bad user name or password ({username!r})"
-        return 0, ""

@@ -38,7 +38,9 @@ log = logging.getLogger("hexmq.edge.auth")
 RC = ReasonCode
 # Reason codes a failure may carry: it ends a CONNECT (CONNACK) or a re-authentication
 # (DISCONNECT), so it must be a failing code of both.
-FAILURE_CODES = frozenset(c for c in CONNACK_REASON_CODES & DISCONNECT_REASON_CODES if c >= 0x80)
+FAILURE_CODES = frozenset(
+    c for c in CONNACK_REASON_CODES & DISCONNECT_REASON_CODES if c >= RC.UNSPECIFIED_ERROR
+)
 
 
 @dataclass(frozen=True, slots=True)

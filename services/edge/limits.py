@@ -17,7 +17,6 @@ import enum
 import logging
 import resource
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 log = logging.getLogger("hexmq.edge")
@@ -89,15 +88,15 @@ class ConnectionRate:
     to one second's worth, so a burst of that size is served at once and the rate holds after.
     Over it, a client gets CONNACK 0x9F Connection rate exceeded (5.0) or 3 (3.1.1)."""
 
-    def __init__(self, per_second: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, per_second: float) -> None:
         self.per_second = per_second
-        self._clock = clock
         self._tokens = per_second
-        self._stamp = clock()
+        self._stamp: float | None = None
 
-    def allow(self) -> bool:
-        now = self._clock()
-        self._tokens = min(self.per_second, self._tokens + (now - self._stamp) * self.per_second)
+    def allow(self, now: float) -> bool:
+        """Whether a CONNECT at `now` (monotonic seconds) is within the rate."""
+        stamp = now if self._stamp is None else self._stamp
+        self._tokens = min(self.per_second, self._tokens + (now - stamp) * self.per_second)
         self._stamp = now
         if self._tokens >= 1:
             self._tokens -= 1

@@ -61,6 +61,9 @@ class LinkListener(Protocol):
     def on_index_update(self, link: PartitionLink, update: pb.IndexUpdate) -> None: ...
     def on_publish_will(self, will: pb.PublishWill) -> None: ...
     def on_shared_handoff(self, handoff: pb.SharedHandoff) -> None: ...
+    def batched(
+        self, handle: Callable[[pb.PartitionFrame], None], frame: pb.PartitionFrame
+    ) -> None: ...
 
 
 # Shared by every plain OK answer; callbacks only read it.
@@ -251,7 +254,7 @@ class PartitionLink:
                     log.info("link to %s (%s) open", self.node_id, self.target)
                     backoff = 0.05
                     async for frame in call:
-                        self._dispatch(frame)
+                        self._listener.batched(self._dispatch, frame)
                     why = "stream ended"
             except TimeoutError:
                 why = "not reachable"

@@ -14,17 +14,13 @@ import functools
 import ssl
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from services.edge.connection import ClientConnection
+from services.edge.connection import ClientConnection, ConnectionHost
 from services.edge.proxied import ProxiedConnection
 from services.edge.websocket import WebSocketConnection
 
-if TYPE_CHECKING:
-    from services.edge.server import Edge
-
-
 _TLS = ssl.SSLContext | None
+_Factory = Callable[[ConnectionHost], asyncio.Protocol]
 
 # Listener kinds that can take the PROXY protocol, by their flag. TLS ones cannot: the header
 # comes before the TLS handshake, which asyncio starts on accept (terminate TLS at the load
@@ -70,13 +66,13 @@ def tls_context(
     return ctx
 
 
-async def start_listeners(edge: Edge, tls: ssl.SSLContext | None) -> list[asyncio.Server]:
+async def start_listeners(edge: ConnectionHost, tls: ssl.SSLContext | None) -> list[asyncio.Server]:
     """Listen on every address in the edge's config; closes what it opened if one fails, and
     raises OSError whose strerror names the listener ("--tls-listen 0.0.0.0:8883: ...")."""
     config = edge.config
-    wanted: list[tuple[str, tuple[str, int], Callable[[Edge], asyncio.Protocol], _TLS]] = [
-        ("--listen", (config.host, config.port), ClientConnection, None)
-    ]
+    wanted: list[
+        tuple[str, tuple[str, int], Callable[[ConnectionHost], asyncio.Protocol], _TLS]
+    ] = [("--listen", (config.host, config.port), ClientConnection, None)]
     proxied = {PROXY_PROTOCOL_LISTENERS[kind] for kind in config.proxy_protocol}
     if config.tls_listen is not None:
         wanted.append(("--tls-listen", config.tls_listen, ClientConnection, tls))

@@ -13,9 +13,8 @@ own, held until it has one: services/edge/dispatch.py).
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -55,8 +54,12 @@ class OriginForgets:
     claim, and one that does not (the forget lost with a link) sweeps it after its
     retention."""
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
+    def __init__(
+        self, dispatcher: Dispatcher, call_soon: Callable[[Callable[[], None]], object]
+    ) -> None:
         self._dispatcher = dispatcher
+        # Runs a callback on the event loop's next turn (loop.call_soon).
+        self._call_soon = call_soon
         self._pending: dict[int, list[bytes]] = {}
         self._count = 0
         self._scheduled = False
@@ -80,7 +83,7 @@ class OriginForgets:
             self.flush()
         elif not self._scheduled:
             self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._scheduled_flush)
+            self._call_soon(self._scheduled_flush)
 
     def _scheduled_flush(self) -> None:
         self._scheduled = False

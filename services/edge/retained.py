@@ -6,16 +6,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from hexmq.api.common.v1 import common_pb2 as cpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.mqtt import SubackReturnCode
 from hexmq.topics import SHARED_PREFIX, topic_matches
-from services.edge.links import PartitionLink
 from services.edge.pending_subscriptions import PendingSubscriptions, RetainedWatch
+
+if TYPE_CHECKING:
+    from services.edge.links import PartitionLink
 
 log = logging.getLogger(__name__)
 
 OK = pb.StatusCode.STATUS_CODE_OK
+# A SUBACK code from this up refused the subscription (5.0 and 3.1.1 alike).
+FAILURE = SubackReturnCode.FAILURE
 
 
 def wanted(
@@ -28,7 +34,9 @@ def wanted(
     return [
         (spec, qos)
         for spec, qos, had in zip(specs, granted, existed, strict=False)
-        if qos < 0x80 and may_want(spec) and (spec.retain_handling == 0 or not had)
+        if qos < SubackReturnCode.FAILURE
+        and may_want(spec)
+        and (spec.retain_handling == 0 or not had)
     ]
 
 

@@ -7,25 +7,27 @@ import itertools
 import logging
 import ssl
 import time
-from dataclasses import dataclass, field
+import uuid
+from collections.abc import Callable
 
 from hexmq import telemetry
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.hashring import partition_of
-from hexmq.mqtt.reason_codes import ReasonCode as RC
 from hexmq.node_protocol import THIS_RELEASE
-from services.edge.auth import AccessControl
+from services.edge.access import AccessControl
+from services.edge.config import EdgeConfig
 from services.edge.connection import ClientConnection, State
 from services.edge.dispatch import Dispatcher
 from services.edge.handoff import hand_off_shared, publish_will
-from services.edge.limits import ConnectionLimit, ConnectionRate, TopicLimits, connection_ceiling
+from services.edge.limits import ConnectionLimit, ConnectionRate, connection_ceiling
 from services.edge.links import PartitionLink
 from services.edge.listeners import start_listeners
 from services.edge.qos2_origins import OriginForgets
 from services.edge.router import Router
 from services.edge.stats import EdgeStats
 from services.edge.systopics import SysTopics
+from services.edge.tickets import Route
 from services.edge.tracing import EdgeTracer
 from services.membership.changes import has_left
 from services.membership.client import ViewWatcher
@@ -33,62 +35,9 @@ from services.membership.client import ViewWatcher
 log = logging.getLogger("hexmq.edge")
 
 
-DEFAULT_MAX_PACKET_SIZE = 1024 * 1024
-DEFAULT_RECEIVE_MAXIMUM = 1024
-DEFAULT_MAX_INFLIGHT_V311 = 256
-DEFAULT_TOPIC_ALIAS_MAXIMUM = 64
-DEFAULT_MAX_OUTBOUND_TOPIC_ALIASES = 64
-DEFAULT_FAILOVER_HOLD = 10.0
 # How long an edge told to stop (SIGTERM) waits for the view to say its node is leaving before
 # it stops plainly (its agent got the same signal and needs a view change to say so).
 LEAVE_NOTICE_S = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class EdgeConfig:
-    node_id: str
-    host: str
-    port: int
-    membership: str
-    max_packet_size: int = DEFAULT_MAX_PACKET_SIZE
-    # Inbound QoS 1 publishes a client may have unacknowledged (announced to 5.0 clients).
-    receive_maximum: int = DEFAULT_RECEIVE_MAXIMUM
-    # Outbound in-flight window for 3.1.1 clients (5.0 clients announce their own).
-    max_inflight_v311: int = DEFAULT_MAX_INFLIGHT_V311
-    connect_timeout: float = 10.0
-    # Inbound topic aliases a 5.0 client may use (announced in CONNACK).
-    topic_alias_maximum: int = DEFAULT_TOPIC_ALIAS_MAXIMUM
-    # Topic aliases the edge assigns to deliveries per 5.0 connection, at most the client's
-    # Topic Alias Maximum (0: none).
-    max_outbound_topic_aliases: int = DEFAULT_MAX_OUTBOUND_TOPIC_ALIASES
-    # Seconds between $SYS publications (0: none).
-    sys_interval: float = 10.0
-    shutdown_grace: float = 2.0
-    # More listeners (HOST, PORT); TLS and WSS need the edge's TLS context.
-    tls_listen: tuple[str, int] | None = None
-    ws_listen: tuple[str, int] | None = None
-    wss_listen: tuple[str, int] | None = None
-    # Listener kinds ("tcp", "ws") whose connections start with a PROXY protocol header.
-    proxy_protocol: frozenset[str] = frozenset()
-    # Client sockets open at once, across listeners (0: as many as the open-file limit allows).
-    max_connections: int = 0
-    # New CONNECTs per second (0: no limit).
-    max_connection_rate: float = 0
-    # Longest Keep Alive granted, in seconds (0: any, including none); 5.0 clients asking for
-    # more, or for none, are given this one as Server Keep Alive; 3.1.1 clients are refused.
-    max_keepalive: int = 0
-    topic_limits: TopicLimits = field(default_factory=TopicLimits)
-    # Sent to 5.0 clients as the Server Reference with 0x9C Use another server, instead of
-    # 0x97/0x9F when this edge is full, and instead of 0x8B when it shuts down.
-    server_reference: str | None = None
-    # The SUBACK code a 5.0 client gets for a subscription the ACL denies (3.1.1: 0x80).
-    acl_deny_reason_code: int = RC.NOT_AUTHORIZED
-    # Seconds a command for a partition without a reachable master is held before it is
-    # refused (services/edge/hold.py).
-    failover_hold: float = DEFAULT_FAILOVER_HOLD
-    # Fault injection for tests only (services/edge/qos2_origins.py, fault_stall): QoS 2
-    # publishes on topics with this prefix stall after their first target node ("": off).
-    fault_stall_qos2_routing: str = ""
 
 
 class Edge:
@@ -121,12 +70,55 @@ class Edge:
         self._watcher = ViewWatcher(config.membership, self._on_view)
         self._servers: list[asyncio.Server] = []
         # Inbound QoS 2: origin ids whose claims are settled, for their targets to forget.
-        self.qos2_forgets = OriginForgets(self.dispatcher)
+        self.qos2_forgets = OriginForgets(self.dispatcher, _call_soon)
         # Messages of deliveries from a master the connection's session had left (dropped).
         self.stale_deliveries = 0
+        # Commands the connections sent whose answers have not come (a stop waits for them).
+        self.answers_due = 0
+        # While a partition link's frame is handled (`batched`), connections gather their
+        # writes here and write once at its end.
+        self.corked = False
+        self.to_flush: list[ClientConnection] = []
+        # Set by `stop` once its clients have gone and their answers have come.
+        self._settled: asyncio.Event | None = None
+        self.stopping = False
+
+    # ----- what connections tell it (services/edge/connection.py, ConnectionHost) -----------
+
+    def connection_opened(self, conn: ClientConnection) -> None:
+        self.connections[conn.connection_id] = conn
+
+    def flush_later(self, conn: ClientConnection) -> None:
+        self.to_flush.append(conn)
+
+    def answers_settled(self) -> None:
+        """Every command the connections sent has its answer (for now)."""
+        if self._settled is not None:
+            self._settle_check()
+
+    def connection_gone(self, conn: ClientConnection) -> None:
+        self.connections.pop(conn.connection_id, None)
+        self.limit.release()
+        self._settle_check()
+
+    def _settle_check(self) -> None:
+        """While stopping: set `_settled` once no socket is open and no answer is due."""
+        if self._settled is not None and not self.connections and not self.answers_due:
+            self._settled.set()
 
     def new_connection_id(self) -> str:
         return f"{self.config.node_id}.{self.incarnation:x}.{next(self._counter)}"
+
+    # ----- what sessions read (services/edge/session/state.py, EdgeServices) ---------------
+
+    def partition_open(self, p: int) -> bool:
+        return self.dispatcher.open(p)
+
+    def partition_route(self, p: int) -> Route | None:
+        return self.dispatcher.route(p)
+
+    def assign_client_id(self) -> str:
+        return f"hexmq-{uuid.uuid4().hex[:20]}"
 
     async def start(self, startup_timeout: float) -> None:
         self._watcher.start()
@@ -139,20 +131,33 @@ class Edge:
             )
 
     async def stop(self, *, leaving: bool = False) -> None:
-        """Stop accepting, tell clients (5.0: DISCONNECT 0x8B), give the partition links a
-        moment to carry the session closes, then stop the links. `leaving`: the node left the
-        cluster; 5.0 clients of the plain MQTT listener get another node's address as the
-        Server Reference (docs/operations.md, "Leaving")."""
+        """Stop in stages: stop accepting; tell clients (5.0: DISCONNECT 0x8B) and close their
+        sockets once their writes are out; wait, within --shutdown-grace, until every socket
+        has closed and every command the connections sent has its answer (their sessions'
+        closes, QoS 2 routings still to be reported); then abort what is left and stop the
+        links. `leaving`: the node left the cluster; 5.0 clients of the plain MQTT listener
+        get another node's address as the Server Reference (docs/operations.md, "Leaving")."""
         for server in self._servers:
             server.close()
         if self._sys_task is not None:
             self._sys_task.cancel()
         for conn in list(self.connections.values()):
-            if leaving:
-                conn.shutdown(leaving=True, reference=self.leave_reference(conn))
-            else:
-                conn.shutdown()
-        await asyncio.sleep(min(0.2, self.config.shutdown_grace))
+            conn.shutdown(self.leave_reference(conn) if leaving else self.config.server_reference)
+        grace = self.config.shutdown_grace
+        self.stopping = True
+        self._settled = asyncio.Event()
+        self._settle_check()
+        try:
+            await asyncio.wait_for(self._settled.wait(), grace)
+        except TimeoutError:
+            log.warning(
+                "stopping with %d client sockets open and %d answers due after the %gs grace",
+                len(self.connections),
+                self.answers_due,
+                grace,
+            )
+        for conn in list(self.connections.values()):
+            conn.abort()
         self.dispatcher.stop()
         for link in self.router.links.values():
             await link.stop()
@@ -199,10 +204,11 @@ class Edge:
         )
         if not others:
             return None
-        return others[partition_of(conn.client_id or str(conn.peer), len(others))]
+        session = conn.session
+        return others[partition_of(session.client_id or session.peer, len(others))]
 
     def connected_clients(self) -> int:
-        return sum(1 for c in self.connections.values() if c.state is State.CONNECTED)
+        return sum(1 for c in self.connections.values() if c.session.state is State.CONNECTED)
 
     def on_publish_will(self, will: pb.PublishWill) -> None:
         publish_will(self.router, self.dispatcher, will)
@@ -250,17 +256,26 @@ class Edge:
             return 0
         reattached = 0
         for conn in list(self.connections.values()):
-            route = conn.route
-            if (
-                conn.state is State.CONNECTED
-                and route is not None
-                and route.partition in moved
-                and conn.reattach()
-            ):
+            session = conn.session
+            if session.state is State.CONNECTED and session.partition in moved and conn.reattach():
                 reattached += 1
         return reattached
 
     # ----- LinkListener -----------------------------------------------------------------
+
+    def batched(
+        self, handle: Callable[[pb.PartitionFrame], None], frame: pb.PartitionFrame
+    ) -> None:
+        """Handle a frame from a partition link with the connections' writes corked: each
+        connection writes once, at the end, what the frame's results and deliveries made."""
+        self.corked = True
+        try:
+            handle(frame)
+        finally:
+            self.corked = False
+            waiting, self.to_flush = self.to_flush, []
+            for conn in waiting:
+                conn.flush()
 
     def on_link_up(self, link: PartitionLink) -> None:
         reattached = self._reattach(self.dispatcher.link_up(link))
@@ -297,3 +312,7 @@ class Edge:
         if update.seq:
             # Applied: the partition may now answer the SUBSCRIBE that caused it.
             link.send(pb.EdgeCommand(index_ack=pb.IndexAck(seq=update.seq)), urgent=True)
+
+
+def _call_soon(callback: Callable[[], None]) -> None:
+    asyncio.get_running_loop().call_soon(callback)

@@ -29,7 +29,7 @@ import asyncio
 import functools
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from hexmq import __version__
 from hexmq.api.common.v1 import common_pb2 as cpb
@@ -38,9 +38,10 @@ from hexmq.mqtt import NO_PROPERTIES
 from services.edge.translate import fill_message, message_commands
 
 if TYPE_CHECKING:
+    from services.edge.config import EdgeConfig
     from services.edge.dispatch import Dispatcher
     from services.edge.router import Router
-    from services.edge.server import Edge
+    from services.edge.stats import EdgeStats
 
 SYS_NODES = "$SYS/broker/nodes"
 SYS_CLUSTER = "$SYS/broker/cluster"
@@ -80,8 +81,19 @@ def render(prefix: str, values: Mapping[str, int]) -> list[tuple[str, bytes]]:
     ]
 
 
+class SysEdge(Protocol):
+    """What the $SYS publisher reads of its edge (services/edge/server.py, Edge)."""
+
+    config: EdgeConfig
+    router: Router
+    dispatcher: Dispatcher
+    stats: EdgeStats
+
+    def connected_clients(self) -> int: ...
+
+
 class SysTopics:
-    def __init__(self, edge: Edge, interval: float) -> None:
+    def __init__(self, edge: SysEdge, interval: float) -> None:
         self.edge = edge
         self.interval = interval
         self.expiry_ms = int(max(EXPIRY_INTERVALS * interval, MIN_EXPIRY_S) * 1000)
@@ -178,5 +190,5 @@ def publish_retained(
 
 
 def _fill(publisher: str, topic: str, payload: bytes, expires_at_ms: int, m: cpb.Message) -> None:
-    fill_message(m, publisher, topic, payload, 0, True, NO_PROPERTIES)
+    fill_message(m, publisher, topic, payload, 0, True, NO_PROPERTIES, int(time.time() * 1000))
     m.expires_at_ms = expires_at_ms

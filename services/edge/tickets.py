@@ -11,15 +11,42 @@ from dataclasses import dataclass
 from hexmq.api.partition.v1 import partition_pb2 as pb
 
 SC = pb.StatusCode
-OK_RESULT = pb.Result(status=SC.STATUS_CODE_OK)
+# (Module constants: a protobuf enum's attributes are a Python-level lookup each time.)
+OK = SC.STATUS_CODE_OK
+UNAVAILABLE = SC.STATUS_CODE_UNAVAILABLE
+OK_RESULT = pb.Result(status=OK)
 ResultCallback = Callable[[pb.Result], None]
+
+
+def fan_in(parts: int, done: Callable[[pb.Result | None], None]) -> Callable[..., None]:
+    """One callback for the answers of `parts` commands (a publish split per master node):
+    once all have come, `done(the first failure, or None)`. Extra arguments (the route an
+    answer came by) are ignored."""
+    if parts == 1:  # (the common case: one master node)
+
+        def only(result: pb.Result, *_: object) -> None:
+            done(None if result.status == OK else result)
+
+        return only
+    failures: list[pb.Result] = []
+    remaining = parts
+
+    def answered(result: pb.Result, *_: object) -> None:
+        nonlocal remaining
+        remaining -= 1
+        if result.status != OK:
+            failures.append(result)
+        if not remaining:
+            done(failures[0] if failures else None)
+
+    return answered
 
 
 def refused_by_hold(result: pb.Result) -> bool:
     """The answer is the refusal of a command held past the failover bound (services/edge/
     hold.py). A partition's own UNAVAILABLE answer never reaches a caller: the command is held
     and sent again."""
-    return result.status == SC.STATUS_CODE_UNAVAILABLE
+    return result.status == UNAVAILABLE
 
 
 class Kind(enum.Enum):

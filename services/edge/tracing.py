@@ -113,6 +113,15 @@ class EdgeTracer:
 
     # ----- session events ---------------------------------------------------------------
 
+    def start_connect(self, client_id: str, peer: str) -> Span:
+        return self.start_event(Name.CONNECT, client_id, peer)
+
+    def start_subscribe(self, client_id: str) -> Span:
+        return self.start_event(Name.SUBSCRIBE, client_id)
+
+    def takeover(self, client_id: str, reason_code: int) -> None:
+        self.finish(self.start_event(Name.TAKEOVER, client_id), reason_code=reason_code)
+
     def start_event(self, name: str, client_id: str, peer: str | None = None) -> Span:
         """A session event's span; `peer` ("host:port", the client's address) on CONNECT."""
         span = self.tracer.start_span(name, kind=KIND[name])

@@ -3,7 +3,6 @@ messages, in both directions, plus the reason-code tables the edge answers with.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import TypeAlias
 
@@ -28,9 +27,11 @@ def fill_message(
     qos: int,
     retain: bool,
     props: Properties,
+    now_ms: int,
 ) -> None:
-    """Fill `m` in place (protobuf copies a message passed to a constructor)."""
-    now = int(time.time() * 1000)
+    """Fill `m` in place (protobuf copies a message passed to a constructor), published at
+    `now_ms` (wall clock, milliseconds: its Message Expiry counts from then)."""
+    now = now_ms
     m.topic = topic
     m.payload = payload
     m.qos = qos
@@ -61,11 +62,12 @@ def publish_commands(
     publisher_id: str,
     packet: Publish,
     targets: Targets,
-    retained: tuple[str, pb.PartitionTarget] | None = None,
+    retained: tuple[str, pb.PartitionTarget] | None,
+    now_ms: int,
 ) -> list[tuple[str, pb.EdgeCommand]]:
     """One Publish command per master node (plus, for RETAIN, the node mastering the topic's
-    partition, if it is not one of them). The message is built in place in the first command
-    and copied for the rest."""
+    partition, if it is not one of them), published at `now_ms`. The message is built in place
+    in the first command and copied for the rest."""
 
     def fill(message: cpb.Message) -> None:
         fill_message(
@@ -76,6 +78,7 @@ def publish_commands(
             packet.qos,
             packet.retain,
             packet.properties,
+            now_ms,
         )
 
     return message_commands(fill, targets, retained)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from websockets.frames import CloseCode, Frame, Opcode
 from websockets.http11 import Request
@@ -20,10 +20,7 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 from websockets.typing import Subprotocol
 
-from services.edge.connection import ClientConnection
-
-if TYPE_CHECKING:
-    from services.edge.server import Edge
+from services.edge.connection import ClientConnection, ConnectionHost
 
 log = logging.getLogger("hexmq.edge.websocket")
 # websockets logs every opened and closed connection at INFO: keep its per-connection lines out
@@ -50,6 +47,10 @@ class WebSocketTransport(asyncio.Transport):
     def close(self) -> None:
         self._conn.close()
 
+    def abort(self) -> None:
+        self._conn.closing = True
+        self._conn.tcp.abort()
+
     def is_closing(self) -> bool:
         return self._conn.closing
 
@@ -68,7 +69,7 @@ class WebSocketTransport(asyncio.Transport):
 
 
 class WebSocketConnection(asyncio.Protocol):
-    def __init__(self, edge: Edge) -> None:
+    def __init__(self, edge: ConnectionHost) -> None:
         self.ws = ServerProtocol(
             subprotocols=list(SUBPROTOCOLS),
             # No limit on a fragmented message (a client may stream packets in one message),
@@ -101,7 +102,7 @@ class WebSocketConnection(asyncio.Protocol):
                         )
                 elif event.opcode is Opcode.TEXT:
                     # MQTT-6.0.0-1: MQTT travels in binary frames only.
-                    log.warning("closing %s: WebSocket text frame", self.mqtt.peer)
+                    log.warning("closing %s: WebSocket text frame", self.mqtt.session.peer)
                     ws.fail(CloseCode.UNSUPPORTED_DATA, "MQTT needs binary frames")
             elif isinstance(event, Request):
                 self._handshake(event)
@@ -115,6 +116,12 @@ class WebSocketConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
         self.mqtt.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.mqtt.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.mqtt.resume_writing()
 
     # ----- the MQTT side ----------------------------------------------------------------
 
@@ -146,7 +153,7 @@ class WebSocketConnection(asyncio.Protocol):
         if response.status_code != 101:
             log.info(
                 "refused WebSocket upgrade from %s for %s: %d %s",
-                self.mqtt.peer,
+                self.mqtt.session.peer,
                 request.path,
                 response.status_code,
                 response.reason_phrase,

@@ -6,21 +6,18 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import threading
-import uuid
 
 import aiomqtt
 import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
+from tests.support.unique import uid
+
 PROTOCOLS = {
     "3.1.1": (aiomqtt.ProtocolVersion.V311, paho.MQTTv311),
     "5.0": (aiomqtt.ProtocolVersion.V5, paho.MQTTv5),
 }
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
 
 
 async def collect(sub: aiomqtt.Client, count: int, timeout: float = 10.0) -> list[aiomqtt.Message]:
@@ -35,7 +32,7 @@ async def collect(sub: aiomqtt.Client, count: int, timeout: float = 10.0) -> lis
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize("qos", [0, 1])
-async def test_s4_7_1_aiomqtt_publish_subscribe_with_wildcards(  # type: ignore[no-untyped-def]
+async def test_s4_7_1_aiomqtt_publish_subscribe_with_wildcards(
     node,
     protocol: str,
     qos: int,
@@ -73,7 +70,7 @@ async def test_s4_7_1_aiomqtt_publish_subscribe_with_wildcards(  # type: ignore[
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_mqtt_3_8_4_8_paho_publish_subscribe(node, protocol: str) -> None:  # type: ignore[no-untyped-def]
+def test_mqtt_3_8_4_8_paho_publish_subscribe(node, protocol: str) -> None:
     """MQTT-3.8.4-8: a message goes at the minimum of its QoS and the granted QoS.
 
     With paho-mqtt, 3.1.1 and 5.0: QoS 0 and 1 publishes to a QoS 1 subscription. Also
@@ -113,7 +110,7 @@ def test_mqtt_3_8_4_8_paho_publish_subscribe(node, protocol: str) -> None:  # ty
 
 
 @pytest.mark.parametrize("protocol", ["mqttv311", "mqttv5"])
-def test_mqtt_3_1_2_5_mosquitto_clients(node, protocol: str) -> None:  # type: ignore[no-untyped-def]
+def test_mqtt_3_1_2_5_mosquitto_clients(node, protocol: str) -> None:
     """MQTT-3.1.2-5: a CONNECT with Clean Start 0 resumes the existing session.
 
     mosquitto_sub creates a persistent session (-c) and exits once subscribed (-E);

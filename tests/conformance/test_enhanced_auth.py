@@ -9,7 +9,6 @@ service, so sessions live in partitions of both nodes; the cluster's own edges o
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import os
 import shutil
@@ -42,6 +41,7 @@ from tests.support import authplugin
 from tests.support.access import ACL, uid, write_passwords
 from tests.support.access import USERS as PASSWORDS
 from tests.support.edgeproc import EdgeProcess, edge_process
+from tests.support.eventually import eventually
 from tests.support.rawclient import RawClient
 from tests.support.scram import ScramClient
 
@@ -227,12 +227,10 @@ async def test_mqtt_4_12_0_4_failed_scram_gets_connack_0x87_and_close(
 
 
 async def wait_for_log(edge: EdgeProcess, *parts: str, timeout: float = 5) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        if any(all(p in line for p in parts) for line in edge.log_text().splitlines()):
-            return
-        assert time.monotonic() < deadline, f"no log line with {parts} in:\n{edge.log_text()}"
-        await asyncio.sleep(0.05)
+    def logged() -> bool:
+        return any(all(p in line for p in parts) for line in edge.log_text().splitlines())
+
+    await eventually(logged, timeout, f"a log line with {parts}")
 
 
 async def test_mqtt_4_12_0_1_unknown_method_gets_connack_0x8c(edge: EdgeProcess) -> None:

@@ -5,18 +5,13 @@ must keep to (0x93), QoS 2 counting until PUBCOMP, and the client's window the s
 
 from __future__ import annotations
 
-import uuid
-
 from hexmq.mqtt import ConnAck, Disconnect, PubAck, PubComp, Publish, PubRec, PubRel, Subscription
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
 from tests.support.v5client import connect, nothing_within, publish, subscribe
 
 
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
-
-
-async def test_s3_2_2_3_3_connack_announces_the_limits(limits_node) -> None:  # type: ignore[no-untyped-def]
+async def test_s3_2_2_3_3_connack_announces_the_limits(limits_node) -> None:
     """§3.2.2.3.3: the server announces its Receive Maximum in CONNACK.
 
     Also §3.2.2.3.8 (its Topic Alias Maximum).
@@ -28,7 +23,7 @@ async def test_s3_2_2_3_3_connack_announces_the_limits(limits_node) -> None:  # 
     await client.close()
 
 
-async def test_mqtt_3_3_4_7_exceeding_receive_maximum_is_0x93(limits_node) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_3_4_7_exceeding_receive_maximum_is_0x93(limits_node) -> None:
     """MQTT-3.3.4-7: a client exceeding the server's Receive Maximum gets DISCONNECT 0x93.
 
     Also MQTT-3.14.4-2 (the server closes after its DISCONNECT).
@@ -48,7 +43,7 @@ async def test_mqtt_3_3_4_7_exceeding_receive_maximum_is_0x93(limits_node) -> No
     await sub.close()
 
 
-async def test_mqtt_3_3_4_7_qos2_publishes_count_against_receive_maximum_until_pubcomp(  # type: ignore[no-untyped-def]
+async def test_mqtt_3_3_4_7_qos2_publishes_count_against_receive_maximum_until_pubcomp(
     limits_node,
 ) -> None:
     """MQTT-3.3.4-7: a QoS 2 PUBLISH counts against the Receive Maximum until its PUBCOMP.
@@ -70,10 +65,10 @@ async def test_mqtt_3_3_4_7_qos2_publishes_count_against_receive_maximum_until_p
     await pub.send(Publish(topic, b"x", qos=2, packet_id=7))  # the sixth open one
     seen = await pub.wait_closed()
     await pub.close()
-    assert [(type(p), p.reason_code) for p in seen] == [(Disconnect, 0x93)]  # type: ignore[union-attr]
+    assert [(type(p), p.reason_code) for p in seen] == [(Disconnect, 0x93)]
 
 
-async def test_mqtt_3_3_4_9_deliveries_stay_within_the_clients_receive_maximum(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_3_4_9_deliveries_stay_within_the_clients_receive_maximum(trio) -> None:
     """MQTT-3.3.4-9: the server has at most the client's Receive Maximum of QoS 1 in flight."""
     topic = f"rmax/{uid()}"
     sub, _ = await connect(trio.mqtt_port(1), receive_maximum=3)

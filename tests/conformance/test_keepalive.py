@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,14 +14,11 @@ import pytest
 from hexmq.mqtt import Disconnect, PingReq, PingResp
 from tests.support.edgeproc import edge_process
 from tests.support.rawclient import RawClient
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
+from tests.support.unique import uid
 
 
 @pytest.mark.parametrize("version", [4, 5])
-async def test_mqtt_3_1_2_22_pingreq_keeps_the_connection_and_silence_ends_it(  # type: ignore[no-untyped-def]
+async def test_mqtt_3_1_2_22_pingreq_keeps_the_connection_and_silence_ends_it(
     node,
     version: int,
 ) -> None:
@@ -49,7 +45,7 @@ async def test_mqtt_3_1_2_22_pingreq_keeps_the_connection_and_silence_ends_it(  
     assert 1.4 <= waited <= 3.0, waited
     if version == 5:
         assert [type(p) for p in seen] == [Disconnect]
-        assert seen[0].reason_code == 0x8D  # type: ignore[union-attr]
+        assert seen[0].reason_code == 0x8D
     else:
         assert seen == []
 

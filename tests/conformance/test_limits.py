@@ -9,7 +9,6 @@ startup. (The edge's maximum Keep Alive is in test_keepalive.py.)"""
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,16 +30,13 @@ from hexmq.mqtt import (
     Subscription,
     Will,
 )
-from tests.conformance.test_transports import _ws_packets
-from tests.integration.test_metrics import scrape
 from tests.support.edgeproc import edge_process, free_ports, run_edge_expecting_failure
+from tests.support.metrics import scrape
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
+from tests.support.wsclient import ws_packets
 
 REFERENCE = "other.example:1883"
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
 
 
 @pytest.mark.parametrize(
@@ -50,7 +46,7 @@ def uid() -> str:
         ("drop-oldest", [b"3", b"4", b"5", b"6", b"7"]),
     ],
 )
-async def test_s4_1_1_a_full_session_queue_drops_by_policy(  # type: ignore[no-untyped-def]
+async def test_s4_1_1_a_full_session_queue_drops_by_policy(
     hexmq_cluster, policy: str, expected: list[bytes]
 ) -> None:
     """§4.1.1: the server may bound the session state it stores: a full queue drops by policy.
@@ -66,12 +62,12 @@ async def test_s4_1_1_a_full_session_queue_drops_by_policy(  # type: ignore[no-u
         ],
     )
     port = cluster.mqtt_port(1)
-    client_id, topic = f"bounded-{uuid.uuid4().hex[:8]}", f"b/{uuid.uuid4().hex[:8]}"
+    client_id, topic = f"bounded-{uid(8)}", f"b/{uid(8)}"
     sub, _ = await RawClient.connect(port, client_id, clean_start=False)
     await sub.subscribe(topic, qos=1)
     await sub.send(Disconnect())
     await sub.close()
-    pub, _ = await RawClient.connect(port, f"pub-{uuid.uuid4().hex[:8]}")
+    pub, _ = await RawClient.connect(port, f"pub-{uid(8)}")
     for i in range(8):
         ack = await pub.publish(topic, f"{i}".encode(), qos=1)
         assert ack is not None
@@ -88,7 +84,7 @@ async def test_s4_1_1_a_full_session_queue_drops_by_policy(  # type: ignore[no-u
         await sub.send(PubAck(packet.packet_id))
     assert got == expected
     # Nothing beyond the limit was kept: a marker published now is the next delivery.
-    pub, _ = await RawClient.connect(port, f"pub-{uuid.uuid4().hex[:8]}")
+    pub, _ = await RawClient.connect(port, f"pub-{uid(8)}")
     await pub.publish(topic, b"marker", qos=1)
     assert (await sub.expect(Publish)).payload == b"marker"
     for client in (pub, sub):
@@ -104,7 +100,7 @@ async def test_s4_1_1_a_full_session_queue_drops_by_policy(  # type: ignore[no-u
             counted = (await asyncio.to_thread(scrape, port)).get(dropped)
 
 
-async def test_mqtt_3_3_4_1_a_qos0_flood_does_not_wedge_the_connection(node) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_3_4_1_a_qos0_flood_does_not_wedge_the_connection(node) -> None:
     """MQTT-3.3.4-1: after a flood of QoS 0, a QoS 1 PUBLISH still gets its PUBACK.
 
     100 000 QoS 0 PUBLISHes written at once, faster than the partition link drains (the edge
@@ -169,7 +165,7 @@ async def test_mqtt_3_2_2_7_max_connections_refuses_with_quota_exceeded(
     codec = MQTTConnection(Role.CLIENT, protocol_version=5)
     async with ws_connect(f"ws://127.0.0.1:{ws_port}/mqtt", subprotocols=["mqtt"]) as ws:
         await ws.send(codec.send(Connect(client_id=f"lim-ws-{uid()}", protocol_version=5)))
-        (connack,) = await _ws_packets(ws, codec, 1)
+        (connack,) = await ws_packets(ws, codec, 1)
         assert isinstance(connack, ConnAck)
         assert connack.reason_code == 0x97
 

@@ -3,12 +3,11 @@ right reason code), other clients keep working, and the edge logs one line sayin
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 
 from hexmq.mqtt import ConnAck, Connect, Disconnect, Publish, encode
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
 from tests.unit.mqtt.vectors import CONNECT_BYTES, MALFORMED
 
 # Bytes sent right after a valid CONNECT, per protocol version, with the reason code expected.
@@ -33,13 +32,9 @@ CASES = {
 }
 
 
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
-
-
 @pytest.mark.parametrize("version", [4, 5])
 @pytest.mark.parametrize("case", CASES)
-async def test_mqtt_4_13_1_1_malformed_packet_closes_only_that_connection(  # type: ignore[no-untyped-def]
+async def test_mqtt_4_13_1_1_malformed_packet_closes_only_that_connection(
     node,
     case: str,
     version: int,
@@ -85,7 +80,7 @@ async def test_mqtt_4_13_1_1_malformed_packet_closes_only_that_connection(  # ty
     assert f"0x{expected_reason:02X}" in log_lines[0]
 
 
-async def test_mqtt_3_1_2_2_unsupported_protocol_level_gets_connack_0x01(node) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_1_2_2_unsupported_protocol_level_gets_connack_0x01(node) -> None:
     """MQTT-3.1.2-2 (3.1.1): an unsupported protocol level gets CONNACK 0x01, then close.
 
     Also MQTT-3.1.2-2 and MQTT-3.1.4-1 (5.0: a CONNECT that is not valid is refused, closed).
@@ -109,7 +104,7 @@ EDGE_CASES = list(MALFORMED)
 @pytest.mark.parametrize(
     "case", EDGE_CASES, ids=[f"{c.name}-v{c.protocol_version}" for c in EDGE_CASES]
 )
-async def test_mqtt_4_13_1_1_codec_malformed_table_over_tcp(node, case) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_4_13_1_1_codec_malformed_table_over_tcp(node, case) -> None:
     """MQTT-4.13.1-1: each bad packet of the codec's MALFORMED table ends only its connection.
 
     5.0 gets a DISCONNECT with the table's reason code. docs/conformance.md names the
@@ -134,7 +129,7 @@ async def test_mqtt_4_13_1_1_codec_malformed_table_over_tcp(node, case) -> None:
         assert not any(isinstance(p, Disconnect) for p in seen)
 
 
-async def test_mqtt_3_1_0_2_a_second_connect_is_a_protocol_error(node) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_1_0_2_a_second_connect_is_a_protocol_error(node) -> None:
     """MQTT-3.1.0-2: a second CONNECT on a connection is a Protocol Error: the server closes."""
     # MQTT-3.1.0-2: a second CONNECT on a connection is a protocol violation: close it.
     client = await RawClient.open(node.mqtt_port(1))

@@ -5,7 +5,6 @@ exceed the client's maximum, and kept when it fits (raw 5.0 clients). (The serve
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +13,10 @@ import pytest
 from hexmq.mqtt import ConnAck, Connect, Disconnect, Packet, Properties, Publish, encode
 from services.edge.passwd import set_password
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
 
 
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
-
-
-async def test_mqtt_3_1_2_25_deliveries_larger_than_the_clients_maximum_are_discarded(  # type: ignore[no-untyped-def]
+async def test_mqtt_3_1_2_25_deliveries_larger_than_the_clients_maximum_are_discarded(
     limits_node,
 ) -> None:
     """MQTT-3.1.2-25: a delivery larger than the client's Maximum Packet Size is discarded.
@@ -66,7 +62,7 @@ async def open5(port: int, maximum: int, **connect: Any) -> tuple[RawClient, Pac
     """CONNECT (5.0) announcing Maximum Packet Size `maximum`; the client and the answer."""
     client = await RawClient.open(port, 5)
     props = Properties(maximum_packet_size=maximum, session_expiry_interval=0)
-    cid = f"rs-{uuid.uuid4().hex[:8]}"
+    cid = f"rs-{uid(8)}"
     await client.send(Connect(client_id=cid, protocol_version=5, properties=props, **connect))
     return client, await client.recv()
 

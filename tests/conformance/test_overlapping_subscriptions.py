@@ -3,17 +3,12 @@ the matching subscriptions, with every matching Subscription Identifier, live an
 
 from __future__ import annotations
 
-import uuid
-
 from hexmq.mqtt import Subscription
+from tests.support.unique import uid
 from tests.support.v5client import KEEP, connect, leave, publish, receive, subscribe
 
 
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
-
-
-async def test_mqtt_3_3_4_3_subscription_identifiers_on_live_and_queued_deliveries(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_3_4_3_subscription_identifiers_on_live_and_queued_deliveries(trio) -> None:
     """MQTT-3.3.4-3: a delivery carries the Subscription Identifiers of the overlapping ones.
 
     Live and queued. Also MQTT-3.3.4-2 (one copy, at the highest granted QoS), MQTT-3.3.4-4

@@ -3,19 +3,14 @@ DUP flag. (QoS 2 is tests/conformance/test_qos2.py; Receive Maximum is test_flow
 
 from __future__ import annotations
 
-import uuid
-
 from hexmq.mqtt import PubAck, Publish, Subscription
-from tests.conformance.test_sessions import publish_acked, subscribe_then_leave
 from tests.support.rawclient import RawClient
+from tests.support.sessions import publish_acked, subscribe_then_leave
+from tests.support.unique import uid
 from tests.support.v5client import connect, publish, receive, subscribe
 
 
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
-
-
-async def test_mqtt_4_4_0_1_unacknowledged_delivery_is_resent_with_dup(hexmq_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_4_4_0_1_unacknowledged_delivery_is_resent_with_dup(hexmq_cluster) -> None:
     """MQTT-4.4.0-1: on reconnect, an unacknowledged PUBLISH is resent with its packet id.
 
     Also MQTT-3.3.1-1 (DUP 1 on the resend, 0 the first time).
@@ -38,7 +33,7 @@ async def test_mqtt_4_4_0_1_unacknowledged_delivery_is_resent_with_dup(hexmq_clu
     await sub.close()
 
 
-async def test_mqtt_2_2_1_4_unacknowledged_deliveries_have_distinct_packet_ids(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_2_2_1_4_unacknowledged_deliveries_have_distinct_packet_ids(trio) -> None:
     """MQTT-2.2.1-4: each QoS > 0 PUBLISH the server sends has an unused non-zero packet id.
 
     100 deliveries in flight at once.
@@ -59,7 +54,7 @@ async def test_mqtt_2_2_1_4_unacknowledged_deliveries_have_distinct_packet_ids(t
         await sub.send(PubAck(pid))
 
 
-async def test_mqtt_3_3_1_3_outgoing_dup_is_the_brokers_own(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_3_1_3_outgoing_dup_is_the_brokers_own(trio) -> None:
     """MQTT-3.3.1-3: the outgoing DUP is the server's own, not the incoming PUBLISH's.
 
     Also MQTT-2.2.1-5 (each PUBACK carries its PUBLISH's packet id, 65535 included).

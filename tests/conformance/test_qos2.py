@@ -25,7 +25,6 @@ import os
 import signal
 import subprocess
 import time
-import uuid
 from typing import Any, cast
 
 import pytest
@@ -47,6 +46,7 @@ from hexmq.mqtt import (
 from tests.support import placement
 from tests.support import v5client as v5
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
 
 PARTITIONS = 32  # as the `trio` fixture (tests/conformance/conftest.py)
 # The failover hold of the clusters whose tests kill a node and expect a refusal: a command for
@@ -54,10 +54,6 @@ PARTITIONS = 32  # as the `trio` fixture (tests/conformance/conftest.py)
 HOLD = 2
 NODES = ["n1", "n2", "n3"]
 PERSISTENT = Properties(session_expiry_interval=3600)
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
 
 
 def client_id_on(node_id: str, prefix: str) -> str:
@@ -153,7 +149,7 @@ async def nothing_more(client: RawClient, wait: float = 0.5) -> None:
 
 
 @pytest.mark.parametrize("version", [4, 5])
-async def test_mqtt_4_3_3_8_qos2_end_to_end_across_nodes(trio, version: int) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_4_3_3_8_qos2_end_to_end_across_nodes(trio, version: int) -> None:
     """MQTT-4.3.3-8: the receiver of a QoS 2 PUBLISH answers PUBREC with its packet id.
 
     Both ways across nodes, 3.1.1 and 5.0: the server as receiver (MQTT-4.3.3-8, -11) and as
@@ -181,7 +177,7 @@ async def test_mqtt_4_3_3_8_qos2_end_to_end_across_nodes(trio, version: int) -> 
         await client.close()
 
 
-def test_mqtt_3_3_4_1_mosquitto_clients_qos2_both_versions(trio) -> None:  # type: ignore[no-untyped-def]
+def test_mqtt_3_3_4_1_mosquitto_clients_qos2_both_versions(trio) -> None:
     """MQTT-3.3.4-1: QoS 2 PUBLISHes are answered as QoS 2 requires, for mosquitto's clients.
 
     mosquitto_pub and mosquitto_sub (a persistent session), 3.1.1 and 5.0, across nodes.
@@ -206,7 +202,7 @@ def test_mqtt_3_3_4_1_mosquitto_clients_qos2_both_versions(trio) -> None:  # typ
         assert out.stdout.split() == ["m0", "m1", "m2"], version
 
 
-async def test_mqtt_3_5_2_1_pubrec_0x10_without_subscribers_and_pubcomp_0x92_for_unknown(  # type: ignore[no-untyped-def]
+async def test_mqtt_3_5_2_1_pubrec_0x10_without_subscribers_and_pubcomp_0x92_for_unknown(
     trio,
 ) -> None:
     """MQTT-3.5.2-1: PUBREC uses PUBREC reason codes: 0x10 when no subscriber matched.
@@ -231,7 +227,7 @@ async def test_mqtt_3_5_2_1_pubrec_0x10_without_subscribers_and_pubcomp_0x92_for
 
 
 @pytest.mark.parametrize("version", [4, 5])
-async def test_mqtt_4_3_3_10_duplicate_publish_before_pubrel_is_delivered_once(  # type: ignore[no-untyped-def]
+async def test_mqtt_4_3_3_10_duplicate_publish_before_pubrel_is_delivered_once(
     trio,
     version: int,
 ) -> None:
@@ -284,7 +280,7 @@ async def test_mqtt_4_3_3_10_duplicate_publish_before_pubrel_is_delivered_once( 
 
 
 @pytest.mark.parametrize("version", [4, 5])
-async def test_mqtt_4_3_3_3_subscriber_gets_publish_dup_until_pubrec_then_pubrel(  # type: ignore[no-untyped-def]
+async def test_mqtt_4_3_3_3_subscriber_gets_publish_dup_until_pubrec_then_pubrel(
     trio,
     version: int,
 ) -> None:
@@ -339,7 +335,7 @@ async def test_mqtt_4_3_3_3_subscriber_gets_publish_dup_until_pubrec_then_pubrel
         await client.close()
 
 
-async def test_g3_exactly_once_across_a_failover_of_the_sessions_master(hexmq_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_g3_exactly_once_across_a_failover_of_the_sessions_master(hexmq_cluster) -> None:
     """G3: QoS 2 exactly once across kill -9 of the node mastering both sessions (their
     partition fails over to its in-sync follower) and its start again.
 
@@ -387,7 +383,7 @@ async def test_g3_exactly_once_across_a_failover_of_the_sessions_master(hexmq_cl
         await client.close()
 
 
-async def test_mqtt_3_2_2_9_maximum_qos_2_and_subscribe_at_qos_2(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_2_2_9_maximum_qos_2_and_subscribe_at_qos_2(trio) -> None:
     """MQTT-3.2.2-9: a server that supports QoS 2 sends no Maximum QoS in CONNACK.
 
     Also MQTT-3.2.2-10, MQTT-3.8.4-7 (SUBSCRIBE at QoS 2 is granted 2), MQTT-3.8.4-8 (a QoS 1
@@ -600,7 +596,7 @@ RF = 2
 
 
 @pytest.fixture(scope="module")
-def stalling_trio(hexmq_cluster_module):  # type: ignore[no-untyped-def]
+def stalling_trio(hexmq_cluster_module):
     """Three nodes as `trio`, with the stall flag, of its own: its tests kill processes."""
     return hexmq_cluster_module(
         nodes=3,
@@ -615,7 +611,7 @@ def stalling_trio(hexmq_cluster_module):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="module")
-def offline_trio(hexmq_cluster_module):  # type: ignore[no-untyped-def]
+def offline_trio(hexmq_cluster_module):
     """Three nodes at RF 1: a partition whose only replica's service is killed has no master
     until it is back (no failover can help), so a routing to it fails part-way, which the
     tests of such failures need. (At RF 2 its follower takes over within a second and the
@@ -688,7 +684,7 @@ async def resend(
             assert retry, f"resend refused: {answer!r}"
             await pub.close()
             await asyncio.sleep(0.3)
-    await pub.send(PubRel(packet.packet_id))  # type: ignore[arg-type]
+    await pub.send(PubRel(packet.packet_id))
     comp = await pub.expect(PubComp)
     assert (comp.packet_id, comp.reason_code) == (packet.packet_id, 0)
     return pub

@@ -4,17 +4,12 @@ the 5.0 Retain Handling and Retain As Published options, RETAIN 0, and kept acro
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 
 from hexmq.mqtt import Publish, SubAck, Subscribe, Subscription
 from tests.support import v5client as v5
 from tests.support.rawclient import RawClient
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
+from tests.support.unique import uid
 
 
 async def publish(
@@ -27,7 +22,7 @@ async def publish(
     await pub.close()
 
 
-async def test_mqtt_3_3_1_5_set_replace_delete_and_gather_across_nodes(trio_256) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_3_1_5_set_replace_delete_and_gather_across_nodes(trio_256) -> None:
     """MQTT-3.3.1-5: RETAIN 1 stores the message, replacing the topic's retained one.
 
     Across three nodes. Also MQTT-3.3.1-6, -7 (an empty payload deletes and is not stored),
@@ -63,7 +58,7 @@ async def test_mqtt_3_3_1_5_set_replace_delete_and_gather_across_nodes(trio_256)
 
 
 @pytest.mark.parametrize("version", [4, 5])
-async def test_mqtt_3_3_1_12_retained_publish_reaches_existing_subscribers_without_retain_flag(  # type: ignore[no-untyped-def]
+async def test_mqtt_3_3_1_12_retained_publish_reaches_existing_subscribers_without_retain_flag(
     trio_256, version: int
 ) -> None:
     """MQTT-3.3.1-12: Retain As Published 0: a live retained message goes out with RETAIN 0.
@@ -80,7 +75,7 @@ async def test_mqtt_3_3_1_12_retained_publish_reaches_existing_subscribers_witho
     await sub.close()
 
 
-async def test_mqtt_3_3_1_10_retain_handling_and_retain_as_published(trio_256) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_3_1_10_retain_handling_and_retain_as_published(trio_256) -> None:
     """MQTT-3.3.1-10: Retain Handling 1 sends retained messages only for a new subscription.
 
     Also MQTT-3.3.1-9, -11 (Retain Handling 0 and 2), MQTT-3.3.1-13 (Retain As Published 1)
@@ -110,7 +105,7 @@ async def test_mqtt_3_3_1_10_retain_handling_and_retain_as_published(trio_256) -
     await sub.close()
 
 
-async def test_mqtt_3_3_1_8_retain_0_neither_stores_nor_removes(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_3_1_8_retain_0_neither_stores_nor_removes(trio) -> None:
     """MQTT-3.3.1-8: a PUBLISH with RETAIN 0 neither stores nor removes a retained message."""
     # MQTT-3.3.1-8. In topic order a retained message on ".../a-never" would come before the
     # one on ".../b-kept": the first retained message a new subscriber gets shows there is none.
@@ -135,7 +130,7 @@ async def test_mqtt_3_3_1_8_retain_0_neither_stores_nor_removes(trio) -> None:  
     assert (got.topic, got.payload, got.retain) == (f"{base}/b-kept", b"kept", True)
 
 
-async def test_mqtt_3_3_1_5_retained_messages_survive_kill_and_start(hexmq_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_3_1_5_retained_messages_survive_kill_and_start(hexmq_cluster) -> None:
     """MQTT-3.3.1-5: a stored retained message is still there after kill -9 and start."""
     cluster = hexmq_cluster(nodes=1)
     topic = f"r/{uid()}/durable"

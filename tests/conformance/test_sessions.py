@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 
 import pytest
 
@@ -25,18 +24,11 @@ from hexmq.mqtt import (
     Subscription,
 )
 from tests.support.rawclient import RawClient
+from tests.support.sessions import publish_acked, session_props, subscribe_then_leave
+from tests.support.unique import uid
 from tests.support.v5client import KEEP, connect, leave, publish, receive, subscribe
 
 COUNT = 100
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
-
-
-def session_props(version: int) -> Properties:
-    # 3.1.1: clean session 0 keeps the session; 5.0 also needs a Session Expiry Interval.
-    return Properties(session_expiry_interval=600) if version == 5 else Properties()
 
 
 async def receive_in_order(client: RawClient, topic: str, count: int) -> list[Publish]:
@@ -50,30 +42,8 @@ async def receive_in_order(client: RawClient, topic: str, count: int) -> list[Pu
     return got
 
 
-async def subscribe_then_leave(port: int, client_id: str, version: int, topic: str) -> None:
-    sub, connack = await RawClient.connect(
-        port, client_id, version=version, clean_start=False, properties=session_props(version)
-    )
-    assert connack.reason_code == 0
-    assert connack.session_present is False
-    suback = await sub.subscribe(topic, qos=1)
-    assert suback.reason_codes == (1,)
-    await sub.send(Disconnect())
-    await sub.close()
-
-
-async def publish_acked(port: int, version: int, topic: str, count: int) -> None:
-    pub, _ = await RawClient.connect(port, f"pub-{uid()}", version=version)
-    for i in range(count):
-        ack = await pub.publish(topic, f"{i}".encode(), qos=1)
-        assert ack is not None
-        assert ack.reason_code == 0
-    await pub.send(Disconnect())
-    await pub.close()
-
-
 @pytest.mark.parametrize("version", [4, 5])
-async def test_mqtt_3_1_2_5_queued_messages_survive_a_disconnect(  # type: ignore[no-untyped-def]
+async def test_mqtt_3_1_2_5_queued_messages_survive_a_disconnect(
     hexmq_cluster,
     version: int,
 ) -> None:
@@ -102,7 +72,7 @@ async def test_mqtt_3_1_2_5_queued_messages_survive_a_disconnect(  # type: ignor
 
 
 @pytest.mark.parametrize("version", [4, 5])
-async def test_g4_queued_messages_survive_kill_and_start(hexmq_cluster, version: int) -> None:  # type: ignore[no-untyped-def]
+async def test_g4_queued_messages_survive_kill_and_start(hexmq_cluster, version: int) -> None:
     """G4: a session, its subscription and its queue survive kill -9 and start of the node.
 
     Also MQTT-3.1.2-23 (the session is kept) and MQTT-3.2.2-3 (Session Present 1).
@@ -125,7 +95,7 @@ async def test_g4_queued_messages_survive_kill_and_start(hexmq_cluster, version:
     await sub.close()
 
 
-async def test_g4_session_follows_the_client_across_nodes(trio_256) -> None:  # type: ignore[no-untyped-def]
+async def test_g4_session_follows_the_client_across_nodes(trio_256) -> None:
     """G4: a session resumes on any node, with Session Present 1 and its queue in order.
 
     Also MQTT-3.1.2-5, MQTT-4.5.0-1 (200 QoS 1 messages queued while away) and MQTT-4.6.0-6.
@@ -141,7 +111,7 @@ async def test_g4_session_follows_the_client_across_nodes(trio_256) -> None:  # 
 
     pub, _ = await RawClient.connect(trio_256.mqtt_port(2), f"pub-{uid()}", version=5)
     for i in range(200):
-        assert (await pub.publish(topic, f"{i}".encode())).reason_code == 0  # type: ignore[union-attr]
+        assert (await pub.publish(topic, f"{i}".encode())).reason_code == 0
     await pub.close()
 
     sub, connack = await RawClient.connect(
@@ -159,7 +129,7 @@ async def test_g4_session_follows_the_client_across_nodes(trio_256) -> None:  # 
 
 
 @pytest.mark.parametrize("version", [4, 5])
-async def test_mqtt_3_1_2_4_clean_session_starts_empty(hexmq_cluster, version: int) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_1_2_4_clean_session_starts_empty(hexmq_cluster, version: int) -> None:
     """MQTT-3.1.2-4: Clean Start 1 discards the existing session (subscriptions and queue).
 
     Also MQTT-3.2.2-2 (Session Present 0).
@@ -187,7 +157,7 @@ async def test_mqtt_3_1_2_4_clean_session_starts_empty(hexmq_cluster, version: i
 # ----- Session Expiry Interval (MQTT-4.1.0-2, MQTT-3.1.2-23) -------------------------------
 
 
-async def test_mqtt_4_1_0_2_session_expiry_interval(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_4_1_0_2_session_expiry_interval(trio) -> None:
     """MQTT-4.1.0-2: a session is discarded once its Session Expiry Interval has passed.
 
     0, 2 s from CONNECT, 2 s set by DISCONNECT (down from 600) and 60 s. Also MQTT-3.1.2-23
@@ -244,7 +214,7 @@ async def test_mqtt_4_1_0_2_session_expiry_interval(trio) -> None:  # type: igno
     await leave(client, session_expiry_interval=0)
 
 
-async def test_s3_14_2_2_2_disconnect_cannot_give_an_expiry_to_a_session_without_one(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_s3_14_2_2_2_disconnect_cannot_give_an_expiry_to_a_session_without_one(trio) -> None:
     """§3.14.2.2.2: Session Expiry 0 in CONNECT, non-zero in DISCONNECT: a Protocol Error.
 
     Also MQTT-4.1.0-2 (the session still ends with the connection).
@@ -267,7 +237,7 @@ async def test_s3_14_2_2_2_disconnect_cannot_give_an_expiry_to_a_session_without
 # ----- Client identifiers ------------------------------------------------------------------
 
 
-async def test_mqtt_3_1_3_7_empty_client_id_rules(node) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_1_3_7_empty_client_id_rules(node) -> None:
     """MQTT-3.1.3-7: an empty ClientID gets one assigned, sent as Assigned Client Identifier.
 
     Also MQTT-3.1.3-8 (3.1.1: an empty ClientId with clean session 0 gets CONNACK 0x02 and is
@@ -301,7 +271,7 @@ async def connect_empty_id(port: int) -> tuple[RawClient, ConnAck]:
     return client, await client.expect(ConnAck)
 
 
-async def test_mqtt_3_2_2_16_assigned_client_ids_are_unique_across_nodes(hexmq_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_2_2_16_assigned_client_ids_are_unique_across_nodes(hexmq_cluster) -> None:
     """MQTT-3.2.2-16: an Assigned Client Identifier "MUST be a new Client Identifier"."""
     c = hexmq_cluster(nodes=3)
     ports = [c.mqtt_port(i) for i in (1, 2, 3)] * PER_NODE

@@ -14,7 +14,6 @@ aborted: no DISCONNECT)."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
 
@@ -36,15 +35,13 @@ from hexmq.mqtt import (
     encode,
 )
 from tests.support import v5client as v5
+from tests.support.eventually import eventually
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
 from tests.support.v5client import KEEP
 
 PARTITIONS = 32  # as the `trio` fixture (tests/conformance/conftest.py)
 PERSISTENT = Properties(session_expiry_interval=600)
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
 
 
 def client_ids(prefix: str, count: int) -> list[str]:
@@ -94,7 +91,7 @@ class Collector:
 async def member(
     port: int, client_id: str, *filters: str, version: int = 5, qos: int = 1, **kw: object
 ) -> Collector:
-    client, connack = await RawClient.connect(port, client_id, version=version, **kw)  # type: ignore[arg-type]
+    client, connack = await RawClient.connect(port, client_id, version=version, **kw)
     assert connack.reason_code == 0
     if filters:
         suback = await client.subscribe(*filters, qos=qos)
@@ -122,9 +119,7 @@ async def publish_all(
 async def settle(collectors: Iterable[Collector], total: int, timeout: float = 20) -> None:
     """Until the collectors together hold `total` messages, then a moment for any extras."""
     collectors = list(collectors)
-    async with asyncio.timeout(timeout):
-        while sum(len(c.got) for c in collectors) < total:  # noqa: ASYNC110 - polls readers
-            await asyncio.sleep(0.05)
+    await eventually(lambda: sum(len(c.got) for c in collectors) >= total, timeout, "messages")
     await asyncio.sleep(0.5)
 
 
@@ -160,7 +155,7 @@ async def next_publishes(
     return got
 
 
-async def test_s4_8_2_one_member_per_message_across_nodes(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_s4_8_2_one_member_per_message_across_nodes(trio) -> None:
     """§4.8.2: each message goes to one member of the group, besides every plain subscriber.
 
     Members on three nodes. Also MQTT-4.6.0-6 (the plain subscriber gets them in order).
@@ -182,7 +177,7 @@ async def test_s4_8_2_one_member_per_message_across_nodes(trio) -> None:  # type
         await c.close()
 
 
-async def test_mqtt_4_8_2_3_each_group_gets_every_message_once(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_4_8_2_3_each_group_gets_every_message_once(trio) -> None:
     """MQTT-4.8.2-3: a member gets a message at most at the QoS granted to it.
 
     Two groups, each gets every message once. Also MQTT-3.8.4-7, -8 and MQTT-3.10.4-1 (an
@@ -218,7 +213,7 @@ async def test_mqtt_4_8_2_3_each_group_gets_every_message_once(trio) -> None:  #
         await c.close()
 
 
-async def test_s4_8_2_wildcard_shared_filters(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_s4_8_2_wildcard_shared_filters(trio) -> None:
     """§4.8.2: a group is its whole filter: `$share/w/a/+/x` and `$share/w/a/#` are two.
 
     Also MQTT-3.3.2-3 (the delivered Topic Names match the filter).
@@ -245,7 +240,7 @@ async def test_s4_8_2_wildcard_shared_filters(trio) -> None:  # type: ignore[no-
         await c.close()
 
 
-async def test_s4_8_2_no_retained_messages_on_shared_subscribe(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_s4_8_2_no_retained_messages_on_shared_subscribe(trio) -> None:
     """§4.8.2: a shared subscribe gets no retained messages (3.1.1 and 5.0 members)."""
     topic = f"sh/{uid()}/r"
     pub, _ = await RawClient.connect(trio.mqtt_port(1), f"pub-{uid()}")
@@ -268,7 +263,7 @@ async def test_s4_8_2_no_retained_messages_on_shared_subscribe(trio) -> None:  #
         await c.close()
 
 
-async def test_mqtt_4_8_2_2_bad_share_names_and_no_local(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_4_8_2_2_bad_share_names_and_no_local(trio) -> None:
     """MQTT-4.8.2-2: a ShareName has no `/`, `+` or `#` and is followed by `/` and a filter.
 
     5.0 gets 0x8F, 3.1.1 0x80 per bad filter, in one SUBACK. Also MQTT-4.8.2-1 (an empty
@@ -292,11 +287,11 @@ async def test_mqtt_4_8_2_2_bad_share_names_and_no_local(trio) -> None:  # type:
     assert data[-1] == 0x01
     await client.send_bytes(data[:-1] + bytes((0x05,)))
     seen = await client.wait_closed()
-    assert [(type(p), p.reason_code) for p in seen] == [(Disconnect, 0x82)]  # type: ignore[union-attr]
+    assert [(type(p), p.reason_code) for p in seen] == [(Disconnect, 0x82)]
     await client.close()
 
 
-async def test_s4_8_2_v311_members(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_s4_8_2_v311_members(trio) -> None:
     """§4.8.2: 3.1.1 and 5.0 clients are members of one group alike."""
     topic = f"sh/{uid()}/t"
     ids = client_ids("v", 3)
@@ -313,7 +308,7 @@ async def test_s4_8_2_v311_members(trio) -> None:  # type: ignore[no-untyped-def
         await c.close()
 
 
-async def test_s4_8_2_offline_members_get_messages_only_when_none_is_online(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_s4_8_2_offline_members_get_messages_only_when_none_is_online(trio) -> None:
     """§4.8.2: online members first; with every member offline, each message queued at one."""
     topic = f"sh/{uid()}/t"
     flt = f"$share/g/{topic}"
@@ -344,7 +339,7 @@ async def test_s4_8_2_offline_members_get_messages_only_when_none_is_online(trio
         await c.close()
 
 
-async def test_mqtt_4_8_2_6_a_failed_puback_from_a_shared_member_discards_the_message(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_4_8_2_6_a_failed_puback_from_a_shared_member_discards_the_message(trio) -> None:
     """MQTT-4.8.2-6: a member's PUBACK of 0x80 or more discards the message for every member."""
     # MQTT-4.8.2-6: the member that got it answers PUBACK 0x80: the message is neither sent to
     # the other member nor resent to this one when it comes back.
@@ -391,7 +386,7 @@ TABLE = assign(list(NODES), PARTITIONS, RF)
 
 
 @pytest.fixture(scope="module")
-def duo(hexmq_cluster_module):  # type: ignore[no-untyped-def]
+def duo(hexmq_cluster_module):
     return hexmq_cluster_module(nodes=2, partitions=PARTITIONS, extra=["--rf", str(RF)])
 
 
@@ -451,9 +446,9 @@ class Member:
             if isinstance(packet, Publish):
                 self.got.append(packet)
                 if self.ack and packet.qos == 1:
-                    await self.client.send(PubAck(packet.packet_id))  # type: ignore[arg-type]
+                    await self.client.send(PubAck(packet.packet_id))
                 elif self.ack and packet.qos == 2:
-                    await self.client.send(PubRec(packet.packet_id))  # type: ignore[arg-type]
+                    await self.client.send(PubRec(packet.packet_id))
             elif isinstance(packet, PubRel):
                 self.completed.append(packet.packet_id)
                 await self.client.send(PubComp(packet.packet_id))
@@ -492,15 +487,9 @@ async def publish(port: int, topic: str, count: int, qos: int) -> list[bytes]:
     return payloads
 
 
-async def until(condition: Callable[[], bool], timeout: float = 15) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():  # noqa: ASYNC110 - polls the members' readers
-            await asyncio.sleep(0.05)
-
-
 @pytest.mark.parametrize("where", ["other-node", "same-partition"])
 async def test_s4_8_2_qos1_unacknowledged_messages_of_a_lost_member_go_to_another_member(
-    duo,  # type: ignore[no-untyped-def]
+    duo,
     where: str,
 ) -> None:
     """§4.8.2: on a lost connection the Server MAY send the QoS 1 message to another member."""
@@ -515,14 +504,14 @@ async def test_s4_8_2_qos1_unacknowledged_messages_of_a_lost_member_go_to_anothe
     a = await Member.join(duo.mqtt_port(1), a_id, group, ack=False)
     b = await Member.join(duo.mqtt_port(2), b_id, group, ack=True)
     payloads = await publish(duo.mqtt_port(2), topic, 40, qos=1)
-    await until(lambda: len(a.got) + len(b.got) == 40)
+    await eventually(lambda: len(a.got) + len(b.got) == 40, 15)
     assert a.got
     assert b.got
     unacked = a.payloads
     before = len(b.got)
     await a.drop()
     # Every message A had, never acknowledged, reaches B, in order, once.
-    await until(lambda: len(b.got) == 40)
+    await eventually(lambda: len(b.got) == 40, 15)
     await asyncio.sleep(0.5)
     assert sorted(b.payloads) == payloads
     assert b.payloads[before:] == unacked
@@ -536,7 +525,7 @@ async def test_s4_8_2_qos1_unacknowledged_messages_of_a_lost_member_go_to_anothe
 
 
 async def test_s4_8_2_qos1_messages_of_a_member_whose_session_ends_go_to_an_offline_member(
-    duo,  # type: ignore[no-untyped-def]
+    duo,
 ) -> None:
     """§4.8.2: if the member's Session terminates, the Server SHOULD send the message to
     another member (here the only other one, offline: it is queued for it)."""
@@ -550,11 +539,11 @@ async def test_s4_8_2_qos1_messages_of_a_member_whose_session_ends_go_to_an_offl
     a = await Member.join(duo.mqtt_port(2), a_id, group, ack=False, expiry=0)
     await asyncio.sleep(0.5)  # every edge hears that B's partition has nobody online
     payloads = await publish(duo.mqtt_port(1), topic, 20, qos=1)
-    await until(lambda: len(a.got) == 20)  # the only member online gets them all
+    await eventually(lambda: len(a.got) == 20, 15)  # the only member online gets them all
     await a.drop()  # expiry 0: A's session ends with its connection
     await asyncio.sleep(1.0)
     b = await Member.join(duo.mqtt_port(2), b_id, None, ack=True, clean_start=False)
-    await until(lambda: len(b.got) == 20)
+    await eventually(lambda: len(b.got) == 20, 15)
     await asyncio.sleep(0.5)
     assert b.payloads == payloads
     for m in (a, b):
@@ -562,7 +551,7 @@ async def test_s4_8_2_qos1_messages_of_a_member_whose_session_ends_go_to_an_offl
 
 
 async def qos2_members(
-    duo,  # type: ignore[no-untyped-def]
+    duo,
     topic: str,
     *,
     a_expiry: int,
@@ -578,7 +567,7 @@ async def qos2_members(
     )
     b = await Member.join(duo.mqtt_port(2), b_id, group, ack=True, qos=2)
     payloads = await publish(duo.mqtt_port(2), topic, 20, qos=2)
-    await until(lambda: len(a.got) == 2 and len(b.completed) == len(b.got))
+    await eventually(lambda: len(a.got) == 2 and len(b.completed) == len(b.got), 15)
     await asyncio.sleep(0.5)
     assert len(a.got) == 2  # its window: the rest of its share is queued, never sent to it
     assert 0 < len(b.got) < 18
@@ -586,7 +575,7 @@ async def qos2_members(
 
 
 async def test_mqtt_4_8_2_4_qos2_sent_to_a_lost_member_is_completed_with_it_on_reconnect(
-    duo,  # type: ignore[no-untyped-def]
+    duo,
 ) -> None:
     """MQTT-4.8.2-4: the Server MUST complete the delivery of the QoS 2 message to that Client
     when it reconnects."""
@@ -594,15 +583,15 @@ async def test_mqtt_4_8_2_4_qos2_sent_to_a_lost_member_is_completed_with_it_on_r
     sent_to_a = a.got
     await a.drop()
     # What A was never sent goes to B; the two PUBLISHes A has stay with A.
-    await until(lambda: len(b.got) == 18)
+    await eventually(lambda: len(b.got) == 18, 15)
     await asyncio.sleep(1.0)
     assert len(b.got) == 18
     assert sorted(b.payloads + [p.payload for p in sent_to_a]) == payloads
-    await until(lambda: b.completed == [p.packet_id for p in b.got])
+    await eventually(lambda: b.completed == [p.packet_id for p in b.got], 15)
     # A comes back (through the other node): both are sent again, DUP, with their packet ids,
     # and their exchanges complete.
     a = await Member.join(duo.mqtt_port(2), a_id, None, ack=True, clean_start=False)
-    await until(lambda: len(a.completed) == 2)
+    await eventually(lambda: len(a.completed) == 2, 15)
     assert [(p.payload, p.packet_id, p.qos, p.dup) for p in a.got] == [
         (p.payload, p.packet_id, 2, True) for p in sent_to_a
     ]
@@ -613,7 +602,7 @@ async def test_mqtt_4_8_2_4_qos2_sent_to_a_lost_member_is_completed_with_it_on_r
 
 
 async def test_mqtt_4_8_2_5_qos2_sent_to_a_member_whose_session_ends_goes_to_nobody_else(
-    duo,  # type: ignore[no-untyped-def]
+    duo,
 ) -> None:
     """MQTT-4.8.2-5: if the Client's Session terminates before the Client reconnects, the
     Server MUST NOT send the Application Message to any other subscribed Client."""
@@ -622,11 +611,11 @@ async def test_mqtt_4_8_2_5_qos2_sent_to_a_member_whose_session_ends_goes_to_nob
     await a.drop()  # expiry 0: A's session ends with its connection
     # What A was never sent goes to B (its session ended: SHOULD, 4.8.2); the two PUBLISHes
     # A had go to nobody.
-    await until(lambda: len(b.got) == 18)
+    await eventually(lambda: len(b.got) == 18, 15)
     await asyncio.sleep(1.5)
     assert len(b.got) == 18
     assert set(b.payloads) == set(payloads) - sent_to_a
-    await until(lambda: b.completed == [p.packet_id for p in b.got])
+    await eventually(lambda: b.completed == [p.packet_id for p in b.got], 15)
     # A's session is gone, and with it the two messages.
     a = await Member.join(duo.mqtt_port(1), a_id, None, ack=True, clean_start=False)
     await asyncio.sleep(1.0)

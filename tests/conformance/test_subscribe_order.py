@@ -21,7 +21,6 @@ together, in topic order.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 
 import pytest
@@ -47,15 +46,12 @@ from tests.conftest import HexmqCluster
 from tests.support import placement
 from tests.support import v5client as v5
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
 
 PARTITIONS = 32  # as the `trio` fixture (tests/conformance/conftest.py)
 ROUNDS = 8
 # A session that outlives the test.
 KEEP = Properties(session_expiry_interval=600)
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
 
 
 class Place:

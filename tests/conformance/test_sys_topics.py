@@ -7,19 +7,15 @@ retained so that a new subscriber sees it at once."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Callable, Mapping
 
 from hexmq.mqtt import Disconnect, Publish
 from tests.support.placement import client_id_on
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
 
 
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
-
-
-async def test_s4_7_2_sys_topics_report_node_counters(hexmq_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_s4_7_2_sys_topics_report_node_counters(hexmq_cluster) -> None:
     """§4.7.2: `$SYS/` topics are the server's: each node publishes its counters there.
 
     Also MQTT-4.7.2-1 (`#` does not match a topic starting with `$`) and a client's publish
@@ -89,7 +85,7 @@ def cluster(values: Mapping[str, str], key: str) -> int | None:
     return None if text is None else int(text.split()[0])
 
 
-async def test_s4_7_2_sys_cluster_totals_are_the_sum_of_the_nodes(hexmq_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_s4_7_2_sys_cluster_totals_are_the_sum_of_the_nodes(hexmq_cluster) -> None:
     """$SYS/broker/cluster/... holds the sums of $SYS/broker/nodes/<node>/... over live nodes."""
     c = hexmq_cluster(nodes=2, extra=INTERVAL)
     p1, p2 = c.mqtt_port(1), c.mqtt_port(2)
@@ -138,7 +134,7 @@ async def test_s4_7_2_sys_cluster_totals_are_the_sum_of_the_nodes(hexmq_cluster)
         await client.close()
 
 
-async def test_s4_7_2_sys_a_killed_node_drops_out_of_the_cluster_totals(hexmq_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_s4_7_2_sys_a_killed_node_drops_out_of_the_cluster_totals(hexmq_cluster) -> None:
     """A killed node no longer counts; when the publishing node dies the next one takes over."""
     c = hexmq_cluster(nodes=3, extra=INTERVAL)
     # The watcher's session lives on n2, which stays up throughout.
@@ -176,7 +172,7 @@ async def test_s4_7_2_sys_a_killed_node_drops_out_of_the_cluster_totals(hexmq_cl
         await client.close()
 
 
-async def test_s4_7_2_sys_queue_full_drops_are_counted_per_node_and_cluster(hexmq_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_s4_7_2_sys_queue_full_drops_are_counted_per_node_and_cluster(hexmq_cluster) -> None:
     """Messages a full session queue turned away show in $SYS, retained for new subscribers."""
     c = hexmq_cluster(nodes=2, extra=[*INTERVAL, "--partition-arg=--max-queued-messages=2"])
     sub_id = client_id_on("n2", 2, "slow")

@@ -3,20 +3,15 @@ the old connection (5.0: DISCONNECT 0x8E) and the new one has the session."""
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 
 from hexmq.mqtt import Disconnect, Properties, Publish
 from tests.support.rawclient import RawClient
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
+from tests.support.unique import uid
 
 
 @pytest.mark.parametrize("version", [4, 5])
-async def test_mqtt_3_1_4_3_second_connect_takes_the_session_over(node, version: int) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_1_4_3_second_connect_takes_the_session_over(node, version: int) -> None:
     """MQTT-3.1.4-3: a CONNECT for a connected ClientID closes the old connection (5.0: 0x8E).
 
     The new connection has the session and its subscription. Also MQTT-3.2.2-3 (Session
@@ -36,7 +31,7 @@ async def test_mqtt_3_1_4_3_second_connect_takes_the_session_over(node, version:
     seen = await first.wait_closed()
     await first.close()
     if version == 5:
-        assert [(type(p), p.reason_code) for p in seen] == [(Disconnect, 0x8E)]  # type: ignore[union-attr]
+        assert [(type(p), p.reason_code) for p in seen] == [(Disconnect, 0x8E)]
     else:
         assert seen == []
     pub, _ = await RawClient.connect(port, f"pub-{uid()}", version=version)
@@ -46,7 +41,7 @@ async def test_mqtt_3_1_4_3_second_connect_takes_the_session_over(node, version:
         await client.close()
 
 
-async def test_mqtt_3_1_4_3_takeover_across_nodes(trio_256) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_1_4_3_takeover_across_nodes(trio_256) -> None:
     """MQTT-3.1.4-3: the old connection gets DISCONNECT 0x8E, also when it is on another node.
 
     Also G5 (one live connection per client id in the whole cluster).
@@ -56,7 +51,7 @@ async def test_mqtt_3_1_4_3_takeover_across_nodes(trio_256) -> None:  # type: ig
     second, connack = await RawClient.connect(trio_256.mqtt_port(2), client_id, version=5)
     assert connack.reason_code == 0
     seen = await first.wait_closed()
-    assert [(type(p), p.reason_code) for p in seen] == [(Disconnect, 0x8E)]  # type: ignore[union-attr]
+    assert [(type(p), p.reason_code) for p in seen] == [(Disconnect, 0x8E)]
     assert isinstance(seen[0], Disconnect)
     assert seen[0].properties.reason_string == (
         "another connection with this client id took the session over"

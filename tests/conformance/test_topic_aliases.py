@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,14 +30,11 @@ from tests.conftest import HexmqCluster
 from tests.support import v5client as v5
 from tests.support.edgeproc import edge_process, run_edge_expecting_failure
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
 from tests.support.v5client import KEEP
 
 
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
-
-
-async def test_mqtt_3_3_2_9_inbound_topic_aliases(limits_node) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_3_2_9_inbound_topic_aliases(limits_node) -> None:
     """MQTT-3.3.2-9: a Topic Alias above the server's Topic Alias Maximum: DISCONNECT 0x94.
 
     Also a set alias used for later PUBLISHes, and §3.3.2.3.4 (an alias used before it was
@@ -63,12 +59,12 @@ async def test_mqtt_3_3_2_9_inbound_topic_aliases(limits_node) -> None:  # type:
         )
         seen = await bad.wait_closed()
         await bad.close()
-        assert [(type(p), p.reason_code) for p in seen] == [(Disconnect, code)]  # type: ignore[union-attr]
+        assert [(type(p), p.reason_code) for p in seen] == [(Disconnect, code)]
     for client in (pub, sub):
         await client.close()
 
 
-async def test_mqtt_3_3_2_7_topic_aliases_are_per_connection(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_3_2_7_topic_aliases_are_per_connection(trio) -> None:
     """MQTT-3.3.2-7: Topic Alias mappings do not carry over to another connection.
 
     Also MQTT-3.3.2-12 (every alias from 1 to the announced maximum is accepted).
@@ -100,7 +96,7 @@ async def test_mqtt_3_3_2_7_topic_aliases_are_per_connection(trio) -> None:  # t
     assert connack.session_present is True
     await client.send(Publish("", b"stale", 1, packet_id=1, properties=Properties(topic_alias=1)))
     seen = await client.wait_closed()
-    assert [(type(p), p.reason_code) for p in seen] == [(Disconnect, 0x82)]  # type: ignore[union-attr]
+    assert [(type(p), p.reason_code) for p in seen] == [(Disconnect, 0x82)]
 
 
 # ----- aliases the broker assigns (2 nodes) ------------------------------------------------
@@ -328,7 +324,7 @@ def test_s3_1_2_11_5_paho_reads_the_aliased_publishes(pair: HexmqCluster) -> Non
         if len(received) == len(order):
             done.set()
 
-    props = PahoProperties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+    props = PahoProperties(PacketTypes.CONNECT)
     props.TopicAliasMaximum = 2
     sub = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"sub-{uid()}", protocol=paho.MQTTv5)
     sub.on_message = on_message

@@ -4,20 +4,16 @@ normalization, and UNSUBSCRIBE deleting the subscription whose filter it names."
 from __future__ import annotations
 
 import unicodedata
-import uuid
 
 import pytest
 
 from hexmq.mqtt import Publish, Subscription, UnsubAck, Unsubscribe
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
 from tests.support.v5client import connect, publish, receive, subscribe
 
 
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
-
-
-async def test_s4_7_1_publish_reaches_subscribers_on_every_node(trio_256) -> None:  # type: ignore[no-untyped-def]
+async def test_s4_7_1_publish_reaches_subscribers_on_every_node(trio_256) -> None:
     """§4.7.1: wildcard filters match alike for subscribers on every node.
 
     Three nodes: `#` and `+` subscribers on different nodes each get exactly their matches.
@@ -43,7 +39,7 @@ async def test_s4_7_1_publish_reaches_subscribers_on_every_node(trio_256) -> Non
         await client.close()
 
 
-async def test_mqtt_4_7_3_4_topic_matching_does_not_normalize(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_4_7_3_4_topic_matching_does_not_normalize(trio) -> None:
     """MQTT-4.7.3-4: topic matching does no normalization: NFC is not NFD, no case folding."""
     # MQTT-4.7.3-4: no Unicode normalization (NFC "é" is not NFD "e" + U+0301), no case folding.
     base = f"norm/{uid()}"
@@ -61,7 +57,7 @@ async def test_mqtt_4_7_3_4_topic_matching_does_not_normalize(trio) -> None:  # 
 
 
 @pytest.mark.parametrize("version", [4, 5])
-async def test_mqtt_3_10_4_1_unsubscribe_stops_delivery(node, version: int) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_10_4_1_unsubscribe_stops_delivery(node, version: int) -> None:
     """MQTT-3.10.4-1: an UNSUBSCRIBE filter equal to a subscription's deletes it.
 
     Also MQTT-3.10.4-2 (no new messages for it), MQTT-3.10.4-4, -5, -6 (one UNSUBACK with the

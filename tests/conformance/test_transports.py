@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import ssl
 import subprocess
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,11 +20,9 @@ import websockets
 from websockets.asyncio.client import connect as ws_connect
 
 from hexmq.mqtt import (
-    NEED_DATA,
     ConnAck,
     Connect,
     MQTTConnection,
-    Packet,
     PingReq,
     PingResp,
     Role,
@@ -35,12 +32,10 @@ from hexmq.mqtt import (
 )
 from tests.support.certs import CertFiles, make_certs
 from tests.support.edgeproc import edge_process, free_ports, run_edge_expecting_failure
+from tests.support.unique import uid
+from tests.support.wsclient import ws_packets
 
 VERSIONS = {"3.1.1": aiomqtt.ProtocolVersion.V311, "5.0": aiomqtt.ProtocolVersion.V5}
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
 
 
 @dataclass
@@ -53,7 +48,7 @@ class Listeners:
 
 
 @pytest.fixture(scope="module")
-def cluster(hexmq_cluster_module):  # type: ignore[no-untyped-def]
+def cluster(hexmq_cluster_module):
     return hexmq_cluster_module(nodes=1)
 
 
@@ -218,18 +213,6 @@ async def test_s6_websocket_over_tls_round_trip(edge: Listeners) -> None:
     await round_trip(wss, wss, "5.0")
 
 
-async def _ws_packets(ws: Any, codec: MQTTConnection, count: int) -> list[Packet]:
-    packets: list[Packet] = []
-    async with asyncio.timeout(10):
-        while len(packets) < count:
-            event = codec.next_event()
-            if event is NEED_DATA:
-                codec.receive_data(await ws.recv())
-            else:
-                packets.append(event)  # type: ignore[arg-type]
-    return packets
-
-
 async def test_mqtt_6_0_0_2_websocket_frames_may_split_and_join_packets(edge: Listeners) -> None:
     """MQTT-6.0.0-2: MQTT packets need not align with WebSocket frames.
 
@@ -245,12 +228,12 @@ async def test_mqtt_6_0_0_2_websocket_frames_may_split_and_join_packets(edge: Li
         # CONNECT in three frames (one of them a single byte), then SUBSCRIBE + PINGREQ in one.
         for part in (connect[:1], connect[1:5], connect[5:]):
             await ws.send(part)
-        (connack,) = await _ws_packets(ws, codec, 1)
+        (connack,) = await ws_packets(ws, codec, 1)
         assert isinstance(connack, ConnAck)
         assert connack.reason_code == 0
         await ws.send(subscribe + ping)
         # PINGRESP may come first: SUBACK waits for the session's partition.
-        answers = await _ws_packets(ws, codec, 2)
+        answers = await ws_packets(ws, codec, 2)
         (suback,) = [p for p in answers if isinstance(p, SubAck)]
         assert suback.reason_codes == (1,)
         assert any(isinstance(p, PingResp) for p in answers)

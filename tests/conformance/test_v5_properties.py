@@ -9,21 +9,16 @@ Authentication Method. Other 5.0 features are in their own modules: Session Expi
 from __future__ import annotations
 
 import asyncio
-import uuid
 
 from hexmq.mqtt import NO_PROPERTIES, ConnAck, Connect, Properties, PubAck, Publish, Subscription
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
 from tests.support.v5client import KEEP, connect, leave, open_v5, publish, receive, subscribe
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
-
 
 # ----- Message Expiry Interval (MQTT-3.3.2-5, MQTT-3.3.2-6) --------------------------------
 
 
-async def test_mqtt_3_3_2_5_message_expiry_interval(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_3_2_5_message_expiry_interval(trio) -> None:
     """MQTT-3.3.2-5: a message past its Message Expiry Interval is not delivered.
 
     Queued and retained. Also MQTT-3.3.2-6 (the forwarded interval is less the time waited:
@@ -95,7 +90,7 @@ FULL = Properties(
 SMALL = Properties(payload_format_indicator=0, user_properties=(("only", "one"),))
 
 
-async def test_mqtt_3_3_2_4_publish_properties_reach_subscribers_unaltered(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_3_2_4_publish_properties_reach_subscribers_unaltered(trio) -> None:
     """MQTT-3.3.2-4: the Payload Format Indicator is forwarded unaltered.
 
     So are the Response Topic, Correlation Data, User Properties (in order) and Content Type:
@@ -133,7 +128,7 @@ async def test_mqtt_3_3_2_4_publish_properties_reach_subscribers_unaltered(trio)
     assert (kept.payload, kept.retain, kept.properties) == (b'{"n": 1}', True, FULL)
 
 
-async def test_mqtt_3_3_2_20_empty_content_type_and_correlation_data_are_forwarded(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_3_2_20_empty_content_type_and_correlation_data_are_forwarded(trio) -> None:
     """MQTT-3.3.2-20: the Content Type is forwarded unaltered, a zero-length one included.
 
     Also MQTT-3.3.2-16 (a zero-length Correlation Data).
@@ -167,7 +162,7 @@ async def publish_to_self(client: RawClient, topic: str, payload: bytes) -> list
     return before
 
 
-async def test_mqtt_3_8_3_3_no_local(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_8_3_3_no_local(trio) -> None:
     """MQTT-3.8.3-3: No Local: a message is not forwarded to the ClientID that published it.
 
     Also from a later connection of that ClientID, and with an overlapping plain subscription
@@ -211,7 +206,7 @@ async def test_mqtt_3_8_3_3_no_local(trio) -> None:  # type: ignore[no-untyped-d
 # ----- Authentication Method (MQTT-4.12.0-1) ----------------------------------------------
 
 
-async def test_mqtt_4_12_0_1_an_unsupported_authentication_method_is_refused(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_4_12_0_1_an_unsupported_authentication_method_is_refused(trio) -> None:
     """MQTT-4.12.0-1: an unsupported Authentication Method gets CONNACK 0x8C, then close."""
     # MQTT-4.12.0-1: CONNACK 0x8C (Bad authentication method), then the connection closes.
     client = await open_v5(trio.mqtt_port(1))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from typing import Any
 
 import pytest
@@ -30,13 +29,10 @@ from hexmq.mqtt import (
 )
 from tests.support.placement import client_id_on
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
 from tests.support.v5client import connect, open_v5, publish, receive, subscribe
 
 PARTITIONS = 32  # as the `trio` fixture (tests/conformance/conftest.py)
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
 
 
 async def connect_with_will(
@@ -83,7 +79,7 @@ async def drop(client: RawClient) -> None:
 
 
 @pytest.mark.parametrize("version", [4, 5])
-async def test_mqtt_3_1_2_8_a_lost_connection_publishes_the_will_on_every_node(  # type: ignore[no-untyped-def]
+async def test_mqtt_3_1_2_8_a_lost_connection_publishes_the_will_on_every_node(
     trio,
     version: int,
 ) -> None:
@@ -103,7 +99,7 @@ async def test_mqtt_3_1_2_8_a_lost_connection_publishes_the_will_on_every_node( 
         await w.close()
 
 
-async def test_mqtt_3_14_4_3_a_normal_disconnect_discards_the_will(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_14_4_3_a_normal_disconnect_discards_the_will(trio) -> None:
     """MQTT-3.14.4-3: a DISCONNECT 0x00 from the client discards the Will.
 
     Also MQTT-3.1.2-10 (the Will is removed).
@@ -117,7 +113,7 @@ async def test_mqtt_3_14_4_3_a_normal_disconnect_discards_the_will(trio) -> None
     await w.close()
 
 
-async def test_s3_14_2_1_disconnect_with_will_message_sends_it(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_s3_14_2_1_disconnect_with_will_message_sends_it(trio) -> None:
     """§3.14.2.1: DISCONNECT 0x04 (Disconnect with Will Message) publishes the Will."""
     topic = f"will/{uid()}"
     w = await watcher(trio.mqtt_port(3), topic)
@@ -128,7 +124,7 @@ async def test_s3_14_2_1_disconnect_with_will_message_sends_it(trio) -> None:  #
     await w.close()
 
 
-async def test_mqtt_3_1_2_8_will_delay_is_waited_for(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_1_2_8_will_delay_is_waited_for(trio) -> None:
     """MQTT-3.1.2-8: the Will is published once the Will Delay Interval has passed."""
     topic = f"will/{uid()}"
     w = await watcher(trio.mqtt_port(2), topic)
@@ -142,7 +138,7 @@ async def test_mqtt_3_1_2_8_will_delay_is_waited_for(trio) -> None:  # type: ign
     await w.close()
 
 
-async def test_mqtt_3_1_3_9_a_reconnect_within_the_delay_cancels_the_will(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_1_3_9_a_reconnect_within_the_delay_cancels_the_will(trio) -> None:
     """MQTT-3.1.3-9: a new connection within the Will Delay Interval: the Will is not sent."""
     topic = f"will/{uid()}"
     cid = f"back-{uid()}"
@@ -163,7 +159,7 @@ async def test_mqtt_3_1_3_9_a_reconnect_within_the_delay_cancels_the_will(trio) 
         await c.close()
 
 
-async def test_mqtt_3_1_2_8_a_takeover_publishes_the_old_connections_will(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_1_2_8_a_takeover_publishes_the_old_connections_will(trio) -> None:
     """MQTT-3.1.2-8: a takeover closes the old connection, so its Will is published.
 
     Also MQTT-3.1.2-10 (then removed: published once).
@@ -185,7 +181,7 @@ async def test_mqtt_3_1_2_8_a_takeover_publishes_the_old_connections_will(trio) 
         await c.close()
 
 
-async def test_mqtt_3_1_2_15_a_retained_will_is_kept_for_later_subscribers(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_1_2_15_a_retained_will_is_kept_for_later_subscribers(trio) -> None:
     """MQTT-3.1.2-15: a Will with Will Retain 1 is published as a retained message."""
     topic = f"will/{uid()}"
     client = await connect_with_will(
@@ -211,7 +207,7 @@ async def test_mqtt_3_1_2_15_a_retained_will_is_kept_for_later_subscribers(trio)
         assert time.monotonic() < deadline, "the will never arrived as a retained message"
 
 
-async def test_mqtt_3_1_2_14_a_will_without_retain_is_not_retained(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_mqtt_3_1_2_14_a_will_without_retain_is_not_retained(trio) -> None:
     """MQTT-3.1.2-14: a Will with Will Retain 0 is published as a non-retained message."""
     # MQTT-3.1.2-14: published as a non-retained message (RETAIN 0 even to a subscriber with
     # Retain As Published), and not kept for later subscribers.
@@ -240,7 +236,7 @@ async def test_mqtt_3_1_2_14_a_will_without_retain_is_not_retained(trio) -> None
     assert (got.topic, got.payload) == (f"{base}/zz-marker", b"marker")
 
 
-async def test_g6_the_will_is_published_when_the_node_holding_the_connection_dies(  # type: ignore[no-untyped-def]
+async def test_g6_the_will_is_published_when_the_node_holding_the_connection_dies(
     hexmq_cluster,
 ) -> None:
     """G6: the Will is published even when the node holding the connection dies.
@@ -284,7 +280,7 @@ async def test_mqtt_3_2_2_12_will_qos_2_is_accepted_and_published_at_qos_2(
 ) -> None:
     """MQTT-3.2.2-12: an unsupported Will QoS is refused (0x9B); hexmq supports QoS 2, uses it."""
     c = duo
-    topic = f"wills/{uuid.uuid4().hex[:8]}"
+    topic = f"wills/{uid(8)}"
     sub = await RawClient.open(c.mqtt_port(2), 5)
     await sub.send(Connect(client_id=client_id_on("n2", 2, "sub"), protocol_version=5))
     assert (await sub.expect(ConnAck)).reason_code == 0

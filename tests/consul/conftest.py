@@ -13,7 +13,6 @@ what it made, so a run against a shared Consul cleans up after itself.
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -23,6 +22,7 @@ from consul import Check
 
 from services.membership.consul_client import make_consul
 from tests.support.consuldev import start_consul_dev
+from tests.support.unique import uid
 
 
 @pytest.fixture(scope="session")
@@ -52,7 +52,7 @@ class Scratch:
 
     def __init__(self, client: consul.aio.Consul) -> None:
         self.client = client
-        self.tag = uuid.uuid4().hex[:10]
+        self.tag = uid()
         self.prefix = f"hexmq-test/{self.tag}/"
         self._sessions: list[str] = []
         self._services: list[str] = []

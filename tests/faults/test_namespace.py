@@ -13,7 +13,7 @@ def test_the_namespace_gives_nodes_their_addresses_and_cuts_them(namespace: None
     assert "NAT by group id, one-way cut and heal work" in done.stdout
 
 
-def test_a_run_outside_the_namespace_says_why_it_cannot_start(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_run_outside_the_namespace_says_why_it_cannot_start(monkeypatch) -> None:
     from tests.faults import __main__ as cli
     from tests.faults import netns
 

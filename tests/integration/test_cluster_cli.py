@@ -320,7 +320,7 @@ def test_run_stays_in_the_foreground_until_ctrl_c(
         subprocess.run([str(HEXMQ), "cluster", "down", "--dir", str(cluster_dir)], check=False)
 
 
-def test_status_reports_each_nodes_partitions(hexmq_cluster) -> None:  # type: ignore[no-untyped-def]
+def test_status_reports_each_nodes_partitions(hexmq_cluster) -> None:
     cluster = hexmq_cluster(nodes=2)
     nodes = cluster.status()["nodes"]
     masters = [n["partitions"]["roles"]["master"] for n in nodes]

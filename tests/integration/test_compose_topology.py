@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,21 +23,15 @@ from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.membership.v1 import membership_pb2_grpc as mpb_grpc
 from tests.support.compose_local import LocalTopology, load_local_topology
 from tests.support.compose_run import LocalCompose
+from tests.support.eventually import eventually_sync as wait_for
 from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan
+from tests.support.unique import uid
 from tests.support.workload import Publisher, Subscriber, check
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "deploy" / "compose" / "compose.yaml"
 NODE_ROLES = ("edge", "partition", "membership", "redis")
 MQTT_BACKEND = "edges-mqtt"
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"not within {timeout:g} s: {what}")
-        time.sleep(0.1)
 
 
 @dataclass
@@ -108,7 +101,7 @@ def running_topology(workdir: Path, interpolation: dict[str, str]) -> Iterator[R
             run.serving_after = time.monotonic() - began
             assert sorted(run.servers()) == edges
 
-            tag = uuid.uuid4().hex[:8]
+            tag = uid(8)
             for i in range(len(edges)):
                 sub = Subscriber(f"s{i}-{tag}", run.mqtt, f"compose/{tag}/#", qos=1)
                 run.subs.append(sub)

@@ -12,19 +12,15 @@ import asyncio
 import contextlib
 import os
 import signal
-import uuid
 from typing import Any
 
 from hexmq.hashring import assign, partition_of
 from hexmq.mqtt import Properties, PubAck, Publish
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
 
 PERSISTENT = Properties(session_expiry_interval=600)
 PARTITIONS = 16
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
 
 
 def client_id_on(master: str, prefix: str, nodes: int, rf: int) -> str:
@@ -36,7 +32,7 @@ def client_id_on(master: str, prefix: str, nodes: int, rf: int) -> str:
             return cid
 
 
-async def test_qos1_publishers_of_surviving_nodes_are_delayed_never_refused(  # type: ignore[no-untyped-def]
+async def test_qos1_publishers_of_surviving_nodes_are_delayed_never_refused(
     hexmq_cluster,
 ) -> None:
     """Node 3 (edge, partition service, Redis) is killed and started again while publishers
@@ -137,7 +133,7 @@ async def test_qos1_publishers_of_surviving_nodes_are_delayed_never_refused(  # 
             assert firsts == expected, f"{cid} from {name}"
 
 
-async def test_a_connected_subscriber_gets_no_duplicate_after_its_master_returns(  # type: ignore[no-untyped-def]
+async def test_a_connected_subscriber_gets_no_duplicate_after_its_master_returns(
     hexmq_cluster,
 ) -> None:
     """MQTT-4.4.0-1: a message is sent again only on a reconnect. The subscriber stays
@@ -164,7 +160,7 @@ async def no_duplicate_after_a_restart(
     cluster: Any, pub: RawClient, sub: RawClient, topic: str
 ) -> None:
     for i in range(6):
-        assert (await pub.publish(topic, b"m%d" % i, qos=1)).reason_code == 0  # type: ignore[union-attr]
+        assert (await pub.publish(topic, b"m%d" % i, qos=1)).reason_code == 0
     delivered = [await sub.expect(Publish) for _ in range(6)]
     for message in delivered[:3]:  # the rest stay in flight, unacknowledged
         assert message.packet_id is not None
@@ -176,7 +172,7 @@ async def no_duplicate_after_a_restart(
     cluster.start(1)
     # The session is re-attached (the publisher's next message arrives) and nothing it already
     # has comes again.
-    assert (await pub.publish(topic, b"after", qos=1)).reason_code == 0  # type: ignore[union-attr]
+    assert (await pub.publish(topic, b"after", qos=1)).reason_code == 0
     seen = []
     with contextlib.suppress(TimeoutError):
         while True:

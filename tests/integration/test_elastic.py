@@ -20,39 +20,21 @@ from typing import Any
 import pytest
 
 from hexmq import procs
-from tests.integration.test_failover import (
+from tests.support.cluster_watch import (
+    assert_balanced,
     drain,
-    masters_of,
+    failovers_from,
     members,
-    membership,
+    rebalanced,
+    replicas_of,
     start_workload,
-    uid,
-    wait_for,
 )
+from tests.support.eventually import eventually_sync as wait_for
+from tests.support.unique import uid
 from tests.support.workload import Publisher, Subscriber, check, close_client, open_client
 
 PARTITIONS = 32
 USE_ANOTHER_SERVER = 0x9C
-
-
-def rebalanced(cluster: Any) -> bool:
-    """The agreed view has nothing moving: every partition in sync at its goal placement."""
-    doc = membership(cluster).get("rebalance") or {}
-    return doc.get("moving") == 0 and not doc.get("joining") and not doc.get("leaving")
-
-
-def replicas_of(cluster: Any) -> dict[str, int]:
-    """Replicas (master or follower) each node holds in the agreed view."""
-    roles = membership(cluster).get("partitions", {})
-    return {node: row["masters"] + row["follows"] for node, row in roles.items()}
-
-
-def assert_balanced(cluster: Any, nodes: int) -> None:
-    """No node masters more than 1.25x its fair share (issue 12, "Balance")."""
-    masters = masters_of(cluster)
-    assert sum(masters.values()) == PARTITIONS, masters
-    assert len(masters) == nodes, masters
-    assert max(masters.values()) <= 1.25 * PARTITIONS / nodes, masters
 
 
 class DisconnectWatch:
@@ -82,16 +64,6 @@ def port_of(reference: str) -> int:
     return int(port)
 
 
-def failovers_from(cluster: Any, node_id: str, log_node: int = 1) -> list[str]:
-    """View changes (node `log_node`'s membership log) that failed a partition over from
-    `node_id` once its leave had started: a leave moves master roles by handover only. (A
-    failover before, of a node that a loaded machine stalled past the failure timeout, is
-    failure detection doing its job, not the leave.)"""
-    lines = (cluster.dir / f"node{log_node}" / "membership.log").read_text().splitlines()
-    start = next((i for i, line in enumerate(lines) if f"leaving {node_id}" in line), 0)
-    return [line for line in lines[start:] if "failover p" in line and f" {node_id}->" in line]
-
-
 def stop_workload(pubs: list[Publisher]) -> None:
     for p in pubs:
         p.stop()
@@ -118,7 +90,7 @@ def test_a_node_joins_and_another_leaves_under_traffic_losing_nothing(hexmq_clus
     # About 1/N of the replicas move: the goal gives n4 its share of RF x partitions.
     share = 2 * PARTITIONS / 4
     assert 0.5 * share <= replicas["n4"] <= 1.25 * share, replicas
-    assert_balanced(cluster, 4)
+    assert_balanced(cluster, 4, PARTITIONS)
 
     others = {cluster.mqtt_port(i) for i in (1, 3, 4)}
     said = cluster.leave(2)
@@ -129,7 +101,7 @@ def test_a_node_joins_and_another_leaves_under_traffic_losing_nothing(hexmq_clus
     assert watch.reference is not None
     assert port_of(watch.reference) in others, watch.reference
     wait_for(lambda: rebalanced(cluster), 30, "the leave's rebalance finished")
-    assert_balanced(cluster, 3)
+    assert_balanced(cluster, 3, PARTITIONS)
     # n2's partitions moved by handover only: no failover names it.
     assert not failovers_from(cluster, "n2")
     time.sleep(1)

@@ -15,20 +15,18 @@ import pytest
 
 from hexmq import clusterstate, procs
 from tests.conftest import HEXMQ
-from tests.integration.test_elastic import (
+from tests.support.cluster_watch import (
     assert_balanced,
-    failovers_from,
-    rebalanced,
-)
-from tests.integration.test_failover import (
     drain,
+    failovers_from,
     masters_of,
     members,
     membership,
+    rebalanced,
     start_workload,
-    uid,
-    wait_for,
 )
+from tests.support.eventually import eventually_sync as wait_for
+from tests.support.unique import uid
 from tests.support.workload import Publisher, Subscriber, check
 
 pytestmark = [pytest.mark.fault, pytest.mark.timeout(600)]
@@ -64,14 +62,14 @@ def test_three_nodes_grow_to_five_then_shrink_to_three_by_leave(hexmq_cluster: A
     for n in (4, 5):
         assert cluster.add() == n
         wait_for(lambda: rebalanced(cluster), 90, f"the rebalance after node {n} joined")
-        assert_balanced(cluster, n)
+        assert_balanced(cluster, n, PARTITIONS)
     for n in (1, 2):
         said = cluster.leave(n)
         assert "left the cluster" in said, said
         assert f"n{n}" not in members(cluster)
         move_off(subs, cluster.mqtt_port(n), cluster.mqtt_port(3))
         wait_for(lambda: rebalanced(cluster), 90, f"the rebalance after node {n} left")
-    assert_balanced(cluster, 3)
+    assert_balanced(cluster, 3, PARTITIONS)
     assert set(masters_of(cluster)) == {"n3", "n4", "n5"}
     assert not failovers_from(cluster, "n1", log_node=3)
     assert not failovers_from(cluster, "n2", log_node=3)
@@ -123,7 +121,7 @@ def test_a_rolling_restart_of_every_node_loses_nothing(hexmq_cluster: Any) -> No
             p.stop()
             assert not p.refused, (p.client_id, p.refused)
             assert not p.unanswered, (p.client_id, p.unanswered)
-    assert_balanced(cluster, 3)
+    assert_balanced(cluster, 3, PARTITIONS)
     finish(all_pubs, subs)
 
 
@@ -194,7 +192,7 @@ def test_a_leave_cut_short_by_a_crash_is_a_failover(hexmq_cluster: Any) -> None:
     assert leaving.returncode != 0, err
     wait_for(lambda: "n2" not in members(cluster), 30, "n2 dropped from the view")
     wait_for(lambda: rebalanced(cluster), 60, "RF restored on nodes 1 and 3")
-    assert_balanced(cluster, 2)
+    assert_balanced(cluster, 2, PARTITIONS)
     finish(pubs, subs)
     for p in pubs:
         assert not p.refused, (p.client_id, p.refused)

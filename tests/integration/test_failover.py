@@ -12,11 +12,12 @@ from __future__ import annotations
 import os
 import signal
 import time
-import uuid
 from typing import Any
 
+from tests.support.cluster_watch import drain, masters_of, members, start_workload
+from tests.support.eventually import eventually_sync as wait_for
+from tests.support.unique import uid
 from tests.support.workload import (
-    Publisher,
     Subscriber,
     check,
     close_client,
@@ -25,69 +26,6 @@ from tests.support.workload import (
 )
 
 PARTITIONS = 32
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:8]
-
-
-def membership(cluster: Any) -> dict[str, Any]:
-    """What a live node's membership agent reports (`hexmq cluster status --json`)."""
-    doc: dict[str, Any] = cluster.status()["membership"] or {}
-    return doc
-
-
-def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.2) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval)
-    raise AssertionError(f"not within {timeout:g} s: {what}")
-
-
-def members(cluster: Any) -> set[str]:
-    return {m["node_id"] for m in membership(cluster).get("members", []) if m["in_view"]}
-
-
-def masters_of(cluster: Any) -> dict[str, int]:
-    """Partitions each node masters in the agreed view."""
-    roles = membership(cluster).get("partitions", {})
-    return {node: row["masters"] for node, row in roles.items() if row["masters"]}
-
-
-def start_workload(
-    cluster: Any, nodes: list[int], tag: str
-) -> tuple[list[Publisher], list[Subscriber]]:
-    """On each node: a QoS 1 (5.0) and a QoS 2 (3.1.1) publisher, and a QoS 1 (3.1.1) and a
-    QoS 2 (5.0) persistent subscriber to every publisher's topic."""
-    subs: list[Subscriber] = []
-    for node in nodes:
-        port = cluster.mqtt_port(node)
-        subs.append(Subscriber(f"s1-{tag}-n{node}", port, f"f/{tag}/#", qos=1, version=4))
-        subs.append(Subscriber(f"s2-{tag}-n{node}", port, f"f/{tag}/#", qos=2, version=5))
-    for s in subs:
-        s.connect()
-    pubs: list[Publisher] = []
-    for node in nodes:
-        port = cluster.mqtt_port(node)
-        pubs.append(Publisher(f"p1-{tag}-n{node}", port, f"f/{tag}/q1n{node}", qos=1, version=5))
-        pubs.append(Publisher(f"p2-{tag}-n{node}", port, f"f/{tag}/q2n{node}", qos=2, version=4))
-    for p in pubs:
-        p.start(interval=0.01)
-    return pubs, subs
-
-
-def drain(subs: list[Subscriber], pubs: list[Publisher], timeout: float = 30.0) -> None:
-    """Until every subscriber has every acknowledged message (or the timeout)."""
-
-    def complete() -> bool:
-        wanted = {p.payload(n) for p in pubs for n in p.acked}
-        return all(wanted <= set(s.payloads()) for s in subs)
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not complete():
-        time.sleep(0.3)
 
 
 def test_two_of_three_nodes_killed_lose_nothing_acknowledged(hexmq_cluster: Any) -> None:

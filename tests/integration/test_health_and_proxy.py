@@ -25,6 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from hexmq.mqtt import ConnAck, Connect, PingReq, PingResp
 from tests.support.edgeproc import edge_process, free_ports
+from tests.support.eventually import eventually_sync
 from tests.support.rawclient import RawClient
 
 # A loopback address of the client's own, so the edge can tell it from HAProxy's 127.0.0.1.
@@ -45,15 +46,6 @@ def grpc_health(port: int) -> int:
         return int(stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status)
 
 
-def wait_for(check: Callable[[], bool], what: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{what} within {timeout} s")
-
-
 def test_every_service_answers_readyz_and_grpc_health_and_an_edge_that_cannot_route_is_not_ready(
     hexmq_cluster: Callable[..., Any], cluster_prerequisites: None
 ) -> None:
@@ -70,16 +62,17 @@ def test_every_service_answers_readyz_and_grpc_health_and_an_edge_that_cannot_ro
     for port in (node["partition_port"], node["membership_port"]):
         assert grpc_health(port) == serving
     # The edge's gRPC health follows its readiness within its 0.5 s check interval.
-    wait_for(lambda: grpc_health(health_port) == serving, "edge gRPC health SERVING", 5)
+    eventually_sync(lambda: grpc_health(health_port) == serving, 5, "edge gRPC health SERVING")
 
     # The partition service goes away: its agent takes the node out of the view at once (no
     # partition service serves it), so the edge can no longer route, and says so (the
     # membership service still serves its view).
     os.kill(cluster.pids(1)["partition"], signal.SIGKILL)
-    wait_for(lambda: readyz(metrics["edge"])[0] == 503, "edge /readyz turned 503")
+    eventually_sync(lambda: readyz(metrics["edge"])[0] == 503, 20, "edge /readyz turned 503")
     assert "not ready: node n1 is not in view" in readyz(metrics["edge"])[1]
-    wait_for(
+    eventually_sync(
         lambda: grpc_health(health_port) == health_pb2.HealthCheckResponse.NOT_SERVING,
+        20,
         "edge gRPC health turned NOT_SERVING",
     )
     assert readyz(metrics["membership"])[0] == 200
@@ -168,7 +161,9 @@ def test_an_edge_behind_haproxy_sees_logs_and_traces_the_clients_address(
             await client.close()
 
         asyncio.run(scenario())
-        wait_for(lambda: f"closing {CLIENT_ADDR}:" in edge.log_text(), "the edge logged the client")
+        eventually_sync(
+            lambda: f"closing {CLIENT_ADDR}:" in edge.log_text(), 20, "the edge logged the client"
+        )
     connects = [attributes(s) for s in spans_named(trace_dir, "mqtt.connect")]
     assert [(a["client.address"], int(a["client.port"]) > 0) for a in connects] == [
         (CLIENT_ADDR, True)
@@ -198,7 +193,9 @@ def test_a_v1_header_is_taken_and_a_connection_without_one_is_closed_alone(
             await proxied.close()
 
         asyncio.run(scenario())
-        wait_for(lambda: "closing 198.51.100.9:40001 (v1-client)" in edge.log_text(), "logged")
+        eventually_sync(
+            lambda: "closing 198.51.100.9:40001 (v1-client)" in edge.log_text(), 20, "logged"
+        )
     lines = [ln for ln in edge.log_text().splitlines() if "PROXY protocol header" in ln]
     assert len(lines) == 1, lines
     assert "closing 127.0.0.1:" in lines[0]

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from hexmq.api.membership.v1 import membership_pb2 as pb
 from hexmq.api.membership.v1 import membership_pb2_grpc as pb_grpc
 from services.membership.consul_client import make_consul
 from tests.conftest import HEXMQ
+from tests.support.unique import uid
 
 # The agent's defaults, except a 10 s session TTL made explicit.
 AGENT_FLAGS = ("--session-ttl", "10", "--partitions", "16", "--rf", "2")
@@ -138,7 +138,7 @@ class AgentCluster:
     consul: str
     dir: Path
     nodes: list[Node]
-    name: str = field(default_factory=lambda: f"t{uuid.uuid4().hex[:12]}")
+    name: str = field(default_factory=lambda: f"t{uid(12)}")
 
     def node(self, i: int) -> Node:
         return self.nodes[i - 1]
@@ -222,7 +222,7 @@ def test_three_agents_form_the_first_view_once_three_nodes_serve(agents: AgentCl
     for i in (1, 2, 3):
         agents.wait_members(i, ALL, timeout=10)
     views = [agents.node(i).view() for i in (1, 2, 3)]
-    assert all(v is not None and v.epoch == views[0].epoch for v in views)  # type: ignore[union-attr]
+    assert all(v is not None and v.epoch == views[0].epoch for v in views)
     first = views[0]
     assert first is not None
     assert first.partition_count == 16
@@ -387,13 +387,13 @@ def test_an_agent_keeps_its_view_while_consul_is_away(agents: AgentCluster, tmp_
         agents.consul = addr
         agents.start()
         agents.wait_members(1, ALL, timeout=15)
-        epoch = agents.node(1).view().epoch  # type: ignore[union-attr]
+        epoch = agents.node(1).view().epoch
         end(server)
         wait_until("n1 sees Consul gone", lambda: not agents.node(1).status().consul_reachable, 10)
-        assert agents.node(1).view().epoch == epoch  # type: ignore[union-attr]
+        assert agents.node(1).view().epoch == epoch
         server = spawn(argv, tmp_path / "own-consul.log")
         wait_until("n1 reaches Consul again", lambda: agents.node(1).status().consul_reachable, 15)
-        assert agents.node(1).view().epoch >= epoch  # type: ignore[union-attr]
+        assert agents.node(1).view().epoch >= epoch
     finally:
         end(server)
 

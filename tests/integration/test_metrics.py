@@ -4,32 +4,20 @@ follow the traffic (copied once a second from its plain counters)."""
 from __future__ import annotations
 
 import asyncio
-import urllib.request
-import uuid
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from hexmq.mqtt import Publish
+from tests.support.metrics import scrape
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
 
 
-def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
-        text = reply.read().decode()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-async def test_services_serve_metrics(hexmq_cluster) -> None:  # type: ignore[no-untyped-def]
+async def test_services_serve_metrics(hexmq_cluster) -> None:
     cluster = hexmq_cluster(nodes=1)
     ports = cluster.node(1)["metrics_ports"]
-    topic = f"m/{uuid.uuid4().hex[:8]}"
-    sub, _ = await RawClient.connect(cluster.mqtt_port(1), f"sub-{uuid.uuid4().hex[:8]}")
+    topic = f"m/{uid(8)}"
+    sub, _ = await RawClient.connect(cluster.mqtt_port(1), f"sub-{uid(8)}")
     await sub.subscribe(topic, qos=1)
-    pub, _ = await RawClient.connect(cluster.mqtt_port(1), f"pub-{uuid.uuid4().hex[:8]}")
+    pub, _ = await RawClient.connect(cluster.mqtt_port(1), f"pub-{uid(8)}")
     for _ in range(5):
         await pub.publish(topic, b"x", qos=1)
     for _ in range(5):

@@ -6,24 +6,19 @@ takeover) is in tests/conformance: test_sessions, test_topics, test_takeover."""
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 
 from hexmq.mqtt import PubAck, Publish
 from tests.support.rawclient import RawClient
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
+from tests.support.unique import uid
 
 
 @pytest.fixture(scope="module")
-def trio(hexmq_cluster_module):  # type: ignore[no-untyped-def]
+def trio(hexmq_cluster_module):
     return hexmq_cluster_module(nodes=3, extra=["--rf", "2"])
 
 
-async def test_a_publish_on_another_node_right_after_suback_reaches_the_subscriber(trio) -> None:  # type: ignore[no-untyped-def]
+async def test_a_publish_on_another_node_right_after_suback_reaches_the_subscriber(trio) -> None:
     # SUBACK waits until every edge routes by the new filter, so no node can miss it.
     pub, _ = await RawClient.connect(trio.mqtt_port(1), f"pub-{uid()}", version=5)
     sub, _ = await RawClient.connect(trio.mqtt_port(2), f"sub-{uid()}", version=5)

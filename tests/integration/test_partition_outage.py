@@ -9,14 +9,10 @@ import asyncio
 import contextlib
 import os
 import signal
-import uuid
 
 from hexmq.mqtt import ConnAck, Connect, Disconnect, Properties, PubAck, Publish
 from tests.support.rawclient import RawClient
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
+from tests.support.unique import uid
 
 
 async def until_connack(
@@ -32,7 +28,7 @@ async def until_connack(
             await asyncio.sleep(0.2)
 
 
-async def test_publishes_and_connects_wait_for_a_restarted_partition_and_succeed(  # type: ignore[no-untyped-def]
+async def test_publishes_and_connects_wait_for_a_restarted_partition_and_succeed(
     hexmq_cluster,
 ) -> None:
     # A bound well above a restart's few seconds, so a loaded machine cannot turn the delay
@@ -51,7 +47,7 @@ async def test_publishes_and_connects_wait_for_a_restarted_partition_and_succeed
     await sub.subscribe(topic, qos=1)
     pub5, _ = await RawClient.connect(port, f"pub5-{uid()}", version=5)
     pub4, _ = await RawClient.connect(port, f"pub4-{uid()}", version=4)
-    assert (await pub5.publish(topic, b"before", qos=1)).reason_code == 0  # type: ignore[union-attr]
+    assert (await pub5.publish(topic, b"before", qos=1)).reason_code == 0
     before = await sub.expect(Publish)
     assert before.payload == b"before"
     assert before.packet_id is not None
@@ -87,14 +83,14 @@ async def test_publishes_and_connects_wait_for_a_restarted_partition_and_succeed
             continue
         got.append(message.payload)
     assert got == [b"during-5", b"during-4"]
-    assert (await pub5.publish(topic, b"after", qos=1)).reason_code == 0  # type: ignore[union-attr]
+    assert (await pub5.publish(topic, b"after", qos=1)).reason_code == 0
     assert (await sub.expect(Publish, timeout=10)).payload == b"after"
     await pub5.send(Disconnect())
     for client in (pub5, pub4, late, sub):
         await client.close()
 
 
-async def test_past_the_failover_hold_the_edge_refuses_clearly_and_recovers(  # type: ignore[no-untyped-def]
+async def test_past_the_failover_hold_the_edge_refuses_clearly_and_recovers(
     hexmq_cluster,
 ) -> None:
     hold = 1.0
@@ -119,7 +115,7 @@ async def test_past_the_failover_hold_the_edge_refuses_clearly_and_recovers(  # 
     small, _ = await RawClient.connect(
         port, f"small-{uid()}", version=5, properties=Properties(maximum_packet_size=16)
     )
-    assert (await pub5.publish(topic, b"before", qos=1)).reason_code == 0  # type: ignore[union-attr]
+    assert (await pub5.publish(topic, b"before", qos=1)).reason_code == 0
     before = await sub.expect(Publish)
     assert before.packet_id is not None
     await sub.send(PubAck(before.packet_id))
@@ -162,7 +158,7 @@ async def test_past_the_failover_hold_the_edge_refuses_clearly_and_recovers(  # 
 
     # The publisher that stayed connected works again, and the subscriber's session, which was
     # live on the edge throughout, is re-attached and gets the message.
-    assert (await pub5.publish(topic, b"after", qos=1)).reason_code == 0  # type: ignore[union-attr]
+    assert (await pub5.publish(topic, b"after", qos=1)).reason_code == 0
     got = await sub.expect(Publish, timeout=10)
     if got.payload == b"before":
         # Its PUBACK may have been lost with the killed process: then it comes again, as a
@@ -176,7 +172,7 @@ async def test_past_the_failover_hold_the_edge_refuses_clearly_and_recovers(  # 
         await client.close()
 
 
-async def test_a_stalled_redis_stops_the_partition_service_and_nothing_is_acknowledged(  # type: ignore[no-untyped-def]
+async def test_a_stalled_redis_stops_the_partition_service_and_nothing_is_acknowledged(
     hexmq_cluster,
 ) -> None:
     """Redis stops answering (SIGSTOP): the partition service's write times out (the Redis
@@ -219,7 +215,7 @@ async def test_a_stalled_redis_stops_the_partition_service_and_nothing_is_acknow
     # reached Redis after all).
     assert (await sub.expect(Publish, timeout=10)).payload == b"stalled"
     again, _ = await until_connack(port, 5)
-    assert (await again.publish(topic, b"after", qos=1)).reason_code == 0  # type: ignore[union-attr]
+    assert (await again.publish(topic, b"after", qos=1)).reason_code == 0
     for client in (sub, pub, again):
         await client.close()
 

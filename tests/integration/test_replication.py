@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,14 +21,11 @@ from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
 from hexmq.hashring import assign, partition_of
 from hexmq.mqtt import Disconnect, PingReq, PingResp, Properties, PubAck, Publish
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
 
 PARTITIONS = 32
 NODES = ("n1", "n2", "n3")
 PERSISTENT = Properties(session_expiry_interval=3600)
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
 
 
 def client_id_where(prefix: str, rf: int, *, master: str, excluding: str | None = None) -> str:
@@ -48,10 +44,7 @@ def partition_dump(port: int, p: int) -> dict[str, dict[bytes, bytes]]:
     """Every key of partition p in the Redis at `port`, as {key: hash}."""
     client = redis.Redis(port=port)
     try:
-        return {
-            key.decode(): client.hgetall(key)  # type: ignore[misc]
-            for key in client.scan_iter(match=f"hx:{p}:*")
-        }
+        return {key.decode(): client.hgetall(key) for key in client.scan_iter(match=f"hx:{p}:*")}
     finally:
         client.close()
 
@@ -150,11 +143,11 @@ async def park_subscriber(port: int, client_id: str, topic: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def rf3(hexmq_cluster_module):  # type: ignore[no-untyped-def]
+def rf3(hexmq_cluster_module):
     return hexmq_cluster_module(nodes=3, partitions=PARTITIONS, extra=["--rf", "3"])
 
 
-async def test_roaming_subscriber_gets_1000_messages_in_order_on_a_third_node(rf3) -> None:  # type: ignore[no-untyped-def]
+async def test_roaming_subscriber_gets_1000_messages_in_order_on_a_third_node(rf3) -> None:
     topic = f"roam/{uid()}"
     sub_id = f"roam-{uid()}"
     await park_subscriber(rf3.mqtt_port(1), sub_id, topic)
@@ -163,7 +156,7 @@ async def test_roaming_subscriber_gets_1000_messages_in_order_on_a_third_node(rf
     assert payloads == [str(i).encode() for i in range(1000)]
 
 
-async def test_followers_hold_exactly_what_their_master_holds(rf3) -> None:  # type: ignore[no-untyped-def]
+async def test_followers_hold_exactly_what_their_master_holds(rf3) -> None:
     topic = f"conv/{uid()}"
     subs = [f"conv-{i}-{uid()}" for i in range(6)]
     for i, cid in enumerate(subs):
@@ -199,7 +192,7 @@ async def test_followers_hold_exactly_what_their_master_holds(rf3) -> None:  # t
     ("rf", "catch_up"),
     [(2, "log"), (3, "log"), (3, "snapshot")],
 )
-async def test_follower_down_during_10000_writes_catches_up(  # type: ignore[no-untyped-def]
+async def test_follower_down_during_10000_writes_catches_up(
     hexmq_cluster, rf: int, catch_up: str
 ) -> None:
     extra = ["--rf", str(rf)]
@@ -269,7 +262,7 @@ async def link_command(port: int, cmd: pb.EdgeCommand, timeout: float = 10) -> p
     raise AssertionError("no result")
 
 
-async def test_misrouted_writes_are_refused_naming_the_master_and_never_applied(rf3) -> None:  # type: ignore[no-untyped-def]
+async def test_misrouted_writes_are_refused_naming_the_master_and_never_applied(rf3) -> None:
     cid = f"fence-{uid()}"
     p = partition_of(cid, PARTITIONS)
     master = assign(NODES, PARTITIONS, 3)[p][0]
@@ -306,7 +299,7 @@ async def test_misrouted_writes_are_refused_naming_the_master_and_never_applied(
     await client.close()
 
 
-async def test_links_from_a_process_sharing_no_protocol_version_are_refused(rf3) -> None:  # type: ignore[no-untyped-def]
+async def test_links_from_a_process_sharing_no_protocol_version_are_refused(rf3) -> None:
     """An edge or a follower that speaks only versions this release does not is refused with
     FAILED_PRECONDITION naming both sides' versions, and the partition service says so in its
     log; one that says nothing (v0.2.0) speaks version 1 and is let in."""
@@ -356,7 +349,7 @@ async def test_links_from_a_process_sharing_no_protocol_version_are_refused(rf3)
     assert "refusing the replication stream: follower n9 speaks protocol versions 9" in log
 
 
-async def test_racing_connects_on_two_nodes_leave_one_live_connection(rf3) -> None:  # type: ignore[no-untyped-def]
+async def test_racing_connects_on_two_nodes_leave_one_live_connection(rf3) -> None:
     for _ in range(10):
         cid = f"race-{uid()}"
         (a, ack_a), (b, ack_b) = await asyncio.gather(

@@ -12,21 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 from collections.abc import Callable, Sequence
 
 import pytest
 
 from hexmq.mqtt import ConnAck, Connect, Properties, PubAck, Publish
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
 
 PERSISTENT = Properties(session_expiry_interval=3600)
 MESSAGES = 600
 PACE_S = 0.004
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
 
 
 async def until(done: Callable[[], bool]) -> None:
@@ -116,7 +112,7 @@ async def subscriber(
 
 
 @pytest.mark.parametrize("rf", [2, 3])
-async def test_no_acknowledged_message_lost_across_kill_and_start(hexmq_cluster, rf: int) -> None:  # type: ignore[no-untyped-def]
+async def test_no_acknowledged_message_lost_across_kill_and_start(hexmq_cluster, rf: int) -> None:
     cluster = hexmq_cluster(nodes=3, partitions=32, extra=["--rf", str(rf)])
     ports = [cluster.mqtt_port(i) for i in (1, 2, 3)]
 

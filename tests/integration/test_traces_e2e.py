@@ -8,25 +8,25 @@ import asyncio
 import json
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 from hexmq.mqtt import PubAck, Publish
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
 
 MESSAGES = 20
 
 
-async def test_spark_audit_of_a_real_cluster(hexmq_cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+async def test_spark_audit_of_a_real_cluster(hexmq_cluster, tmp_path: Path) -> None:
     trace_dir = tmp_path / "traces"
     cluster = hexmq_cluster(nodes=3, extra=["--trace-dir", str(trace_dir), "--rf", "2"])
-    topic = f"audit/{uuid.uuid4().hex[:8]}"
+    topic = f"audit/{uid(8)}"
     subs = []
     for node in (2, 3):
-        sub, _ = await RawClient.connect(cluster.mqtt_port(node), f"aud-{node}-{uuid.uuid4().hex}")
+        sub, _ = await RawClient.connect(cluster.mqtt_port(node), f"aud-{node}-{uid(32)}")
         await sub.subscribe(topic, qos=1)
         subs.append(sub)
-    pub, _ = await RawClient.connect(cluster.mqtt_port(1), f"aud-pub-{uuid.uuid4().hex}")
+    pub, _ = await RawClient.connect(cluster.mqtt_port(1), f"aud-pub-{uid(32)}")
     for i in range(MESSAGES):
         await pub.publish(topic, f"{i}".encode(), qos=1)
     for sub in subs:

@@ -5,7 +5,6 @@ real OTLP/gRPC receiver as one trace with the parent/child structure of docs/tra
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -14,12 +13,9 @@ from hexmq.hashring import assign, partition_of
 from hexmq.mqtt import PubAck, Publish
 from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan, SpanNode
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
 
 DESTINATION = "messaging.destination.name"
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
 
 
 @pytest.fixture
@@ -41,7 +37,7 @@ def client_on_node(prefix: str, node_id: str, partitions: int = 256, rf: int = 1
             return cid
 
 
-async def test_cross_node_publish_is_one_trace(hexmq_cluster, receiver: OtlpReceiver) -> None:  # type: ignore[no-untyped-def]
+async def test_cross_node_publish_is_one_trace(hexmq_cluster, receiver: OtlpReceiver) -> None:
     cluster = hexmq_cluster(nodes=3, extra=["--rf", "3"])
     topic = f"traced/{uid()}"
     # Subscriber connected to node 3, its session mastered by node 2 (followed by n1 and n3);
@@ -102,7 +98,7 @@ async def test_cross_node_publish_is_one_trace(hexmq_cluster, receiver: OtlpRece
         await client.close()
 
 
-async def test_trace_dir_gets_otlp_json_files(hexmq_cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_trace_dir_gets_otlp_json_files(hexmq_cluster, tmp_path) -> None:
     trace_dir = tmp_path / "traces"
     cluster = hexmq_cluster(nodes=1, extra=["--trace-dir", str(trace_dir)])
     topic = f"files/{uid()}"

@@ -24,7 +24,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +34,7 @@ import pytest
 from hexmq.hashring import assign, partition_of
 from tests.conftest import HEXMQ, HexmqCluster, pick_base_port, running_processes
 from tests.integration.test_elastic import failovers_from
+from tests.support.unique import uid
 from tests.support.workload import Publisher, Subscriber, check
 
 # The release before this one: set to the newest tag and its commit when a release is made
@@ -52,10 +52,6 @@ LOG_ENTRIES = 50
 SNAPSHOT_LINE = re.compile(
     r"snapshot of partition (\d+) at \S+ \S+ sent to (n\d) \((\d+) writes(?:, (plain|zlib))?"
 )
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:8]
 
 
 def _commit_of(rev: str) -> str | None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import uuid
 from pathlib import Path
 
 from hexmq.mqtt import ConnAck, Connect
 from services.edge.passwd import set_password
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
 
 USERS = {"alice": "alice-pw", "bob": "bob-pw", "admin": "admin-pw"}
 
@@ -28,10 +28,6 @@ topic readwrite #
 
 pattern readwrite clients/%u/#
 """
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
 
 
 def write_passwords(path: Path) -> None:
@@ -63,3 +59,10 @@ async def login(
         )
     )
     return client, await client.expect(ConnAck)
+
+
+# Written by mosquitto_passwd 2.0: alice/secret ($7$, PBKDF2-SHA512), bob/s2 ($6$, SHA512).
+MOSQUITTO_FILE = """\
+alice:$7$101$zX4QcmB1UiVl9X7x$z6vSxFohusr3mdMdYn3tK5qXpBvSAhnV6k75lOVOW6TqQxp50fPp2eHdZkD9hID7F9LoIEu6nOkuwrOozZP4Ng==
+bob:$6$i/uImPdHFOhD9okO$IndpbCx0N1fzg+Lq6CznzLbyN5WmWuh4C12FMhyLWSkm9JCbcfok5c7UT/W05QVb/jBlIcIIipmRC6NoIiMcTA==
+"""

@@ -26,7 +26,7 @@ class FakeCommit(GroupCommit):
     (with `aborted`, those of commands that wrote an aborted partition are answered MOVED)."""
 
     def __init__(self) -> None:
-        super().__init__(None, None, lambda exc: None)  # type: ignore[arg-type]
+        super().__init__(None, None, lambda exc: None)
         self.written: list[tuple[int, Op]] = []
 
     def durable(self, aborted: frozenset[int] = frozenset()) -> None:
@@ -84,7 +84,7 @@ class Edge:
 
 def make_node() -> tuple[PartitionNode, FakeCommit]:
     commit = FakeCommit()
-    node = PartitionNode("n1", RedisStore(None), commit)  # type: ignore[arg-type]
+    node = PartitionNode("n1", RedisStore(None), commit)
     node.mastered[P] = EPOCH
     return node, commit
 
@@ -103,4 +103,16 @@ def connect(
             receive_maximum=10,
             **options,
         ),
+    )
+
+
+def receive(edge: Edge, cid: str, conn: str, pid: int) -> int:
+    return edge.command(
+        cid, qos2_receive=pb.Qos2Receive(client_id=cid, connection_id=conn, packet_id=pid)
+    )
+
+
+def routed(edge: Edge, cid: str, conn: str, pid: int, ok: bool = True) -> int:
+    return edge.command(
+        cid, qos2_routed=pb.Qos2Routed(client_id=cid, connection_id=conn, packet_id=pid, ok=ok)
     )

@@ -4,10 +4,10 @@ first replica the hashring gives it (hexmq.hashring.assign over the members n1..
 from __future__ import annotations
 
 import functools
-import uuid
 
 from hexmq import clusterstate
 from hexmq.hashring import assign, partition_of
+from tests.support.unique import uid
 
 
 @functools.cache
@@ -28,6 +28,6 @@ def client_id_on(
     `node_id`."""
     masters = _masters(nodes, partitions, rf)
     while True:
-        cid = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        cid = f"{prefix}-{uid()}"
         if masters[partition_of(cid, partitions)] == node_id:
             return cid

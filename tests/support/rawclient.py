@@ -86,7 +86,7 @@ class RawClient:
             while True:
                 event = self.codec.next_event()
                 if event is not NEED_DATA:
-                    return event  # type: ignore[return-value]
+                    return event
                 data = await self.reader.read(65536)
                 if not data:
                     return None

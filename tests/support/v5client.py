@@ -10,8 +10,6 @@ messages of one SUBSCRIBE come in one batch, in topic order)."""
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 
 from hexmq.mqtt import (
@@ -27,12 +25,9 @@ from hexmq.mqtt import (
     Subscription,
 )
 from tests.support.rawclient import RawClient
+from tests.support.unique import uid
 
 KEEP = 600  # a Session Expiry Interval that outlives the test
-
-
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
 
 
 # Every client a test opens, closed when it ends (pass or fail).
@@ -61,7 +56,7 @@ async def connect(
             client_id=client_id or f"c-{uid()}",
             protocol_version=5,
             clean_start=clean_start,
-            properties=Properties(**props) if props else NO_PROPERTIES,  # type: ignore[arg-type]
+            properties=Properties(**props) if props else NO_PROPERTIES,
         )
     )
     connack = await client.expect(ConnAck)
@@ -97,7 +92,7 @@ async def publish(
     must carry the PUBLISH's packet id (MQTT-2.2.1-5) and not be a failure."""
     pid = (packet_id or client.next_packet_id()) if qos else None
     if properties is None:
-        properties = Properties(**props) if props else NO_PROPERTIES  # type: ignore[arg-type]
+        properties = Properties(**props) if props else NO_PROPERTIES
     await client.send(Publish(topic, payload, qos, retain, dup, pid, properties))
     if not qos:
         return None
@@ -118,7 +113,7 @@ async def receive(client: RawClient, timeout: float = 10.0) -> Publish:
 
 async def leave(client: RawClient, **props: object) -> None:
     """A normal DISCONNECT (with `props`, e.g. a new session_expiry_interval), then close."""
-    properties = Properties(**props) if props else NO_PROPERTIES  # type: ignore[arg-type]
+    properties = Properties(**props) if props else NO_PROPERTIES
     await client.send(Disconnect(0, properties))
     await client.close()
 

@@ -180,8 +180,8 @@ def _connect(
         outcome["present"] = bool(flags.session_present)
         accepted = not rc.is_failure if hasattr(rc, "is_failure") else rc == 0
         if accepted and log is not None:
-            c.workload_connection = log.opened(client_id_of(c), host, port, purpose)  # type: ignore[attr-defined]
-            c.workload_log = log  # type: ignore[attr-defined]
+            c.workload_connection = log.opened(client_id_of(c), host, port, purpose)
+            c.workload_log = log
         done.set()
 
     client.on_connect = on_connect
@@ -195,11 +195,11 @@ def _connect(
             client.connect(host, port, keepalive=30)
     except OSError:
         return False
-    client.workload_loop = _Loop(client)  # type: ignore[attr-defined]
+    client.workload_loop = _Loop(client)
     if not done.wait(timeout):
         _drop(client)
         return False
-    client.session_present = outcome["present"]  # type: ignore[attr-defined]
+    client.session_present = outcome["present"]
     rc = outcome["rc"]
     return not rc.is_failure if hasattr(rc, "is_failure") else rc == 0
 
@@ -258,7 +258,7 @@ def resume(client: mqtt.Client, port: int, *, version: int = 5, timeout: float =
     """Connect with clean start 0; True if accepted within `timeout` with session present 1."""
     if not _connect(client, ("127.0.0.1", port), version, clean=False, timeout=timeout):
         return False
-    return bool(client.session_present)  # type: ignore[attr-defined]
+    return bool(client.session_present)
 
 
 def still_connected(client: mqtt.Client) -> bool:
@@ -466,7 +466,7 @@ class Subscriber:
         assert _connect(
             client, (self.host, port), self.version, clean=False, timeout=timeout, log=self.log
         ), f"{self.client_id} could not reconnect to {self.host}:{port}"
-        present = bool(client.session_present)  # type: ignore[attr-defined]
+        present = bool(client.session_present)
         self.resumed.append(present)
         return present
 
@@ -480,7 +480,7 @@ class Subscriber:
         if not _connect(client, endpoint, self.version, clean=False, timeout=timeout, log=self.log):
             _drop(client)
             return None
-        present = bool(client.session_present)  # type: ignore[attr-defined]
+        present = bool(client.session_present)
         self.resumed.append(present)
         return present
 
@@ -507,7 +507,7 @@ class Subscriber:
             return None
         self._client = client
         self.host, self.port = endpoint
-        present = bool(client.session_present)  # type: ignore[attr-defined]
+        present = bool(client.session_present)
         self.resumed.append(present)
         if old is not None:
             # The old client's loop thread ends when the server closes it; stop it afterwards.

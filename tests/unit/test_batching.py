@@ -144,7 +144,7 @@ def test_interleaved_ops_become_one_command_per_key() -> None:
     ]
     ops += [(HSET, "hx:{3}:sessions", b"a", b"ra"), (HSET, "hx:{3}:sessions", b"b", b"rb")]
     pipe = RecordingPipe()
-    apply_ops(pipe, ops)  # type: ignore[arg-type]
+    apply_ops(pipe, ops)
     assert [c[:2] for c in pipe.commands] == [
         ("HSET", "hx:{3}:q:a"),
         ("HSET", "hx:{3}:q:b"),
@@ -167,7 +167,7 @@ def test_grouped_ops_leave_redis_as_the_ops_one_by_one_do(seed: int) -> None:
         else:
             ops.append((kind, key, rng.choice(fields), b"v%d" % rng.randrange(100)))
     pipe = RecordingPipe()
-    apply_ops(pipe, ops)  # type: ignore[arg-type]
+    apply_ops(pipe, ops)
     assert pipe.hashes == one_by_one(ops)
     assert len(pipe.commands) <= len(ops)
 

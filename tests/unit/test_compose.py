@@ -27,14 +27,14 @@ from tests.support.compose_run import (
     LocalCompose,
     depends_on_conditions,
 )
-from tests.unit.test_env_options import service_parser
+from tests.support.options import service_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "deploy" / "compose" / "compose.yaml"
 HAPROXY_CFG = ROOT / "deploy" / "compose" / "haproxy" / "haproxy.cfg"
 
 
-def counting_ports(start: int = 30000):  # type: ignore[no-untyped-def]
+def counting_ports(start: int = 30000):
     counter = itertools.count(start)
     return lambda: next(counter)
 

@@ -6,16 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from services.edge.auth import AccessControl, PasswordFile, hash_password, parse_hash
+from services.edge.access import AccessControl
+from services.edge.auth import PasswordFile, hash_password, parse_hash
 from services.edge.passwd import set_password
+from tests.support.access import MOSQUITTO_FILE
+
 
 # Written by mosquitto_passwd 2.0.11 (`-b` for alice, `-H sha512 -b` for bob).
-MOSQUITTO_FILE = """\
-alice:$7$101$zX4QcmB1UiVl9X7x$z6vSxFohusr3mdMdYn3tK5qXpBvSAhnV6k75lOVOW6TqQxp50fPp2eHdZkD9hID7F9LoIEu6nOkuwrOozZP4Ng==
-bob:$6$i/uImPdHFOhD9okO$IndpbCx0N1fzg+Lq6CznzLbyN5WmWuh4C12FMhyLWSkm9JCbcfok5c7UT/W05QVb/jBlIcIIipmRC6NoIiMcTA==
-"""
-
-
 def test_mosquitto_passwd_hashes_verify() -> None:
     users = PasswordFile.parse(MOSQUITTO_FILE, "pw")
     assert users.verify("alice", b"secret")

@@ -76,7 +76,7 @@ class World:
 
     def request(self, p: int, label: str, kind: Kind = Kind.REQUEST) -> tuple[Ticket, list[Effect]]:
         cmd = pb.EdgeCommand(subscribe=pb.Subscribe(client_id=label))
-        ticket = Ticket(kind, (p,), cmd, self.heard(label))  # type: ignore[arg-type]
+        ticket = Ticket(kind, (p,), cmd, self.heard(label))
         return ticket, self.run(self.core.submit(ticket, self.now))
 
     def publish(
@@ -88,11 +88,11 @@ class World:
             cmd.publish.targets.add(partition=p, epoch=1)
         if retained is not None:
             cmd.publish.retained.partition = retained
-        ticket = Ticket(Kind.REQUEST, publish_partitions(cmd), cmd, self.heard(label))  # type: ignore[arg-type]
+        ticket = Ticket(Kind.REQUEST, publish_partitions(cmd), cmd, self.heard(label))
         return ticket, self.run(self.core.submit(ticket, self.now))
 
     def answer(self, send: Send, status: int = SC.STATUS_CODE_OK, **fields: object) -> list[Effect]:
-        result = pb.Result(status=status, **fields)  # type: ignore[arg-type]
+        result = pb.Result(status=status, **fields)
         return self.run(self.core.answered(send.ticket, send.attempt, result, self.now))
 
     def link_down(self, node: str) -> None:
@@ -159,7 +159,7 @@ def test_commands_for_a_partition_whose_link_is_down_wait_and_go_in_order() -> N
     ids = [s.ticket.command_id for s in sends(effects)]
     assert ids == sorted(ids)
     assert len(set(ids)) == 3
-    assert all(s.ticket.command.command_id == s.ticket.command_id for s in sends(effects))  # type: ignore[union-attr]
+    assert all(s.ticket.command.command_id == s.ticket.command_id for s in sends(effects))
     assert w.core.held == 0
 
 
@@ -407,7 +407,7 @@ def test_a_publish_with_a_held_target_is_split_and_answered_once() -> None:
     effects = w.set_view(view(7, {0: ("n1", 1), 1: ("n2", 7), 2: ("n1", 1)}))
     (last,) = sends(effects)
     assert sent(effects) == [("m", "n2", 7)]
-    assert last.ticket.command.command_id == whole.command_id  # type: ignore[union-attr]
+    assert last.ticket.command.command_id == whole.command_id
     w.answer(last)
     assert w.heard.statuses() == [("m", SC.STATUS_CODE_OK)]
 
@@ -448,7 +448,7 @@ def test_a_publish_whose_partitions_are_open_goes_whole() -> None:
     w = World({0: ("n1", 1), 1: ("n1", 1)})
     _, effects = w.publish("m", (0, 1))
     (whole,) = sends(effects)
-    assert [t.partition for t in whole.ticket.command.publish.targets] == [0, 1]  # type: ignore[union-attr]
+    assert [t.partition for t in whole.ticket.command.publish.targets] == [0, 1]
     w.answer(whole)
     assert w.heard.statuses() == [("m", SC.STATUS_CODE_OK)]
 
@@ -484,7 +484,7 @@ def test_one_way_commands_are_held_then_sent_untracked() -> None:
 def test_a_gate_opens_in_turn_with_the_held_commands() -> None:
     w = World({0: ("n1", 1)}, up=())
     w.request(0, "a")
-    gate = Ticket(Kind.GATE, (0,), None, w.heard("gate"))  # type: ignore[arg-type]
+    gate = Ticket(Kind.GATE, (0,), None, w.heard("gate"))
     assert w.run(w.core.submit(gate, w.now)) == []
     assert not w.core.open(0, w.now)
     effects = w.link_up("n1")
@@ -523,17 +523,17 @@ def test_a_reattach_answered_moved_is_held_and_sent_again_first() -> None:
 
 def test_publishes_wait_for_every_partitions_index_within_the_bound() -> None:
     w = World({0: ("n1", 1)})
-    first = Ticket(Kind.GATE, (), None, w.heard("first"))  # type: ignore[arg-type]
+    first = Ticket(Kind.GATE, (), None, w.heard("first"))
     assert w.run(w.core.await_index(first, w.now)) == []
     w.now = 5.0
-    second = Ticket(Kind.GATE, (), None, w.heard("second"))  # type: ignore[arg-type]
+    second = Ticket(Kind.GATE, (), None, w.heard("second"))
     w.run(w.core.await_index(second, w.now))
     w.tick(HOLD)
     assert w.heard.statuses() == [("first", SC.STATUS_CODE_UNAVAILABLE)]
     assert "subscription index" in w.heard.heard[0][1].message
     w.run(w.core.index_completed())
     assert w.heard.statuses()[1:] == [("second", SC.STATUS_CODE_OK)]
-    third = Ticket(Kind.GATE, (), None, w.heard("third"))  # type: ignore[arg-type]
+    third = Ticket(Kind.GATE, (), None, w.heard("third"))
     w.run(w.core.await_index(third, w.now))
     assert w.heard.statuses()[2:] == [("third", SC.STATUS_CODE_OK)]
 
@@ -554,7 +554,7 @@ def test_an_acknowledgement_goes_to_the_live_master_unless_the_partition_is_movi
 def index_update(
     *,
     resets: dict[int, int] | None = None,
-    entries: list[tuple[int, str, bool, int]] = (),  # type: ignore[assignment]
+    entries: list[tuple[int, str, bool, int]] = (),
     done: bool = False,
     reset: bool = False,
 ) -> pb.IndexUpdate:

@@ -6,111 +6,38 @@ re-attached with its delivery state, never disconnected, and keeps its packet id
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any
-
 import pytest
 
 from hexmq.api.common.v1 import common_pb2 as cpb
-from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
-from hexmq.hashring import partition_of
 from hexmq.mqtt import (
-    NEED_DATA,
     ConnAck,
     Connect,
     Disconnect,
-    MQTTConnection,
-    Packet,
     PubAck,
     Publish,
     PubRec,
-    Role,
     SubAck,
     Subscribe,
     Subscription,
 )
-from services.edge.connection import ClientConnection
-from services.edge.links import PartitionLink
 from services.edge.qos2_origins import RoutedOrigin
-from services.edge.server import Edge, EdgeConfig
+from services.edge.server import Edge
+from tests.support.edge_harness import (
+    HOLD,
+    Client,
+    Clock,
+    client_id_in,
+    connected,
+    make_edge,
+    ok,
+    taken,
+    up,
+    view,
+)
+from tests.support.edge_harness import queued as qos
 
 SC = pb.StatusCode
-HOLD = 10.0
-PARTITIONS = 8
-
-
-def view(epoch: int, moved: dict[int, tuple[str, int]] | None = None) -> mpb.View:
-    """Every partition on n1 at epoch 1, but those `moved` (partition -> (master, epoch))."""
-    moved = moved or {}
-    return mpb.View(
-        epoch=epoch,
-        partition_count=PARTITIONS,
-        members=[mpb.Member(node_id=n) for n in ("n1", "n2")],
-        partitions=[
-            mpb.PartitionAssignment(
-                partition=p, epoch=moved.get(p, ("n1", 1))[1], replicas=[moved.get(p, ("n1", 1))[0]]
-            )
-            for p in range(PARTITIONS)
-        ],
-    )
-
-
-class Clock:
-    now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class FakeTransport:
-    def __init__(self) -> None:
-        self.data = bytearray()
-        self.closed = False
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", 40000) if name == "peername" else default
-
-    def write(self, data: bytes) -> None:
-        self.data += data
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-
-class Client:
-    """An MQTT client on a fake socket to the edge."""
-
-    def __init__(self, edge: Edge, version: int = 5) -> None:
-        self.version = version
-        self.conn = ClientConnection(edge)
-        self.transport = FakeTransport()
-        self.conn.connection_made(self.transport)  # type: ignore[arg-type]
-        self.codec = MQTTConnection(Role.CLIENT)
-
-    def send(self, packet: Packet) -> None:
-        self.conn.data_received(self.codec.send(packet))
-
-    async def received(self) -> list[Packet]:
-        await asyncio.sleep(0)  # the connection's writes leave on the next loop turn
-        self.codec.receive_data(bytes(self.transport.data))
-        self.transport.data.clear()
-        out = []
-        while (event := self.codec.next_event()) is not NEED_DATA:
-            out.append(event)
-        return out
 
 
 @pytest.fixture
@@ -120,71 +47,11 @@ def clock() -> Clock:
 
 @pytest.fixture
 def edge(clock: Clock) -> Edge:
-    edge = Edge(
-        EdgeConfig(
-            node_id="n1",
-            host="127.0.0.1",
-            port=0,
-            membership="127.0.0.1:1",
-            failover_hold=HOLD,
-            sys_interval=0,
-        )
-    )
-    edge.dispatcher.clock = clock
-    hello = pb.Hello(edge_id="n1", edge_incarnation=1)
-    for node in ("n1", "n2"):
-        edge.router.links[node] = PartitionLink(node, f"{node}:0", hello, edge)
-    edge.apply_view(view(1))
+    edge = make_edge(clock)
     for link in edge.router.links.values():
         up(link)
     assert edge.router.index_complete
     return edge
-
-
-def up(link: PartitionLink) -> None:
-    """As when its stream opens and its index snapshot arrives (an older partition service's
-    node-wide reset): n1's partitions 0 and 3 subscribe to t/#."""
-    link.connected = True
-    entries = [
-        pb.IndexEntry(partition=p, filter="t/#", present=True)
-        for p in (0, 3)
-        if link.node_id == "n1"
-    ]
-    update = pb.IndexUpdate(reset=True, entries=entries, snapshot_done=True)
-    link._dispatch(pb.PartitionFrame(events=[pb.PartitionEvent(index_update=update)]))
-
-
-def taken(link: PartitionLink) -> list[pb.EdgeCommand]:
-    """The commands queued on the link (urgent ones first, as in a frame), then cleared."""
-    out = link._urgent + link._outgoing
-    link._urgent, link._outgoing = [], []
-    return out
-
-
-def ok(link: PartitionLink, *cmds: pb.EdgeCommand, **fields: Any) -> None:
-    results = [pb.Result(request_id=c.request_id, **fields) for c in cmds]
-    link._dispatch(pb.PartitionFrame(events=[pb.PartitionEvent(result=r) for r in results]))
-
-
-def client_id_in(p: int, prefix: str) -> str:
-    return next(cid for i in range(10_000) if partition_of(cid := f"{prefix}-{i}", PARTITIONS) == p)
-
-
-async def connected(edge: Edge, client_id: str, version: int = 5) -> Client:
-    client = Client(edge, version)
-    client.send(Connect(client_id, protocol_version=version, clean_start=False))
-    link = edge.router.links[edge.router.master(edge.router.session_partition(client_id))]
-    (open_session,) = taken(link)
-    assert open_session.HasField("open_session")
-    ok(link, open_session)
-    (connack,) = await client.received()
-    assert isinstance(connack, ConnAck)
-    assert connack.reason_code == 0
-    return client
-
-
-def qos(mid: int, qos: int, topic: str = "t/x") -> pb.QueuedMessage:
-    return pb.QueuedMessage(message_id=mid, qos=qos, message=cpb.Message(topic=topic, qos=qos))
 
 
 async def test_a_live_subscriber_is_re_attached_with_its_delivery_state(edge: Edge) -> None:
@@ -205,7 +72,7 @@ async def test_a_live_subscriber_is_re_attached_with_its_delivery_state(edge: Ed
         ),
     )
     packets = await sub.received()
-    assert [(type(p).__name__, p.packet_id) for p in packets] == [  # type: ignore[attr-defined]
+    assert [(type(p).__name__, p.packet_id) for p in packets] == [
         ("Publish", 1),
         ("Publish", 2),
         ("PubRel", 3),
@@ -290,7 +157,7 @@ async def test_deliveries_from_a_master_the_session_left_are_dropped(edge: Edge)
     ok(n2, attach)
     edge.on_delivery(n2, late)  # the new master's is taken
     (publish,) = await sub.received()
-    assert publish.packet_id == 8  # type: ignore[attr-defined]
+    assert publish.packet_id == 8
 
 
 async def test_publishes_wait_for_a_link_and_are_acknowledged_after_it_returns(
@@ -315,9 +182,9 @@ async def test_publishes_wait_for_a_link_and_are_acknowledged_after_it_returns(
         (3, b"m2"),
     ]
     ok(n1, *publishes[:3])
-    assert [(type(p), p.packet_id) for p in await pub.received()] == [(PubAck, 1)]  # type: ignore[attr-defined]
+    assert [(type(p), p.packet_id) for p in await pub.received()] == [(PubAck, 1)]
     ok(n1, publishes[3], attach)
-    assert [(type(p), p.packet_id, p.reason_code) for p in await pub.received()] == [  # type: ignore[attr-defined]
+    assert [(type(p), p.packet_id, p.reason_code) for p in await pub.received()] == [
         (PubAck, 2, 0),
     ]
 
@@ -369,7 +236,7 @@ async def test_past_the_bound_5_0_hears_why_3_1_1_is_closed_and_sessions_stay(
     pub5.send(Publish("t/x", b"after", qos=1, packet_id=10))
     (publish,) = taken(n1)
     ok(n1, publish)
-    assert [(type(p), p.reason_code) for p in await pub5.received()] == [(PubAck, 0)]  # type: ignore[attr-defined]
+    assert [(type(p), p.reason_code) for p in await pub5.received()] == [(PubAck, 0)]
 
 
 async def test_a_connect_waits_for_its_sessions_partition(edge: Edge) -> None:
@@ -476,21 +343,7 @@ async def test_a_command_submitted_by_an_answer_does_not_pass_commands_already_r
 
 
 async def test_a_publish_waits_until_every_partitions_index_has_arrived(clock: Clock) -> None:
-    edge = Edge(
-        EdgeConfig(
-            node_id="n1",
-            host="127.0.0.1",
-            port=0,
-            membership="127.0.0.1:1",
-            failover_hold=HOLD,
-            sys_interval=0,
-        )
-    )
-    edge.dispatcher.clock = clock
-    hello = pb.Hello(edge_id="n1", edge_incarnation=1)
-    for node in ("n1", "n2"):
-        edge.router.links[node] = PartitionLink(node, f"{node}:0", hello, edge)
-    edge.apply_view(view(1, {7: ("n2", 1)}))  # n2 masters partition 7; its link is not up yet
+    edge = make_edge(clock, view(1, {7: ("n2", 1)}))  # n2 masters partition 7, its link down
     n1, n2 = edge.router.links["n1"], edge.router.links["n2"]
     up(n1)
     assert not edge.router.index_complete
@@ -498,20 +351,7 @@ async def test_a_publish_waits_until_every_partitions_index_has_arrived(clock: C
     pub.send(Publish("t/x", b"early", qos=1, packet_id=1))
     assert taken(n1) == []
     assert await pub.received() == []
-    n2.connected = True
-    n2._dispatch(
-        pb.PartitionFrame(
-            events=[
-                pb.PartitionEvent(
-                    index_update=pb.IndexUpdate(
-                        reset=True,
-                        entries=[pb.IndexEntry(partition=7, filter="t/#", present=True)],
-                        snapshot_done=True,
-                    )
-                )
-            ]
-        )
-    )
+    up(n2, {7: ["t/#"]})
     assert edge.router.index_complete
     (to_n1,) = taken(n1)
     (to_n2,) = taken(n2)
@@ -519,4 +359,4 @@ async def test_a_publish_waits_until_every_partitions_index_has_arrived(clock: C
     assert [t.partition for t in to_n2.publish.targets] == [7]
     ok(n1, to_n1)
     ok(n2, to_n2)
-    assert [(type(p), p.packet_id) for p in await pub.received()] == [(PubAck, 1)]  # type: ignore[attr-defined]
+    assert [(type(p), p.packet_id) for p in await pub.received()] == [(PubAck, 1)]

@@ -38,12 +38,12 @@ def test_ceiling_leaves_room_below_the_open_file_limit() -> None:
 
 def test_connection_rate_allows_a_burst_then_the_rate() -> None:
     now = [100.0]
-    rate = ConnectionRate(4, clock=lambda: now[0])
-    assert [rate.allow() for _ in range(5)] == [True] * 4 + [False]
+    rate = ConnectionRate(4)
+    assert [rate.allow(now[0]) for _ in range(5)] == [True] * 4 + [False]
     now[0] += 0.5  # half a second refills two
-    assert [rate.allow() for _ in range(3)] == [True, True, False]
+    assert [rate.allow(now[0]) for _ in range(3)] == [True, True, False]
     now[0] += 60  # never more than one second's worth
-    assert sum(rate.allow() for _ in range(10)) == 4
+    assert sum(rate.allow(now[0]) for _ in range(10)) == 4
 
 
 def test_topic_limits_count_utf8_bytes_and_levels() -> None:

@@ -5,7 +5,7 @@ shared group's partition whose member is unsubscribing is the group's last choic
 answer; retained messages routed after a SUBSCRIBE are not sent again among the ones gathered
 after its SUBACK. Pure parts (services/edge/pending_subscriptions.py, the router) directly; the
 connection's part through a ClientConnection over a fake socket with the edge's real links and
-dispatcher, the partition played by hand (as tests/unit/test_edge_failover_connections.py)."""
+dispatcher, the partition played by hand (tests/support/edge_harness.py)."""
 
 from __future__ import annotations
 
@@ -19,12 +19,13 @@ from hexmq.mqtt import PubAck, Publish, SubAck, Subscribe, Subscription, UnsubAc
 from services.edge.links import PartitionLink
 from services.edge.pending_subscriptions import PendingSubscriptions
 from services.edge.router import Router
-from services.edge.server import Edge, EdgeConfig
-from tests.unit.test_edge_failover_connections import (
+from services.edge.server import Edge
+from tests.support.edge_harness import (
     HOLD,
     Clock,
     client_id_in,
     connected,
+    make_edge,
     ok,
     taken,
     up,
@@ -207,21 +208,7 @@ def clock() -> Clock:
 
 @pytest.fixture
 def edge(clock: Clock) -> Edge:
-    edge = Edge(
-        EdgeConfig(
-            node_id="n1",
-            host="127.0.0.1",
-            port=0,
-            membership="127.0.0.1:1",
-            failover_hold=HOLD,
-            sys_interval=0,
-        )
-    )
-    edge.dispatcher.clock = clock
-    hello = pb.Hello(edge_id="n1", edge_incarnation=1)
-    for node in ("n1", "n2"):
-        edge.router.links[node] = PartitionLink(node, f"{node}:0", hello, edge)
-    edge.apply_view(view(1, dict.fromkeys((5, 6, 7), ("n2", 1))))
+    edge = make_edge(clock, view(1, dict.fromkeys((5, 6, 7), ("n2", 1))))
     for link in edge.router.links.values():
         up(link)  # n1's partitions 0 and 3 subscribe to t/#
     assert edge.router.index_complete

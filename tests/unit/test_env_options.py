@@ -4,25 +4,17 @@ docs table lists exactly those, and the variables behave as docs/operations.md s
 from __future__ import annotations
 
 import argparse
-import importlib
 import re
 from pathlib import Path
 
 import pytest
 
 from hexmq import cli, envoptions
+from tests.support.options import service_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "operations.md"
 ROW = re.compile(r"^\| `(HEXMQ_[A-Z0-9_]+)` \| `(--[a-z0-9-]+)` \| ([a-z, -]+) \|$")
-
-
-def service_parser(service: str) -> argparse.ArgumentParser:
-    """The real parser of `hexmq SERVICE`, built as `hexmq` builds it."""
-    parser = cli.build_parser()
-    sub = cli._service_parser(parser, service)
-    importlib.import_module(cli.SERVICE_MODULES[service][0]).add_arguments(sub)
-    return sub
 
 
 def every_option() -> dict[tuple[str, str], set[str]]:

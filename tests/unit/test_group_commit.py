@@ -19,7 +19,7 @@ class BrokenReplicator:
 
 async def test_a_non_redis_exception_in_the_commit_task_stops_the_service() -> None:
     failures: list[BaseException] = []
-    commit = GroupCommit(None, BrokenReplicator(), failures.append)  # type: ignore[arg-type]
+    commit = GroupCommit(None, BrokenReplicator(), failures.append)
     answered: list[int] = []
     commit.start()
     commit.batch.add(3, (HSET, "hx:{3}:k", b"f", b"v"))

@@ -450,14 +450,14 @@ def test_plan_refuses_hosts_that_do_not_match_the_nodes_and_a_listen_with_consul
 ) -> None:
     shape = {"base_port": 30000, "partitions": 8, "rf": 1, "python": "py", "redis_server": "rs"}
     with pytest.raises(clusterstate.UsageError, match="lists 1 address"):
-        clusterstate.plan_cluster(tmp_path, nodes=2, hosts=["127.0.0.2"], **shape)  # type: ignore[arg-type]
+        clusterstate.plan_cluster(tmp_path, nodes=2, hosts=["127.0.0.2"], **shape)
     with pytest.raises(clusterstate.UsageError, match="with --consul"):
         clusterstate.plan_cluster(
             tmp_path,
             nodes=1,
             consul_addr="127.0.0.1:8500",
             agreement_listen=("127.0.0.4", 8500),
-            **shape,  # type: ignore[arg-type]
+            **shape,
         )
 
 

@@ -106,7 +106,7 @@ def test_supports_round_trip_and_an_unset_one_is_v0_2_0() -> None:
 )
 def test_an_impossible_support_is_refused_naming_what_is_wrong(build: object, error: str) -> None:
     with pytest.raises(ProtocolError, match=error):
-        build()  # type: ignore[operator]
+        build()
 
 
 def test_a_view_says_what_the_cluster_speaks_and_one_from_v0_2_0_says_version_1() -> None:

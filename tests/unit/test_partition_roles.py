@@ -75,7 +75,7 @@ class Cluster:
         self.commit = FakeCommit()
         self.rep = Replicator("n1")
         self.commit._replicator = self.rep
-        self.node = PartitionNode("n1", self.store, self.commit, replicator=self.rep)  # type: ignore[arg-type]
+        self.node = PartitionNode("n1", self.store, self.commit, replicator=self.rep)
         self.edge = Edge(self.node, "n2")
 
     def take(self, v: mpb.View) -> None:
@@ -486,7 +486,7 @@ async def test_a_failover_span_names_the_view_that_made_the_change() -> None:
     failover timeline groups by it; found by the fault suite's trace cross-check, seed 1218)."""
     c = Cluster()
     recorder = SpanRecorder()
-    c.node.tracing = recorder  # type: ignore[assignment]
+    c.node.tracing = recorder
     c.take(view(1, master="n2"))
     c.take(view(3, master="n1"))
     later = view(3, master="n1")

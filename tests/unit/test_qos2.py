@@ -9,7 +9,7 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from services.partition.replication import HDEL, HSET
 from services.partition.sessions import Claim, LiveConnection, Routed, Session
 from services.partition.store import qos2_inbound_key, queue_key
-from tests.support.partition_harness import Edge, P, connect, make_node
+from tests.support.partition_harness import Edge, P, connect, make_node, receive, routed
 
 
 def message(mid: int, qos: int = 2) -> pb.QueuedMessage:
@@ -21,7 +21,7 @@ def message(mid: int, qos: int = 2) -> pb.QueuedMessage:
 
 def live_session(*mids: int, window: int = 10) -> Session:
     session = Session(P, pb.SessionRecord(client_id="c"))
-    session.attach(LiveConnection(None, "conn-1", window, ready=True))  # type: ignore[arg-type]
+    session.attach(LiveConnection(None, "conn-1", window, ready=True))
     for mid in mids:
         session.enqueue(message(mid))
         session.durable_mid = mid
@@ -55,7 +55,7 @@ def test_after_a_reconnect_released_ones_go_as_pubrel_and_the_rest_as_publish_du
     session.pump()
     session.release([2])
     session.detach(0)
-    session.attach(LiveConnection(None, "conn-2", 10, ready=True))  # type: ignore[arg-type]
+    session.attach(LiveConnection(None, "conn-2", 10, ready=True))
     again = session.pump()
     assert [(qm.message_id, qm.released, qm.dup) for qm in again] == [
         (1, False, True),
@@ -81,7 +81,7 @@ def test_a_message_loaded_after_a_restart_keeps_its_released_state() -> None:
         session.queue[qm.message_id] = qm
         session.durable_mid = qm.message_id
         session.ever_sent.add(qm.message_id)
-    session.attach(LiveConnection(None, "conn", 10, ready=True))  # type: ignore[arg-type]
+    session.attach(LiveConnection(None, "conn", 10, ready=True))
     assert [(qm.message_id, qm.released, qm.dup) for qm in session.pump()] == [
         (5, True, False),
         (6, False, True),
@@ -125,18 +125,6 @@ def test_a_failed_routing_drops_only_its_own_claim() -> None:
 
 
 # ----- PartitionNode over a fake group commit --------------------------------------------
-
-
-def receive(edge: Edge, cid: str, conn: str, pid: int) -> int:
-    return edge.command(
-        cid, qos2_receive=pb.Qos2Receive(client_id=cid, connection_id=conn, packet_id=pid)
-    )
-
-
-def routed(edge: Edge, cid: str, conn: str, pid: int, ok: bool = True) -> int:
-    return edge.command(
-        cid, qos2_routed=pb.Qos2Routed(client_id=cid, connection_id=conn, packet_id=pid, ok=ok)
-    )
 
 
 def test_node_records_a_packet_id_durably_before_answering() -> None:

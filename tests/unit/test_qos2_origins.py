@@ -16,10 +16,10 @@ from services.partition.qos2_seen import SeenOrigins
 from services.partition.replication import HDEL, HSET
 from services.partition.sessions import Claim, Routed, Session
 from services.partition.store import RedisStore, qos2_inbound_key, qos2_seen_key, queue_key
-from tests.support.partition_harness import EPOCH, Edge, P, connect, make_node
+from tests.support.edge_harness import alternating_router as make_router
+from tests.support.edge_harness import announce
+from tests.support.partition_harness import EPOCH, Edge, P, connect, make_node, receive, routed
 from tests.support.replication_sim import Sim
-from tests.unit.test_qos2 import receive, routed
-from tests.unit.test_shared_subscriptions import announce, make_router
 
 # A second partition mastered by the same node (P is the first one).
 P2 = 5
@@ -320,7 +320,7 @@ async def test_a_partition_snapshot_and_reload_carry_its_remembered_origins() ->
         f"hx:{P}:sessions": {b"s1": pb.SessionRecord(client_id="s1").SerializeToString()},
         qos2_seen_key(P): seen,
     }
-    store = RedisStore(HashRedis(data))  # type: ignore[arg-type]
+    store = RedisStore(HashRedis(data))
     assert qos2_seen_key(P) in await store.partition_keys(P)
     ops = [op async for chunk in store.snapshot_chunks(P, 100) for op in chunk]
     assert {(op[1], op[2], op[3]) for op in ops if op[1] == qos2_seen_key(P)} == {

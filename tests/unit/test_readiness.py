@@ -138,14 +138,14 @@ async def test_declared_health_is_the_default_readiness() -> None:
 
         def add_registered_method_handlers(self, name: str, handlers: object) -> None: ...
 
-    servicer = health.add_health(Server())  # type: ignore[arg-type]
-    health._declare(None)  # type: ignore[arg-type]
+    servicer = health.add_health(Server())
+    health._declare(None)
     assert not declared_by_health().ready
     await servicer.set("", health.SERVING)
     assert declared_by_health() == Readiness(True, "serving")
     await servicer.enter_graceful_shutdown()
     assert declared_by_health() == Readiness(False, "gRPC health is NOT_SERVING")
-    health._declare(None)  # type: ignore[arg-type]
+    health._declare(None)
 
 
 # ----- HTTP: /healthz, /readyz beside /metrics, and `hexmq health` --------------------------

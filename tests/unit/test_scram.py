@@ -26,8 +26,8 @@ from services.edge.enhanced_auth import (
     load_plugin,
 )
 from services.edge.scram import NAME, ScramExchange, ScramKeys, ScramSha512
+from tests.support.access import MOSQUITTO_FILE
 from tests.support.scram import ScramClient
-from tests.unit.test_edge_auth import MOSQUITTO_FILE
 
 
 class RfcExample(NamedTuple):
@@ -217,7 +217,7 @@ def test_escaped_names_and_a_matching_authzid_are_accepted() -> None:
         (lambda f: f[: f.index(b",p=") + 3] + b"!!", "invalid-encoding"),
     ],
 )
-def test_bad_client_final_messages_fail(mosquitto_users: ScramSha512, tamper, error) -> None:  # type: ignore[no-untyped-def]
+def test_bad_client_final_messages_fail(mosquitto_users: ScramSha512, tamper, error) -> None:
     client = ScramClient("alice", "secret")
     ex = mosquitto_users.exchange(client_id="c", peer="p")
     first = ex.step(client.first())
@@ -249,7 +249,7 @@ class Scripted:
         step = self.steps.pop(0)
         if isinstance(step, Exception):
             raise step
-        return step  # type: ignore[return-value]
+        return step
 
 
 def auth(code: int, data: bytes = b"", method: str = "SCRIPTED") -> Auth:
@@ -297,7 +297,7 @@ def test_auth_breaking_the_exchange_rules_is_a_protocol_error(
     [
         (RuntimeError("boom"), 0x80),
         ("not a step", 0x80),
-        (Continue("str, not bytes"), 0x80),  # type: ignore[arg-type]
+        (Continue("str, not bytes"), 0x80),
         (Success(""), 0x80),
         (Failure(0x18, "not a failing code"), 0x87),
         (Failure(0x8E, "0x8E is a DISCONNECT code, not a CONNACK one"), 0x87),
@@ -327,10 +327,10 @@ def test_reauthentication_as_another_user_fails() -> None:
 @pytest.fixture
 def plugin_module() -> Iterator[str]:
     module = types.ModuleType("hexmq_test_auth_plugin")
-    module.make = lambda context: Scripted(Success(context.node_id))  # type: ignore[attr-defined]
-    module.broken = lambda context: 42  # type: ignore[attr-defined]
-    module.fails = lambda context: 1 / 0  # type: ignore[attr-defined]
-    module.constant = "not callable"  # type: ignore[attr-defined]
+    module.make = lambda context: Scripted(Success(context.node_id))
+    module.broken = lambda context: 42
+    module.fails = lambda context: 1 / 0
+    module.constant = "not callable"
     sys.modules[module.__name__] = module
     yield module.__name__
     del sys.modules[module.__name__]

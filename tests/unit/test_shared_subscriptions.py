@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.mqtt.errors import TopicFilterInvalid
 from hexmq.mqtt.reason_codes import ReasonCode
@@ -22,48 +21,13 @@ from services.partition.replication import HDEL, HSET
 from services.partition.sessions import LiveConnection, Session
 from services.partition.shared import SharedGroups
 from services.partition.store import queue_key
+from tests.support.edge_harness import alternating_master as master
+from tests.support.edge_harness import alternating_router as make_router
+from tests.support.edge_harness import announce
 from tests.support.partition_harness import EPOCH, Edge, FakeCommit, P, connect, make_node
 
 PARTITIONS = 8
 NODES = ("n1", "n2")
-
-
-def master(p: int) -> str:
-    return NODES[p % 2]
-
-
-def make_router(*, up: tuple[str, ...] = NODES) -> Router:
-    """A router whose partitions take commands while their master is in `up` (a set the test
-    may change: `router.up`)."""
-    router = Router()
-    router.set_view(
-        mpb.View(
-            epoch=1,
-            partition_count=PARTITIONS,
-            partitions=[
-                mpb.PartitionAssignment(partition=p, epoch=10 + p, replicas=[master(p)])
-                for p in range(PARTITIONS)
-            ],
-        )
-    )
-    live = set(up)
-    router.up = live  # type: ignore[attr-defined]
-    router.partition_open = lambda p: master(p) in live
-    for node in NODES:
-        router.apply_index_update(node, pb.IndexUpdate(reset=True, snapshot_done=True))
-    assert router.index_complete
-    return router
-
-
-def announce(
-    router: Router, p: int, filt: str, *, present: bool = True, online: bool = True
-) -> None:
-    router.apply_index_update(
-        master(p),
-        pb.IndexUpdate(
-            entries=[pb.IndexEntry(partition=p, filter=filt, present=present, online=online)]
-        ),
-    )
 
 
 def plan(router: Router, topic: str) -> dict[int, tuple[str, ...]]:
@@ -141,7 +105,7 @@ def test_partitions_that_take_no_commands_are_avoided() -> None:
     for p in (1, 2, 4):
         announce(router, p, group)
     assert {next(iter(plan(router, "t"))) for _ in range(10)} == {2, 4}
-    router.up.discard("n1")  # type: ignore[attr-defined]  # every master down: held
+    router.up.discard("n1")  # every master down: held
     assert len(plan(router, "t")) == 1
 
 
@@ -159,7 +123,7 @@ def test_a_node_snapshot_without_its_group_members_drops_them() -> None:
 def session(cid: str, p: int = 3, *, online: bool = True) -> Session:
     s = Session(p, pb.SessionRecord(client_id=cid))
     if online:
-        s.attach(LiveConnection(link=None, connection_id=f"c-{cid}", receive_maximum=10))  # type: ignore[arg-type]
+        s.attach(LiveConnection(link=None, connection_id=f"c-{cid}", receive_maximum=10))
     return s
 
 
@@ -187,7 +151,7 @@ def test_members_take_turns_online_first() -> None:
         "b": 3,
         "c": 3,
     }
-    b.attach(LiveConnection(link=None, connection_id="c-b2", receive_maximum=10))  # type: ignore[arg-type]
+    b.attach(LiveConnection(link=None, connection_id="c-b2", receive_maximum=10))
     assert entries(*groups.presence(b)) == [(3, g, True, True)]
     assert groups.pick(3, g) is b
     assert groups.pick(4, g) is None  # no member in partition 4
@@ -266,8 +230,8 @@ def test_movable_messages_are_the_groups_alone_and_no_qos2_begun() -> None:
     ):
         a.enqueue(qm)
     a.durable_mid = 7
-    a.connection.receive_maximum = 4  # type: ignore[union-attr]
-    a.connection.ready = True  # type: ignore[union-attr]
+    a.connection.receive_maximum = 4
+    a.connection.ready = True
     assert [qm.message_id for qm in a.pump()] == [1, 2, 3, 4]  # 5, 6, 7 never sent
     a.release([4])  # PUBREC: a released stub
     a.handing.add(7)
@@ -282,7 +246,7 @@ def test_deliveries_wait_at_a_message_being_handed_over() -> None:
     for mid in (1, 2, 3):
         a.enqueue(queued(mid, 1))
     a.durable_mid = 3
-    a.connection.ready = True  # type: ignore[union-attr]
+    a.connection.ready = True
     a.handing.add(2)
     assert [qm.message_id for qm in a.pump()] == [1]
     assert a.pump() == []

@@ -88,7 +88,7 @@ INVALID: list[tuple[str, Callable[[], object]]] = [
     ("properties-subscription-id-0", lambda: Properties(subscription_identifiers=(0,))),
     ("properties-subscription-id-2**28", lambda: Properties(subscription_identifiers=(2**28,))),
     ("properties-response-topic-wildcard", lambda: Properties(response_topic="r/#")),
-    ("properties-user-property-not-a-pair", lambda: Properties(user_properties=(("a",),))),  # type: ignore[arg-type]
+    ("properties-user-property-not-a-pair", lambda: Properties(user_properties=(("a",),))),
 ]
 
 
@@ -111,19 +111,19 @@ def test_valid_edge_cases_can_be_built() -> None:
 def test_packets_are_frozen_and_hashable() -> None:
     packet = Publish("a", b"x", qos=1, packet_id=1, properties=Properties(topic_alias=3))
     with pytest.raises(dataclasses.FrozenInstanceError):
-        packet.topic = "b"  # type: ignore[misc]
+        packet.topic = "b"
     with pytest.raises(dataclasses.FrozenInstanceError):
-        packet.properties.topic_alias = 4  # type: ignore[misc]
+        packet.properties.topic_alias = 4
     assert len({packet, dataclasses.replace(packet)}) == 1
     assert not hasattr(packet, "__dict__")  # slots
 
 
 def test_sequences_are_stored_as_tuples() -> None:
-    subscribe = Subscribe(1, [Subscription("a")])  # type: ignore[arg-type]
+    subscribe = Subscribe(1, [Subscription("a")])
     assert subscribe.subscriptions == (Subscription("a"),)
-    assert SubAck(1, [0, 1]).reason_codes == (0, 1)  # type: ignore[arg-type]
-    assert Unsubscribe(1, ["a"]).topic_filters == ("a",)  # type: ignore[arg-type]
-    assert UnsubAck(1, [0x11]).reason_codes == (0x11,)  # type: ignore[arg-type]
+    assert SubAck(1, [0, 1]).reason_codes == (0, 1)
+    assert Unsubscribe(1, ["a"]).topic_filters == ("a",)
+    assert UnsubAck(1, [0x11]).reason_codes == (0x11,)
 
 
 def test_ack_types_are_distinct() -> None:
@@ -193,7 +193,7 @@ def test_unencodable_packets_raise_value_error(packet: Packet, version: int) -> 
 
 def test_encode_refuses_non_packets() -> None:
     with pytest.raises(TypeError):
-        encode("PINGREQ", 4)  # type: ignore[arg-type]
+        encode("PINGREQ", 4)
 
 
 def test_encode_refuses_a_body_over_the_maximum_remaining_length() -> None:

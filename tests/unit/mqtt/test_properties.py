@@ -240,7 +240,7 @@ def test_encoder_refuses_misplaced_properties() -> None:
 def test_instances_hold_only_what_is_set() -> None:
     assert vars(Properties(content_type=None, user_properties=())) == {}
     assert vars(Properties(topic_alias=1)) == {"topic_alias": 1}
-    built = Properties(user_properties=[["a", "b"]], subscription_identifiers=[1])  # type: ignore[arg-type]
+    built = Properties(user_properties=[["a", "b"]], subscription_identifiers=[1])
     assert built.user_properties == (("a", "b"),)
     assert built.subscription_identifiers == (1,)
     hash(built)

@@ -1,0 +1,65 @@
+"""EdgeConfig: one edge's settings, from `hexmq edge`'s options (services/edge/main.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hexmq.mqtt.reason_codes import ReasonCode as RC
+from services.edge.limits import TopicLimits
+
+DEFAULT_MAX_PACKET_SIZE = 1024 * 1024
+DEFAULT_RECEIVE_MAXIMUM = 1024
+DEFAULT_MAX_INFLIGHT_V311 = 256
+DEFAULT_TOPIC_ALIAS_MAXIMUM = 64
+DEFAULT_MAX_OUTBOUND_TOPIC_ALIASES = 64
+DEFAULT_FAILOVER_HOLD = 10.0
+DEFAULT_SHUTDOWN_GRACE = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeConfig:
+    node_id: str
+    host: str
+    port: int
+    membership: str
+    max_packet_size: int = DEFAULT_MAX_PACKET_SIZE
+    # Inbound QoS 1 publishes a client may have unacknowledged (announced to 5.0 clients).
+    receive_maximum: int = DEFAULT_RECEIVE_MAXIMUM
+    # Outbound in-flight window for 3.1.1 clients (5.0 clients announce their own).
+    max_inflight_v311: int = DEFAULT_MAX_INFLIGHT_V311
+    connect_timeout: float = 10.0
+    # Inbound topic aliases a 5.0 client may use (announced in CONNACK).
+    topic_alias_maximum: int = DEFAULT_TOPIC_ALIAS_MAXIMUM
+    # Topic aliases the edge assigns to deliveries per 5.0 connection, at most the client's
+    # Topic Alias Maximum (0: none).
+    max_outbound_topic_aliases: int = DEFAULT_MAX_OUTBOUND_TOPIC_ALIASES
+    # Seconds between $SYS publications (0: none).
+    sys_interval: float = 10.0
+    # Seconds a stopping edge waits for its clients' sockets to close and its connections'
+    # commands to be answered before it cancels what is left (Edge.stop).
+    shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE
+    # More listeners (HOST, PORT); TLS and WSS need the edge's TLS context.
+    tls_listen: tuple[str, int] | None = None
+    ws_listen: tuple[str, int] | None = None
+    wss_listen: tuple[str, int] | None = None
+    # Listener kinds ("tcp", "ws") whose connections start with a PROXY protocol header.
+    proxy_protocol: frozenset[str] = frozenset()
+    # Client sockets open at once, across listeners (0: as many as the open-file limit allows).
+    max_connections: int = 0
+    # New CONNECTs per second (0: no limit).
+    max_connection_rate: float = 0
+    # Longest Keep Alive granted, in seconds (0: any, including none); 5.0 clients asking for
+    # more, or for none, are given this one as Server Keep Alive; 3.1.1 clients are refused.
+    max_keepalive: int = 0
+    topic_limits: TopicLimits = field(default_factory=TopicLimits)
+    # Sent to 5.0 clients as the Server Reference with 0x9C Use another server, instead of
+    # 0x97/0x9F when this edge is full, and instead of 0x8B when it shuts down.
+    server_reference: str | None = None
+    # The SUBACK code a 5.0 client gets for a subscription the ACL denies (3.1.1: 0x80).
+    acl_deny_reason_code: int = RC.NOT_AUTHORIZED
+    # Seconds a command for a partition without a reachable master is held before it is
+    # refused (services/edge/hold.py).
+    failover_hold: float = DEFAULT_FAILOVER_HOLD
+    # Fault injection for tests only (services/edge/qos2_origins.py, fault_stall): QoS 2
+    # publishes on topics with this prefix stall after their first target node ("": off).
+    fault_stall_qos2_routing: str = ""

@@ -1,0 +1,398 @@
+"""SessionState: one MQTT client's session at the edge, and the plumbing every handler uses.
+
+What the session holds, set up in one place (`__slots__`; what only some connections need is
+made when first needed), and how it speaks: bytes for the client (`write`), actions for the
+adapter (`emit`), commands whose answers come back by token (`ask`, `request`), Reason Strings
+sized for the client, and the ways a connection ends. The packet handlers
+(services/edge/session/handle_*.py) and the Session's inputs (services/edge/session/core.py)
+work on this state. No asyncio, no gRPC, no clock: time comes in with the inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.mqtt import (
+    NO_PROPERTIES,
+    Connect,
+    Disconnect,
+    MQTTConnection,
+    Packet,
+    Properties,
+    PubAck,
+    PubRec,
+    Role,
+    encode,
+)
+from hexmq.mqtt.reason_codes import ReasonCode
+from services.edge.limits import Admission
+from services.edge.session.actions import (
+    Action,
+    Close,
+    Pause,
+    PauseReading,
+    Request,
+    ResumeReading,
+    Write,
+)
+from services.edge.session.keepalive import Keepalive
+from services.edge.translate import reason_name
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+    from services.edge.acl import ClientAcl
+    from services.edge.enhanced_auth import ConnectionAuth
+    from services.edge.session.environment import EdgeServices
+    from services.edge.session.inbound import Qos2Claims
+    from services.edge.session.outbound import Outbound
+    from services.edge.session.window import InflightWindow
+    from services.edge.tickets import Route
+    from services.edge.topic_alias import InboundTopicAliases, OutboundTopicAliases
+
+log = logging.getLogger("hexmq.edge.connection")
+
+RC = ReasonCode
+OK = pb.StatusCode.STATUS_CODE_OK
+UNAVAILABLE = pb.StatusCode.STATUS_CODE_UNAVAILABLE
+# Answers meaning that this connection no longer holds its session (it is being closed).
+GONE = (pb.StatusCode.STATUS_CODE_TAKEN_OVER, pb.StatusCode.STATUS_CODE_NOT_FOUND)
+V5 = 5
+
+
+class State(enum.Enum):
+    AWAITING_CONNECT = 1
+    AUTHENTICATING = 5  # CONNECT named an Authentication Method: AUTH exchange before CONNACK
+    CONNECTING = 2  # CONNECT sent to the session's partition, waiting for its answer
+    CONNECTED = 3
+    CLOSED = 4
+
+
+# The states as module constants for the per-message paths: reading an enum member off its
+# class is a Python-level lookup, several times a global's cost.
+AWAITING_CONNECT = State.AWAITING_CONNECT
+AUTHENTICATING = State.AUTHENTICATING
+CONNECTING = State.CONNECTING
+CONNECTED = State.CONNECTED
+CLOSED = State.CLOSED
+
+
+class SessionState:
+    """One client connection's session: see the module docstring."""
+
+    __slots__ = (
+        "acl",
+        "actions",
+        "admission",
+        "assigned_id",
+        "attach_again",
+        "attached",
+        "attaching",
+        "auth",
+        "claims",
+        "client_id",
+        "client_max_packet",
+        "codec",
+        "config",
+        "connect_expiry",
+        "connection_id",
+        "deliver_spans",
+        "edge",
+        "final_auth_data",
+        "in_aliases",
+        "inbound",
+        "keepalive",
+        "next_token",
+        "out",
+        "out_aliases",
+        "outbound",
+        "partition",
+        "paused",
+        "peer",
+        "pending_connect",
+        "problem_information",
+        "receive_maximum",
+        "rx_wall_ms",
+        "session_span",
+        "state",
+        "version",
+        "waiting",
+    )
+
+    def __init__(self, edge: EdgeServices, connection_id: str) -> None:
+        config = edge.config
+        self.edge = edge
+        self.config = config
+        self.codec = MQTTConnection(Role.SERVER, max_packet_size=config.max_packet_size)
+        self.connection_id = connection_id
+        # The client's address (HOST:PORT), and whether this edge has room for it: set when
+        # its socket opens (Session.start).
+        self.peer = "?"
+        self.admission = Admission.ADMITTED
+        self.state = State.AWAITING_CONNECT
+        self.client_id = ""
+        self.version = 4
+        # The session's partition (set when the session is opened), and the route it was last
+        # opened or re-attached through: a re-attach is owed when the partition's is another.
+        self.partition: int | None = None
+        self.attached: Route | None = None
+        # The token of the AttachSession on its way (0: none), and whether another is owed.
+        self.attaching = 0
+        self.attach_again = False
+        self.keepalive = Keepalive()
+        # The wall clock (ms) of the last read: a message's publish time.
+        self.rx_wall_ms = 0
+        # 5.0 Request Problem Information: False means no Reason String on acknowledgements.
+        self.problem_information = True
+        # The Session Expiry Interval the client connected with (5.0).
+        self.connect_expiry = 0
+        # The client's Receive Maximum (3.1.1: --max-inflight-v311), and its Maximum Packet
+        # Size (0: no limit).
+        self.receive_maximum = 0
+        self.client_max_packet = 0
+        # Topic aliases (5.0), of this connection only: the client's (made at its first
+        # alias) and ours for deliveries (None when the client or the edge wants none).
+        self.in_aliases: InboundTopicAliases | None = None
+        self.out_aliases: OutboundTopicAliases | None = None
+        # Publishes being stored (our Receive Maximum), inbound QoS 2 packet ids, and the
+        # deliveries in flight to the client: made at the first QoS 1/2 publish or delivery.
+        self.inbound: InflightWindow | None = None
+        self.claims: Qos2Claims | None = None
+        self.outbound: Outbound | None = None
+        # Why the session wants reading paused, Pause bits (the adapter adds its own reasons).
+        self.paused = 0
+        self.assigned_id: str | None = None
+        # What this client may publish and receive (None: no ACL file, everything).
+        self.acl: ClientAcl | None = None
+        # Enhanced authentication (5.0, CONNECT with an Authentication Method), the CONNECT
+        # waiting for its exchange to end, and the exchange's final data for the CONNACK.
+        self.auth: ConnectionAuth | None = None
+        self.pending_connect: Connect | None = None
+        self.final_auth_data: bytes | None = None
+        # Traced deliveries awaiting the client's acknowledgement, by packet id; the CONNECT's.
+        self.deliver_spans: dict[int, Span] | None = None
+        self.session_span: Span | None = None
+        # Commands whose answers are awaited: token -> what to do with the answer.
+        self.waiting: dict[int, Callable[..., None]] | None = None
+        self.next_token = 1
+        # Output of the input being handled: actions, and bytes not yet in a Write.
+        self.actions: list[Action] | None = None
+        self.out: list[bytes] | None = None
+
+    # ----- output ---------------------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        out = self.out
+        if out is None:
+            self.out = [data]
+        else:
+            out.append(data)
+
+    def send(self, packet: Packet) -> None:
+        data = self.codec.send(packet)
+        out = self.out
+        if out is None:
+            self.out = [data]
+        else:
+            out.append(data)
+
+    def emit(self, action: Action) -> None:
+        if self.out:
+            self._written()
+        actions = self.actions
+        if actions is None:
+            self.actions = [action]
+        else:
+            actions.append(action)
+
+    def _written(self) -> None:
+        out = self.out
+        assert out
+        self.out = None
+        data = out[0] if len(out) == 1 else b"".join(out)
+        if self.actions is None:
+            self.actions = [Write(data)]
+        else:
+            self.actions.append(Write(data))
+
+    def take(self) -> list[Action]:
+        """Everything decided since the last call, in order."""
+        out = self.out
+        actions = self.actions
+        if out is not None:
+            self.out = None
+            write = Write(out[0] if len(out) == 1 else b"".join(out))
+            if actions is None:
+                return [write]
+            actions.append(write)
+        elif actions is None:
+            return []
+        self.actions = None
+        return actions
+
+    @property
+    def out_bytes(self) -> int:
+        """Bytes written by the input being handled and not yet taken."""
+        return sum(map(len, self.out)) if self.out else 0
+
+    # ----- commands -------------------------------------------------------------------------
+
+    def ask(self, on_answer: Callable[..., None]) -> int:
+        """A new token, whose answer goes to `on_answer`."""
+        token = self.next_token
+        self.next_token = token + 1
+        waiting = self.waiting
+        if waiting is None:
+            self.waiting = {token: on_answer}
+        else:
+            waiting[token] = on_answer
+        return token
+
+    def new_token(self) -> int:
+        """A token whose answer is not awaited (a DeliveryAck's: see Outbound)."""
+        token = self.next_token
+        self.next_token = token + 1
+        return token
+
+    def request(self, command: pb.EdgeCommand, on_result: Callable[[pb.Result], None]) -> None:
+        """A command for the session's partition; `on_result(result)` hears its answer."""
+        partition = self.partition
+        assert partition is not None
+        self.emit(Request(self.ask(lambda result, _route: on_result(result)), partition, command))
+
+    def close_session(
+        self, *, graceful: bool, expiry: int | None = None, send_will: bool = False
+    ) -> None:
+        partition = self.partition
+        if partition is None:
+            return
+        close = pb.CloseSession(
+            client_id=self.client_id,
+            connection_id=self.connection_id,
+            graceful=graceful,
+            send_will=send_will,
+        )
+        if expiry is not None:
+            close.session_expiry_s = expiry
+        # A request (its answer unneeded): sent again if its link breaks first.
+        self.request_ignored(pb.EdgeCommand(close_session=close))
+
+    def request_ignored(self, command: pb.EdgeCommand) -> None:
+        """A command for the session's partition whose answer nobody needs, but which must
+        reach it (sent again if its link breaks first)."""
+        partition = self.partition
+        assert partition is not None
+        self.emit(Request(0, partition, command))
+
+    # ----- reading --------------------------------------------------------------------------
+
+    def pause(self, why: Pause) -> None:
+        if not self.paused & why:
+            self.paused |= why
+            self.emit(PauseReading(why))
+
+    def resume(self, why: Pause) -> None:
+        if self.paused & why:
+            self.paused &= ~why
+            self.emit(ResumeReading(why))
+
+    # ----- answers to the client ------------------------------------------------------------
+
+    def reason(
+        self,
+        make: Callable[[Properties], Packet],
+        why: str,
+        *,
+        problem_information: bool = False,
+        base: Properties = NO_PROPERTIES,
+    ) -> Properties:
+        """`base` with a Reason String for a 5.0 packet, unless the client asked for none on
+        such packets (Request Problem Information 0: MQTT-3.1.2-29) or it would make the packet
+        larger than the client's Maximum Packet Size (MQTT-3.2.2-19, 3.4.2-2, 3.14.2-3)."""
+        if problem_information and not self.problem_information:
+            return base
+        props = dataclasses.replace(base, reason_string=why[:200])
+        if self.client_max_packet and len(encode(make(props), V5)) > self.client_max_packet:
+            return base
+        return props
+
+    def publish_refused(
+        self,
+        pid: int,
+        why: str,
+        span: Span | None = None,
+        *,
+        qos: int = 1,
+        close: bool = False,
+        quiet: bool = False,
+    ) -> None:
+        """Never acknowledge what was not stored: 5.0 gets a failing PUBACK (PUBREC for QoS 2,
+        which ends that exchange), 3.1.1 (which has none) or `close` loses the connection and
+        the client will resend the unacknowledged message. `quiet`: a refusal past the failover
+        bound, logged once per partition and burst (services/edge/hold.py), not here."""
+        self.edge.stats.refused_publishes += 1
+        if span is not None:
+            self.edge.tracer.finish(span, reason_code=RC.UNSPECIFIED_ERROR, error=why)
+        if self.version == V5 and not close:
+            if not quiet:
+                log.warning("%s: PUBLISH %d refused: %s", self.client_id, pid, why)
+            ack = PubRec if qos == 2 else PubAck
+            props = self.reason(
+                lambda p: ack(pid, RC.UNSPECIFIED_ERROR, p), why, problem_information=True
+            )
+            self.send(ack(pid, RC.UNSPECIFIED_ERROR, props))
+        else:
+            self.close(f"PUBLISH {pid} cannot be stored: {why}", quiet=quiet)
+
+    # ----- ends -----------------------------------------------------------------------------
+
+    def fail(self, reason: int, why: str) -> None:
+        """End the connection for a protocol violation: 5.0 gets DISCONNECT with the reason."""
+        self.edge.stats.rejected["disconnect", reason] += 1
+        log.warning(
+            "closing %s (%s): %s (0x%02X): %s",
+            self.peer,
+            self.client_id or "-",
+            reason_name(reason),
+            reason,
+            why,
+        )
+        if self.state is State.CONNECTED:
+            self.close_session(graceful=False)
+            if self.version == V5:
+                self.send(Disconnect(reason, self.reason(lambda p: Disconnect(reason, p), why)))
+        self.state = State.CLOSED
+        self.emit(Close(reason, why))
+
+    def close(self, why: str | None, *, quiet: bool = False, reason_code: int = 0) -> None:
+        """Close the connection; `why` is logged (at DEBUG when `quiet`: a refusal of a command
+        held past the failover bound, which is logged once per partition and burst)."""
+        if why is not None:
+            log.log(
+                logging.DEBUG if quiet else logging.WARNING,
+                "closing %s (%s): %s",
+                self.peer,
+                self.client_id or "-",
+                why,
+            )
+        if self.state is State.CONNECTED:
+            self.close_session(graceful=False)
+        self.state = State.CLOSED
+        self.emit(Close(reason_code, why or ""))
+
+    def end_deliver_spans(self, why: str) -> None:
+        spans, self.deliver_spans = self.deliver_spans, None
+        if spans:
+            tracer = self.edge.tracer
+            for span in spans.values():
+                tracer.finish(span, error=why)
+
+    def end_session_span(self, error: str | None, reason_code: int = 0) -> None:
+        span, self.session_span = self.session_span, None
+        if span is not None:
+            self.edge.tracer.finish(span, reason_code=reason_code, error=error)
