@@ -53,6 +53,7 @@ class ConnectionHost(EdgeServices, Protocol):
 class ClientConnection(asyncio.Protocol):
     __slots__ = (
         "_attach",
+        "_opening",
         "_out",
         "_paused",
         "_timer",
@@ -73,6 +74,7 @@ class ClientConnection(asyncio.Protocol):
         self._out: list[bytes] | None = None
         self.queued = False  # among the edge's connections to flush after a frame
         self._attach: Ticket | None = None  # the AttachSession on its way
+        self._opening: _Opening | None = None  # the OpenSession on its way
 
     # ----- asyncio.Protocol, and what the edge calls ----------------------------------------
 
@@ -185,9 +187,7 @@ class ClientConnection(asyncio.Protocol):
         edge.answers_due += 1
 
         def answered(result: pb.Result) -> None:
-            edge.answers_due -= 1
-            if edge.stopping and not edge.answers_due:
-                edge.answers_settled()
+            self._settled()
             if ticket is self._attach:
                 self._attach = None
             if token:
@@ -199,6 +199,41 @@ class ClientConnection(asyncio.Protocol):
         else:
             ticket = edge.dispatcher.request(a.partition, a.command, answered)
 
+    def _open(self, a: act.Open) -> None:
+        """OpenSession: remembered until answered, so that the session can take it back."""
+        self.edge.answers_due += 1
+        opening = _Opening()
+        token = a.token
+
+        def answered(result: pb.Result) -> None:
+            if opening.due:  # (not taken back meanwhile)
+                opening.due = False
+                self._settled()
+            if self._opening is opening:
+                self._opening = None
+            sent_to = opening.ticket.sent_to if opening.ticket is not None else None
+            self.carry_out(self.session.answered(token, result, sent_to))
+
+        opening.ticket = self.edge.dispatcher.request(a.partition, a.command, answered)
+        if opening.due:  # (an answer may come at once)
+            self._opening = opening
+
+    def _withdraw(self, a: act.Withdraw) -> None:
+        opening, self._opening = self._opening, None
+        if opening is None or not opening.due:
+            return
+        opening.due = False
+        assert opening.ticket is not None
+        self.edge.dispatcher.withdraw(opening.ticket)
+        self._settled()  # (a withdrawn request held back is dropped: its answer never comes)
+
+    def _settled(self) -> None:
+        """A command's answer came (or will not be waited for): one fewer a stop waits for."""
+        edge = self.edge
+        edge.answers_due -= 1
+        if edge.stopping and not edge.answers_due:
+            edge.answers_settled()
+
     def _answer(self, token: int) -> ResultCallback:
         return functools.partial(self._answered, token)
 
@@ -207,10 +242,7 @@ class ClientConnection(asyncio.Protocol):
 
     def _stored(self, token: int, result: pb.Result) -> None:
         """The answer to a Publish: counted as due while the edge stops."""
-        edge = self.edge
-        edge.answers_due -= 1
-        if edge.stopping and not edge.answers_due:
-            edge.answers_settled()
+        self._settled()
         self.carry_out(self.session.answered(token, result))
 
     def _gather(self, a: act.GatherRetained) -> None:
@@ -246,6 +278,16 @@ class ClientConnection(asyncio.Protocol):
             self.transport.close()
 
 
+class _Opening:
+    """An OpenSession on its way: its ticket, and whether a stop still waits for its answer."""
+
+    __slots__ = ("due", "ticket")
+
+    def __init__(self) -> None:
+        self.due = True
+        self.ticket: Ticket | None = None
+
+
 def _acknowledge(c: ClientConnection, a: act.Acknowledge) -> None:
     c.edge.dispatcher.acknowledge(a.partition, a.command, c._answer(a.token))
 
@@ -266,6 +308,8 @@ _CARRY_OUT: dict[type, Callable[[ClientConnection, Any], None]] = {
     act.PublishCommand: ClientConnection._publish,
     act.Request: ClientConnection._request,
     act.Attach: ClientConnection._request,
+    act.Open: ClientConnection._open,
+    act.Withdraw: ClientConnection._withdraw,
     act.Acknowledge: _acknowledge,
     act.Gate: _gate,
     act.AwaitIndex: _await_index,

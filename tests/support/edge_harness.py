@@ -7,7 +7,7 @@ commands the session sent, ticks its timer, and decodes what it wrote.
 
     edge = SessionEdge.make(subscriptions={0: ["t/#"]})
     client = Driver(edge)
-    actions = client.send(Connect("c1"))          # [PauseReading, Request(open_session)]
+    actions = client.send(Connect("c1"))   # [PauseReading, Open(open_session), SetTimer]
     actions = client.answer(actions, session_present=False)
     assert client.packets(actions) == [ConnAck(...)]
 
@@ -221,7 +221,7 @@ class Driver:
             (sent,) = [a for a in sent if token_of(a)]
         token = token_of(sent)
         assert token, f"{sent} wants no answer"
-        if route is None and isinstance(sent, act.Request | act.Attach):
+        if route is None and isinstance(sent, act.Request | act.Open | act.Attach):
             route = self.edge.partition_route(sent.partition)
         return self.session.answered(token, pb.Result(**result), route)
 

@@ -6,6 +6,8 @@ re-attached with its delivery state, never disconnected, and keeps its packet id
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from hexmq.api.common.v1 import common_pb2 as cpb
@@ -252,6 +254,37 @@ async def test_a_connect_waits_for_its_sessions_partition(edge: Edge) -> None:
     (connack,) = await client.received()
     assert isinstance(connack, ConnAck)
     assert connack.reason_code == 0
+
+
+@pytest.mark.parametrize("ends", ["refused at the hold", "client gone"])
+async def test_an_open_given_up_is_not_sent_to_the_new_master_after_a_heal(
+    edge: Edge, ends: str
+) -> None:
+    """Fault seed 3032: a CONNECT's OpenSession went to a master cut off from its followers,
+    which could not answer; after the heal it answered STALE, and the edge sent the open to
+    the new master, taking the session from the client's newer connection on another node.
+    Given up (refused at the hold, or the client gone), it is never sent again."""
+    n1, n2 = edge.router.links["n1"], edge.router.links["n2"]
+    client = Client(edge)
+    client.send(Connect("cut-off", protocol_version=5))
+    p = edge.router.session_partition("cut-off")
+    (open_session,) = taken(n1)
+    if ends == "client gone":
+        client.conn.connection_lost(None)
+    else:
+        session = client.conn.session
+        late = asyncio.get_running_loop().time() + HOLD
+        client.conn.carry_out(session.tick(late))
+        (connack,) = await client.received()
+        assert isinstance(connack, ConnAck)
+        assert connack.reason_code == 0x88
+        assert client.transport.closed
+    assert edge.answers_due == 0  # (a stop does not wait for it)
+    edge.apply_view(view(2, {p: ("n2", 2)}))
+    ok(n1, open_session, status=SC.STATUS_CODE_STALE_EPOCH)
+    edge.dispatcher._tick()
+    assert taken(n2) == []
+    assert edge.dispatcher.held == 0
 
 
 async def test_a_qos0_publish_without_a_master_is_dropped_and_counted(edge: Edge) -> None:

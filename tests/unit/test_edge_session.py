@@ -30,6 +30,7 @@ from services.edge.session import Pause
 from services.edge.session import actions as act
 from services.edge.tickets import Route
 from tests.support.edge_harness import (
+    HOLD,
     Driver,
     SessionEdge,
     client_id_in,
@@ -69,7 +70,7 @@ def test_connect_opens_the_session_and_connack_follows_its_answer() -> None:
     sent = client.send(Connect("c1", protocol_version=5, keepalive=10, clean_start=False))
     assert sent == [
         act.PauseReading(Pause.CONNECT),
-        act.Request(
+        act.Open(
             1,
             P,
             pb.EdgeCommand(
@@ -82,6 +83,8 @@ def test_connect_opens_the_session_and_connack_follows_its_answer() -> None:
                 )
             ),
         ),
+        # The CONNACK is due within the failover hold of the CONNECT.
+        act.SetTimer(100.0 + HOLD),
     ]
     answered = client.answer(sent, session_present=True)
     assert client.packets(answered) == [
@@ -125,6 +128,44 @@ def test_a_connect_whose_partition_opens_goes_on_to_open_the_session() -> None:
     opened = client.answer(gate)
     assert opened[0] == act.ResumeReading(Pause.CONNECT)
     assert [kind for kind, _ in commands(opened)] == ["open_session"]
+
+
+@pytest.mark.parametrize(
+    ("version", "code"), [(5, 0x88), (4, ConnectReturnCode.SERVER_UNAVAILABLE)]
+)
+def test_a_session_not_opened_within_the_hold_is_refused_and_its_open_taken_back(
+    version: int, code: int
+) -> None:
+    """An OpenSession taken by a master cut off from its followers is never answered until a
+    heal deposes that master: the client hears CONNACK 0x88 (3.1.1: 3) at the hold, and the
+    OpenSession is taken back, so that a resend after the heal cannot take the session from
+    the client's newer connection elsewhere (fault seed 3032)."""
+    client = Driver(SessionEdge.make())
+    sent = client.send(Connect("c1", protocol_version=version))
+    (opening,) = of_kind(sent, act.Open)
+    assert of_kind(sent, act.SetTimer) == [act.SetTimer(100.0 + HOLD)]
+    # A tick before the deadline (a timer set earlier) waits on.
+    assert client.tick(100.0 + HOLD - 1) == [act.SetTimer(100.0 + HOLD)]
+    refused = client.tick(100.0 + HOLD)
+    (connack,) = client.packets(refused)
+    assert isinstance(connack, ConnAck)
+    assert connack.reason_code == code
+    assert refused[1:] == [
+        act.Withdraw(),
+        act.Close(0x88, f"CONNECT refused (0x88): session not opened within {HOLD:g}s"),
+    ]
+    # The deposed master's OK after all (it applied the open): the session is let go.
+    late = client.answer(opening)
+    assert client.packets(late) == []
+    assert [kind for kind, _ in commands(late)] == ["close_session"]
+
+
+def test_a_client_gone_before_connack_takes_its_open_back_and_one_connected_does_not() -> None:
+    edge = SessionEdge.make()
+    leaving = Driver(edge)
+    leaving.send(Connect("c1", protocol_version=5))
+    assert of_kind(leaving.session.lost(), act.Withdraw) == [act.Withdraw()]
+    assert of_kind(connected(edge).session.lost(), act.Withdraw) == []
 
 
 def test_packets_read_while_the_session_opens_follow_its_connack() -> None:
@@ -615,7 +656,7 @@ def test_a_subscribe_is_refused_for_filters_the_partition_never_sees() -> None:
 def test_the_session_of_a_client_lives_in_its_partition() -> None:
     cid = client_id_in(2, "x")
     client = Driver(SessionEdge.make())
-    (request,) = of_kind(client.send(Connect(cid, protocol_version=5)), act.Request)
+    (request,) = of_kind(client.send(Connect(cid, protocol_version=5)), act.Open)
     assert request.partition == 2
 
 

@@ -44,6 +44,22 @@ class Request:
 
 
 @dataclass(slots=True)
+class Open:
+    """OpenSession: a Request the session may take back (Withdraw) while it is unanswered."""
+
+    token: int
+    partition: int
+    command: pb.EdgeCommand
+
+
+@dataclass(slots=True)
+class Withdraw:
+    """Take the unanswered OpenSession back: never sent again (its CONNECT was refused for
+    time, or the client left before CONNACK), so that it cannot open the session after the
+    client has connected elsewhere (services/edge/hold.py, PartitionCommands.withdraw)."""
+
+
+@dataclass(slots=True)
 class Attach:
     """AttachSession, ahead of the partition's held commands (services/edge/hold.py)."""
 
@@ -129,6 +145,8 @@ class Close:
 Action = (
     Write
     | Request
+    | Open
+    | Withdraw
     | Attach
     | Acknowledge
     | PublishCommand

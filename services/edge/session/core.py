@@ -151,9 +151,21 @@ class Session(SessionState):
     def tick(self, now: float) -> list[Action]:
         """The timer the session asked for (SetTimer) is due."""
         state = self.state
-        if state is State.CLOSED or state is State.CONNECTING:
-            # (CONNECTING: the session is being opened, or waits for its partition's master:
-            # answered within the failover bound, by CONNACK either way.)
+        if state is State.CLOSED:
+            return self.take()
+        if state is State.CONNECTING:
+            # Waiting for the session's partition (a Gate: refused by the failover hold), or
+            # for the OpenSession's answer, which a master that cannot commit (cut off from
+            # its followers) may never give: refused at the deadline, and taken back.
+            deadline = self.open_deadline
+            if deadline and now >= deadline:
+                refuse_connect(
+                    self,
+                    RC.SERVER_UNAVAILABLE,
+                    f"session not opened within {self.config.failover_hold:g}s",
+                )
+            elif deadline:
+                self.emit(SetTimer(deadline))
             return self.take()
         timeout = self.config.connect_timeout
         if state is State.AUTHENTICATING:
@@ -214,6 +226,7 @@ class Session(SessionState):
         self.end_session_span("connection closed")
         if self.state is State.CONNECTED:
             self.close_session(graceful=False)
+        self.withdraw_open()
         self.state = State.CLOSED
         return self.take()
 
@@ -258,6 +271,7 @@ class Session(SessionState):
             elif self.codec.protocol_version == V5:
                 self.version = V5
                 self.send(ConnAck(False, code))
+            self.withdraw_open()
             self.state = State.CLOSED
             self.emit(Close(code, exc.message))
             return

@@ -14,7 +14,7 @@ from hexmq.mqtt import NO_PROPERTIES, Auth, ConnAck, Connect, Disconnect, Packet
 from hexmq.mqtt import ProtocolError as MQTTProtocolError
 from services.edge.enhanced_auth import AuthMethod, ConnectionAuth, Continue, Step, Success
 from services.edge.limits import Admission
-from services.edge.session.actions import Gate, Pause, Request, SetTimer
+from services.edge.session.actions import Gate, Open, Pause, SetTimer
 from services.edge.session.delivery import reattach
 from services.edge.session.state import OK, RC, V5, SessionState, State
 from services.edge.tickets import Route, refused_by_hold
@@ -213,11 +213,17 @@ def open_session(s: SessionState, packet: Connect, username: str | None, wall_ms
     s.state = State.CONNECTING
     s.pause(Pause.CONNECT)
     token = s.ask(lambda result, route: session_opened(s, result, route))
-    s.emit(Request(token, p, pb.EdgeCommand(open_session=open_cmd)))
+    s.emit(Open(token, p, pb.EdgeCommand(open_session=open_cmd)))
+    # CONNACK within --failover-hold of the client's last packet (its CONNECT, or its last
+    # AUTH): a master that took the OpenSession may be cut off from its followers, unable
+    # to answer until a heal deposes it (Session.tick refuses the CONNECT then).
+    s.open_deadline = s.keepalive.last_rx + s.config.failover_hold
+    s.emit(SetTimer(s.open_deadline))
 
 
 def session_opened(s: SessionState, result: pb.Result, route: Route | None) -> None:
     """The OpenSession's answer: CONNACK (or a refusal), then what the client sent meanwhile."""
+    s.open_deadline = 0.0
     if s.state is not State.CONNECTING:
         if result.status == OK:
             # The client left while its session was being opened: let the session go.

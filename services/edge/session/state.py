@@ -38,6 +38,7 @@ from services.edge.session.actions import (
     PauseReading,
     Request,
     ResumeReading,
+    Withdraw,
     Write,
 )
 from services.edge.session.keepalive import Keepalive
@@ -108,6 +109,7 @@ class SessionState:
         "inbound",
         "keepalive",
         "next_token",
+        "open_deadline",
         "out",
         "out_aliases",
         "outbound",
@@ -141,6 +143,8 @@ class SessionState:
         # opened or re-attached through: a re-attach is owed when the partition's is another.
         self.partition: int | None = None
         self.attached: Route | None = None
+        # When the CONNECT's OpenSession, on its way, is given up (0.0: none on its way).
+        self.open_deadline = 0.0
         # The token of the AttachSession on its way (0: none), and whether another is owed.
         self.attaching = 0
         self.attach_again = False
@@ -366,6 +370,7 @@ class SessionState:
             self.close_session(graceful=False)
             if self.version == V5:
                 self.send(Disconnect(reason, self.reason(lambda p: Disconnect(reason, p), why)))
+        self.withdraw_open()
         self.state = State.CLOSED
         self.emit(Close(reason, why))
 
@@ -382,8 +387,18 @@ class SessionState:
             )
         if self.state is State.CONNECTED:
             self.close_session(graceful=False)
+        self.withdraw_open()
         self.state = State.CLOSED
         self.emit(Close(reason_code, why or ""))
+
+    def withdraw_open(self) -> None:
+        """The connection ends before its OpenSession was answered: take it back, so that it
+        is never sent again (a resend after a heal took the session from the client's newer
+        connection elsewhere: fault seed 3032). An answer already on its way still comes: an
+        OK lets the session go (handle_connect.session_opened)."""
+        if self.open_deadline:
+            self.open_deadline = 0.0
+            self.emit(Withdraw())
 
     def end_deliver_spans(self, why: str) -> None:
         spans, self.deliver_spans = self.deliver_spans, None
