@@ -49,6 +49,19 @@ class NodeInfo:
     partition_port: int
     membership_port: int
 
+    @classmethod
+    def of(cls, n: dict[str, Any]) -> NodeInfo:
+        """From a node of `hexmq cluster up/add --json`'s output."""
+        return cls(
+            n["node"],
+            n["node_id"],
+            n["host"],
+            n["mqtt_port"],
+            n["redis_port"],
+            n["partition_port"],
+            n["membership_port"],
+        )
+
     @property
     def endpoint(self) -> tuple[str, int]:
         return self.host, self.mqtt_port
@@ -92,15 +105,7 @@ class FaultCluster:
         if done.returncode != 0:
             raise RuntimeError(f"hexmq cluster up failed:\n{done.stderr[-4000:]}")
         for n in json.loads(done.stdout)["nodes"]:
-            self.nodes[n["node"]] = NodeInfo(
-                n["node"],
-                n["node_id"],
-                n["host"],
-                n["mqtt_port"],
-                n["redis_port"],
-                n["partition_port"],
-                n["membership_port"],
-            )
+            self.nodes[n["node"]] = NodeInfo.of(n)
 
     def kill(self, node: int) -> None:
         self._checked(self.cli("kill", str(node)))
@@ -134,15 +139,7 @@ class FaultCluster:
         if done.returncode != 0:
             return done.stderr.strip()[-1500:]
         (n,) = json.loads(done.stdout)["nodes"]
-        info = NodeInfo(
-            n["node"],
-            n["node_id"],
-            n["host"],
-            n["mqtt_port"],
-            n["redis_port"],
-            n["partition_port"],
-            n["membership_port"],
-        )
+        info = NodeInfo.of(n)
         # A new dict, not an update: the observers' threads iterate the one they hold.
         self.nodes = {**self.nodes, node: info}
         return None
