@@ -144,6 +144,13 @@ class SharedRedelivery:
         removed = session.acknowledge(ids)
         self.store.delete_messages(self.commit.batch, session.partition, session.client_id, removed)
         self.moved += len(removed)
+        log.info(
+            "handing %d messages of shared group %s over from %s to a member in partition %d",
+            len(removed),
+            group,
+            session.client_id,
+            session.partition,
+        )
         return True
 
     def _hand(

@@ -14,10 +14,16 @@
 - `divergence`: then, per partition of the agreed table, every replica's Redis copy against
   its master's (as tests/integration/test_replication.py's assert_converged does), and copies
   left on nodes that are no replica.
+- `handed_over`: how many messages of a shared group went from a member whose connection
+  ended to another member (the log lines of the edges, which hand them to other partitions,
+  and of the partition services, which give them to a member in the same partition): each
+  may reach its new member after that member's own later messages (docs/architecture.md,
+  "Shared subscriptions").
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import urllib.error
@@ -25,6 +31,7 @@ import urllib.request
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hexmq.api.membership.v1 import membership_pb2 as mpb
@@ -331,3 +338,19 @@ def divergence(cluster: FaultCluster, view: mpb.View, attempts: int = 3) -> Dive
                     {"partition": pa.partition, "node": f"n{node}", "keys": sorted(left)[:8]}
                 )
     return result
+
+
+_HANDOFF = re.compile(r"handing (\d+) messages of shared group (\S+) over from ")
+
+
+def handed_over(cluster_dir: Path, share: str) -> int:
+    """Messages of `share` (e.g. $share/g/f/<tag>/#) handed over between members, from every
+    node's edge and partition logs (services/edge/handoff.py, services/partition/redelivery.py)."""
+    total = 0
+    logs = [*cluster_dir.glob("node*/edge.log"), *cluster_dir.glob("node*/partition.log")]
+    for log in sorted(logs):
+        for line in log.read_text(errors="replace").splitlines():
+            m = _HANDOFF.search(line)
+            if m and m.group(2) == share:
+                total += int(m.group(1))
+    return total

@@ -22,7 +22,13 @@ from typing import Any
 from tests.faults import clock, nemesis, netns, plot
 from tests.faults.clients import RunClients, on_topics, read_retained
 from tests.faults.cluster import AGREEMENT_ADDRESS, FaultCluster, node_address
-from tests.faults.observe import EpochWatch, ViewRecorder, divergence, wait_converged
+from tests.faults.observe import (
+    EpochWatch,
+    ViewRecorder,
+    divergence,
+    handed_over,
+    wait_converged,
+)
 from tests.faults.verdict import judge
 from tests.support.checker import ack_stats, check, check_shared, retained_check
 
@@ -331,7 +337,10 @@ class Run:
                 "unreconnected": unreconnected,
                 "counts": report.counts(),
                 "problems": report.problems(),
-                "shared_group": asdict(group),
+                "shared_group": {
+                    **asdict(group),
+                    "handed_over": handed_over(self.cluster.dir, f"$share/g/{prefix}#"),
+                },
                 "retained": retained.to_json(),
                 "ack": {
                     "count": acks.count,

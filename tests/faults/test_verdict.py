@@ -3,8 +3,10 @@ and the kills, takeovers, refusals and cuts it must excuse."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from tests.faults.observe import handed_over
 from tests.faults.verdict import disconnects, judge, majority_served, node_of
 from tests.support.workload import Connection, Publisher
 
@@ -105,6 +107,49 @@ def test_every_broken_rule_is_named() -> None:
         "subscribers that could not reconnect: ['s1-x-n1']",
         "1 subscription(s) granted during a split are missing",
     ]
+
+
+def test_a_shared_group_may_be_out_of_order_only_by_as_many_messages_as_were_handed_over() -> None:
+    """Seed 1505 (joins-and-leaves): a member's connection ended at a leave, 3 of its messages
+    went to the other member, one arriving after that member's own later message."""
+    late = ["p2-x-n3:407 after p2-x-n3:408", "p1-x-n1:9 after p1-x-n1:10"]
+
+    def judged(handed: int) -> dict[str, Any]:
+        group = {**clean_result()["shared_group"], "order_violations": late}
+        group["handed_over"] = handed
+        return judge(clean_result(shared_group=group), [], [], 0.0, 10.0)
+
+    verdict = judged(3)
+    assert verdict["ok"], verdict
+    assert verdict["warnings"] == [
+        "shared group: 2 message(s) out of order at a member, of 3 handed over from a member "
+        "whose connection ended"
+    ]
+    assert judged(1)["failures"] == [
+        "shared group: 2 order violations (1 messages handed between members)"
+    ]
+    assert judged(0)["failures"] == [
+        "shared group: 2 order violations (0 messages handed between members)"
+    ]
+
+
+def test_handed_over_counts_the_edges_log_lines_of_that_group_only(tmp_path: Path) -> None:
+    def line(n: int, tag: str) -> str:
+        return (
+            f"2026-11-27 17:57:36,584 INFO edge[n1] hexmq.edge: handing {n} messages of shared "
+            f"group $share/g/f/{tag}/# over from partition 9 to partition 0"
+        )
+
+    for node, lines in (("node1", [line(3, "t1")]), ("node2", [line(2, "t1"), line(5, "t2")])):
+        (tmp_path / node).mkdir()
+        (tmp_path / node / "edge.log").write_text("\n".join(lines) + "\n")
+    # Given to a member in the same partition (the partition service's line).
+    (tmp_path / "node2" / "partition.log").write_text(
+        "2026-11-27 17:57:36,590 INFO partition[n2] hexmq.partition: handing 4 messages of "
+        "shared group $share/g/f/t1/# over from g2-x to a member in partition 5\n"
+    )
+    assert handed_over(tmp_path, "$share/g/f/t1/#") == 9
+    assert handed_over(tmp_path, "$share/g/f/t3/#") == 0
 
 
 def test_disconnects_by_kill_leave_takeover_and_refusal_are_excused() -> None:
