@@ -86,6 +86,9 @@ class Attr:
     SEQ: Final = "hexmq.partition.seq"  # the partition log sequence number of a write
     FOLLOWER: Final = "hexmq.follower"  # node id of the follower a replicate span waits on
     QOS: Final = "hexmq.qos"
+    # On mqtt.deliver: a PUBLISH sent again with the DUP flag (MQTT 4.4: after a reconnect); at
+    # QoS 2 the client's packet id makes it the same delivery, not a second one.
+    DUP: Final = "hexmq.dup"
     CLIENT_ID_HASH: Final = "hexmq.client_id_hash"  # the publisher's (or the acting client's)
     SUBSCRIBER_HASH: Final = "hexmq.subscriber_hash"  # client_id_hash of the receiving client
     SUBSCRIBERS: Final = "hexmq.subscribers"  # matching subscribers of a publish

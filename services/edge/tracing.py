@@ -93,6 +93,8 @@ class EdgeTracer:
                     node=self.node_id,
                 )
             )
+            if qm.dup:
+                span.set_attribute(Attr.DUP, True)
         return span
 
     def client_ack(self, deliver_span: Span, subscriber_id: str) -> None:

@@ -12,6 +12,7 @@ from typing import Final
 
 from pyspark.sql.types import (
     ArrayType,
+    BooleanType,
     DataType,
     DoubleType,
     IntegerType,
@@ -125,6 +126,7 @@ ATTRIBUTE_COLUMNS: Final[tuple[tuple[str, str, DataType], ...]] = (
     ("hexmq.partition.epoch", "hexmq_partition_epoch", LongType()),
     ("hexmq.partition.seq", "hexmq_partition_seq", LongType()),
     ("hexmq.qos", "hexmq_qos", IntegerType()),
+    ("hexmq.dup", "hexmq_dup", BooleanType()),
     ("hexmq.client_id_hash", "hexmq_client_id_hash", StringType()),
     ("hexmq.subscriber_hash", "hexmq_subscriber_hash", StringType()),
     ("hexmq.subscribers", "hexmq_subscribers", IntegerType()),

@@ -203,7 +203,9 @@ def deliveries(spans: DataFrame, late_ms: float = DEFAULT_LATE_MS) -> DataFrame:
     - lost: no successful deliver span (every attempt ended with status ERROR), or QoS >= 1 and
       no mqtt.client_ack under any of its deliver spans. (Subscribers with no deliver span at
       all are counted per message in `messages`, which knows how many were expected.)
-    - duplicated: more than one successful deliver span for the subscriber.
+    - duplicated: more than one successful deliver span for the subscriber; at QoS 2, more than
+      one without hexmq.dup (a PUBLISH sent again with DUP after a reconnect carries the packet
+      id the client already holds: the same delivery, MQTT 4.3.3).
     - late: latency above `late_ms`.
     QoS is the deliver span's (the granted QoS), else the published one.
     """
@@ -217,6 +219,7 @@ def deliveries(spans: DataFrame, late_ms: float = DEFAULT_LATE_MS) -> DataFrame:
         "hexmq_qos",
         "end_ns",
         delivered_ok.alias("ok"),
+        (delivered_ok & ~F.coalesce(F.col("hexmq_dup"), F.lit(False))).alias("first_send"),
     )
     acks = (
         spans.filter(_named(SpanName.CLIENT_ACK))
@@ -229,6 +232,7 @@ def deliveries(spans: DataFrame, late_ms: float = DEFAULT_LATE_MS) -> DataFrame:
         .agg(
             F.count("*").alias("deliver_spans"),
             F.count_if("ok").alias("ok_spans"),
+            F.count_if("first_send").alias("first_sends"),
             # Successful attempts sort first (failed = false), then by time.
             F.min(F.struct((~F.col("ok")).alias("failed"), "end_ns", "node")).alias("first"),
             F.max("hexmq_qos").alias("qos"),
@@ -251,7 +255,9 @@ def deliveries(spans: DataFrame, late_ms: float = DEFAULT_LATE_MS) -> DataFrame:
         (
             delivered_ns.isNull() | (F.coalesce(qos >= 1, F.lit(False)) & F.col("ack_ns").isNull())
         ).alias("lost"),
-        (F.col("ok_spans") > 1).alias("duplicated"),
+        F.when(qos == 2, F.col("first_sends") > 1)
+        .otherwise(F.col("ok_spans") > 1)
+        .alias("duplicated"),
     ).withColumn("late", F.coalesce(F.col("latency_ms") > F.lit(late_ms), F.lit(False)))
     return audited.withColumn(
         "status",

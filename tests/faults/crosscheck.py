@@ -125,10 +125,15 @@ def failovers_agree(
     problems = []
     spans = set()
     for f in failovers:
-        if f["new_epoch"] > last or f["new_epoch"] in missed:
+        if f["new_epoch"] > last:
             continue
         key = (f["partition"], f["new_epoch"], f["old_master"], f["new_master"])
         spans.add(key)
+        if f["new_epoch"] in missed:
+            # The recorder missed the view that made it (it saw the next one, whose diff
+            # carries the change): the span serves that change, but where it is filed and
+            # whether a later missed view superseded it cannot be checked.
+            continue
         if key not in moves:
             problems.append(f"a failover span no view made: {key}")
         elif f["view_epoch"] != moves[key]:

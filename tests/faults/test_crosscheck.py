@@ -136,6 +136,18 @@ def test_failover_spans_against_the_views() -> None:
     ]
 
 
+def test_a_span_of_a_view_the_recorder_missed_serves_the_change_the_next_view_shows() -> None:
+    """splits-3-nodes at 4d79d9f: the recorder saw views 39 and 43, not 40-42; view 43's diff
+    carried p0's move made at epoch 40, whose span (filed under view 40) must count for it."""
+    changes = [change(43, [(0, 40, "n3", "n1", "handover"), (9, 43, "n2", "n1", "handover")])]
+    spans = [span(40, 0, 40, "n3", "n1"), span(43, 9, 43, "n2", "n1")]
+    ok, _ = failovers_agree(changes, [40, 41, 42], spans)
+    assert ok == []
+    # Without the span, the change is still reported.
+    bad, _ = failovers_agree(changes, [40, 41, 42], spans[1:])
+    assert bad == ["changes of master without a failover span: [(0, 40, 'n3', 'n1')]"]
+
+
 def test_losses_match_the_views_and_their_doubt_fits_the_fault() -> None:
     t0 = 1_000_000_000_000
     result = {

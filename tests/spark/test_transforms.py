@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
@@ -21,6 +22,7 @@ TB = "b" * 32
 TC = "c" * 32
 TD = "d" * 32
 TE = "e" * 32
+TF = "f" * 32
 
 
 def _kv(key: str, **value: object) -> dict[str, object]:
@@ -243,6 +245,35 @@ def test_deliveries_audits_each_subscriber(spark: SparkSession) -> None:
     actual = T.deliveries(spans_frame(spark, *AUDIT_SPANS), late_ms=1000.0)
 
     assertDataFrameEqual(actual, spark.createDataFrame(AUDIT_DELIVERIES, DELIVERIES_DDL))
+
+
+def test_a_qos2_publish_sent_again_with_dup_is_one_delivery_and_at_qos1_two(
+    spark: SparkSession,
+) -> None:
+    """A PUBLISH sent again after a reconnect carries DUP (hexmq.dup): at QoS 2 the client
+    keeps it once by its packet id (fault run splits-3-nodes at 4d79d9f: a subscriber moved
+    between its PUBREC and the partition's record of it); at QoS 1 it is a second delivery."""
+
+    def deliver(span_id: str, sub: str, qos: int, at: int, **more: Any) -> dict[str, Any]:
+        return span_row(trace_id=TF, span_id=span_id, parent_span_id="g2", name="mqtt.deliver",
+                        node="n1", start_ns=at, end_ns=at + MS, hexmq_subscriber_hash=sub,
+                        hexmq_qos=qos, **more)  # fmt: skip
+
+    rows = (
+        span_row(trace_id=TF, span_id="g0", name="mqtt.publish", node="n1", start_ns=T0,
+                 end_ns=T0 + MS, hexmq_qos=2, messaging_destination_name="t/f"),
+        span_row(trace_id=TF, span_id="g2", parent_span_id="g0", name="partition.append",
+                 node="n1", start_ns=T0, end_ns=T0 + MS, hexmq_partition=1, hexmq_subscribers=3),
+        deliver("q1", "sa", 2, T0 + MS),
+        deliver("q2", "sa", 2, T0 + 9 * MS, hexmq_dup=True),
+        deliver("q3", "sb", 2, T0 + MS),
+        deliver("q4", "sb", 2, T0 + 9 * MS),
+        deliver("q5", "sc", 1, T0 + MS),
+        deliver("q6", "sc", 1, T0 + 9 * MS, hexmq_dup=True),
+    )  # fmt: skip
+    audit = T.deliveries(spans_frame(spark, *rows), late_ms=1000.0)
+    got = {r["subscriber_hash"]: (r["deliver_spans"], r["duplicated"]) for r in audit.collect()}
+    assert got == {"sa": (2, False), "sb": (2, True), "sc": (2, True)}
 
 
 def test_messages_counts_expected_lost_duplicated_and_missing_spans(spark: SparkSession) -> None:
