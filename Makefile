@@ -81,7 +81,7 @@ FAULT_RUNS ?=
 FAULT_SEED ?=
 test-fault: $(STAMP) system-deps
 ifeq ($(strip $(FAULT_RUNS)),)
-	$(BIN)/pytest -m "fault or soak" $(PYTEST_ARGS)
+	$(BIN)/pytest -m "fault or soak" -k "not random_schedule" $(PYTEST_ARGS)
 else
 	FAULT_RUNS=$(FAULT_RUNS) FAULT_SEED=$(FAULT_SEED) \
 	  $(BIN)/pytest tests/faults/test_schedules.py -m fault -k random_schedule $(PYTEST_ARGS)
