@@ -215,9 +215,10 @@ class PartitionRoles(MasterState):
         now = time.monotonic()
         expired = 0
         for p, queue in list(self._waiting.items()):
+            expired_here = 0
             while queue and queue[0][2] <= now:
                 link, cmd, _deadline = queue.popleft()
-                expired += 1
+                expired_here += 1
                 if cmd.request_id:
                     link.send(
                         _result(
@@ -226,9 +227,13 @@ class PartitionRoles(MasterState):
                             message=f"partition {p} is not served by {self.node_id} yet",
                         )
                     )
-            if not queue:
-                del self._waiting[p]
-                self.retry_waiting([p])  # what queued behind the expired ones
+            if expired_here:
+                # What queued behind the expired ones, only so as not to overtake them, goes
+                # on now (or waits again, if it too names an epoch still to come). Left to
+                # expire in turn, it was refused and its edge's resend queued behind the next
+                # waiting command: a partition two edges wrote to stayed blocked for good.
+                expired += expired_here
+                self.retry_waiting([p])
         return expired
 
     # ----- promotion and demotion (RoleListener) ---------------------------------------

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -211,6 +211,22 @@ def listener() -> Iterator[socket.socket]:
         yield s
 
 
+def bind_in_a_free_range(
+    listener: socket.socket, port_of: Callable[[int], int], attempts: int = 20
+) -> tuple[int, int]:
+    """A base port of a free 2-node range, with `listener` listening on port_of(base) in it
+    (another test's cluster may take a port between the check and the bind: another range)."""
+    for _ in range(attempts):
+        base = pick_base_port(2)
+        try:
+            listener.bind(("127.0.0.1", port_of(base)))
+        except OSError:
+            continue
+        listener.listen()
+        return base, port_of(base)
+    raise RuntimeError(f"no free port range to bind in after {attempts} attempts")
+
+
 @pytest.mark.parametrize("service", clusterstate.SERVICES)
 def test_up_fails_on_a_port_in_use_and_starts_nothing(
     tmp_path: Path,
@@ -218,10 +234,9 @@ def test_up_fails_on_a_port_in_use_and_starts_nothing(
     listener: socket.socket,
     service: str,
 ) -> None:
-    base = pick_base_port(2)
-    taken = clusterstate.node_ports(base, 2).of(service)
-    listener.bind(("127.0.0.1", taken))
-    listener.listen()
+    base, taken = bind_in_a_free_range(
+        listener, lambda b: clusterstate.node_ports(b, 2).of(service)
+    )
     cluster_dir = tmp_path / "c"
     argv = ["cluster", "up", "--nodes", "2", "--dir", str(cluster_dir), "--base-port", str(base)]
     code = cli.main(argv)
@@ -237,10 +252,7 @@ def test_up_fails_on_a_port_in_use_and_starts_nothing(
 def test_up_fails_on_the_agreement_servers_port_in_use(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], listener: socket.socket
 ) -> None:
-    base = pick_base_port(2)
-    taken = clusterstate.agreement_port(base, 2)
-    listener.bind(("127.0.0.1", taken))
-    listener.listen()
+    base, taken = bind_in_a_free_range(listener, lambda b: clusterstate.agreement_port(b, 2))
     cluster_dir = tmp_path / "c"
     argv = ["cluster", "up", "--nodes", "2", "--dir", str(cluster_dir), "--base-port", str(base)]
     assert cli.main(argv) == 1

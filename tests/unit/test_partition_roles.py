@@ -172,6 +172,30 @@ async def test_a_command_that_waited_too_long_is_answered_unavailable() -> None:
     assert f"partition {P}" in result.message
 
 
+async def test_commands_queued_behind_an_expired_one_are_handled_when_it_is_answered() -> None:
+    """A command naming an epoch no view brings (a probe's 99) holds the partition's later
+    commands back, so that none overtakes it; when it expires the ones behind it must go on at
+    once. They waited for their own expiry instead, were refused, and their edges' resends
+    queued behind each other's: OpenSessions for that partition never got through (seen as
+    CONNECTs refused after 10 s in make test)."""
+    c = Cluster()
+    c.take(view(4))
+    await c.loaded()
+    c.edge.events()
+    future = connect(c.edge, "b", "b1", partition=P, epoch=99)
+    current = connect(c.edge, "a", "a1", partition=P, epoch=4)
+    c.commit.durable()
+    assert c.edge.heard() == ({}, [])  # the second waits behind the first
+    (queue,) = c.node._waiting.values()
+    queue[0] = (queue[0][0], queue[0][1], 0.0)  # the first one's WAIT_S is over
+    assert c.node.expire_waiting() == 1
+    c.commit.durable()
+    results, _ = c.edge.heard()
+    assert results[future].status == SC.STATUS_CODE_UNAVAILABLE
+    assert results[current].status == SC.STATUS_CODE_OK
+    assert c.node._waiting == {}
+
+
 async def test_a_demoted_partition_is_unloaded_and_its_commands_go_elsewhere() -> None:
     c = Cluster()
     c.store.partitions[P] = StoredPartition(sessions=[stored_session("a")])
