@@ -193,7 +193,12 @@ class ProbeChannel:
 
     async def check(self, timeout_s: float) -> Outcome:
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(self.addr)
+            # A subchannel of its own: gRPC shares subchannels between channels to one address,
+            # and a new channel could pick up the dropped one's, still in reconnect backoff
+            # (its first probe then failed at once though the peer was back: a flaky test).
+            self._channel = grpc.aio.insecure_channel(
+                self.addr, options=[("grpc.use_local_subchannel_pool", 1)]
+            )
         stub = health_pb2_grpc.HealthStub(self._channel)
         try:
             reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
