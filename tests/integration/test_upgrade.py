@@ -33,7 +33,7 @@ import pytest
 
 from hexmq.hashring import assign, partition_of
 from tests.conftest import HEXMQ, HexmqCluster, pick_base_port, running_processes
-from tests.integration.test_elastic import failovers_from
+from tests.support.cluster_watch import failovers_from
 from tests.support.unique import uid
 from tests.support.workload import Publisher, Subscriber, check
 
