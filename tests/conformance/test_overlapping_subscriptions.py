@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from hexmq.mqtt import Subscription
 from tests.support.unique import uid
-from tests.support.v5client import KEEP, connect, leave, publish, receive, subscribe
+from tests.support.v5client import (
+    KEEP,
+    connect,
+    leave,
+    publish,
+    receive,
+    receive_resumed,
+    subscribe,
+)
 
 
 async def test_mqtt_3_3_4_3_subscription_identifiers_on_live_and_queued_deliveries(trio) -> None:
@@ -50,8 +58,8 @@ async def test_mqtt_3_3_4_3_subscription_identifiers_on_live_and_queued_deliveri
         trio.mqtt_port(3), sub_id, clean_start=False, session_expiry_interval=KEEP
     )
     assert connack.session_present is True
-    got1 = await receive(sub)
-    assert (got1.payload, got1.qos) == (b"queued", 1)
+    got1 = await receive_resumed(sub, acknowledged=[p.payload for p in got if p.qos])
+    assert (got1.payload, got1.qos, got1.dup) == (b"queued", 1, False)
     assert sorted(got1.properties.subscription_identifiers) == [7, big]
 
     # A subscription replaced without an identifier loses it.
