@@ -17,7 +17,7 @@ from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.topics import topic_matches
 from services.partition.links import EdgeLink
-from services.partition.master_state import MasterState, _result, now_ms
+from services.partition.master_state import MasterState, _result
 from services.partition.replication import Replicator
 from services.partition.sessions import LiveConnection, Session
 from services.partition.store import WriteBatch
@@ -56,7 +56,7 @@ class MessageDelivery(MasterState):
     messages_in: int
     messages_out: int
 
-    def _publish(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+    def _publish(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None:
         req = cmd.publish
         targets = set()
         shared: list[pb.PartitionTarget] = []
@@ -74,7 +74,7 @@ class MessageDelivery(MasterState):
         if req.qos2_origin:
             # A QoS 2 routing: the partitions that stored this claim's message already (an
             # earlier attempt at it) store nothing again, and answer success all the same.
-            origin, stamp = req.qos2_origin, now_ms()
+            origin, stamp = req.qos2_origin, now
             fresh = self.seen.admit(
                 origin, [*targets, req.retained.partition] if has_retained else targets, stamp
             )
@@ -226,9 +226,8 @@ class MessageDelivery(MasterState):
         elif self.retained.pop(msg.topic, None) is not None:
             self.store.delete_retained(self.commit.batch, p, msg.topic)
 
-    def _retained_query(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+    def _retained_query(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None:
         filters = list(cmd.retained_query.filters)
-        now = now_ms()
         found = [
             msg
             for topic, (p, msg) in self.retained.items()
@@ -239,7 +238,7 @@ class MessageDelivery(MasterState):
         event = _result(cmd.request_id, retained=found)
         self.commit.after(lambda: link.send(event))
 
-    def _enqueue_retained(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+    def _enqueue_retained(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None:
         req = cmd.enqueue_retained
         session = self._live_session(link, cmd, req.client_id, req.connection_id)
         if session is None:
@@ -252,7 +251,7 @@ class MessageDelivery(MasterState):
         self._schedule_pump(session)
         self._reply(link, cmd)
 
-    def _delivery_ack(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+    def _delivery_ack(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None:
         req = cmd.delivery_ack
         session = self.sessions.get(req.client_id)
         if session is None or session.partition not in self.mastered:

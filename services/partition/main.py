@@ -280,12 +280,13 @@ async def _sweep(node: PartitionNode) -> None:
                 waited,
                 WAIT_S,
             )
-        expired = node.expire_sessions()
-        node.hand_out_wills()
-        node.hand_out_shared()
+        now = node.clock()
+        expired = node.expire_sessions(now)
+        node.hand_out_wills(now)
+        node.hand_out_shared(now)
         if expired:
             log.info("expired %d sessions", expired)
-        swept = node.sweep_qos2_seen()
+        swept = node.sweep_qos2_seen(now)
         if swept:
             log.info(
                 "forgot %d QoS 2 origin ids after --qos2-dedupe-retention without a forget from "

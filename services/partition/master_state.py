@@ -9,7 +9,7 @@ says what each holds.
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
@@ -19,13 +19,10 @@ from services.partition.qos2_seen import SeenOrigins
 from services.partition.replication import Replicator
 from services.partition.sessions import Session
 from services.partition.shared import SharedGroups
+from services.partition.sources import IdSource
 from services.partition.store import GroupCommit, RedisStore
 
 SC = pb.StatusCode
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def _result(
@@ -46,6 +43,10 @@ class MasterState:
     trie: TopicTrie[str, pb.SubscriptionSpec]
     shared: SharedGroups
     seen: SeenOrigins
+    # services/partition/sources.py: the time for what runs after a batch is durable (handlers
+    # are given theirs), and new ids.
+    clock: Callable[[], int]
+    ids: IdSource
 
     def master_of(self, p: int) -> str:
         assert self.view is not None

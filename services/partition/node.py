@@ -27,7 +27,7 @@ from hexmq.topics import TopicTrie
 from services.partition.delivery import MessageDelivery, QueueLimits
 from services.partition.index_barrier import IndexBarrier
 from services.partition.links import EdgeLink
-from services.partition.master_state import SC, _result, now_ms
+from services.partition.master_state import SC, _result
 from services.partition.qos2_inbound import InboundQos2
 from services.partition.qos2_seen import SeenOrigins
 from services.partition.redelivery import SharedRedelivery
@@ -40,6 +40,7 @@ from services.partition.roles import (
 )
 from services.partition.sessions import NEVER_EXPIRES, LiveConnection, Session
 from services.partition.shared import SharedGroups
+from services.partition.sources import IdSource, RandomIds, wall_ms
 from services.partition.store import GroupCommit, RedisStore, Scope
 from services.partition.subscriptions import Subscriptions
 from services.partition.sysstats import NodeStatsBoard
@@ -69,8 +70,12 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         replicator: Replicator | None = None,
         seen: SeenOrigins | None = None,
         on_failure: Callable[[BaseException], None] = _stop_on_failure,
+        clock: Callable[[], int] = wall_ms,
+        ids: IdSource | None = None,
     ) -> None:
         self.node_id = node_id
+        self.clock = clock
+        self.ids = ids or RandomIds()
         self.on_failure = on_failure
         # Partitions promoted here and being loaded (partition -> epoch), the commands waiting
         # for a partition this node is about to serve, and the loads under way.
@@ -119,6 +124,8 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
             self.links,
             self._enqueue,
             self._schedule_pump,
+            clock,
+            self.ids,
         )
         # Sessions whose record changed in the batch being gathered (written once per batch).
         self._dirty: dict[str, Session] = {}
@@ -138,10 +145,10 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
 
     # ----- links ------------------------------------------------------------------------
 
-    def open_link(self, hello: pb.Hello) -> EdgeLink:
+    def open_link(self, hello: pb.Hello, now: int) -> EdgeLink:
         old = self.links.get(hello.edge_id)
         if old is not None:
-            self.close_link(old)
+            self.close_link(old, now)
         link = EdgeLink(hello.edge_id, hello.edge_incarnation)
         self.links[hello.edge_id] = link
         # The edge's routing index for the partitions mastered here: reset each (at its epoch),
@@ -162,30 +169,32 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         log.info("edge %s linked (incarnation %d)", hello.edge_id, hello.edge_incarnation)
         return link
 
-    def close_link(self, link: EdgeLink) -> None:
-        """The edge went away: its connections no longer hold their sessions. A session whose
-        link dropped is kept until its expiry (plus a grace for the edge to re-attach)."""
+    def close_link(self, link: EdgeLink, now: int) -> None:
+        """The edge went away (at `now`, unix ms): its connections no longer hold their
+        sessions. A session whose link dropped is kept until its expiry (plus a grace for the
+        edge to re-attach)."""
         link.close()
         self.index_barrier.link_closed(link)
         self.sys_stats.link_closed(link)
         if self.links.get(link.edge_id) is link:
             del self.links[link.edge_id]
         detached = 0
-        stamp = now_ms()
         for session in self.sessions.values():
             if session.connection is not None and session.connection.link is link:
-                session.detach(stamp)
-                self._connection_lost(session, stamp, grace_ms=WILL_LINK_GRACE_MS)
+                session.detach(now)
+                self._connection_lost(session, now, grace_ms=WILL_LINK_GRACE_MS)
                 if session.record.will_due_at_ms:
                     self.store.put_session(self.commit.batch, session.partition, session.record)
                 self._presence(session)
                 detached += 1
-        self._qos2_link_closed(link)
+        self._qos2_link_closed(link, now)
         log.info("edge %s unlinked; %d sessions detached", link.edge_id, detached)
 
     # ----- commands ---------------------------------------------------------------------
 
-    def handle(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+    def handle(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None:
+        """Handle `cmd` from `link` at `now` (unix ms, the adapter's clock: handlers read no
+        clock of their own)."""
         kind = cmd.WhichOneof("command") or ""
         handler = self._handlers.get(kind)
         if handler is None:
@@ -193,7 +202,7 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
             return
         targets = command_targets(cmd, kind)
         if not targets:
-            handler(self, link, cmd)
+            handler(self, link, cmd, now)
             return
         if self._holds(link, cmd, targets):
             return
@@ -202,34 +211,34 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         commit = self.commit
         commit.scope = Scope(frozenset(p for p, _ in targets), link.send, cmd.request_id)
         try:
-            handler(self, link, cmd)
+            handler(self, link, cmd, now)
         finally:
             commit.scope = None
 
-    def _open_session(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+    def _open_session(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None:
         req = cmd.open_session
         p = cmd.partition
         if not self._check_owner(link, cmd, p, cmd.partition_epoch):
             return
         batch = self.commit.batch
-        stamp = now_ms()
+        stamp = now
         session = self.sessions.get(req.client_id)
         # The same connection's OpenSession again: its edge re-sent it to this (new) master
         # after the first one's answer was lost with the old master. Not a takeover.
         again = session is not None and session.record.connection_id == req.connection_id
         if session is not None and _expired(session, stamp) and not again:
             # Past its expiry but not swept yet (the sweep runs once a second): it is gone.
-            self._delete_session(session)
+            self._delete_session(session, stamp)
             session = None
         if session is not None and session.connection is not None and not again:
-            self._kick(session, reason_code=0x8E)
+            self._kick(session, 0x8E, stamp)
             self._connection_lost(session, stamp)
         elif session is not None and session.orphan and not again:
             # Live on an edge that has not re-attached it to this new master yet.
             self._kick_orphan(session, reason_code=0x8E)
             self._connection_lost(session, stamp)
         if session is not None and req.clean_start and not again:
-            self._delete_session(session)
+            self._delete_session(session, stamp)
             session = None
         elif session is not None and session.record.will_due_at_ms:
             # A new connection before the will's delay passed: the will is not sent
@@ -240,7 +249,7 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         present = session is not None and session.record.created_by != req.connection_id
         if session is None:
             record = pb.SessionRecord(
-                client_id=req.client_id, created_at_ms=now_ms(), created_by=req.connection_id
+                client_id=req.client_id, created_at_ms=stamp, created_by=req.connection_id
             )
             session = Session(p, record)
             self.sessions[req.client_id] = session
@@ -259,7 +268,7 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         self._reply(link, cmd, session_present=present)
         self.commit.after(functools.partial(self._connection_ready, session, conn))
 
-    def _attach_session(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+    def _attach_session(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None:
         req = cmd.attach_session
         if not self._check_owner(link, cmd, cmd.partition, cmd.partition_epoch):
             return
@@ -303,7 +312,7 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         self._reply(link, cmd)
         self.commit.after(functools.partial(self._connection_ready, session, conn))
 
-    def _close_session(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+    def _close_session(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None:
         req = cmd.close_session
         if not self._check_owner(link, cmd, cmd.partition, cmd.partition_epoch):
             return
@@ -325,7 +334,7 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
                 return
         if req.HasField("session_expiry_s"):
             session.record.session_expiry_s = req.session_expiry_s
-        stamp = now_ms()
+        stamp = now
         session.detach(stamp)
         if req.graceful and not req.send_will:
             self._clear_will(session)  # a normal DISCONNECT discards the will [MQTT-3.1.2-8]
@@ -333,14 +342,14 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
             self._connection_lost(session, stamp)
         self._presence(session)
         if session.record.session_expiry_s == 0:
-            self._delete_session(session)
+            self._delete_session(session, now)
         else:
             self.store.put_session(self.commit.batch, session.partition, session.record)
             if session.shared:
                 self.redelivery.connection_ended(session, stamp)
         self._reply(link, cmd)
 
-    def _node_stats(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+    def _node_stats(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None:
         own = {
             "publish/dropped_queue_full": self.dropped_queue_full,
             "sessions/mastered": len(self.sessions),
@@ -349,12 +358,12 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         event = _result(cmd.request_id, node_stats=self.sys_stats.answer(link, cmd.node_stats, own))
         self.commit.after(lambda: link.send(event))
 
-    def _enqueue_shared(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+    def _enqueue_shared(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None:
         req = cmd.enqueue_shared
         p = cmd.partition
         if not self._check_owner(link, cmd, p, cmd.partition_epoch):
             return
-        if self.redelivery.give(p, req.group, list(req.messages), req.online_only):
+        if self.redelivery.give(p, req.group, list(req.messages), req.online_only, now):
             self._reply(link, cmd)
             return
         online = "online " if req.online_only else ""
@@ -365,10 +374,10 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
             message=f"no {online}member of {req.group} in partition {p}",
         )
 
-    def _shared_handoff_done(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
-        self.redelivery.answered(cmd.shared_handoff_done)
+    def _shared_handoff_done(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None:
+        self.redelivery.answered(cmd.shared_handoff_done, now)
 
-    _handlers: dict[str, Callable[[PartitionNode, EdgeLink, pb.EdgeCommand], None]] = {
+    _handlers: dict[str, Callable[[PartitionNode, EdgeLink, pb.EdgeCommand, int], None]] = {
         "open_session": _open_session,
         "attach_session": _attach_session,
         "close_session": _close_session,
@@ -391,7 +400,7 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
 
     # ----- helpers ----------------------------------------------------------------------
 
-    def _kick(self, session: Session, reason_code: int) -> None:
+    def _kick(self, session: Session, reason_code: int, now: int) -> None:
         conn = session.connection
         assert conn is not None
         event = pb.PartitionEvent(
@@ -405,7 +414,7 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         # CONNACK then always comes before the kick (MQTT-3.2.0-1).
         link = conn.link
         self.commit.after(lambda: link.send(event))
-        session.detach(now_ms())
+        session.detach(now)
         self._presence(session)
 
     def _connection_ready(self, session: Session, conn: LiveConnection) -> None:
@@ -413,9 +422,9 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         conn.ready = True
         self._pump(session)
 
-    def _delete_session(self, session: Session) -> None:
+    def _delete_session(self, session: Session, now: int) -> None:
         if session.shared:
-            self.redelivery.session_ended(session)
+            self.redelivery.session_ended(session, now)
         if session.record.will_due_at_ms:
             self._publish_will_now(session)  # the session ends before the will's delay
         self.wills.cancel(session.client_id)
@@ -425,10 +434,10 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
             del self.sessions[session.client_id]
         self.store.delete_session(self.commit.batch, session.partition, session.client_id)
 
-    def hand_out_shared(self) -> None:
+    def hand_out_shared(self, now: int) -> None:
         """Shared-subscription messages of members that went offline lately, and those being
         handed over (again, if unanswered), to an edge."""
-        self.redelivery.sweep(now_ms())
+        self.redelivery.sweep(now)
 
     # ----- housekeeping -----------------------------------------------------------------
 
@@ -436,12 +445,11 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         """QoS 1/2 messages held by the sessions here (one pass over the sessions)."""
         return sum(len(s.queue) for s in self.sessions.values())
 
-    def expire_sessions(self) -> int:
+    def expire_sessions(self, now: int) -> int:
         """Remove sessions whose expiry interval has passed since their connection ended."""
-        stamp = now_ms()
-        expired = [session for session in self.sessions.values() if _expired(session, stamp)]
+        expired = [session for session in self.sessions.values() if _expired(session, now)]
         for session in expired:
-            self._delete_session(session)
+            self._delete_session(session, now)
         return len(expired)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from services.partition.links import EdgeLink
-from services.partition.master_state import SC, MasterState, now_ms
+from services.partition.master_state import SC, MasterState
 from services.partition.sessions import Claim, Routed
 
 
@@ -16,7 +16,7 @@ class InboundQos2(MasterState):
     _q2_attempts: dict[tuple[str, int], tuple[str, EdgeLink]]
     _q2_waiters: dict[tuple[str, int], list[tuple[EdgeLink, pb.EdgeCommand]]]
 
-    def _qos2_receive(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+    def _qos2_receive(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None:
         req = cmd.qos2_receive
         session = self._live_session(link, cmd, req.client_id, req.connection_id)
         if session is None:
@@ -24,7 +24,7 @@ class InboundQos2(MasterState):
         key = (req.client_id, req.packet_id)
         attempt = self._q2_attempts.get(key)
         claim = session.qos2_receive(
-            req.packet_id, req.connection_id, attempt[0] if attempt is not None else None
+            req.packet_id, req.connection_id, attempt[0] if attempt is not None else None, self.ids
         )
         if claim is Claim.WAIT:
             self._q2_waiters.setdefault(key, []).append((link, cmd))
@@ -43,7 +43,7 @@ class InboundQos2(MasterState):
         }[claim]
         self._reply(link, cmd, qos2_state=answer)
 
-    def _qos2_routed(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+    def _qos2_routed(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None:
         req = cmd.qos2_routed
         if not self._check_owner(link, cmd, cmd.partition, cmd.partition_epoch):
             return
@@ -74,15 +74,15 @@ class InboundQos2(MasterState):
                     link, cmd, SC.STATUS_CODE_TAKEN_OVER, message="claim held by another attempt"
                 )
         if key not in self._q2_attempts:
-            self._q2_wake(key)
+            self._q2_wake(key, now)
 
-    def _q2_wake(self, key: tuple[str, int]) -> None:
+    def _q2_wake(self, key: tuple[str, int], now: int) -> None:
         """The attempt at a packet id ended: its waiters are answered now, in order."""
         for link, cmd in self._q2_waiters.pop(key, ()):
             if self.links.get(link.edge_id) is link:
-                self._qos2_receive(link, cmd)
+                self._qos2_receive(link, cmd, now)
 
-    def _qos2_release(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+    def _qos2_release(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None:
         req = cmd.qos2_release
         session = self._live_session(link, cmd, req.client_id, req.connection_id)
         if session is None:
@@ -95,7 +95,7 @@ class InboundQos2(MasterState):
         )
         self._reply(link, cmd, qos2_state=pb.QOS2_STATE_RELEASED)
 
-    def _qos2_forget(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+    def _qos2_forget(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None:
         """The claims of these origin ids are settled: their targets here forget them. Entries
         for partitions not mastered here at that epoch are left to that master's sweep."""
         for entry in cmd.qos2_forget.origins:
@@ -103,17 +103,17 @@ class InboundQos2(MasterState):
             if self.mastered.get(p) == entry.epoch and self.seen.forget(p, entry.origin):
                 self.store.delete_qos2_seen(self.commit.batch, p, entry.origin)
 
-    def sweep_qos2_seen(self) -> int:
+    def sweep_qos2_seen(self, now: int) -> int:
         """Forget the origin ids kept past the retention (their forgets never came)."""
-        gone = self.seen.sweep(now_ms())
+        gone = self.seen.sweep(now)
         for p, origin in gone:
             self.store.delete_qos2_seen(self.commit.batch, p, origin)
         return len(gone)
 
-    def _qos2_link_closed(self, link: EdgeLink) -> None:
+    def _qos2_link_closed(self, link: EdgeLink, now: int) -> None:
         """Inbound QoS 2 attempts of that edge can no longer report: whoever waits for one
         gets its answer now (the packet id is routed again: see docs/architecture.md)."""
         ended = [key for key, (_, owner) in self._q2_attempts.items() if owner is link]
         for key in ended:
             del self._q2_attempts[key]
-            self._q2_wake(key)
+            self._q2_wake(key, now)

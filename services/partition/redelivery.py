@@ -28,7 +28,6 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -38,6 +37,7 @@ from services.partition.handout import HandOutClock, pick_edge
 from services.partition.links import EdgeLink
 from services.partition.sessions import Session
 from services.partition.shared import SharedGroups
+from services.partition.sources import IdSource
 from services.partition.store import GroupCommit, RedisStore
 
 log = logging.getLogger(__name__)
@@ -92,8 +92,11 @@ class SharedRedelivery:
         links: dict[str, EdgeLink],
         enqueue: Callable[[Session, pb.QueuedMessage], bool],
         schedule_pump: Callable[[Session], None],
+        clock: Callable[[], int],
+        ids: IdSource,
     ) -> None:
         self.node_id = node_id
+        self._clock = clock
         self.store = store
         self.commit = commit
         self.shared = shared
@@ -106,7 +109,7 @@ class SharedRedelivery:
         self._recheck: dict[str, tuple[Session, int]] = {}
         self._handed_at: HandOutClock[int] = HandOutClock()
         # Unique across restarts: stored handoffs keep their ids.
-        self._ids = itertools.count(time.time_ns())
+        self._ids = itertools.count(ids.first_handoff_id())
         # Messages given to another member / dropped because the group had nobody else.
         self.moved = 0
         self.dropped = 0
@@ -116,14 +119,14 @@ class SharedRedelivery:
     def connection_ended(self, session: Session, now_ms: int) -> None:
         """The session's connection ended and the session lives on (it is offline now)."""
         self._recheck[session.client_id] = (session, now_ms)
-        self._move_from(session)
+        self._move_from(session, now_ms)
 
-    def _move_from(self, session: Session) -> None:
+    def _move_from(self, session: Session, now_ms: int) -> None:
         for group, ids in movable(session).items():
-            if not self._give_here(session, group, ids):
+            if not self._give_here(session, group, ids, now_ms):
                 self._hand(session, group, ids, online_only=True, stored=False)
 
-    def session_ended(self, session: Session) -> None:
+    def session_ended(self, session: Session, now_ms: int) -> None:
         """The session is being deleted (offline; its queue goes with it)."""
         batch = self.commit.batch
         for handoff in self.pending.values():
@@ -132,14 +135,15 @@ class SharedRedelivery:
                 handoff.stored = True
                 self.store.put_handoff(batch, handoff.event.from_partition, handoff.event)
         for group, ids in movable(session).items():
-            if not self._give_here(session, group, ids):
+            if not self._give_here(session, group, ids, now_ms):
                 self._hand(session, group, ids, online_only=False, stored=True)
 
-    def _give_here(self, session: Session, group: str, ids: list[int]) -> bool:
+    def _give_here(self, session: Session, group: str, ids: list[int], now_ms: int) -> bool:
         """To an online member in the session's own partition: queued there and deleted here in
         the same write batch."""
         queue = session.queue
-        if not self.give(session.partition, group, [queue[mid].message for mid in ids], True):
+        messages = [queue[mid].message for mid in ids]
+        if not self.give(session.partition, group, messages, True, now_ms):
             return False
         removed = session.acknowledge(ids)
         self.store.delete_messages(self.commit.batch, session.partition, session.client_id, removed)
@@ -180,7 +184,7 @@ class SharedRedelivery:
         self._hand_out_now()
 
     def _hand_out_now(self) -> None:
-        self.hand_out(int(time.time() * 1000))
+        self.hand_out(self._clock())
 
     def load(self, handoffs: Iterable[pb.SharedHandoff]) -> None:
         """Stored handoffs of a partition being loaded: handed out again."""
@@ -205,7 +209,7 @@ class SharedRedelivery:
                     continue
                 del self._recheck[cid]
                 if self.sessions.get(cid) is session and session.connection is None:
-                    self._move_from(session)
+                    self._move_from(session, now_ms)
         self.hand_out(now_ms)
 
     def hand_out(self, now_ms: int) -> int:
@@ -220,7 +224,7 @@ class SharedRedelivery:
                 sent += 1
         return sent
 
-    def answered(self, req: pb.SharedHandoffDone) -> None:
+    def answered(self, req: pb.SharedHandoffDone, now_ms: int) -> None:
         """An edge's SharedHandoffDone."""
         handoff = self.pending.get(req.handoff_id)
         if handoff is None or req.online_only != handoff.event.online_only:
@@ -252,7 +256,7 @@ class SharedRedelivery:
             if live:
                 assert session is not None
                 session.handing.difference_update(handoff.message_ids)
-        elif not self.give(p, event.group, list(event.messages), False):
+        elif not self.give(p, event.group, list(event.messages), False, now_ms):
             # The member's session has ended and no other partition holds a member: an
             # offline one here, else the group has nobody left to give them to.
             self.dropped += len(event.messages)
@@ -268,7 +272,7 @@ class SharedRedelivery:
     # ----- the receiving side ------------------------------------------------------------
 
     def give(
-        self, p: int, group: str, messages: list[common_pb.Message], online_only: bool
+        self, p: int, group: str, messages: list[common_pb.Message], online_only: bool, now_ms: int
     ) -> bool:
         """Queue each message (in order) for one member of `group` in partition `p`, in turn,
         online ones first, as the edge's routing to the group alone would have; False (nothing
@@ -277,9 +281,8 @@ class SharedRedelivery:
         members = self.shared.group(p, group)
         if members is None or not members.members or (online_only and not members.online):
             return False
-        now = int(time.time() * 1000)
         for msg in messages:
-            if msg.expires_at_ms and msg.expires_at_ms <= now:
+            if msg.expires_at_ms and msg.expires_at_ms <= now_ms:
                 continue
             member = members.pick()
             spec = member.subscriptions[group]

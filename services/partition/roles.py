@@ -34,7 +34,7 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.ranges import ranges
 from services.partition.index_barrier import IndexBarrier
 from services.partition.links import EdgeLink
-from services.partition.master_state import SC, MasterState, _result, now_ms
+from services.partition.master_state import SC, MasterState, _result
 from services.partition.redelivery import SharedRedelivery
 from services.partition.replication import Replicator
 from services.partition.sessions import Session
@@ -112,7 +112,7 @@ class PartitionRoles(MasterState):
 
     if TYPE_CHECKING:  # defined by PartitionNode and the Subscriptions mixin
 
-        def handle(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None: ...
+        def handle(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None: ...
         def _add_subscription(
             self, session: Session, spec: pb.SubscriptionSpec, *, announce: bool
         ) -> None: ...
@@ -203,12 +203,13 @@ class PartitionRoles(MasterState):
 
     def retry_waiting(self, partitions: Iterable[int] | None = None) -> None:
         """Handle again, in order, the commands waiting for these partitions (all: None)."""
+        now = self.clock()
         for p in list(self._waiting if partitions is None else partitions):
             queue = self._waiting.pop(p, None)
             while queue:
                 link, cmd, _deadline = queue.popleft()
                 if self.links.get(link.edge_id) is link:
-                    self.handle(link, cmd)
+                    self.handle(link, cmd, now)
 
     def expire_waiting(self) -> int:
         """Answer UNAVAILABLE the commands that waited past WAIT_S (their edges ask again)."""
@@ -345,7 +346,7 @@ class PartitionRoles(MasterState):
         sessions: Sequence[StoredSession],
         retained: Sequence[common_pb.Message],
     ) -> None:
-        stamp = now_ms()
+        stamp = self.clock()
         for stored in sessions:
             session = Session(p, stored.record)
             for spec in stored.subscriptions:

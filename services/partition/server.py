@@ -44,7 +44,7 @@ class PartitionServicer(pb_grpc.PartitionServiceServicer):
         if await refuse_hello(context, peer, first.hello.protocol, "the edge's link", log):
             return
         node = self._node
-        link = node.open_link(first.hello)
+        link = node.open_link(first.hello, node.clock())
         reader = asyncio.create_task(self._read(link, first, request_iterator))
         try:
             while True:
@@ -55,20 +55,22 @@ class PartitionServicer(pb_grpc.PartitionServiceServicer):
                     yield frame
         finally:
             reader.cancel()
-            node.close_link(link)
+            node.close_link(link, node.clock())
 
     async def _read(
         self, link: EdgeLink, first: pb.EdgeFrame, frames: AsyncIterator[pb.EdgeFrame]
     ) -> None:
         node = self._node
         try:
+            now = node.clock()  # (once per frame: its commands arrived together)
             for cmd in first.commands:
-                node.handle(link, cmd)
+                node.handle(link, cmd, now)
             async for frame in frames:
                 if link.closed:
                     break
+                now = node.clock()
                 for cmd in frame.commands:
-                    node.handle(link, cmd)
+                    node.handle(link, cmd, now)
         except grpc.aio.AioRpcError:
             pass
         except Exception:

@@ -4,7 +4,6 @@ to the one live connection."""
 from __future__ import annotations
 
 import enum
-import os
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -14,9 +13,7 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 
 if TYPE_CHECKING:
     from services.partition.links import EdgeLink
-
-# Bytes of a QoS 2 claim's origin id (random: unique cluster-wide without coordination).
-ORIGIN_BYTES = 16
+    from services.partition.sources import IdSource
 
 # MQTT packet identifiers are 16 bit and nonzero. The edge derives a delivery's packet id from
 # its message id ((id - 1) % 65535 + 1), which stays stable across reconnects and restarts
@@ -169,20 +166,20 @@ class Session:
 
     # ----- inbound QoS 2 ----------------------------------------------------------------
 
-    def qos2_receive(self, packet_id: int, connection_id: str, running: str | None) -> Claim:
+    def qos2_receive(
+        self, packet_id: int, connection_id: str, running: str | None, ids: IdSource
+    ) -> Claim:
         """PUBLISH QoS 2 with `packet_id` from `connection_id`. `running` is the connection
         whose attempt at this packet id is still routing (None: no attempt is known to be
         running). On NEW the packet id is claimed for `connection_id`; the caller stores
-        `q2in[packet_id]`, whose origin id the routing carries."""
+        `q2in[packet_id]`, whose origin id (from `ids`) the routing carries."""
         state = self.q2in.get(packet_id)
         if state is not None and state.routed:
             return Claim.DUPLICATE
         if running is not None:
             return Claim.IN_PROGRESS if running == connection_id else Claim.WAIT
         if state is None:
-            self.q2in[packet_id] = pb.Qos2Inbound(
-                connection_id=connection_id, origin=os.urandom(ORIGIN_BYTES)
-            )
+            self.q2in[packet_id] = pb.Qos2Inbound(connection_id=connection_id, origin=ids.origin())
             return Claim.NEW
         # Claimed by an attempt that ended without a word (its edge or its link went away
         # mid-routing, or it failed part-way and kept the claim): route it again, with the
@@ -190,7 +187,7 @@ class Session:
         # before origin ids existed gets one now.)
         state.connection_id = connection_id
         if not state.origin:
-            state.origin = os.urandom(ORIGIN_BYTES)
+            state.origin = ids.origin()
         return Claim.NEW
 
     def qos2_routed(

@@ -22,7 +22,7 @@ class Subscriptions(MasterState):
     index_barrier: IndexBarrier
     index_refs: dict[tuple[int, str], int]
 
-    def _subscribe(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+    def _subscribe(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None:
         req = cmd.subscribe
         session = self._live_session(link, cmd, req.client_id, req.connection_id)
         if session is None:
@@ -49,10 +49,10 @@ class Subscriptions(MasterState):
             lambda: self.index_barrier.wait(seq, list(links.values()), lambda: link.send(event))
         )
 
-    def _index_ack(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+    def _index_ack(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None:
         self.index_barrier.acked(link, cmd.index_ack.seq)
 
-    def _unsubscribe(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+    def _unsubscribe(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None:
         req = cmd.unsubscribe
         session = self._live_session(link, cmd, req.client_id, req.connection_id)
         if session is None:

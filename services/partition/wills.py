@@ -23,7 +23,7 @@ from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from services.partition.handout import HandOutClock, pick_edge
 from services.partition.links import EdgeLink
-from services.partition.master_state import MasterState, now_ms
+from services.partition.master_state import MasterState
 from services.partition.sessions import Session
 
 
@@ -126,7 +126,7 @@ class SessionWills(MasterState):
         rec.will_due_at_ms = stamp + delay_s * 1000 + grace_ms
         self.wills.schedule(rec.client_id, rec.will_due_at_ms)
         if rec.will_due_at_ms <= stamp:
-            self.commit.after(self.hand_out_wills)
+            self.commit.after(self._hand_out_wills_now)
 
     def _clear_will(self, session: Session) -> None:
         session.record.ClearField("will")
@@ -136,17 +136,20 @@ class SessionWills(MasterState):
     def _publish_will_now(self, session: Session) -> None:
         """Hand the session's will out at once, from memory (the record is about to lose it)."""
         self.wills.orphan(session.client_id, session.record.will.message)
-        self.commit.after(self.hand_out_wills)
+        self.commit.after(self._hand_out_wills_now)
 
-    def hand_out_wills(self) -> None:
+    def _hand_out_wills_now(self) -> None:
+        self.hand_out_wills(self.clock())
+
+    def hand_out_wills(self, now: int) -> None:
         """Give every due will to an edge to publish (again, if one went unanswered)."""
         sessions = self.sessions
         messages = {
             cid: sessions[cid].record.will.message for cid in self.wills.due if cid in sessions
         }
-        self.wills.hand_out(now_ms(), self.links, messages)
+        self.wills.hand_out(now, self.links, messages)
 
-    def _will_published(self, link: EdgeLink, cmd: pb.EdgeCommand) -> None:
+    def _will_published(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None:
         req = cmd.will_published
         if not self.wills.confirmed(req.client_id, req.will_id):
             return

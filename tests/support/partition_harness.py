@@ -51,7 +51,7 @@ class Edge:
 
     def __init__(self, node: PartitionNode, edge_id: str) -> None:
         self.node = node
-        self.link = node.open_link(pb.Hello(edge_id=edge_id, edge_incarnation=1))
+        self.link = node.open_link(pb.Hello(edge_id=edge_id, edge_incarnation=1), node.clock())
         self.next_id = 1
         self.link._events.clear()  # the index snapshot
 
@@ -61,8 +61,12 @@ class Edge:
         cmd = pb.EdgeCommand(
             request_id=request_id, partition=partition, partition_epoch=epoch, **kind
         )
-        self.node.handle(self.link, cmd)
+        self.handle(cmd)
         return request_id
+
+    def handle(self, cmd: pb.EdgeCommand) -> None:
+        """`cmd` from this edge, now (the node's clock)."""
+        self.node.handle(self.link, cmd, self.node.clock())
 
     def heard(self) -> tuple[dict[int, pb.Result], list[pb.Delivery]]:
         results = {rid: pb.Result(request_id=rid) for rid in self.link._ok_ids}
@@ -82,9 +86,38 @@ class Edge:
         return events
 
 
+class Clock:
+    """A scenario's time (unix ms), moved by hand: the node's `clock`, and the `now` that
+    `Edge.command` gives each command."""
+
+    def __init__(self, start_ms: int = 1_800_000_000_000) -> None:
+        self.now = start_ms
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, ms: int) -> None:
+        self.now += ms
+
+
+class CountedIds:
+    """Ids that are the same in every run: origin ids b"origin:000000001" and so on
+    (services/partition/sources.py IdSource)."""
+
+    def __init__(self) -> None:
+        self.origins = 0
+
+    def origin(self) -> bytes:
+        self.origins += 1
+        return b"origin:%09d" % self.origins
+
+    def first_handoff_id(self) -> int:
+        return 1
+
+
 def make_node() -> tuple[PartitionNode, FakeCommit]:
     commit = FakeCommit()
-    node = PartitionNode("n1", RedisStore(None), commit)
+    node = PartitionNode("n1", RedisStore(None), commit, clock=Clock(), ids=CountedIds())
     node.mastered[P] = EPOCH
     return node, commit
 

@@ -458,8 +458,7 @@ async def test_a_qos1_publish_sent_again_is_answered_without_being_written_twice
 
     def publish(command_id: int, payload: bytes) -> int:
         rid = c.edge.next_id
-        c.node.handle(
-            c.edge.link,
+        c.edge.handle(
             pb.EdgeCommand(
                 request_id=rid,
                 partition=P,

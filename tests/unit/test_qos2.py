@@ -9,7 +9,17 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from services.partition.replication import HDEL, HSET
 from services.partition.sessions import Claim, LiveConnection, Routed, Session
 from services.partition.store import qos2_inbound_key, queue_key
-from tests.support.partition_harness import Edge, P, connect, make_node, receive, routed
+from tests.support.partition_harness import (
+    CountedIds,
+    Edge,
+    P,
+    connect,
+    make_node,
+    receive,
+    routed,
+)
+
+IDS = CountedIds()
 
 
 def message(mid: int, qos: int = 2) -> pb.QueuedMessage:
@@ -93,32 +103,32 @@ def test_a_message_loaded_after_a_restart_keeps_its_released_state() -> None:
 
 def test_inbound_packet_id_lifecycle() -> None:
     session = Session(P, pb.SessionRecord(client_id="c"))
-    assert session.qos2_receive(9, "a", None) is Claim.NEW
+    assert session.qos2_receive(9, "a", None, IDS) is Claim.NEW
     claim = session.q2in[9]
     assert (claim.routed, claim.connection_id, len(claim.origin)) == (False, "a", 16)
-    assert session.qos2_receive(9, "a", "a") is Claim.IN_PROGRESS
-    assert session.qos2_receive(9, "b", "a") is Claim.WAIT
+    assert session.qos2_receive(9, "a", "a", IDS) is Claim.IN_PROGRESS
+    assert session.qos2_receive(9, "b", "a", IDS) is Claim.WAIT
     assert session.qos2_routed(9, "a", ok=True) is Routed.PUT
     assert session.q2in[9].routed
     for running in (None, "a", "b"):
-        assert session.qos2_receive(9, "b", running) is Claim.DUPLICATE
+        assert session.qos2_receive(9, "b", running, IDS) is Claim.DUPLICATE
     assert session.qos2_routed(9, "a", ok=False) is Routed.UNCHANGED  # routed stays routed
     assert session.qos2_release(9) is True
     assert session.qos2_release(9) is False
-    assert session.qos2_receive(9, "b", None) is Claim.NEW  # the packet id is free again
+    assert session.qos2_receive(9, "b", None, IDS) is Claim.NEW  # the packet id is free again
 
 
 def test_a_failed_routing_drops_only_its_own_claim() -> None:
     session = Session(P, pb.SessionRecord(client_id="c"))
-    session.qos2_receive(4, "a", None)
+    session.qos2_receive(4, "a", None, IDS)
     # a's attempt ended unreported (say its edge died): b takes the claim over.
-    assert session.qos2_receive(4, "b", None) is Claim.NEW
+    assert session.qos2_receive(4, "b", None, IDS) is Claim.NEW
     assert session.qos2_routed(4, "a", ok=False) is Routed.UNCHANGED
     assert session.q2in[4].connection_id == "b"
     assert session.qos2_routed(4, "b", ok=False) is Routed.DELETED
     assert 4 not in session.q2in
     # Released (a client's early PUBREL) while routing: nothing is recreated.
-    session.qos2_receive(5, "b", None)
+    session.qos2_receive(5, "b", None, IDS)
     session.qos2_release(5)
     assert session.qos2_routed(5, "b", ok=True) is Routed.UNCHANGED
     assert 5 not in session.q2in
@@ -189,7 +199,7 @@ def test_a_waiter_routes_again_when_the_routing_edge_goes_away() -> None:
     rid = receive(new, "c", "c2", 7)
     commit.durable()
     assert rid not in new.heard()[0]
-    node.close_link(old.link)  # e1 died mid-routing: nobody will report
+    node.close_link(old.link, node.clock())  # e1 died mid-routing: nobody will report
     commit.durable()
     assert new.heard()[0][rid].qos2_state == pb.QOS2_STATE_NEW
     assert node.sessions["c"].q2in[7].connection_id == "c2"

@@ -18,9 +18,19 @@ from services.partition.sessions import Claim, Routed, Session
 from services.partition.store import RedisStore, qos2_inbound_key, qos2_seen_key, queue_key
 from tests.support.edge_harness import alternating_router as make_router
 from tests.support.edge_harness import announce
-from tests.support.partition_harness import EPOCH, Edge, P, connect, make_node, receive, routed
+from tests.support.partition_harness import (
+    EPOCH,
+    CountedIds,
+    Edge,
+    P,
+    connect,
+    make_node,
+    receive,
+    routed,
+)
 from tests.support.replication_sim import Sim
 
+IDS = CountedIds()
 # A second partition mastered by the same node (P is the first one).
 P2 = 5
 TOPIC = "t/x"
@@ -30,9 +40,7 @@ def command_in(edge: Edge, p: int, **kind: Any) -> int:
     """Like Edge.command, for a session or target in partition p."""
     request_id = edge.next_id
     edge.next_id += 1
-    edge.node.handle(
-        edge.link, pb.EdgeCommand(request_id=request_id, partition=p, partition_epoch=EPOCH, **kind)
-    )
+    edge.handle(pb.EdgeCommand(request_id=request_id, partition=p, partition_epoch=EPOCH, **kind))
     return request_id
 
 
@@ -56,7 +64,7 @@ def subscriber(edge: Edge, cid: str, p: int) -> None:
     )
     # The edge applied the index update (else the SUBACK waits for it).
     seq = edge.node.index_barrier.seq
-    edge.node.handle(edge.link, pb.EdgeCommand(index_ack=pb.IndexAck(seq=seq)))
+    edge.handle(pb.EdgeCommand(index_ack=pb.IndexAck(seq=seq)))
 
 
 def publish(edge: Edge, partitions: list[int], origin: bytes, payload: bytes = b"m") -> int:
@@ -71,7 +79,7 @@ def publish(edge: Edge, partitions: list[int], origin: bytes, payload: bytes = b
 
 def forget(edge: Edge, *entries: tuple[int, int, bytes]) -> None:
     origins = [pb.SeenOrigin(partition=p, epoch=e, origin=o) for p, e, o in entries]
-    edge.node.handle(edge.link, pb.EdgeCommand(qos2_forget=pb.Qos2Forget(origins=origins)))
+    edge.handle(pb.EdgeCommand(qos2_forget=pb.Qos2Forget(origins=origins)))
 
 
 def two_partitions() -> tuple[Any, Any, Edge]:
@@ -96,27 +104,27 @@ def queued(node: Any, cid: str) -> list[bytes]:
 def test_a_takeover_of_the_claim_keeps_its_origin_id() -> None:
     """A claim gets its origin id once; every attempt that takes it over gets the same one."""
     session = Session(P, pb.SessionRecord(client_id="c"))
-    assert session.qos2_receive(1, "a", None) is Claim.NEW
+    assert session.qos2_receive(1, "a", None, IDS) is Claim.NEW
     origin = session.q2in[1].origin
     # a's attempt ended unreported (its edge died): b takes the claim over.
-    assert session.qos2_receive(1, "b", None) is Claim.NEW
+    assert session.qos2_receive(1, "b", None, IDS) is Claim.NEW
     assert (session.q2in[1].connection_id, session.q2in[1].origin) == ("b", origin)
     # A failed routing that keeps its claim (no PUBREC 0x80 went out): the resend routes with
     # the same origin id again.
     assert session.qos2_routed(1, "b", ok=False, keep_claim=True) is Routed.UNCHANGED
-    assert session.qos2_receive(1, "c", None) is Claim.NEW
+    assert session.qos2_receive(1, "c", None, IDS) is Claim.NEW
     assert session.q2in[1].origin == origin
     # One that drops it (PUBREC 0x80 follows): the packet id is a new message, with a new
     # origin id [MQTT-4.3.3-9].
     assert session.qos2_routed(1, "c", ok=False) is Routed.DELETED
-    assert session.qos2_receive(1, "d", None) is Claim.NEW
+    assert session.qos2_receive(1, "d", None, IDS) is Claim.NEW
     assert session.q2in[1].origin not in (b"", origin)
     # Routed: nothing can retry it, the origin id is let go.
     assert session.qos2_routed(1, "d", ok=True) is Routed.PUT
     assert session.q2in[1].origin == b""
     # Distinct claims get distinct origin ids.
-    session.qos2_receive(2, "d", None)
-    session.qos2_receive(3, "d", None)
+    session.qos2_receive(2, "d", None, IDS)
+    session.qos2_receive(3, "d", None, IDS)
     assert len({session.q2in[2].origin, session.q2in[3].origin}) == 2
 
 
@@ -133,7 +141,7 @@ def test_the_node_answers_new_with_the_origin_id_and_a_takeover_with_the_same() 
     assert pb.Qos2Inbound.FromString(stored[-1][3]).origin == origin
     connect(new, "c", "c2")
     again = receive(new, "c", "c2", 7)
-    node.close_link(old.link)  # e1 died mid-routing
+    node.close_link(old.link, node.clock())  # e1 died mid-routing
     commit.durable()
     answer = new.heard()[0][again]
     assert (answer.qos2_state, answer.qos2_origin) == (pb.QOS2_STATE_NEW, origin)
@@ -218,10 +226,10 @@ def test_origin_ids_past_the_retention_are_swept_durably() -> None:
     # On the node: what the sweep lets go is deleted from Redis (and from the followers).
     node, commit = make_node()
     node.seen.load(P, [(b"stale", 1), (b"young", 2**62)])
-    assert node.sweep_qos2_seen() == 1
+    assert node.sweep_qos2_seen(node.clock()) == 1
     commit.durable()
     assert commit.written == [(P, (HDEL, qos2_seen_key(P), b"stale", b""))]
-    assert node.sweep_qos2_seen() == 0
+    assert node.sweep_qos2_seen(node.clock()) == 0
 
 
 def test_mqtt_4_3_3_10_a_retried_routing_picks_the_same_shared_group_partitions() -> None:
