@@ -9,13 +9,13 @@ inherits: a message costs no more calls or attribute hops than if they were defi
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.topics import topic_matches
+from services.partition.effects import MessageDurable, Pump, Send, SendReleased
 from services.partition.links import EdgeLink
 from services.partition.master_state import MasterState, _result
 from services.partition.replication import Replicator
@@ -211,7 +211,7 @@ class MessageDelivery(MasterState):
         session.enqueue(qm)
         self.store.put_message(batch, session.partition, session.client_id, qm)
         self._dirty[session.client_id] = session
-        self.commit.after(functools.partial(self._durable, session, qm.message_id))
+        self.commit.after(MessageDurable(session, qm.message_id))
         return True
 
     def _store_retained(self, p: int, msg: common_pb.Message) -> None:
@@ -236,7 +236,7 @@ class MessageDelivery(MasterState):
             and any(topic_matches(f, topic) for f in filters)
         ]
         event = _result(cmd.request_id, retained=found)
-        self.commit.after(lambda: link.send(event))
+        self.commit.after(Send(link, event))
 
     def _enqueue_retained(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None:
         req = cmd.enqueue_retained
@@ -295,23 +295,26 @@ class MessageDelivery(MasterState):
         conn = session.connection
         if conn is None or not send:
             return
-
-        def send_stubs() -> None:
-            if session.connection is conn and self.sessions.get(session.client_id) is session:
-                _send_delivery(session, conn, stubs)
-
-        self.commit.after(send_stubs)
-
-    def _durable(self, session: Session, message_id: int) -> None:
-        if message_id > session.durable_mid:
-            session.durable_mid = message_id
-        self._released_pumps[id(session)] = session
+        self.commit.after(SendReleased(session, conn, tuple(stubs)))
 
     def _schedule_pump(self, session: Session) -> None:
-        self.commit.after(functools.partial(self._pump_after_release, session))
+        self.commit.after(Pump(session))
 
-    def _pump_after_release(self, session: Session) -> None:
+    # ----- effects, once their batch is released (PartitionNode.carry_out) ----------------
+
+    def _message_durable(self, e: MessageDurable) -> None:
+        session = e.session
+        if e.message_id > session.durable_mid:
+            session.durable_mid = e.message_id
         self._released_pumps[id(session)] = session
+
+    def _pump_after_release(self, e: Pump) -> None:
+        self._released_pumps[id(e.session)] = e.session
+
+    def _send_released(self, e: SendReleased) -> None:
+        session, conn = e.session, e.conn
+        if session.connection is conn and self.sessions.get(session.client_id) is session:
+            _send_delivery(session, conn, e.stubs)
 
     def _pump_released(self) -> None:
         """Once per release of committed batches: each session that got messages in them is

@@ -43,6 +43,12 @@ class EdgeLink:
         self.closed = True
         self._wake.set()
 
+    def take(self) -> tuple[list[pb.PartitionEvent], list[int]]:
+        """What waits to go out: the events, and the request ids answered a plain OK."""
+        events, self._events = self._events, []
+        ok_ids, self._ok_ids = self._ok_ids, []
+        return events, ok_ids
+
     async def frames(self) -> list[pb.PartitionFrame]:
         """Wait for events, then hand them out as frames (empty list: the link is closed), at
         most one batch per pacing interval (hexmq/pacing.py): results and deliveries made
@@ -60,8 +66,7 @@ class EdgeLink:
                 return []
         self._pacer.sent(loop.time())
         self._linger.record(len(self._events) + len(self._ok_ids), delay)
-        events, self._events = self._events, []
-        ok_ids, self._ok_ids = self._ok_ids, []
+        events, ok_ids = self.take()
         frames = [
             pb.PartitionFrame(events=events[i : i + MAX_EVENTS_PER_FRAME])
             for i in range(0, len(events), MAX_EVENTS_PER_FRAME)

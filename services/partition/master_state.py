@@ -14,6 +14,7 @@ from collections.abc import Callable
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.topics import TopicTrie
+from services.partition.effects import Send
 from services.partition.links import EdgeLink
 from services.partition.qos2_seen import SeenOrigins
 from services.partition.replication import Replicator
@@ -61,7 +62,7 @@ class MasterState:
             self.commit.after_ok(link.ok, cmd.request_id)
             return
         event = _result(cmd.request_id, status, **fields)
-        self.commit.after(lambda: link.send(event))
+        self.commit.after(Send(link, event))
 
     def _check_owner(self, link: EdgeLink, cmd: pb.EdgeCommand, p: int, epoch: int) -> bool:
         """Fencing: refuse (never half-apply) a command routed by another view."""

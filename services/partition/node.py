@@ -15,9 +15,9 @@ demotion, commands waiting for a partition), Subscriptions (subscriptions.py), M
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from hexmq import telemetry
 from hexmq.api.common.v1 import common_pb2 as common_pb
@@ -25,6 +25,18 @@ from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.topics import TopicTrie
 from services.partition.delivery import MessageDelivery, QueueLimits
+from services.partition.effects import (
+    AfterIndexed,
+    ConnectionReady,
+    Effect,
+    HandoffReady,
+    HandOutShared,
+    HandOutWills,
+    MessageDurable,
+    Pump,
+    Send,
+    SendReleased,
+)
 from services.partition.index_barrier import IndexBarrier
 from services.partition.links import EdgeLink
 from services.partition.master_state import SC, _result
@@ -124,7 +136,6 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
             self.links,
             self._enqueue,
             self._schedule_pump,
-            clock,
             self.ids,
         )
         # Sessions whose record changed in the batch being gathered (written once per batch).
@@ -132,6 +143,7 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         commit.add_finisher(self._write_dirty)
         self._released_pumps: dict[int, Session] = {}
         commit.add_release_hook(self._pump_released)
+        commit.carry_out = self.carry_out
         # Inbound QoS 2 attempts that are routing now: (client id, packet id) -> the claiming
         # connection and its edge link; and the Qos2Receive commands of other connections
         # waiting for such an attempt to report (memory only: an attempt whose link is gone
@@ -266,7 +278,7 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         self._presence(session)
         self.store.put_session(batch, p, session.record)
         self._reply(link, cmd, session_present=present)
-        self.commit.after(functools.partial(self._connection_ready, session, conn))
+        self.commit.after(ConnectionReady(session, conn))
 
     def _attach_session(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None:
         req = cmd.attach_session
@@ -310,7 +322,7 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         self.wills.cancel(session.client_id)
         self.store.put_session(self.commit.batch, session.partition, session.record)
         self._reply(link, cmd)
-        self.commit.after(functools.partial(self._connection_ready, session, conn))
+        self.commit.after(ConnectionReady(session, conn))
 
     def _close_session(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None:
         req = cmd.close_session
@@ -356,7 +368,7 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
             "messages/queued": self.queued_messages(),
         }
         event = _result(cmd.request_id, node_stats=self.sys_stats.answer(link, cmd.node_stats, own))
-        self.commit.after(lambda: link.send(event))
+        self.commit.after(Send(link, event))
 
     def _enqueue_shared(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None:
         req = cmd.enqueue_shared
@@ -413,14 +425,9 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         # After the commit, like the result of the connection's own OpenSession: on its link the
         # CONNACK then always comes before the kick (MQTT-3.2.0-1).
         link = conn.link
-        self.commit.after(lambda: link.send(event))
+        self.commit.after(Send(link, event))
         session.detach(now)
         self._presence(session)
-
-    def _connection_ready(self, session: Session, conn: LiveConnection) -> None:
-        """The edge has (or, in this frame, will have) the answer that accepts `conn`."""
-        conn.ready = True
-        self._pump(session)
 
     def _delete_session(self, session: Session, now: int) -> None:
         if session.shared:
@@ -438,6 +445,26 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         """Shared-subscription messages of members that went offline lately, and those being
         handed over (again, if unanswered), to an edge."""
         self.redelivery.sweep(now)
+
+    # ----- effects, once their batch is released ------------------------------------------
+
+    def carry_out(self, effect: Effect) -> None:
+        """Carry out what a command left for when its batch is durable and replicated
+        (services/partition/effects.py; GroupCommit.release calls this, in order)."""
+        carry = _CARRY_OUT.get(type(effect))
+        if carry is None:
+            assert callable(effect)
+            effect()  # (tracing's spans)
+        else:
+            carry(self, effect)
+
+    def _connection_ready(self, e: ConnectionReady) -> None:
+        e.conn.ready = True
+        self._pump(e.session)
+
+    def _after_indexed(self, e: AfterIndexed) -> None:
+        link, event = e.link, e.event
+        self.index_barrier.wait(e.seq, list(self.links.values()), lambda: link.send(event))
 
     # ----- housekeeping -----------------------------------------------------------------
 
@@ -464,3 +491,32 @@ def _expired(session: Session, stamp: int) -> bool:
     if rec.session_expiry_s == 0:
         deadline += LINK_GRACE_MS
     return stamp >= deadline
+
+
+def _send(node: PartitionNode, e: Send) -> None:
+    e.link.send(e.event)
+
+
+def _hand_out_wills(node: PartitionNode, e: HandOutWills) -> None:
+    node.hand_out_wills(node.clock())
+
+
+def _handoff_ready(node: PartitionNode, e: HandoffReady) -> None:
+    node.redelivery.ready(e.handoff, node.clock())
+
+
+def _hand_out_shared(node: PartitionNode, e: HandOutShared) -> None:
+    node.redelivery.hand_out(node.clock())
+
+
+_CARRY_OUT: dict[type, Callable[[PartitionNode, Any], None]] = {
+    Send: _send,
+    AfterIndexed: PartitionNode._after_indexed,
+    ConnectionReady: PartitionNode._connection_ready,
+    MessageDurable: PartitionNode._message_durable,
+    Pump: PartitionNode._pump_after_release,
+    SendReleased: PartitionNode._send_released,
+    HandOutWills: _hand_out_wills,
+    HandoffReady: _handoff_ready,
+    HandOutShared: _hand_out_shared,
+}

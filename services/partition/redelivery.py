@@ -25,7 +25,6 @@ member is never also sent to it.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 from collections.abc import Callable, Iterable
@@ -33,6 +32,7 @@ from dataclasses import dataclass
 
 from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.partition.v1 import partition_pb2 as pb
+from services.partition.effects import HandoffReady, HandOutShared
 from services.partition.handout import HandOutClock, pick_edge
 from services.partition.links import EdgeLink
 from services.partition.sessions import Session
@@ -92,11 +92,9 @@ class SharedRedelivery:
         links: dict[str, EdgeLink],
         enqueue: Callable[[Session, pb.QueuedMessage], bool],
         schedule_pump: Callable[[Session], None],
-        clock: Callable[[], int],
         ids: IdSource,
     ) -> None:
         self.node_id = node_id
-        self._clock = clock
         self.store = store
         self.commit = commit
         self.shared = shared
@@ -177,14 +175,12 @@ class SharedRedelivery:
             session.handing.update(chunk)
             if stored:
                 self.store.put_handoff(batch, session.partition, event)
-            self.commit.after(functools.partial(self._ready, handoff))
+            self.commit.after(HandoffReady(handoff))
 
-    def _ready(self, handoff: Handoff) -> None:
+    def ready(self, handoff: Handoff, now_ms: int) -> None:
+        """The handoff is durable (effects.HandoffReady)."""
         handoff.ready = True
-        self._hand_out_now()
-
-    def _hand_out_now(self) -> None:
-        self.hand_out(self._clock())
+        self.hand_out(now_ms)
 
     def load(self, handoffs: Iterable[pb.SharedHandoff]) -> None:
         """Stored handoffs of a partition being loaded: handed out again."""
@@ -237,7 +233,7 @@ class SharedRedelivery:
             event.online_only = False
             self.store.put_handoff(batch, p, event)
             self._handed_at.forget(hid)
-            self.commit.after(self._hand_out_now)
+            self.commit.after(HandOutShared())
             return
         del self.pending[hid]
         self._handed_at.forget(hid)

@@ -32,6 +32,7 @@ from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.ranges import ranges
+from services.partition.effects import Send
 from services.partition.index_barrier import IndexBarrier
 from services.partition.links import EdgeLink
 from services.partition.master_state import SC, MasterState, _result
@@ -435,4 +436,4 @@ class PartitionRoles(MasterState):
                 client_id=session.client_id, connection_id=conn_id, reason_code=reason_code
             )
         )
-        self.commit.after(lambda: link.send(event))
+        self.commit.after(Send(link, event))

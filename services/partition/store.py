@@ -33,7 +33,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import redis.asyncio as redis
 
@@ -55,6 +55,9 @@ from services.partition.replication import (
     Stored,
     history_of,
 )
+
+if TYPE_CHECKING:
+    from services.partition.effects import Effect
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +165,8 @@ class StorageFailed(RuntimeError):
     never runs ahead of what Redis holds; on restart it reloads from Redis."""
 
 
-Action = Callable[[], None]
+def _call(effect: Any) -> None:
+    effect()
 
 
 class WriteBatch:
@@ -295,7 +299,7 @@ class GroupCommit:
         self._replicator = replicator
         self._on_failure = on_failure
         self._batch: WriteBatch | None = None
-        self._actions: list[tuple[Action, Scope | None]] = []
+        self._actions: list[tuple[Effect, Scope | None]] = []
         # (sink, request id) pairs answered OK once durable: cheaper than an action each.
         self._oks: list[tuple[Callable[[int], None], int, Scope | None]] = []
         self._finishers: list[Callable[[WriteBatch], None]] = []
@@ -306,6 +310,9 @@ class GroupCommit:
         self._task: asyncio.Task[None] | None = None
         # The command being handled (set by the partition node around each handler).
         self.scope: Scope | None = None
+        # What carries a released effect out: PartitionNode.carry_out (the default calls it,
+        # for effects that are plain callables).
+        self.carry_out: Callable[[Effect], None] = _call
         # Called with the batch's entries, its release token and the partitions it could not
         # write once durable here; the replication driver hands the token back to `release`
         # once followers have it.
@@ -326,10 +333,15 @@ class GroupCommit:
         self._wake.set()
         return self._batch
 
-    def after(self, action: Action) -> None:
-        """Run `action` once everything written so far is durable and replicated."""
-        self._actions.append((action, self.scope))
+    def after(self, effect: Effect) -> None:
+        """Carry `effect` out (services/partition/effects.py) once everything written so far is
+        durable and replicated."""
+        self._actions.append((effect, self.scope))
         self._wake.set()
+
+    def pending(self) -> list[Effect]:
+        """The effects added since the last batch went to Redis, in order (not the OKs)."""
+        return [effect for effect, _scope in self._actions]
 
     @property
     def gathering(self) -> int:
@@ -418,11 +430,12 @@ class GroupCommit:
             batch = cast("_Released", token)
             self.releasing = batch
             moved: set[tuple[int, int]] = set()
+            carry_out = self.carry_out
             for action, scope in batch.actions:
                 if aborted and scope is not None and not aborted.isdisjoint(scope.partitions):
                     self._answer_moved(scope, aborted, moved)
                     continue
-                action()
+                carry_out(action)
             for sink, request_id, scope in batch.oks:
                 if aborted and scope is not None and not aborted.isdisjoint(scope.partitions):
                     self._answer_moved(scope, aborted, moved)
@@ -454,7 +467,7 @@ class GroupCommit:
 
 @dataclass(slots=True)
 class _Released:
-    actions: list[tuple[Action, Scope | None]]
+    actions: list[tuple[Effect, Scope | None]]
     oks: list[tuple[Callable[[int], None], int, Scope | None]]
     # When the batch was durable here (unix ns), and the seq it got per partition.
     durable_ns: int

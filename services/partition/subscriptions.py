@@ -10,6 +10,7 @@ from collections.abc import Iterable
 
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.topics import SHARED_PREFIX
+from services.partition.effects import AfterIndexed
 from services.partition.index_barrier import IndexBarrier
 from services.partition.links import EdgeLink
 from services.partition.master_state import MasterState, _result
@@ -44,10 +45,7 @@ class Subscriptions(MasterState):
             return
         # A filter new to the edges' index: SUBACK once every edge routes by it.
         event = _result(cmd.request_id, reason_codes=codes, existed=existed)
-        seq, links = self.index_barrier.seq, self.links
-        self.commit.after(
-            lambda: self.index_barrier.wait(seq, list(links.values()), lambda: link.send(event))
-        )
+        self.commit.after(AfterIndexed(link, event, self.index_barrier.seq))
 
     def _index_ack(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None:
         self.index_barrier.acked(link, cmd.index_ack.seq)

@@ -21,6 +21,7 @@ import itertools
 
 from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.partition.v1 import partition_pb2 as pb
+from services.partition.effects import HandOutWills
 from services.partition.handout import HandOutClock, pick_edge
 from services.partition.links import EdgeLink
 from services.partition.master_state import MasterState
@@ -126,7 +127,7 @@ class SessionWills(MasterState):
         rec.will_due_at_ms = stamp + delay_s * 1000 + grace_ms
         self.wills.schedule(rec.client_id, rec.will_due_at_ms)
         if rec.will_due_at_ms <= stamp:
-            self.commit.after(self._hand_out_wills_now)
+            self.commit.after(HandOutWills())
 
     def _clear_will(self, session: Session) -> None:
         session.record.ClearField("will")
@@ -136,10 +137,7 @@ class SessionWills(MasterState):
     def _publish_will_now(self, session: Session) -> None:
         """Hand the session's will out at once, from memory (the record is about to lose it)."""
         self.wills.orphan(session.client_id, session.record.will.message)
-        self.commit.after(self._hand_out_wills_now)
-
-    def _hand_out_wills_now(self) -> None:
-        self.hand_out_wills(self.clock())
+        self.commit.after(HandOutWills())
 
     def hand_out_wills(self, now: int) -> None:
         """Give every due will to an edge to publish (again, if one went unanswered)."""

@@ -53,7 +53,9 @@ class Edge:
         self.node = node
         self.link = node.open_link(pb.Hello(edge_id=edge_id, edge_incarnation=1), node.clock())
         self.next_id = 1
-        self.link._events.clear()  # the index snapshot
+        self.link.take()  # the index snapshot
+        # Plain OKs the link carried that `events` passed over (`heard` reports them).
+        self.oks: list[int] = []
 
     def command(self, cid: str, *, partition: int = P, epoch: int = EPOCH, **kind: Any) -> int:
         request_id = self.next_id
@@ -69,20 +71,21 @@ class Edge:
         self.node.handle(self.link, cmd, self.node.clock())
 
     def heard(self) -> tuple[dict[int, pb.Result], list[pb.Delivery]]:
-        results = {rid: pb.Result(request_id=rid) for rid in self.link._ok_ids}
+        events, oks = self.link.take()
+        oks, self.oks = self.oks + oks, []
+        results = {rid: pb.Result(request_id=rid) for rid in oks}
         deliveries = []
-        for event in self.link._events:
+        for event in events:
             if event.HasField("result"):
                 results[event.result.request_id] = event.result
             elif event.HasField("delivery"):
                 deliveries.append(event.delivery)
-        self.link._events.clear()
-        self.link._ok_ids.clear()
         return results, deliveries
 
     def events(self) -> list[pb.PartitionEvent]:
         """Everything the link carried since the last call (results as events only)."""
-        events, self.link._events = self.link._events, []
+        events, oks = self.link.take()
+        self.oks += oks
         return events
 
 

@@ -295,9 +295,7 @@ def delivered(deliveries: list[pb.Delivery], cid: str) -> list[bytes]:
 
 
 def handoffs(edge: Edge) -> list[pb.SharedHandoff]:
-    out = [e.shared_handoff for e in edge.link._events if e.HasField("shared_handoff")]
-    edge.link._events.clear()
-    return out
+    return [e.shared_handoff for e in edge.events() if e.HasField("shared_handoff")]
 
 
 def test_a_lost_members_messages_move_in_one_batch_to_an_online_member_of_its_partition() -> None:

@@ -1,0 +1,106 @@
+"""What a partition command leaves to be done once the batch it wrote is durable here and on
+every in-sync follower, as data.
+
+A handler changes memory at once and puts its writes on the group commit's batch (storage ops,
+services/partition/store.py); what the edges may hear only after that (results, kicks,
+deliveries) and what the node does then goes on the batch too, as one of the effects below
+(`GroupCommit.after`). When the batch is released, `PartitionNode.carry_out` carries each out,
+in order. A command whose partition was aborted before the release is answered MOVED instead of
+carrying out its effects (store.Scope). Tests read them with `GroupCommit.pending()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hexmq.api.partition.v1 import partition_pb2 as pb
+    from services.partition.links import EdgeLink
+    from services.partition.redelivery import Handoff
+    from services.partition.sessions import LiveConnection, Session
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """An event for an edge: a result with fields, a kick, an answer to a query."""
+
+    link: EdgeLink
+    event: pb.PartitionEvent
+
+
+@dataclass(frozen=True, slots=True)
+class AfterIndexed:
+    """Send `event` (a SUBACK's result) once every edge linked now applied index update `seq`:
+    a filter new to the edges' index routes there before its subscriber hears of it."""
+
+    link: EdgeLink
+    event: pb.PartitionEvent
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionReady:
+    """The edge has (or, in the same frame, will have) the answer that accepts `conn`: its
+    session's messages may go to it."""
+
+    session: Session
+    conn: LiveConnection
+
+
+@dataclass(frozen=True, slots=True)
+class MessageDurable:
+    """A queued message is durable: it may be delivered (the session is pumped once per
+    release, whatever number of its messages it brought)."""
+
+    session: Session
+    message_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Pump:
+    """Pump the session once this release is done (something it waited for is durable)."""
+
+    session: Session
+
+
+@dataclass(frozen=True, slots=True)
+class SendReleased:
+    """PUBREL for these QoS 2 messages (released stubs, now durable), if `conn` still holds
+    the session: a PUBREL never goes out before its stub is stored."""
+
+    session: Session
+    conn: LiveConnection
+    stubs: tuple[pb.QueuedMessage, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class HandOutWills:
+    """Give the wills due now to edges to publish."""
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffReady:
+    """A shared-subscription handoff is durable: it may be handed out."""
+
+    handoff: Handoff
+
+
+@dataclass(frozen=True, slots=True)
+class HandOutShared:
+    """Hand out the shared-subscription handoffs that are ready."""
+
+
+Effect = (
+    Send
+    | AfterIndexed
+    | ConnectionReady
+    | MessageDurable
+    | Pump
+    | SendReleased
+    | HandOutWills
+    | HandoffReady
+    | HandOutShared
+    | Callable[[], None]  # not a command's: tracing's spans (services/partition/tracing.py)
+)

@@ -1,0 +1,211 @@
+"""The partition's command handlers, driven directly (tests/support/partition_harness.py): a
+command in at a given time, and out of it exactly the writes on the batch and the effects it
+leaves for when that batch is durable (services/partition/effects.py), then what each edge
+hears once they are carried out. The time is the harness's Clock and the ids are counted, so
+every run gives the same effects."""
+
+from __future__ import annotations
+
+from hexmq.api.common.v1.common_pb2 import Message
+from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.mqtt.reason_codes import ReasonCode
+from services.partition.effects import (
+    AfterIndexed,
+    ConnectionReady,
+    HandOutWills,
+    MessageDurable,
+    Send,
+)
+from services.partition.replication import HDEL, HSET
+from services.partition.store import queue_key, sessions_key
+from tests.support.partition_harness import EPOCH, Clock, Edge, P, connect, make_node, receive
+
+SC = pb.StatusCode
+
+
+def clock_of(edge: Edge) -> Clock:
+    clock = edge.node.clock
+    assert isinstance(clock, Clock)
+    return clock
+
+
+def subscribe(edge: Edge, cid: str, conn: str, topic: str, qos: int = 1) -> int:
+    return edge.command(
+        cid,
+        subscribe=pb.Subscribe(
+            client_id=cid,
+            connection_id=conn,
+            subscriptions=[pb.SubscriptionSpec(filter=topic, qos=qos)],
+        ),
+    )
+
+
+def test_open_session_stores_the_record_then_accepts_the_connection_once_durable() -> None:
+    node, commit = make_node()
+    edge = Edge(node, "e1")
+    now = clock_of(edge).now
+    rid = connect(edge, "c", "e1.1")
+    session = node.sessions["c"]
+    assert session.record.created_at_ms == now
+    assert session.record.created_by == "e1.1"
+    # Nothing is heard before the batch is durable: the record is written; the answer goes
+    # out, then the connection may be sent its messages.
+    assert edge.heard() == ({}, [])
+    answer = pb.PartitionEvent(result=pb.Result(request_id=rid, session_present=False))
+    assert commit.pending() == [
+        Send(edge.link, answer),
+        ConnectionReady(session, session.connection),
+    ]
+    commit.durable()
+    assert [(p, op[0], op[1]) for p, op in commit.written] == [(P, HSET, sessions_key(P))]
+    results, _ = edge.heard()
+    assert results[rid].status == SC.STATUS_CODE_OK
+    assert session.connection is not None
+    assert session.connection.ready
+
+
+def test_a_takeover_from_another_edge_kicks_the_old_connection_with_0x8e() -> None:
+    node, commit = make_node()
+    old, new = Edge(node, "e1"), Edge(node, "e2")
+    connect(old, "c", "e1.1")
+    commit.durable()
+    old.heard()
+    rid = connect(new, "c", "e2.1")
+    session = node.sessions["c"]
+    kick = pb.PartitionEvent(
+        kick=pb.Kick(client_id="c", connection_id="e1.1", reason_code=ReasonCode.SESSION_TAKEN_OVER)
+    )
+    # The kick goes after the commit, as the old connection's own CONNACK did; then the new
+    # connection's answer, then its deliveries may flow.
+    answer = pb.PartitionEvent(result=pb.Result(request_id=rid, session_present=True))
+    assert commit.pending() == [
+        Send(old.link, kick),
+        Send(new.link, answer),
+        ConnectionReady(session, session.connection),
+    ]
+    assert (session.record.connection_id, session.record.created_by) == ("e2.1", "e1.1")
+    commit.durable()
+    assert old.events() == [kick]
+    results, _ = new.heard()
+    assert results[rid].session_present is True
+
+
+def test_a_qos1_publish_is_queued_durably_and_delivered_once_durable() -> None:
+    node, commit = make_node()
+    sub, pub = Edge(node, "e1"), Edge(node, "e2")
+    connect(sub, "s", "e1.1")
+    suback = subscribe(sub, "s", "e1.1", "t/#")
+    # A filter new to the edges' index: the SUBACK waits until every edge routes by it.
+    seq = node.index_barrier.seq
+    (*_, after_indexed) = commit.pending()
+    assert after_indexed == AfterIndexed(
+        sub.link,
+        pb.PartitionEvent(result=pb.Result(request_id=suback, reason_codes=[1], existed=[False])),
+        seq,
+    )
+    for edge in (sub, pub):
+        edge.handle(pb.EdgeCommand(index_ack=pb.IndexAck(seq=seq)))
+    commit.durable()
+    sub.heard()
+    written = len(commit.written)
+    rid = pub.command(
+        "p",
+        command_id=1,
+        publish=pb.Publish(
+            message=Message(topic="t/1", payload=b"m", qos=1, publisher_id="p"),
+            targets=[pb.PartitionTarget(partition=P, epoch=EPOCH)],
+        ),
+    )
+    session = node.sessions["s"]
+    assert commit.pending() == [MessageDurable(session, 1)]
+    assert sub.heard() == ({}, [])  # not before it is durable
+    commit.durable()
+    assert [(op[0], op[1], op[2]) for _, op in commit.written[written:]] == [
+        (HSET, queue_key(P, "s"), b"1"),
+        (HSET, sessions_key(P), b"s"),  # (its next message id)
+    ]
+    results, _ = pub.heard()
+    assert results[rid].status == SC.STATUS_CODE_OK
+    _, deliveries = sub.heard()
+    assert [
+        (d.client_id, [(qm.message_id, qm.message.payload) for qm in d.messages])
+        for d in deliveries
+    ] == [("s", [(1, b"m")])]
+    # The acknowledgement deletes it.
+    sub.command(
+        "s", delivery_ack=pb.DeliveryAck(client_id="s", connection_id="e1.1", message_ids=[1])
+    )
+    commit.durable()
+    assert commit.written[-1][1][:3] == (HDEL, queue_key(P, "s"), b"1")
+    assert not session.queue
+
+
+def test_a_lost_connection_makes_its_will_due_after_the_delay_by_the_clock() -> None:
+    node, commit = make_node()
+    edge = Edge(node, "e1")
+    clock = clock_of(edge)
+    will = pb.Will(message=Message(topic="w", payload=b"gone", qos=1), delay_interval_s=10)
+    connect(edge, "c", "e1.1", will=will)
+    commit.durable()
+    edge.heard()
+    edge.command(
+        "c", close_session=pb.CloseSession(client_id="c", connection_id="e1.1", graceful=False)
+    )
+    lost_at = clock.now
+    assert node.sessions["c"].record.will_due_at_ms == lost_at + 10_000
+    commit.durable()
+    edge.heard()
+    node.hand_out_wills(lost_at + 9_999)
+    assert edge.events() == []
+    clock.advance(10_000)
+    node.hand_out_wills(clock.now)
+    (event,) = edge.events()
+    assert (event.publish_will.client_id, event.publish_will.message.payload) == ("c", b"gone")
+    assert event.publish_will.message.published_at_ms == clock.now
+
+
+def test_a_will_with_no_delay_is_handed_out_once_the_close_is_durable() -> None:
+    node, commit = make_node()
+    edge = Edge(node, "e1")
+    connect(edge, "c", "e1.1", will=pb.Will(message=Message(topic="w", payload=b"x")))
+    commit.durable()
+    edge.heard()
+    edge.command(
+        "c", close_session=pb.CloseSession(client_id="c", connection_id="e1.1", graceful=False)
+    )
+    assert HandOutWills() in commit.pending()
+    assert [e for e in edge.events() if e.HasField("publish_will")] == []
+    commit.durable()
+    assert [e.publish_will.client_id for e in edge.events() if e.HasField("publish_will")] == ["c"]
+
+
+def test_a_session_expires_by_the_clock_it_is_given() -> None:
+    node, commit = make_node()
+    edge = Edge(node, "e1")
+    clock = clock_of(edge)
+    edge.command(
+        "c", open_session=pb.OpenSession(client_id="c", connection_id="e1.1", session_expiry_s=60)
+    )
+    edge.command(
+        "c", close_session=pb.CloseSession(client_id="c", connection_id="e1.1", graceful=True)
+    )
+    commit.durable()
+    closed_at = clock.now
+    assert node.expire_sessions(closed_at + 59_999) == 0
+    assert node.expire_sessions(closed_at + 60_000) == 1
+    assert "c" not in node.sessions
+
+
+def test_qos2_claims_carry_origin_ids_from_the_injected_source() -> None:
+    node, commit = make_node()
+    edge = Edge(node, "e1")
+    connect(edge, "c", "e1.1")
+    commit.durable()
+    edge.heard()
+    first, second = receive(edge, "c", "e1.1", 1), receive(edge, "c", "e1.1", 2)
+    commit.durable()
+    results, _ = edge.heard()
+    assert [results[r].qos2_origin for r in (first, second)] == [
+        b"origin:000000001",
+        b"origin:000000002",
+    ]
