@@ -272,7 +272,7 @@ async def _wait_for_redis(client: redis.Redis) -> None:
 async def _sweep(node: PartitionNode) -> None:
     while True:
         await asyncio.sleep(1.0)
-        waited = node.expire_waiting()
+        waited = node.expire_waiting(node.monotonic())
         if waited:
             log.warning(
                 "%d commands waited %.0f s for partitions this node was to serve; answered "

@@ -48,6 +48,8 @@ class MasterState:
     # are given theirs), and new ids.
     clock: Callable[[], int]
     ids: IdSource
+    # The monotonic clock (seconds), for how long commands wait for a partition.
+    monotonic: Callable[[], float]
 
     def master_of(self, p: int) -> str:
         assert self.view is not None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -84,9 +85,11 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         on_failure: Callable[[BaseException], None] = _stop_on_failure,
         clock: Callable[[], int] = wall_ms,
         ids: IdSource | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.node_id = node_id
         self.clock = clock
+        self.monotonic = monotonic
         self.ids = ids or RandomIds()
         self.on_failure = on_failure
         # Partitions promoted here and being loaded (partition -> epoch), the commands waiting

@@ -188,7 +188,7 @@ class PartitionRoles(MasterState):
         for p, epoch in targets:
             if self._waiting.get(p) or self._about_to_serve(p, epoch):
                 queue = self._waiting.setdefault(p, deque())
-                queue.append((link, cmd, time.monotonic() + WAIT_S))
+                queue.append((link, cmd, self.monotonic() + WAIT_S))
                 return True
         return False
 
@@ -212,9 +212,15 @@ class PartitionRoles(MasterState):
                 if self.links.get(link.edge_id) is link:
                     self.handle(link, cmd, now)
 
-    def expire_waiting(self) -> int:
-        """Answer UNAVAILABLE the commands that waited past WAIT_S (their edges ask again)."""
-        now = time.monotonic()
+    @property
+    def waiting_commands(self) -> int:
+        """Commands waiting for a partition this node is about to serve."""
+        return sum(len(queue) for queue in self._waiting.values())
+
+    def expire_waiting(self, now: float) -> int:
+        """Answer UNAVAILABLE the commands that waited past WAIT_S by `now` (the monotonic
+        clock, seconds: a jump of the wall clock must not hold them longer); their edges ask
+        again."""
         expired = 0
         for p, queue in list(self._waiting.items()):
             expired_here = 0

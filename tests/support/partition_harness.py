@@ -14,7 +14,7 @@ from typing import Any
 
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from services.partition.node import PartitionNode
-from services.partition.replication import Op
+from services.partition.replication import Op, Replicator
 from services.partition.store import GroupCommit, RedisStore, _Released
 
 P, EPOCH = 3, 7
@@ -25,8 +25,8 @@ class FakeCommit(GroupCommit):
     (finishers, the writes recorded in `written`), then GroupCommit.release runs its actions
     (with `aborted`, those of commands that wrote an aborted partition are answered MOVED)."""
 
-    def __init__(self) -> None:
-        super().__init__(None, None, lambda exc: None)
+    def __init__(self, replicator: Replicator | None = None) -> None:
+        super().__init__(None, replicator, lambda exc: None)
         self.written: list[tuple[int, Op]] = []
 
     def durable(self, aborted: frozenset[int] = frozenset()) -> None:
@@ -102,6 +102,10 @@ class Clock:
     def advance(self, ms: int) -> None:
         self.now += ms
 
+    def monotonic(self) -> float:
+        """The node's monotonic clock (seconds), moved with the wall clock here."""
+        return self.now / 1000
+
 
 class CountedIds:
     """Ids that are the same in every run: origin ids b"origin:000000001" and so on
@@ -120,7 +124,10 @@ class CountedIds:
 
 def make_node() -> tuple[PartitionNode, FakeCommit]:
     commit = FakeCommit()
-    node = PartitionNode("n1", RedisStore(None), commit, clock=Clock(), ids=CountedIds())
+    clock = Clock()
+    node = PartitionNode(
+        "n1", RedisStore(None), commit, clock=clock, ids=CountedIds(), monotonic=clock.monotonic
+    )
     node.mastered[P] = EPOCH
     return node, commit
 

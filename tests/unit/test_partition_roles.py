@@ -20,9 +20,9 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from services.partition.delivery import publish_origin
 from services.partition.node import PartitionNode
 from services.partition.replication import Assignment, Replicator
-from services.partition.roles import ACTIVATE_AT_ONCE
+from services.partition.roles import ACTIVATE_AT_ONCE, WAIT_S
 from services.partition.store import RedisStore, StoredPartition, StoredSession
-from tests.support.partition_harness import Edge, FakeCommit, connect
+from tests.support.partition_harness import Clock, CountedIds, Edge, FakeCommit, connect
 
 P = 5
 SC = pb.StatusCode
@@ -72,10 +72,18 @@ class Cluster:
 
     def __init__(self) -> None:
         self.store = FakeStore()
-        self.commit = FakeCommit()
         self.rep = Replicator("n1")
-        self.commit._replicator = self.rep
-        self.node = PartitionNode("n1", self.store, self.commit, replicator=self.rep)
+        self.commit = FakeCommit(self.rep)
+        self.clock = Clock()
+        self.node = PartitionNode(
+            "n1",
+            self.store,
+            self.commit,
+            replicator=self.rep,
+            clock=self.clock,
+            ids=CountedIds(),
+            monotonic=self.clock.monotonic,
+        )
         self.edge = Edge(self.node, "n2")
 
     def take(self, v: mpb.View) -> None:
@@ -164,9 +172,9 @@ async def test_a_command_that_waited_too_long_is_answered_unavailable() -> None:
     c = Cluster()
     c.take(view(2, master="n2"))
     rid = connect(c.edge, "b", "b1", partition=P, epoch=6)
-    for queue in c.node._waiting.values():
-        queue[0] = (queue[0][0], queue[0][1], 0.0)  # its WAIT_S is over
-    assert c.node.expire_waiting() == 1
+    assert c.node.expire_waiting(c.clock.monotonic()) == 0
+    c.clock.advance(int(WAIT_S * 1000))
+    assert c.node.expire_waiting(c.clock.monotonic()) == 1
     result = c.edge.heard()[0][rid]
     assert result.status == SC.STATUS_CODE_UNAVAILABLE
     assert f"partition {P}" in result.message
@@ -183,17 +191,18 @@ async def test_commands_queued_behind_an_expired_one_are_handled_when_it_is_answ
     await c.loaded()
     c.edge.events()
     future = connect(c.edge, "b", "b1", partition=P, epoch=99)
+    c.clock.advance(1_000)
     current = connect(c.edge, "a", "a1", partition=P, epoch=4)
     c.commit.durable()
     assert c.edge.heard() == ({}, [])  # the second waits behind the first
-    (queue,) = c.node._waiting.values()
-    queue[0] = (queue[0][0], queue[0][1], 0.0)  # the first one's WAIT_S is over
-    assert c.node.expire_waiting() == 1
+    assert c.node.waiting_commands == 2
+    c.clock.advance(int(WAIT_S * 1000) - 1_000)  # the first one's WAIT_S is over, not the second's
+    assert c.node.expire_waiting(c.clock.monotonic()) == 1
     c.commit.durable()
     results, _ = c.edge.heard()
     assert results[future].status == SC.STATUS_CODE_UNAVAILABLE
     assert results[current].status == SC.STATUS_CODE_OK
-    assert c.node._waiting == {}
+    assert c.node.waiting_commands == 0
 
 
 async def test_a_demoted_partition_is_unloaded_and_its_commands_go_elsewhere() -> None:
