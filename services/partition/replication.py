@@ -40,6 +40,7 @@ import itertools
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.node_protocol import BASELINE, ZLIB_SNAPSHOTS, ClusterProtocol
@@ -63,20 +64,28 @@ History = tuple[tuple[int, int], ...]
 
 DEFAULT_LOG_ENTRIES = 50_000
 
-# Follower states as the master sees them (what the stream is doing).
-DOWN = "down"
-SNAPSHOT = "snapshot"
-LOG = "log"
-LIVE = "live"
-# Joined, but its copy must be replaced by a snapshot once the view no longer counts it in sync.
-WAITING = "waiting"
 
-# A follower's standing in the master's in-sync accounting. Counted (its acknowledgement is
-# needed to release a write) in every state but OUT.
-OUT = "out"
-ADDING = "adding"  # asked the view to add it; counted from the moment of asking
-IN = "in"  # in the view's in-sync set
-REMOVING = "removing"  # asked the view to remove it; counted until the view confirms
+class FollowerState(Enum):
+    """A follower as the master sees it: what its stream is doing. The value is what the
+    status call reports (FollowerStatus.state)."""
+
+    DOWN = "down"
+    SNAPSHOT = "snapshot"
+    LOG = "log"
+    LIVE = "live"
+    # Joined, but its copy must be replaced by a snapshot once the view no longer counts it in
+    # sync.
+    WAITING = "waiting"
+
+
+class InSync(Enum):
+    """A follower's standing in the master's in-sync accounting. Counted (its acknowledgement
+    is needed to release a write) in every standing but OUT."""
+
+    OUT = "out"
+    ADDING = "adding"  # asked the view to add it; counted from the moment of asking
+    IN = "in"  # in the view's in-sync set
+    REMOVING = "removing"  # asked the view to remove it; counted until the view confirms
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,11 +226,11 @@ class FollowerProgress:
     """The master's view of one follower of one partition."""
 
     node: str
-    state: str = DOWN
+    state: FollowerState = FollowerState.DOWN
     # Next seq to send (LOG/LIVE), and the highest seq the follower has made durable.
     next: int = 0
     acked: int = 0
-    isr: str = OUT
+    isr: InSync = InSync.OUT
     # The last tick at which the follower had acknowledged all the master had made durable,
     # and the tick its stream went down (while DOWN).
     caught_up_at: int = 0
@@ -249,7 +258,7 @@ class FollowerProgress:
 
     @property
     def counted(self) -> bool:
-        return self.isr != OUT
+        return self.isr != InSync.OUT
 
 
 @dataclass(slots=True)
@@ -555,7 +564,7 @@ class Replicator:
         for node, fp in list(m.followers.items()):
             if node in wanted:
                 continue
-            if fp.isr in (ADDING, REMOVING):
+            if fp.isr in (InSync.ADDING, InSync.REMOVING):
                 fp.departed = True  # counted until its change is settled
             else:
                 del m.followers[node]
@@ -578,16 +587,16 @@ class Replicator:
                         )
                     )
             if node in a.in_sync:
-                if fp.isr == OUT:
-                    fp.isr = IN
-            elif fp.isr == IN:
+                if fp.isr == InSync.OUT:
+                    fp.isr = InSync.IN
+            elif fp.isr == InSync.IN:
                 # Removed through the view: its node was lost, or this master took an older
                 # view after its agent had confirmed the removal it asked for (seed 2027). A
                 # follower that is caught up is asked back now: on a partition without writes
                 # no acknowledgement would ever ask for it.
-                fp.isr = OUT
+                fp.isr = InSync.OUT
                 self._consider_adding(m, fp)
-            if fp.state == WAITING and not fp.counted:
+            if fp.state == FollowerState.WAITING and not fp.counted:
                 self._start_snapshot(m, fp)
         if a.handover_to != m.handover_to:
             m.handover_to = a.handover_to
@@ -691,7 +700,7 @@ class Replicator:
             m.durable_epoch = e.epoch
             m.log.append(e, self.limits, self._pinned(m))
             for fp in m.followers.values():
-                if fp.state in (LOG, LIVE):
+                if fp.state in (FollowerState.LOG, FollowerState.LIVE):
                     self._send(m, fp)
         self._pending.append((token, parts, aborted))
         if self._deferred:
@@ -701,7 +710,11 @@ class Replicator:
     def _pinned(self, m: MasteredPartition) -> int:
         """A follower taking a snapshot needs the entries after the snapshot's position."""
         return min(
-            (fp.snapshot_at[1] + 1 for fp in m.followers.values() if fp.state == SNAPSHOT),
+            (
+                fp.snapshot_at[1] + 1
+                for fp in m.followers.values()
+                if fp.state == FollowerState.SNAPSHOT
+            ),
             default=m.durable + 1,
         )
 
@@ -727,15 +740,15 @@ class Replicator:
         self._advance()
 
     def _accept_join(self, m: MasteredPartition, fp: FollowerProgress, pos: Position) -> None:
-        if fp.state == SNAPSHOT and fp.last_join == pos:
+        if fp.state == FollowerState.SNAPSHOT and fp.last_join == pos:
             return  # the same join again, on the same stream: its snapshot is under way
         fp.last_join = pos
         fp.snapshot_started = False
         fp.joined = True
         if on_history(m.history, m.durable, pos) and m.log.reaches(pos[1] + 1):
-            fp.state = LIVE if pos[1] == m.durable else LOG
+            fp.state = FollowerState.LIVE if pos[1] == m.durable else FollowerState.LOG
             fp.next, fp.acked = pos[1] + 1, pos[1]
-            if fp.state == LIVE:
+            if fp.state == FollowerState.LIVE:
                 fp.caught_up_at = self.now
             self._out(fp.node).append(self._start_item(m, pos[1] + 1, snapshot=False))
             self._send(m, fp)
@@ -745,7 +758,7 @@ class Replicator:
         # copy is replaced by a snapshot, once the view no longer counts it in sync.
         fp.acked = 0
         if fp.counted:
-            fp.state = WAITING
+            fp.state = FollowerState.WAITING
             self._ask_removal(m, fp)
         else:
             self._start_snapshot(m, fp)
@@ -773,9 +786,9 @@ class Replicator:
         self._advance()
 
     def _lose_stream(self, fp: FollowerProgress) -> None:
-        if fp.state != DOWN:
+        if fp.state != FollowerState.DOWN:
             fp.down_since = self.now
-        fp.state = DOWN
+        fp.state = FollowerState.DOWN
         fp.snapshot_started = False
         fp.last_join = None
 
@@ -787,7 +800,7 @@ class Replicator:
             if (
                 m is None
                 or fp is None
-                or fp.state not in (LOG, LIVE)
+                or fp.state not in (FollowerState.LOG, FollowerState.LIVE)
                 or ack.leader_epoch != m.epoch
             ):
                 continue
@@ -795,7 +808,7 @@ class Replicator:
                 fp.acked = min(ack.seq, m.durable)
             if fp.acked >= m.durable:
                 fp.caught_up_at = now
-                fp.state = LIVE
+                fp.state = FollowerState.LIVE
                 self._consider_adding(m, fp)
             self._send(m, fp)
         self._advance()
@@ -808,16 +821,16 @@ class Replicator:
             if (
                 m is None
                 or fp is None
-                or fp.state not in (LOG, LIVE)
+                or fp.state not in (FollowerState.LOG, FollowerState.LIVE)
                 or need.leader_epoch != m.epoch
             ):
                 continue
             fp.acked = min(fp.acked, need.seq - 1)
             if m.log.reaches(need.seq) and need.seq <= m.durable + 1:
-                fp.state, fp.next = LOG, need.seq
+                fp.state, fp.next = FollowerState.LOG, need.seq
                 self._send(m, fp)
             elif fp.counted:
-                fp.state = WAITING
+                fp.state = FollowerState.WAITING
                 self._ask_removal(m, fp)
             else:
                 self._start_snapshot(m, fp)
@@ -829,7 +842,12 @@ class Replicator:
         follower, p, at = read.follower, read.partition, read.at
         m = self.mastered.get(p)
         fp = m.followers.get(follower) if m is not None else None
-        if m is None or fp is None or fp.state != SNAPSHOT or fp.snapshot_id != read.id:
+        if (
+            m is None
+            or fp is None
+            or fp.state != FollowerState.SNAPSHOT
+            or fp.snapshot_id != read.id
+        ):
             return None
         chunk = pb.SnapshotChunk(
             partition=p,
@@ -846,7 +864,7 @@ class Replicator:
         fp.snapshot_sent += sum(op_size(op) for op in ops)
         out.append(pb.ReplicationItem(snapshot=chunk))
         if last:
-            fp.state, fp.next, fp.acked = LOG, at[1] + 1, 0
+            fp.state, fp.next, fp.acked = FollowerState.LOG, at[1] + 1, 0
             self._send(m, fp)
         return sent
 
@@ -856,12 +874,17 @@ class Replicator:
         it again, since the follower's repeated joins no longer do."""
         m = self.mastered.get(read.partition)
         fp = m.followers.get(read.follower) if m is not None else None
-        if m is None or fp is None or fp.state != SNAPSHOT or fp.snapshot_id != read.id:
+        if (
+            m is None
+            or fp is None
+            or fp.state != FollowerState.SNAPSHOT
+            or fp.snapshot_id != read.id
+        ):
             return
         self._start_snapshot(m, fp)
 
     def _start_snapshot(self, m: MasteredPartition, fp: FollowerProgress) -> None:
-        fp.state = SNAPSHOT
+        fp.state = FollowerState.SNAPSHOT
         fp.snapshot_started = False
         fp.snapshot_sent = 0
         fp.snapshot_at = (m.durable_epoch, m.durable)
@@ -876,7 +899,7 @@ class Replicator:
         if fp.next <= m.durable and not m.log.reaches(fp.next):
             # The log no longer reaches back to it.
             if fp.counted:
-                fp.state = WAITING
+                fp.state = FollowerState.WAITING
                 self._ask_removal(m, fp)
             else:
                 self._start_snapshot(m, fp)
@@ -893,16 +916,21 @@ class Replicator:
     # ----- the in-sync set (through the view) ---------------------------------------------
 
     def _consider_adding(self, m: MasteredPartition, fp: FollowerProgress) -> None:
-        if fp.isr == OUT and fp.state == LIVE and fp.acked >= m.durable and not fp.departed:
-            fp.isr = ADDING
+        if (
+            fp.isr == InSync.OUT
+            and fp.state == FollowerState.LIVE
+            and fp.acked >= m.durable
+            and not fp.departed
+        ):
+            fp.isr = InSync.ADDING
             incarnation = self.feeds.get(fp.node, 0)
             self._ready.in_sync_changes.append(
                 InSyncChange(m.partition, m.epoch, fp.node, True, incarnation)
             )
 
     def _ask_removal(self, m: MasteredPartition, fp: FollowerProgress) -> None:
-        if fp.isr in (IN, ADDING):
-            fp.isr = REMOVING
+        if fp.isr in (InSync.IN, InSync.ADDING):
+            fp.isr = InSync.REMOVING
             self._ready.in_sync_changes.append(InSyncChange(m.partition, m.epoch, fp.node, False))
 
     def in_sync_settled(self, change: InSyncChange, *, made: bool) -> None:
@@ -913,14 +941,14 @@ class Replicator:
         if m is None or fp is None or m.epoch != change.epoch:
             return
         if change.add:
-            if fp.isr == ADDING:
-                fp.isr = IN if made and not fp.departed else OUT
-        elif fp.isr == REMOVING:
-            fp.isr = OUT
-            if fp.state == WAITING:
+            if fp.isr == InSync.ADDING:
+                fp.isr = InSync.IN if made and not fp.departed else InSync.OUT
+        elif fp.isr == InSync.REMOVING:
+            fp.isr = InSync.OUT
+            if fp.state == FollowerState.WAITING:
                 self._start_snapshot(m, fp)
-        if fp.departed and fp.isr != REMOVING:
-            if fp.isr == IN:
+        if fp.departed and fp.isr != InSync.REMOVING:
+            if fp.isr == InSync.IN:
                 # Added as it left: ask for its removal (it is no replica any more).
                 self._ask_removal(m, fp)
             else:
@@ -935,7 +963,9 @@ class Replicator:
         fp = m.followers.get(change.follower) if m is not None else None
         if m is None or fp is None or m.epoch != change.epoch:
             return
-        if (change.add and fp.isr == ADDING) or (not change.add and fp.isr == REMOVING):
+        if (change.add and fp.isr == InSync.ADDING) or (
+            not change.add and fp.isr == InSync.REMOVING
+        ):
             self._ready.in_sync_changes.append(change)
 
     def set_lease(self, valid: bool) -> None:
@@ -1189,10 +1219,10 @@ class Replicator:
         now, limits = self.now, self.limits
         for m in self.mastered.values():
             for fp in m.followers.values():
-                if fp.isr not in (IN, ADDING):
+                if fp.isr not in (InSync.IN, InSync.ADDING):
                     continue
                 grace = limits.down_ticks if fp.joined else limits.lag_ticks
-                down = fp.state == DOWN and now - fp.down_since >= grace
+                down = fp.state == FollowerState.DOWN and now - fp.down_since >= grace
                 lagging = fp.acked < m.durable and now - fp.caught_up_at > limits.lag_ticks
                 if down or lagging:
                     self._ask_removal(m, fp)
@@ -1237,8 +1267,8 @@ class Replicator:
                 node_id=fp.node,
                 acknowledged=fp.acked,
                 lag=m.lag(fp),
-                in_sync=fp.isr == IN,
-                state=fp.state,
+                in_sync=fp.isr == InSync.IN,
+                state=fp.state.value,
                 bytes_left=_bytes_left(m, fp, state),
             )
             for fp in m.followers.values()
@@ -1271,9 +1301,9 @@ class Replicator:
 
 def _bytes_left(m: MasteredPartition, fp: FollowerProgress, state: Callable[[], int]) -> int:
     """About what the follower still lacks, in bytes of storage ops (Entry.size's measure)."""
-    if fp.state == SNAPSHOT:
+    if fp.state == FollowerState.SNAPSHOT:
         return max(state() - fp.snapshot_sent, 0) + (m.log.bytes_after(fp.snapshot_at[1]) or 0)
-    lacking = m.log.bytes_after(fp.acked) if fp.state != WAITING else None
+    lacking = m.log.bytes_after(fp.acked) if fp.state != FollowerState.WAITING else None
     return state() if lacking is None else lacking  # None: it needs a snapshot
 
 
