@@ -23,6 +23,7 @@ from hexmq import telemetry
 from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.mqtt.reason_codes import ReasonCode
 from hexmq.topics import TopicTrie
 from services.partition.delivery import MessageDelivery, QueueLimits
 from services.partition.index_barrier import IndexBarrier
@@ -222,11 +223,11 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
             self._delete_session(session)
             session = None
         if session is not None and session.connection is not None and not again:
-            self._kick(session, reason_code=0x8E)
+            self._kick(session, reason_code=ReasonCode.SESSION_TAKEN_OVER)
             self._connection_lost(session, stamp)
         elif session is not None and session.orphan and not again:
             # Live on an edge that has not re-attached it to this new master yet.
-            self._kick_orphan(session, reason_code=0x8E)
+            self._kick_orphan(session, reason_code=ReasonCode.SESSION_TAKEN_OVER)
             self._connection_lost(session, stamp)
         if session is not None and req.clean_start and not again:
             self._delete_session(session)
