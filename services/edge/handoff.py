@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from services.edge.dispatch import Dispatcher
 from services.edge.router import Router
+from services.edge.tickets import when_all_answered
 from services.edge.translate import message_commands
 
 log = logging.getLogger("hexmq.edge")
@@ -30,16 +31,12 @@ def when_stored(
     if not commands:
         then()
         return
-    remaining = len(commands)
-    failed = False
 
-    def done(result: pb.Result) -> None:
-        nonlocal remaining, failed
-        remaining -= 1
-        failed = failed or result.status != OK
-        if remaining == 0 and not failed:
+    def stored(answers: list[pb.Result]) -> None:
+        if all(result.status == OK for result in answers):
             then()
 
+    done = when_all_answered(len(commands), stored)
     for _node, cmd in commands:
         dispatcher.publish(cmd, done)
 

@@ -29,6 +29,7 @@ from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
 from hexmq.grpc_options import LINK_OPTIONS
 from hexmq.pacing import FlushPacer
 from hexmq.service import cancel_and_wait
+from hexmq.streams import Backoff, keep_streaming
 
 log = logging.getLogger(__name__)
 
@@ -242,30 +243,26 @@ class PartitionLink:
                 yield frame
 
     async def _run(self) -> None:
-        backoff = 0.05
-        while True:
-            try:
-                async with grpc.aio.insecure_channel(self.target, options=GRPC_OPTIONS) as channel:
-                    await asyncio.wait_for(channel.channel_ready(), timeout=5.0)
-                    stub = pb_grpc.PartitionServiceStub(channel)
-                    self._generation += 1
-                    call = stub.Link(self._frames(self._generation))
-                    self.connected = True
-                    log.info("link to %s (%s) open", self.node_id, self.target)
-                    backoff = 0.05
-                    async for frame in call:
-                        self._listener.batched(self._dispatch, frame)
-                    why = "stream ended"
-            except TimeoutError:
-                why = "not reachable"
-            except grpc.aio.AioRpcError as exc:
-                why = f"{exc.code().name}: {exc.details()}"
-                if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                    # Refused (no inter-node protocol version in common): say why every time.
-                    log.error("partition node %s refuses this edge's link: %s", self.node_id, why)
-            self._fail(why)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 1.0)
+        await keep_streaming(
+            self.target, GRPC_OPTIONS, self._stream, refused=self._refused, closed=self._fail
+        )
+
+    async def _stream(self, channel: grpc.aio.Channel, backoff: Backoff) -> str:
+        """One stream: open, hello (the first frame of `_frames`), and results and events until
+        it ends. The short backoff is back once the stream is open."""
+        stub = pb_grpc.PartitionServiceStub(channel)
+        self._generation += 1
+        call = stub.Link(self._frames(self._generation))
+        self.connected = True
+        log.info("link to %s (%s) open", self.node_id, self.target)
+        backoff.reset()
+        async for frame in call:
+            self._listener.batched(self._dispatch, frame)
+        return "stream ended"
+
+    def _refused(self, why: str, _details: str | None) -> None:
+        # Refused (no inter-node protocol version in common): say why every time.
+        log.error("partition node %s refuses this edge's link: %s", self.node_id, why)
 
     def _fail(self, why: str) -> None:
         was_up = self.connected

@@ -13,6 +13,7 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.mqtt import SubackReturnCode
 from hexmq.topics import SHARED_PREFIX, topic_matches
 from services.edge.pending_subscriptions import PendingSubscriptions, RetainedWatch
+from services.edge.tickets import when_all_answered
 
 if TYPE_CHECKING:
     from services.edge.links import PartitionLink
@@ -66,18 +67,16 @@ def gather(
         done([])
         return
     query = pb.RetainedQuery(filters=filters)
-    found: list[cpb.Message] = []
-    remaining = len(links)
+
+    def all_answered(answers: list[pb.Result]) -> None:
+        done([m for result in answers if result.status == OK for m in result.retained])
+
+    answered = when_all_answered(len(links), all_answered)
 
     def on_result(result: pb.Result) -> None:
-        nonlocal remaining
-        remaining -= 1
-        if result.status == OK:
-            found.extend(result.retained)
-        else:
+        if result.status != OK:
             log.warning("retained messages unavailable: %s", result.message)
-        if not remaining:
-            done(found)
+        answered(result)
 
     for link in links:
         link.request(pb.EdgeCommand(retained_query=query), on_result)

@@ -35,6 +35,7 @@ from hexmq import __version__
 from hexmq.api.common.v1 import common_pb2 as cpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.mqtt import NO_PROPERTIES
+from services.edge.tickets import when_all_answered
 from services.edge.translate import fill_message, message_commands
 
 if TYPE_CHECKING:
@@ -117,9 +118,10 @@ class SysTopics:
             self._publish_node(counters)  # without the partition service's figures
             return
         live = sorted(node for node, link in links.items() if link.connected)
-        totals = (
-            ClusterTotals(self, len(live), len(view.members)) if live[0] == own.node_id else None
-        )
+        totals = None
+        if live[0] == own.node_id:
+            cluster = functools.partial(self._publish_cluster, len(view.members))
+            totals = when_all_answered(len(live), cluster)
 
         def on_own(result: pb.Result) -> None:
             if result.status == OK:
@@ -127,47 +129,37 @@ class SysTopics:
             else:
                 self._publish_node(counters)
             if totals is not None:
-                totals.add(result)
+                totals(result)
 
         report = pb.NodeStatsQuery(edge_counters=counters, report=True)
         own.request(pb.EdgeCommand(node_stats=report), on_own)
         if totals is not None:
             for node in live:
                 if node != self.node_id:
-                    links[node].request(pb.EdgeCommand(node_stats=pb.NodeStatsQuery()), totals.add)
+                    links[node].request(pb.EdgeCommand(node_stats=pb.NodeStatsQuery()), totals)
 
     def _publish_node(self, counters: Mapping[str, int]) -> None:
         messages = render(f"{SYS_NODES}/{self.node_id}", node_values(counters))
         messages.append((f"{SYS_NODES}/{self.node_id}/version", f"hexmq {__version__}".encode()))
         self.publish(messages)
 
+    def _publish_cluster(self, members: int, answers: list[pb.Result]) -> None:
+        """One round of the cluster totals: the answers of the live nodes, then one
+        publication (of the nodes whose edge reported recently enough)."""
+        nodes = [
+            node_values(result.node_stats.counters)
+            for result in answers
+            if result.status == OK
+            and result.node_stats.edge_reported
+            and result.node_stats.edge_report_age_ms <= self.expiry_ms
+        ]
+        self.publish(render(SYS_CLUSTER, cluster_values(nodes, members)))
+
     def publish(self, messages: Sequence[tuple[str, bytes]]) -> None:
         """Broker-originated retained QoS 0 messages, routed like any publish."""
         publish_retained(
             self.edge.router, self.edge.dispatcher, self._publisher, messages, self.expiry_ms
         )
-
-
-class ClusterTotals:
-    """One round of the cluster totals: the answers of the live nodes, then one publication."""
-
-    def __init__(self, sys: SysTopics, asked: int, members: int) -> None:
-        self._sys = sys
-        self._remaining = asked
-        self._members = members
-        self._nodes: list[dict[str, int]] = []
-
-    def add(self, result: pb.Result) -> None:
-        stats = result.node_stats
-        if (
-            result.status == OK
-            and stats.edge_reported
-            and stats.edge_report_age_ms <= self._sys.expiry_ms
-        ):
-            self._nodes.append(node_values(stats.counters))
-        self._remaining -= 1
-        if not self._remaining:
-            self._sys.publish(render(SYS_CLUSTER, cluster_values(self._nodes, self._members)))
 
 
 def publish_retained(

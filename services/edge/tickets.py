@@ -18,6 +18,19 @@ OK_RESULT = pb.Result(status=OK)
 ResultCallback = Callable[[pb.Result], None]
 
 
+def when_all_answered(count: int, done: Callable[[list[pb.Result]], None]) -> Callable[..., None]:
+    """One callback for the answers of `count` commands: once all have come, `done(answers)`,
+    in the order they came. Extra arguments (the route an answer came by) are ignored."""
+    answers: list[pb.Result] = []
+
+    def answered(result: pb.Result, *_: object) -> None:
+        answers.append(result)
+        if len(answers) == count:
+            done(answers)
+
+    return answered
+
+
 def fan_in(parts: int, done: Callable[[pb.Result | None], None]) -> Callable[..., None]:
     """One callback for the answers of `parts` commands (a publish split per master node):
     once all have come, `done(the first failure, or None)`. Extra arguments (the route an
@@ -28,18 +41,11 @@ def fan_in(parts: int, done: Callable[[pb.Result | None], None]) -> Callable[...
             done(None if result.status == OK else result)
 
         return only
-    failures: list[pb.Result] = []
-    remaining = parts
 
-    def answered(result: pb.Result, *_: object) -> None:
-        nonlocal remaining
-        remaining -= 1
-        if result.status != OK:
-            failures.append(result)
-        if not remaining:
-            done(failures[0] if failures else None)
+    def all_answered(answers: list[pb.Result]) -> None:
+        done(next((result for result in answers if result.status != OK), None))
 
-    return answered
+    return when_all_answered(parts, all_answered)
 
 
 def refused_by_hold(result: pb.Result) -> bool:

@@ -24,6 +24,7 @@ from hexmq import telemetry
 from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.mqtt.reason_codes import ReasonCode
 from hexmq.topics import TopicTrie
 from services.partition.delivery import MessageDelivery, QueueLimits
 from services.partition.effects import (
@@ -246,11 +247,11 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
             self._delete_session(session, stamp)
             session = None
         if session is not None and session.connection is not None and not again:
-            self._kick(session, 0x8E, stamp)
+            self._kick(session, ReasonCode.SESSION_TAKEN_OVER, stamp)
             self._connection_lost(session, stamp)
         elif session is not None and session.orphan and not again:
             # Live on an edge that has not re-attached it to this new master yet.
-            self._kick_orphan(session, reason_code=0x8E)
+            self._kick_orphan(session, reason_code=ReasonCode.SESSION_TAKEN_OVER)
             self._connection_lost(session, stamp)
         if session is not None and req.clean_start and not again:
             self._delete_session(session, stamp)

@@ -36,6 +36,7 @@ from hexmq.node_protocol import THIS_RELEASE, ClusterProtocol
 from hexmq.pacing import FlushPacer
 from hexmq.ranges import ranges
 from hexmq.service import cancel_and_wait
+from hexmq.streams import Backoff, keep_streaming
 from services.partition.agreement import AgreementClient
 from services.partition.hello import refuse_hello
 from services.partition.replication import (
@@ -194,52 +195,53 @@ class MasterLink:
             yield merged
 
     async def _run(self) -> None:
+        await keep_streaming(
+            self.target, PEER_OPTIONS, self._stream, refused=self._refused, closed=self._closed
+        )
+
+    async def _stream(self, channel: grpc.aio.Channel, backoff: Backoff) -> str:
+        """One stream: open, hello with this node's joins, and the master's items until it
+        ends (or brings a snapshot chunk this node cannot read)."""
         core = self.driver.core
-        backoff = 0.05
-        while True:
-            try:
-                async with grpc.aio.insecure_channel(self.target, options=PEER_OPTIONS) as channel:
-                    await asyncio.wait_for(channel.channel_ready(), timeout=5.0)
-                    stub = pb_grpc.PartitionServiceStub(channel)
-                    self._generation += 1
-                    self.frames = []
-                    hello = pb.FollowerHello(
-                        node_id=core.node_id,
-                        positions=core.link_open(self.master),
-                        incarnation=self.driver.incarnation,
-                        protocol=THIS_RELEASE.to_proto(),
-                    )
+        stub = pb_grpc.PartitionServiceStub(channel)
+        self._generation += 1
+        self.frames = []
+        hello = pb.FollowerHello(
+            node_id=core.node_id,
+            positions=core.link_open(self.master),
+            incarnation=self.driver.incarnation,
+            protocol=THIS_RELEASE.to_proto(),
+        )
+        self.driver.process()
+        call = stub.Replicate(self._outgoing(self._generation, hello))
+        log.info("replicating from %s (%s)", self.master, self.target)
+        try:
+            async for frame in call:
+                # Back to a short backoff only once the master has sent something: a stream it
+                # ends at once (a failing join) is retried at most once a second, not 10-20
+                # times a second as when any connect reset it.
+                backoff.reset()
+                for items in item_slices(frame.items, MAX_OPS_PER_WRITE):
+                    core.step_items(self.master, items)
                     self.driver.process()
-                    call = stub.Replicate(self._outgoing(self._generation, hello))
-                    log.info("replicating from %s (%s)", self.master, self.target)
-                    async for frame in call:
-                        # Back to a short backoff only once the master has sent something: a
-                        # stream it ends at once (a failing join) is retried at most once a
-                        # second, not 10-20 times a second as when any connect reset it.
-                        backoff = 0.05
-                        for items in item_slices(frame.items, MAX_OPS_PER_WRITE):
-                            core.step_items(self.master, items)
-                            self.driver.process()
-                            await asyncio.sleep(0)
-                    why = "stream ended"
-            except TimeoutError:
-                why = "not reachable"
-            except grpc.aio.AioRpcError as exc:
-                why = f"{exc.code().name}: {exc.details()}"
-                if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                    log.error("master %s refuses this follower: %s", self.master, exc.details())
-            except SnapshotChunkError as exc:
-                # Never from a master of a release this one reads: end the stream, join again.
-                why = str(exc)
-                log.error("replication stream from %s: %s", self.master, exc)
-            if self.master in core.links:
-                log.warning("replication stream from %s lost (%s)", self.master, why)
-            core.link_closed(self.master)
-            self.driver.process()
-            self._generation += 1
-            self._wake.set()
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 1.0)
+                    await asyncio.sleep(0)
+        except SnapshotChunkError as exc:
+            # Never from a master of a release this one reads: end the stream, join again.
+            log.error("replication stream from %s: %s", self.master, exc)
+            return str(exc)
+        return "stream ended"
+
+    def _refused(self, _why: str, details: str | None) -> None:
+        log.error("master %s refuses this follower: %s", self.master, details)
+
+    def _closed(self, why: str) -> None:
+        core = self.driver.core
+        if self.master in core.links:
+            log.warning("replication stream from %s lost (%s)", self.master, why)
+        core.link_closed(self.master)
+        self.driver.process()
+        self._generation += 1
+        self._wake.set()
 
 
 def _encoding_summary(chunks: list[ChunkSent]) -> str:

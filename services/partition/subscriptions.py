@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.mqtt.reason_codes import ReasonCode
 from hexmq.topics import SHARED_PREFIX
 from services.partition.effects import AfterIndexed
 from services.partition.index_barrier import IndexBarrier
@@ -59,10 +60,10 @@ class Subscriptions(MasterState):
         removed = []
         for filt in req.filters:
             if self._remove_subscription(session, filt):
-                codes.append(0x00)
+                codes.append(ReasonCode.SUCCESS)
                 removed.append(filt)
             else:
-                codes.append(0x11)  # No subscription existed
+                codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
         self.store.delete_subscriptions(
             self.commit.batch, session.partition, session.client_id, removed
         )

@@ -12,18 +12,16 @@ from collections.abc import Iterator
 import pytest
 
 from hexmq.api.membership.v1 import membership_pb2 as pb
-from tests.integration.test_membership_agent import (  # noqa: F401 - fixtures
+from tests.support.agent_cluster import (
     ALL,
     AgentCluster,
-    agents,
-    consul_dev,
     wait_until,
 )
 from tests.support.tcpproxy import FreezableProxy
 
 
 @pytest.fixture
-def proxy(consul_dev: str) -> Iterator[FreezableProxy]:  # noqa: F811
+def proxy(consul_dev: str) -> Iterator[FreezableProxy]:
     host, port = consul_dev.rsplit(":", 1)
     p = FreezableProxy((host, int(port)))
     try:
@@ -34,7 +32,7 @@ def proxy(consul_dev: str) -> Iterator[FreezableProxy]:  # noqa: F811
 
 @pytest.mark.timeout(90)
 def test_an_agent_reads_afresh_when_consul_answers_again_after_a_cut(
-    agents: AgentCluster,  # noqa: F811
+    agents: AgentCluster,
     proxy: FreezableProxy,
 ) -> None:
     # n1 reaches Consul through the proxy; n2 and n3 directly.

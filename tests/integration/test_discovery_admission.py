@@ -15,11 +15,10 @@ import pytest
 
 from hexmq import procs
 from tests.conftest import HEXMQ
-from tests.integration.test_membership_agent import (
+from tests.support.agent_cluster import (
     AGENT_FLAGS,
     AgentCluster,
     Node,
-    consul_dev,  # noqa: F401 (the module's Consul fixture)
     free_ports,
     spawn,
     wait_until,
@@ -60,7 +59,7 @@ class DiscoveringCluster(AgentCluster):
 
 
 @pytest.fixture
-def cluster(consul_dev: str, tmp_path: Path) -> Iterator[DiscoveringCluster]:  # noqa: F811
+def cluster(consul_dev: str, tmp_path: Path) -> Iterator[DiscoveringCluster]:
     ports = free_ports(9)
     nodes = [Node(f"n{i + 1}", *ports[3 * i : 3 * i + 3]) for i in range(3)]
     agents = DiscoveringCluster(consul_dev, tmp_path, nodes)

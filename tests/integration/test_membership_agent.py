@@ -9,11 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -21,193 +17,16 @@ import pytest
 
 from hexmq import procs
 from hexmq.api.membership.v1 import membership_pb2 as pb
-from hexmq.api.membership.v1 import membership_pb2_grpc as pb_grpc
 from services.membership.consul_client import make_consul
 from tests.conftest import HEXMQ
-from tests.support.unique import uid
-
-# The agent's defaults, except a 10 s session TTL made explicit.
-AGENT_FLAGS = ("--session-ttl", "10", "--partitions", "16", "--rf", "2")
-
-
-def free_ports(count: int) -> list[int]:
-    ports: list[int] = []
-    for _ in range(200):
-        port = _free_port()
-        if port not in ports:
-            ports.append(port)
-        if len(ports) == count:
-            return ports
-    raise RuntimeError("no free ports")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=os.environ
-        )
-
-
-def end(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
-    if process.poll() is None:
-        process.send_signal(sig)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
-
-
-def wait_until(what: str, check: Callable[[], bool], timeout: float, step: float = 0.05) -> float:
-    """Seconds it took until check() held; fails the test after `timeout`."""
-    started = time.monotonic()
-    while not check():
-        if time.monotonic() - started > timeout:
-            pytest.fail(f"{what}: not within {timeout} s", pytrace=False)
-        time.sleep(step)
-    return time.monotonic() - started
-
-
-@pytest.fixture(scope="module")
-def consul_dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real `hexmq consul-dev` on a free loopback port, shared by this module's tests (each
-    test uses its own cluster name, so its own keys)."""
-    base = tmp_path_factory.mktemp("consul")
-    (port,) = free_ports(1)
-    addr = f"127.0.0.1:{port}"
-    argv = [str(HEXMQ), "consul-dev", "--listen", addr, "--data-dir", str(base / "data")]
-    server = spawn(argv, base / "consul.log")
-    try:
-        wait_until("consul-dev serving", lambda: procs.tcp_accepts(port), 15)
-        yield addr
-    finally:
-        end(server)
-
-
-@dataclass
-class Node:
-    node_id: str
-    agent_port: int
-    partition_port: int
-    mqtt_port: int
-    agent: subprocess.Popen[bytes] | None = None
-    standin: subprocess.Popen[bytes] | None = None
-    incarnation: int = 0
-
-    @property
-    def agent_addr(self) -> str:
-        return f"127.0.0.1:{self.agent_port}"
-
-    def stub(self) -> tuple[grpc.Channel, pb_grpc.MembershipServiceStub]:
-        channel = grpc.insecure_channel(self.agent_addr)
-        return channel, pb_grpc.MembershipServiceStub(channel)
-
-    def view(self) -> pb.View | None:
-        channel, stub = self.stub()
-        with channel:
-            try:
-                view: pb.View = stub.GetView(pb.GetViewRequest(), timeout=2)
-            except grpc.RpcError as exc:
-                if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    return None
-                raise
-            return view
-
-    def status(self) -> pb.MembershipStatus:
-        channel, stub = self.stub()
-        with channel:
-            status: pb.MembershipStatus = stub.Status(pb.MembershipStatusRequest(), timeout=2)
-            return status
-
-    def members(self) -> dict[str, int]:
-        """node id -> incarnation in this agent's view ({} before the first view)."""
-        view = self.view()
-        return {m.node_id: m.incarnation for m in view.members} if view else {}
-
-
-@dataclass
-class AgentCluster:
-    consul: str
-    dir: Path
-    nodes: list[Node]
-    name: str = field(default_factory=lambda: f"t{uid(12)}")
-
-    def node(self, i: int) -> Node:
-        return self.nodes[i - 1]
-
-    def start_agent(self, i: int, *extra: str) -> None:
-        n = self.node(i)
-        argv = [
-            *(str(HEXMQ), "membership", "--node-id", n.node_id, "--listen", n.agent_addr),
-            *("--consul", self.consul, "--cluster", self.name),
-            *("--partition-addr", f"127.0.0.1:{n.partition_port}"),
-            *("--mqtt-addr", f"127.0.0.1:{n.mqtt_port}"),
-            *("--expect", str(len(self.nodes))),
-            *AGENT_FLAGS,
-            *extra,
-        ]
-        n.agent = spawn(argv, self.dir / f"{n.node_id}-agent.log")
-        wait_until(f"{n.node_id} agent serving", lambda: procs.tcp_accepts(n.agent_port), 15)
-
-    def start_standin(self, i: int, incarnation: int) -> None:
-        n = self.node(i)
-        argv = [
-            *(sys.executable, "-m", "tests.support.partition_standin"),
-            *("--listen", f"127.0.0.1:{n.partition_port}", "--membership", n.agent_addr),
-            *("--incarnation", str(incarnation)),
-        ]
-        n.standin = spawn(argv, self.dir / f"{n.node_id}-standin.log")
-        n.incarnation = incarnation
-        wait_until(f"{n.node_id} stand-in serving", lambda: procs.tcp_accepts(n.partition_port), 15)
-
-    def start(self) -> None:
-        for i in range(1, len(self.nodes) + 1):
-            self.start_agent(i)
-        for i in range(1, len(self.nodes) + 1):
-            self.start_standin(i, incarnation=1000 + i)
-
-    def wait_members(
-        self, observer: int, wanted: dict[str, int], timeout: float, step: float = 0.05
-    ) -> float:
-        node = self.node(observer)
-        return wait_until(
-            f"{node.node_id}'s view has members {wanted}",
-            lambda: node.members() == wanted,
-            timeout,
-            step,
-        )
-
-    def stop(self) -> None:
-        for n in self.nodes:
-            for process in (n.standin, n.agent):
-                if process is not None:
-                    if process.poll() is None:
-                        os.kill(process.pid, signal.SIGCONT)  # in case a test paused it
-                    # The plain stop: SIGTERM would be a leave, waited for up to
-                    # --leave-timeout by an agent whose cluster is being torn down.
-                    end(process, signal.SIGINT)
-
-
-@pytest.fixture
-def agents(consul_dev: str, tmp_path: Path) -> Iterator[AgentCluster]:
-    ports = free_ports(9)
-    nodes = [Node(f"n{i + 1}", *ports[3 * i : 3 * i + 3]) for i in range(3)]
-    cluster = AgentCluster(consul_dev, tmp_path, nodes)
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-
-
-ALL = {"n1": 1001, "n2": 1002, "n3": 1003}
+from tests.support.agent_cluster import (
+    ALL,
+    AgentCluster,
+    end,
+    free_ports,
+    spawn,
+    wait_until,
+)
 
 
 @pytest.mark.timeout(60)

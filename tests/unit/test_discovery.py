@@ -24,7 +24,7 @@ from services.membership.discovery.model import DiscoveryError, ListedNode, List
 from services.membership.discovery.options import build_discovery, discovery_settings
 from services.membership.discovery.polling import PollSchedule
 from services.membership.plan import Discovered, Observed, PlanConfig, Registration, plan
-from tests.unit.test_membership_plan import NOW, SETTLE, reg
+from tests.support.plan_inputs import NOW, SETTLE, reg
 
 # --- the members file ----------------------------------------------------------------------
 

@@ -32,16 +32,7 @@ from services.membership.plan import (
     refused_joiners,
     request_outcome,
 )
-
-SETTLE = 1000
-NOW = 10_000
-
-
-def reg(node: str, incarnation: int = 1, since: int = 0) -> Registration:
-    n = node.removeprefix("n")
-    return Registration(
-        node, f"127.0.0.1:70{n}", f"127.0.0.1:18{n}", f"127.0.0.1:80{n}", incarnation, since
-    )
+from tests.support.plan_inputs import NOW, SETTLE, reg
 
 
 def config(node: str = "n1", *, partitions: int = 8, rf: int = 3, expect: int = 3) -> PlanConfig:

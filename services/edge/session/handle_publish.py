@@ -15,6 +15,7 @@ from hexmq.mqtt import PubAck, Publish, PubRec
 from services.edge.session.actions import AwaitIndex, PublishCommand
 from services.edge.session.handle_qos2 import publish_qos2
 from services.edge.session.receive_maximum import count_in, uncount_in
+from services.edge.session.refusals import refuse_publish
 from services.edge.session.state import CONNECTED, OK, RC, V5, SessionState, State
 from services.edge.tickets import fan_in, refused_by_hold
 from services.edge.topic_alias import InboundTopicAliases
@@ -77,7 +78,7 @@ def indexed(
         return
     if result.status != OK:
         assert packet.packet_id is not None
-        s.publish_refused(packet.packet_id, result.message, span, qos=packet.qos, quiet=True)
+        refuse_publish(s, packet.packet_id, result.message, span, qos=packet.qos, quiet=True)
         return
     route_publish(s, packet, span, None, wall_ms)
 
@@ -127,7 +128,7 @@ def route_publish(
                 tracer.finish(span, error="connection closed before PUBACK")
             return
         if failure is not None:
-            s.publish_refused(pid, failure.message, span, quiet=refused_by_hold(failure))
+            refuse_publish(s, pid, failure.message, span, quiet=refused_by_hold(failure))
         else:
             s.send(PubAck(pid))
             if span is not None:

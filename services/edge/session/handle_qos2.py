@@ -18,6 +18,7 @@ from services.edge.qos2_origins import RoutedOrigin, carry_origin, fault_stall
 from services.edge.session.actions import ForgetOrigins, PublishCommand
 from services.edge.session.inbound import Qos2Claims, Unrecorded
 from services.edge.session.receive_maximum import count_in, uncount_in
+from services.edge.session.refusals import refuse_publish
 from services.edge.session.state import GONE, OK, RC, UNAVAILABLE, V5, SessionState, State
 from services.edge.tickets import fan_in, refused_by_hold
 from services.edge.translate import publish_commands
@@ -63,7 +64,7 @@ def publish_qos2(
         if result.status != OK:
             settled(s, pid)
             if result.status not in GONE and s.state is State.CONNECTED:
-                s.publish_refused(pid, result.message, span, qos=2, quiet=refused_by_hold(result))
+                refuse_publish(s, pid, result.message, span, qos=2, quiet=refused_by_hold(result))
             elif span is not None:
                 tracer.finish(span, error=result.message)
             return
@@ -158,7 +159,7 @@ def record_qos2(
                 # Not stored everywhere: refused. If the drop of the claim was not
                 # confirmed, no PUBREC 0x80 (which would free the id while the claim and
                 # its origin id may stand): the connection closes and the client resends.
-                s.publish_refused(pid, failure, span, qos=2, close=not dropped, quiet=quiet)
+                refuse_publish(s, pid, failure, span, qos=2, close=not dropped, quiet=quiet)
             elif span is not None:
                 tracer.finish(span, error=failure)
             return

@@ -24,8 +24,6 @@ from hexmq.mqtt import (
     MQTTConnection,
     Packet,
     Properties,
-    PubAck,
-    PubRec,
     Role,
     encode,
 )
@@ -305,7 +303,7 @@ class SessionState:
             self.paused &= ~why
             self.emit(ResumeReading(why))
 
-    # ----- answers to the client ------------------------------------------------------------
+    # ----- answers to the client (a refused publish: services/edge/session/refusals.py) -----
 
     def reason(
         self,
@@ -324,34 +322,6 @@ class SessionState:
         if self.client_max_packet and len(encode(make(props), V5)) > self.client_max_packet:
             return base
         return props
-
-    def publish_refused(
-        self,
-        pid: int,
-        why: str,
-        span: Span | None = None,
-        *,
-        qos: int = 1,
-        close: bool = False,
-        quiet: bool = False,
-    ) -> None:
-        """Never acknowledge what was not stored: 5.0 gets a failing PUBACK (PUBREC for QoS 2,
-        which ends that exchange), 3.1.1 (which has none) or `close` loses the connection and
-        the client will resend the unacknowledged message. `quiet`: a refusal past the failover
-        bound, logged once per partition and burst (services/edge/hold.py), not here."""
-        self.edge.stats.refused_publishes += 1
-        if span is not None:
-            self.edge.tracer.finish(span, reason_code=RC.UNSPECIFIED_ERROR, error=why)
-        if self.version == V5 and not close:
-            if not quiet:
-                log.warning("%s: PUBLISH %d refused: %s", self.client_id, pid, why)
-            ack = PubRec if qos == 2 else PubAck
-            props = self.reason(
-                lambda p: ack(pid, RC.UNSPECIFIED_ERROR, p), why, problem_information=True
-            )
-            self.send(ack(pid, RC.UNSPECIFIED_ERROR, props))
-        else:
-            self.close(f"PUBLISH {pid} cannot be stored: {why}", quiet=quiet)
 
     # ----- ends -----------------------------------------------------------------------------
 

@@ -1,0 +1,69 @@
+"""A long-lived gRPC stream to one peer, opened again whenever it ends: the loop shared by the
+edge's links to partition nodes (services/edge/links.py) and a follower's replication streams
+from its masters (services/partition/peers.py).
+
+Each attempt connects (the channel has 5 s to become ready), runs the stream until it ends,
+tells the side why, and waits before the next: 50 ms, doubling to 1 s. When the wait goes back
+to 50 ms is the side's choice (`Backoff.reset`): the edge resets it once a stream opens, a
+follower only once its master has sent something. What a stream says (its hello, its frames)
+and what a link going up or down means stay with the side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import grpc
+
+CONNECT_TIMEOUT = 5.0
+FIRST_BACKOFF = 0.05
+MAX_BACKOFF = 1.0
+
+
+class Backoff:
+    """The wait before the next attempt: FIRST_BACKOFF, doubled after each, at most MAX_BACKOFF."""
+
+    __slots__ = ("delay",)
+
+    def __init__(self) -> None:
+        self.delay = FIRST_BACKOFF
+
+    def reset(self) -> None:
+        self.delay = FIRST_BACKOFF
+
+    async def wait(self) -> None:
+        await asyncio.sleep(self.delay)
+        self.delay = min(self.delay * 2, MAX_BACKOFF)
+
+
+async def keep_streaming(
+    target: str,
+    options: Sequence[tuple[str, Any]],
+    run: Callable[[grpc.aio.Channel, Backoff], Awaitable[str]],
+    *,
+    refused: Callable[[str, str | None], None],
+    closed: Callable[[str], None],
+) -> None:
+    """Stream to `target` until cancelled, opening the stream again after each end.
+
+    `run(channel, backoff)` opens the stream on a ready channel and takes what it sends until
+    it ends, and returns why ("stream ended", or the side's own reason); gRPC errors and the
+    connect timeout are caught here. `refused(why, details)`: the peer refused the stream
+    (FAILED_PRECONDITION: no protocol in common). `closed(why)`: the stream is gone, or never
+    opened; the next attempt follows the wait."""
+    backoff = Backoff()
+    while True:
+        try:
+            async with grpc.aio.insecure_channel(target, options=options) as channel:
+                await asyncio.wait_for(channel.channel_ready(), timeout=CONNECT_TIMEOUT)
+                why = await run(channel, backoff)
+        except TimeoutError:
+            why = "not reachable"
+        except grpc.aio.AioRpcError as exc:
+            why = f"{exc.code().name}: {exc.details()}"
+            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                refused(why, exc.details())
+        closed(why)
+        await backoff.wait()
