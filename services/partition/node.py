@@ -237,35 +237,34 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         if not self._check_owner(link, cmd, p, cmd.partition_epoch):
             return
         batch = self.commit.batch
-        stamp = now
         session = self.sessions.get(req.client_id)
         # The same connection's OpenSession again: its edge re-sent it to this (new) master
         # after the first one's answer was lost with the old master. Not a takeover.
         again = session is not None and session.record.connection_id == req.connection_id
-        if session is not None and _expired(session, stamp) and not again:
+        if session is not None and _expired(session, now) and not again:
             # Past its expiry but not swept yet (the sweep runs once a second): it is gone.
-            self._delete_session(session, stamp)
+            self._delete_session(session, now)
             session = None
         if session is not None and session.connection is not None and not again:
-            self._kick(session, ReasonCode.SESSION_TAKEN_OVER, stamp)
-            self._connection_lost(session, stamp)
+            self._kick(session, ReasonCode.SESSION_TAKEN_OVER, now)
+            self._connection_lost(session, now)
         elif session is not None and session.orphan and not again:
             # Live on an edge that has not re-attached it to this new master yet.
             self._kick_orphan(session, reason_code=ReasonCode.SESSION_TAKEN_OVER)
-            self._connection_lost(session, stamp)
+            self._connection_lost(session, now)
         if session is not None and req.clean_start and not again:
-            self._delete_session(session, stamp)
+            self._delete_session(session, now)
             session = None
         elif session is not None and session.record.will_due_at_ms:
             # A new connection before the will's delay passed: the will is not sent
             # [MQTT-3.1.3-9]; one already due goes out.
-            if session.record.will_due_at_ms <= stamp:
+            if session.record.will_due_at_ms <= now:
                 self._publish_will_now(session)
             self._clear_will(session)
         present = session is not None and session.record.created_by != req.connection_id
         if session is None:
             record = pb.SessionRecord(
-                client_id=req.client_id, created_at_ms=stamp, created_by=req.connection_id
+                client_id=req.client_id, created_at_ms=now, created_by=req.connection_id
             )
             session = Session(p, record)
             self.sessions[req.client_id] = session
@@ -350,19 +349,18 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
                 return
         if req.HasField("session_expiry_s"):
             session.record.session_expiry_s = req.session_expiry_s
-        stamp = now
-        session.detach(stamp)
+        session.detach(now)
         if req.graceful and not req.send_will:
             self._clear_will(session)  # a normal DISCONNECT discards the will [MQTT-3.1.2-8]
         else:
-            self._connection_lost(session, stamp)
+            self._connection_lost(session, now)
         self._presence(session)
         if session.record.session_expiry_s == 0:
             self._delete_session(session, now)
         else:
             self.store.put_session(self.commit.batch, session.partition, session.record)
             if session.shared:
-                self.redelivery.connection_ended(session, stamp)
+                self.redelivery.connection_ended(session, now)
         self._reply(link, cmd)
 
     def _node_stats(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None:
