@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
+from services.edge.index_gate import IndexGate
+from services.edge.route_table import RouteTable
 from services.edge.tickets import (
     OK_RESULT,
     SC,
@@ -108,22 +110,16 @@ class PartitionCommands:
         # publish (which shares its command's id) gets a negative one of its own.
         self._part_serials = itertools.count(-1, -1)
         self._parts: list[_Partition] = []
-        # Per partition, by the view: its epoch, its master ("" if none), and its route (None
-        # while its master is no view member or the link to it is not up).
-        self._epochs: list[int] = []
-        self._masters: list[str] = []
-        self._routes: list[Route | None] = []
-        self._members: frozenset[str] = frozenset()
-        self.view_epoch = 0
-        # Nodes whose link is up (index snapshot arrived), with the link's session.
-        self._links: dict[str, int] = {}
+        # Where each partition's commands go (services/edge/route_table.py); its routes list,
+        # read on every send, under a name of its own.
+        self.table = RouteTable()
+        self._routes = self.table.routes
         # Requests in flight, per node they went to, by serial.
         self._by_node: dict[str, dict[int, Ticket]] = {}
         # Partitions with held commands.
         self._holding: set[int] = set()
         # Publishes waiting for every partition's subscription index (GATE tickets).
-        self._index_waiters: list[Ticket] = []
-        self.index_complete = False
+        self._index = IndexGate()
         # Counters: commands held now; refused past the bound; QoS 0 publish parts dropped.
         self.held = 0
         self.refused = 0
@@ -157,9 +153,13 @@ class PartitionCommands:
     @property
     def waiting(self) -> bool:
         """Something waits for time to pass (a bound, a retry pause): tick() has work."""
-        return bool(self.held or self._index_waiters)
+        return bool(self.held or self._index.waiters)
 
     # ----- events -------------------------------------------------------------------------
+
+    @property
+    def view_epoch(self) -> int:
+        return self.table.view_epoch
 
     def set_view(self, view: mpb.View) -> set[int]:
         """A newer view. Returns the partitions whose route changed (their live connections
@@ -167,38 +167,28 @@ class PartitionCommands:
         that left the view are taken back at once."""
         count = len(view.partitions)
         if len(self._parts) < count:
-            grow = count - len(self._parts)
-            self._parts += [_Partition() for _ in range(grow)]
-            self._epochs += [0] * grow
-            self._masters += [""] * grow
-            self._routes += [None] * grow
-        for a in view.partitions:
-            self._epochs[a.partition] = a.epoch
-            self._masters[a.partition] = a.replicas[0] if a.replicas else ""
-        self._members = frozenset(m.node_id for m in view.members)
-        self.view_epoch = view.epoch
-        changed = self._recompute_routes()
-        for node in [n for n in self._by_node if n not in self._members]:
+            self._parts += [_Partition() for _ in range(count - len(self._parts))]
+        changed = self._rerouted(self.table.set_view(view))
+        members = self.table.members
+        for node in [n for n in self._by_node if n not in members]:
             self._take_back(node)
         return changed
 
     def link_up(self, node: str, session: int) -> set[int]:
         """The link to `node` is up again (its index snapshot arrived). Returns the partitions
         whose route changed; the adapter re-attaches their connections, then calls pump_all."""
-        self._links[node] = session
-        return self._recompute_routes()
+        return self._rerouted(self.table.link_up(node, session))
 
     def link_down(self, node: str) -> set[int]:
         """The link to `node` broke: its requests in flight are held again, in order."""
-        self._links.pop(node, None)
-        changed = self._recompute_routes()
+        changed = self._rerouted(self.table.link_down(node))
         self._take_back(node)
         return changed
 
     def saw_epoch(self, p: int, epoch: int) -> None:
         """Something (an index reset) showed partition p at an epoch newer than the view's:
         nothing more goes to it until the view has that epoch."""
-        if p < len(self._parts) and epoch > self._epochs[p]:
+        if p < len(self._parts) and epoch > self.table.epochs[p]:
             st = self._parts[p]
             st.min_epoch = max(st.min_epoch, epoch)
 
@@ -379,17 +369,8 @@ class PartitionCommands:
         refused.sort(key=lambda pair: pair[0].command_id)
         for ticket, refusal in refused:
             self._answer(ticket, refusal, effects)
-        if self._index_waiters:
-            expired = [t for t in self._index_waiters if t.submitted <= deadline]
-            if expired:
-                self._index_waiters = [t for t in self._index_waiters if t.submitted > deadline]
-                refusal = pb.Result(
-                    status=SC.STATUS_CODE_UNAVAILABLE,
-                    message="some partition has no master: its subscription index has not "
-                    f"arrived (held {self.hold:g} s)",
-                )
-                for t in expired:
-                    self._answer(t, refusal, effects)
+        if self._index.waiters:
+            effects += self._index.refuse_held_since(deadline, self.hold)
         return effects
 
     def await_index(self, ticket: Ticket, now: float) -> list[Effect]:
@@ -397,42 +378,24 @@ class PartitionCommands:
         they have), or refused past the bound."""
         ticket.serial = ticket.command_id = next(self._command_ids)
         ticket.submitted = now
-        if self.index_complete:
-            return [Answer(ticket, OK_RESULT)]
-        self._index_waiters.append(ticket)
-        return []
+        return self._index.wait(ticket)
+
+    @property
+    def index_complete(self) -> bool:
+        return self._index.complete
 
     def index_completed(self) -> list[Effect]:
         """Every partition's subscription index has arrived (for good: it stays complete)."""
-        self.index_complete = True
-        waiters, self._index_waiters = self._index_waiters, []
-        return [Answer(t, OK_RESULT) for t in waiters]
+        return self._index.completed()
 
     # ----- internals ----------------------------------------------------------------------
 
-    def _recompute_routes(self) -> set[int]:
-        changed: set[int] = set()
-        links, members = self._links, self._members
-        for p, master in enumerate(self._masters):
-            session = links.get(master) if master in members else None
-            old = self._routes[p]
-            if session is None:
-                new = None
-            elif (
-                old is not None
-                and old.node == master
-                and old.epoch == self._epochs[p]
-                and old.link_session == session
-            ):
-                continue
-            else:
-                new = Route(master, self._epochs[p], session)
-            if new != old:
-                self._routes[p] = new
-                st = self._parts[p]
-                # Everything in flight went to an earlier route now.
-                st.stale = st.in_flight
-                changed.add(p)
+    def _rerouted(self, changed: set[int]) -> set[int]:
+        """These partitions have a new route: everything in flight went to an earlier one."""
+        parts = self._parts
+        for p in changed:
+            st = parts[p]
+            st.stale = st.in_flight
         return changed
 
     def _sendable(self, p: int, st: _Partition, now: float, kind: Kind) -> bool:
@@ -614,7 +577,7 @@ class PartitionCommands:
             st.min_epoch = max(st.min_epoch, max(answered_epoch, sent.epoch) + 1)
         elif status == SC.STATUS_CODE_UNAVAILABLE:
             self._pause(p, now, f"{sent.node} answered: {result.message}")
-        elif answered_epoch > self._epochs[p]:
+        elif answered_epoch > self.table.epochs[p]:
             # Newer than the view: wait for the view to have it, never jump to the node named.
             st.min_epoch = max(st.min_epoch, answered_epoch)
         elif self._routes[p] == sent:
@@ -640,18 +603,15 @@ class PartitionCommands:
 
     def _why(self, p: int, now: float) -> str:
         """Why partition p holds its commands, for refusals and the log."""
-        master = self._masters[p]
+        unreachable = self.table.unreachable(p)
+        if unreachable is not None:
+            return unreachable
         st = self._parts[p]
-        if not master:
-            return f"the view (epoch {self.view_epoch}) names no master"
-        if master not in self._members:
-            return f"its master {master} is not in the view (epoch {self.view_epoch})"
-        if master not in self._links:
-            return f"the link to its master {master} is down"
-        if st.min_epoch > self._epochs[p]:
+        epoch = self.table.epochs[p]
+        if st.min_epoch > epoch:
             return (
                 f"it is moving to a new master (epoch {st.min_epoch} or newer; the view has "
-                f"{self._epochs[p]})"
+                f"{epoch})"
             )
         if now < st.retry_at:
             return st.retry_why
