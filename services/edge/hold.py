@@ -39,19 +39,17 @@ partition links. The rules (docs/failover.md, "The edge during a failover"), per
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import logging
-from dataclasses import dataclass, field
 
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from services.edge.index_gate import IndexGate
+from services.edge.partition_hold import SEND_AGAIN, PartitionHold
 from services.edge.route_table import RouteTable
 from services.edge.tickets import (
     OK_RESULT,
     SC,
-    Answer,
     Effect,
     Kind,
     Log,
@@ -59,45 +57,10 @@ from services.edge.tickets import (
     Send,
     Ticket,
     address,
+    answer,
     publish_part,
+    split_publish,
 )
-
-# Answers after which the command was not applied (or never will be acknowledged): held and
-# sent again.
-SEND_AGAIN = frozenset(
-    {
-        SC.STATUS_CODE_MOVED,
-        SC.STATUS_CODE_WRONG_MASTER,
-        SC.STATUS_CODE_STALE_EPOCH,
-        SC.STATUS_CODE_UNAVAILABLE,
-    }
-)
-# A node that answered UNAVAILABLE, or that is behind the edge's view, is asked again after this.
-RETRY_PAUSE = 0.25
-
-
-@dataclass(slots=True)
-class _Partition:
-    # Held commands, single-partition only, in order (ATTACH first, then by command id).
-    held: list[Ticket] = field(default_factory=list)
-    # Requests sent and not answered (the tickets are kept per node, to take back).
-    in_flight: int = 0
-    # How many of those went to an earlier route than the current one: newer commands wait.
-    stale: int = 0
-    # ATTACH tickets in flight: the partition's other commands wait.
-    attaching: int = 0
-    # The view's epoch for the partition must reach this before anything is sent (an answer
-    # or an index update showed a newer one, or MOVED showed the current one ending).
-    min_epoch: int = 0
-    # Not before this (a node answered UNAVAILABLE or is behind the view), and why.
-    retry_at: float = 0.0
-    retry_why: str = ""
-    # A refusal burst is under way (logged once).
-    refusing: bool = False
-
-
-def _order(ticket: Ticket) -> tuple[int, int]:
-    return (0 if ticket.kind is Kind.ATTACH else 1, ticket.command_id)
 
 
 class PartitionCommands:
@@ -109,7 +72,7 @@ class PartitionCommands:
         # Tickets are keyed by serial: a whole command's is its command id; a part of a split
         # publish (which shares its command's id) gets a negative one of its own.
         self._part_serials = itertools.count(-1, -1)
-        self._parts: list[_Partition] = []
+        self._parts: list[PartitionHold] = []
         # Where each partition's commands go (services/edge/route_table.py); its routes list,
         # read on every send, under a name of its own.
         self.table = RouteTable()
@@ -136,7 +99,7 @@ class PartitionCommands:
         if p >= len(self._parts):
             return False
         st = self._parts[p]
-        return not st.held and self._sendable(p, st, now, Kind.REQUEST)
+        return not st.held and st.sendable(self._routes[p], now, Kind.REQUEST)
 
     def ack_route(self, p: int) -> Route | None:
         """Where a delivery acknowledgement for p goes now: the view's live master, unless the
@@ -167,7 +130,7 @@ class PartitionCommands:
         that left the view are taken back at once."""
         count = len(view.partitions)
         if len(self._parts) < count:
-            self._parts += [_Partition() for _ in range(count - len(self._parts))]
+            self._parts += [PartitionHold() for _ in range(count - len(self._parts))]
         changed = self._rerouted(self.table.set_view(view))
         members = self.table.members
         for node in [n for n in self._by_node if n not in members]:
@@ -251,7 +214,7 @@ class PartitionCommands:
         if len(partitions) == 1:
             p = partitions[0]
             st = self._parts[p]
-            if not st.held and self._sendable(p, st, now, ticket.kind):
+            if not st.held and st.sendable(self._routes[p], now, ticket.kind):
                 if st.refusing:
                     st.refusing = False  # the partition is open: its refusal burst is over
                 self._send(ticket, effects)
@@ -263,10 +226,10 @@ class PartitionCommands:
         if self._whole_open(partitions, now):
             self._send(ticket, effects)
             return effects
-        for part in self._split(ticket):
+        for part in split_publish(ticket, self._part_serials):
             p = part.partitions[0]
             st = self._parts[p]
-            if not st.held and self._sendable(p, st, now, part.kind):
+            if not st.held and st.sendable(self._routes[p], now, part.kind):
                 self._send(part, effects)
             else:
                 self._hold(part)
@@ -322,7 +285,7 @@ class PartitionCommands:
             if not ticket.withdrawn:  # given up by its caller: not sent again, nobody told
                 self._requeue(ticket)
         else:
-            self._answer(ticket, result, effects)
+            answer(ticket, result, effects)
         for p in ticket.partitions:
             if self._parts[p].held:
                 effects += self._pump(p, now)
@@ -343,10 +306,9 @@ class PartitionCommands:
         refused: list[tuple[Ticket, pb.Result]] = []
         for p in sorted(self._holding):
             st = self._parts[p]
-            expired = [t for t in st.held if t.submitted <= deadline]
+            expired = st.expire(deadline)
             if expired:
                 why = self._why(p, now)
-                st.held = [t for t in st.held if t.submitted > deadline]
                 self.held -= len(expired)
                 self.refused += len(expired)
                 if not st.refusing:
@@ -368,7 +330,7 @@ class PartitionCommands:
             effects += self._pump(p, now)
         refused.sort(key=lambda pair: pair[0].command_id)
         for ticket, refusal in refused:
-            self._answer(ticket, refusal, effects)
+            answer(ticket, refusal, effects)
         if self._index.waiters:
             effects += self._index.refuse_held_since(deadline, self.hold)
         return effects
@@ -398,21 +360,12 @@ class PartitionCommands:
             st.stale = st.in_flight
         return changed
 
-    def _sendable(self, p: int, st: _Partition, now: float, kind: Kind) -> bool:
-        route = self._routes[p]
-        return (
-            route is not None
-            and st.min_epoch <= route.epoch
-            and now >= st.retry_at
-            and (kind is Kind.ATTACH or not (st.attaching or st.stale))
-        )
-
     def _whole_open(self, partitions: tuple[int, ...], now: float) -> bool:
         """Every partition open, with one master: the command may go whole."""
         node = None
         for p in partitions:
             st = self._parts[p]
-            if st.held or not self._sendable(p, st, now, Kind.REQUEST):
+            if st.held or not st.sendable(self._routes[p], now, Kind.REQUEST):
                 return False
             route = self._routes[p]
             assert route is not None
@@ -429,7 +382,7 @@ class PartitionCommands:
         ticket.attempt += 1
         if ticket.kind is Kind.GATE:
             ticket.routes = (route,)
-            self._answer(ticket, OK_RESULT, effects)
+            answer(ticket, OK_RESULT, effects)
             return
         cmd = ticket.command
         assert cmd is not None
@@ -491,7 +444,7 @@ class PartitionCommands:
         """Back among the held commands of its partitions, in its original place. A copy of
         the command goes on: the old one may still sit in a live link's queue."""
         if len(ticket.partitions) > 1:
-            for part in self._split(ticket):
+            for part in split_publish(ticket, self._part_serials):
                 self._hold(part)
             return
         assert ticket.command is not None
@@ -500,58 +453,20 @@ class PartitionCommands:
         ticket.command = cmd
         self._hold(ticket)
 
-    def _split(self, ticket: Ticket) -> list[Ticket]:
-        """One part per partition of a publish; the whole is answered when all parts are."""
-        assert ticket.command is not None
-        parts = []
-        for p in ticket.partitions:
-            part = Ticket(
-                ticket.kind,
-                (p,),
-                publish_part(ticket.command, p),
-                None,
-                submitted=ticket.submitted,
-                command_id=ticket.command_id,
-                serial=next(self._part_serials),
-                parent=ticket,
-                addressed=ticket.addressed,
-            )
-            parts.append(part)
-        ticket.parts_left = len(parts)
-        return parts
-
     def _hold(self, ticket: Ticket) -> None:
-        ticket.addressed = False  # sent later, maybe under another view: stamped then
         p = ticket.partitions[0]
-        bisect.insort(self._parts[p].held, ticket, key=_order)
+        self._parts[p].hold(ticket)
         self._holding.add(p)
         self.held += 1
 
     def _pump(self, p: int, now: float) -> list[Effect]:
         st = self._parts[p]
-        held = st.held
-        if not held:
+        batch = st.releasable(self._routes[p], now)
+        if not st.held:
             self._holding.discard(p)
+        if not batch:
             return []
-        route = self._routes[p]
-        if route is None or st.min_epoch > route.epoch or now < st.retry_at:
-            return []
-        n = 0
-        attaching = st.attaching
-        for ticket in held:
-            if ticket.kind is Kind.ATTACH:
-                attaching += 1
-            elif attaching or st.stale:
-                break
-            n += 1
-        if not n:
-            return []
-        batch = held[:n]
-        del held[:n]
-        self.held -= n
-        st.refusing = False
-        if not held:
-            self._holding.discard(p)
+        self.held -= len(batch)
         effects: list[Effect] = []
         for ticket in batch:
             self._send(ticket, effects)
@@ -567,56 +482,14 @@ class PartitionCommands:
             # will say. A node without a role answers UNAVAILABLE for all of them.
             if status == SC.STATUS_CODE_UNAVAILABLE:
                 for p in ticket.partitions:
-                    self._pause(p, now, f"{sent.node} answered: {result.message}")
+                    self._parts[p].pause(now, f"{sent.node} answered: {result.message}")
             return
         p = ticket.partitions[0]
-        st = self._parts[p]
-        answered_epoch = result.current_epoch
-        if status == SC.STATUS_CODE_MOVED:
-            # The epoch it was sent under (or the one the answer names) is ending.
-            st.min_epoch = max(st.min_epoch, max(answered_epoch, sent.epoch) + 1)
-        elif status == SC.STATUS_CODE_UNAVAILABLE:
-            self._pause(p, now, f"{sent.node} answered: {result.message}")
-        elif answered_epoch > self.table.epochs[p]:
-            # Newer than the view: wait for the view to have it, never jump to the node named.
-            st.min_epoch = max(st.min_epoch, answered_epoch)
-        elif self._routes[p] == sent:
-            # The view sends it where it went: that node is behind the view.
-            self._pause(p, now, f"{sent.node} is behind the view: {result.message}")
-        # else the view has moved on since it was sent: it goes again by the view.
-
-    def _pause(self, p: int, now: float, why: str) -> None:
-        st = self._parts[p]
-        st.retry_at = now + RETRY_PAUSE
-        st.retry_why = why
-
-    def _answer(self, ticket: Ticket, result: pb.Result, effects: list[Effect]) -> None:
-        parent = ticket.parent
-        if parent is None:
-            effects.append(Answer(ticket, result))
-            return
-        parent.parts_left -= 1
-        if result.status != SC.STATUS_CODE_OK and parent.failure is None:
-            parent.failure = result
-        if not parent.parts_left:
-            self._answer(parent, parent.failure or result, effects)
+        self._parts[p].mark(result, sent, self.table.epochs[p], self._routes[p], now)
 
     def _why(self, p: int, now: float) -> str:
         """Why partition p holds its commands, for refusals and the log."""
         unreachable = self.table.unreachable(p)
         if unreachable is not None:
             return unreachable
-        st = self._parts[p]
-        epoch = self.table.epochs[p]
-        if st.min_epoch > epoch:
-            return (
-                f"it is moving to a new master (epoch {st.min_epoch} or newer; the view has "
-                f"{epoch})"
-            )
-        if now < st.retry_at:
-            return st.retry_why
-        if st.stale:
-            return "waiting for its previous master's answers"
-        if st.attaching:
-            return "re-attaching its sessions"
-        return st.retry_why or "waiting"
+        return self._parts[p].blocked_why(self.table.epochs[p], now)

@@ -5,7 +5,7 @@ is addressed to a partition's epoch or split per partition. No asyncio, no I/O."
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from hexmq.api.partition.v1 import partition_pb2 as pb
@@ -180,3 +180,39 @@ def publish_part(cmd: pb.EdgeCommand, partition: int) -> pb.EdgeCommand:
     if publish.HasField("retained") and publish.retained.partition != partition:
         publish.ClearField("retained")
     return part
+
+
+def split_publish(ticket: Ticket, serials: Iterator[int]) -> list[Ticket]:
+    """One part per partition of a publish (each with a serial from `serials`); the whole is
+    answered when all parts are (`answer`)."""
+    assert ticket.command is not None
+    parts = []
+    for p in ticket.partitions:
+        part = Ticket(
+            ticket.kind,
+            (p,),
+            publish_part(ticket.command, p),
+            None,
+            submitted=ticket.submitted,
+            command_id=ticket.command_id,
+            serial=next(serials),
+            parent=ticket,
+            addressed=ticket.addressed,
+        )
+        parts.append(part)
+    ticket.parts_left = len(parts)
+    return parts
+
+
+def answer(ticket: Ticket, result: pb.Result, effects: list[Effect]) -> None:
+    """Answer `ticket`; a part of a split publish counts towards its whole, which is answered
+    (the first failure, else OK) once every part is."""
+    parent = ticket.parent
+    if parent is None:
+        effects.append(Answer(ticket, result))
+        return
+    parent.parts_left -= 1
+    if result.status != SC.STATUS_CODE_OK and parent.failure is None:
+        parent.failure = result
+    if not parent.parts_left:
+        answer(parent, parent.failure or result, effects)

@@ -14,7 +14,8 @@ import pytest
 
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
-from services.edge.hold import RETRY_PAUSE, PartitionCommands
+from services.edge.hold import PartitionCommands
+from services.edge.partition_hold import RETRY_PAUSE
 from services.edge.subscription_index import SubscriptionIndex
 from services.edge.tickets import (
     Answer,

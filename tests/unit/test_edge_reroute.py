@@ -10,8 +10,8 @@ import pytest
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from services.edge.config import EdgeConfig
-from services.edge.hold import RETRY_PAUSE
 from services.edge.links import PartitionLink
+from services.edge.partition_hold import RETRY_PAUSE
 from services.edge.server import Edge
 from services.edge.tickets import refused_by_hold
 
