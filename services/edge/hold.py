@@ -44,6 +44,7 @@ import logging
 
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
+from services.edge.in_flight import InFlight
 from services.edge.index_gate import IndexGate
 from services.edge.partition_hold import SEND_AGAIN, PartitionHold
 from services.edge.route_table import RouteTable
@@ -77,8 +78,8 @@ class PartitionCommands:
         # read on every send, under a name of its own.
         self.table = RouteTable()
         self._routes = self.table.routes
-        # Requests in flight, per node they went to, by serial.
-        self._by_node: dict[str, dict[int, Ticket]] = {}
+        # Requests in flight.
+        self._flight = InFlight(self._parts, self._routes)
         # Partitions with held commands.
         self._holding: set[int] = set()
         # Publishes waiting for every partition's subscription index (GATE tickets).
@@ -133,7 +134,7 @@ class PartitionCommands:
             self._parts += [PartitionHold() for _ in range(count - len(self._parts))]
         changed = self._rerouted(self.table.set_view(view))
         members = self.table.members
-        for node in [n for n in self._by_node if n not in members]:
+        for node in [n for n in self._flight.by_node if n not in members]:
             self._take_back(node)
         return changed
 
@@ -181,13 +182,7 @@ class PartitionCommands:
         st.refusing = False
         ticket.attempt = 1
         ticket.routes = (route,)
-        ticket.in_flight = True
-        serial = ticket.serial
-        st.in_flight += 1
-        by_node = self._by_node.get(route.node)
-        if by_node is None:
-            by_node = self._by_node[route.node] = {}
-        by_node[serial] = ticket
+        self._flight.add(ticket, route)
         return route
 
     def answered_ok(self, ticket: Ticket, attempt: int) -> bool:
@@ -200,7 +195,7 @@ class PartitionCommands:
         for p in ticket.partitions:
             if parts[p].held:
                 return False
-        self._unflight(ticket)
+        self._flight.remove(ticket)
         return True
 
     def submit(self, ticket: Ticket, now: float) -> list[Effect]:
@@ -278,7 +273,7 @@ class PartitionCommands:
         to a request taken back, is ignored)."""
         if not ticket.in_flight or ticket.attempt != attempt:
             return []
-        self._unflight(ticket)
+        self._flight.remove(ticket)
         effects: list[Effect] = []
         if result.status in SEND_AGAIN:
             self._mark(ticket, result, now)
@@ -400,43 +395,13 @@ class PartitionCommands:
                 routes.append(p_route)
             ticket.routes = tuple(routes)
         if ticket.kind is not Kind.ONEWAY:
-            ticket.in_flight = True
-            serial = ticket.serial
-            for p in partitions:
-                st = self._parts[p]
-                st.in_flight += 1
-                if ticket.kind is Kind.ATTACH:
-                    st.attaching += 1
-            by_node = self._by_node.get(route.node)
-            if by_node is None:
-                by_node = self._by_node[route.node] = {}
-            by_node[serial] = ticket
+            self._flight.add(ticket, route)
         effects.append(Send(ticket, route, ticket.attempt))
-
-    def _unflight(self, ticket: Ticket) -> None:
-        ticket.in_flight = False
-        serial = ticket.serial
-        routes = ticket.routes
-        for i, p in enumerate(ticket.partitions):
-            st = self._parts[p]
-            st.in_flight -= 1
-            # (A route is replaced only by a different one: identity tells.)
-            if routes[i] is not self._routes[p]:
-                st.stale -= 1
-            if ticket.kind is Kind.ATTACH:
-                st.attaching -= 1
-        by_node = self._by_node.get(routes[0].node)
-        if by_node is not None:
-            by_node.pop(serial, None)
 
     def _take_back(self, node: str) -> None:
         """Requests in flight to `node` are held again (it left the view, or its link broke);
         any answer that still comes for them is ignored."""
-        tickets = self._by_node.pop(node, None)
-        if not tickets:
-            return
-        for ticket in sorted(tickets.values(), key=lambda t: t.serial):
-            self._unflight(ticket)
+        for ticket in self._flight.take(node):
             if not ticket.withdrawn:
                 self._requeue(ticket)
 
