@@ -50,7 +50,6 @@ from services.membership.records import (
     parse_member_record,
     parse_suspicions,
 )
-from services.membership.server import ViewBoard
 from services.membership.session import (
     CONSUL_ERRORS,
     MAX_BACKOFF_S,
@@ -58,6 +57,7 @@ from services.membership.session import (
     LivenessSession,
     Reachability,
 )
+from services.membership.view_board import ViewBoard
 
 log = logging.getLogger("hexmq.membership")
 

@@ -7,7 +7,6 @@ open; GetView, Propose, Lease and Status answer from the agent (services/members
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
@@ -23,31 +22,6 @@ if TYPE_CHECKING:
     from services.membership.agent import MembershipAgent
 
 log = logging.getLogger("hexmq.membership")
-
-
-class ViewBoard:
-    """Holds the latest agreed view (None before the first) and wakes watchers when a newer
-    one is published."""
-
-    def __init__(self, view: pb.View | None = None) -> None:
-        self._view = view
-        self._changed = asyncio.Event()
-
-    @property
-    def view(self) -> pb.View | None:
-        return self._view
-
-    def publish(self, view: pb.View) -> None:
-        if self._view is not None and view.epoch <= self._view.epoch:
-            raise ValueError(f"view epoch {view.epoch} is not newer than {self._view.epoch}")
-        self._view = view
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
-
-    async def newer_than(self, epoch: int) -> pb.View:
-        while self._view is None or self._view.epoch <= epoch:
-            await self._changed.wait()
-        return self._view
 
 
 class MembershipServicer(pb_grpc.MembershipServiceServicer):

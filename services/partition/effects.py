@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from hexmq.api.partition.v1 import partition_pb2 as pb
     from services.partition.links import EdgeLink
-    from services.partition.redelivery import Handoff
     from services.partition.sessions import LiveConnection, Session
 
 
@@ -84,7 +83,7 @@ class HandOutWills:
 class HandoffReady:
     """A shared-subscription handoff is durable: it may be handed out."""
 
-    handoff: Handoff
+    handoff_id: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -504,7 +504,7 @@ def _hand_out_wills(node: PartitionNode, e: HandOutWills) -> None:
 
 
 def _handoff_ready(node: PartitionNode, e: HandoffReady) -> None:
-    node.redelivery.ready(e.handoff, node.clock())
+    node.redelivery.ready(e.handoff_id, node.clock())
 
 
 def _hand_out_shared(node: PartitionNode, e: HandOutShared) -> None:

@@ -175,11 +175,13 @@ class SharedRedelivery:
             session.handing.update(chunk)
             if stored:
                 self.store.put_handoff(batch, session.partition, event)
-            self.commit.after(HandoffReady(handoff))
+            self.commit.after(HandoffReady(event.handoff_id))
 
-    def ready(self, handoff: Handoff, now_ms: int) -> None:
-        """The handoff is durable (effects.HandoffReady)."""
-        handoff.ready = True
+    def ready(self, handoff_id: int, now_ms: int) -> None:
+        """The handoff is durable (effects.HandoffReady): it may be handed out."""
+        handoff = self.pending.get(handoff_id)
+        if handoff is not None:
+            handoff.ready = True
         self.hand_out(now_ms)
 
     def load(self, handoffs: Iterable[pb.SharedHandoff]) -> None:

@@ -51,8 +51,8 @@ from services.membership.records import (
     parse_suspicions,
     service_registration,
 )
-from services.membership.server import ViewBoard
 from services.membership.session import Reachability, lease_at
+from services.membership.view_board import ViewBoard
 
 
 def record(node: str = "n1", incarnation: int = 7) -> MemberRecord:
