@@ -3,44 +3,14 @@ partition has no master that can take it (a failover, a restart, a link that is 
 
 Pure: no asyncio, no I/O. The clock is passed in (`now`, in seconds) and every call returns
 what to do as data (Send, Answer, Log); services/edge/dispatch.py carries it out over the
-partition links. The rules (docs/failover.md, "The edge during a failover"), per partition:
-
-- A command goes at once to the partition's master by the edge's view, stamped with the
-  partition's epoch, when the partition is *open*: its master is a view member, the link to it
-  is up (its index snapshot arrived), nothing has shown the partition moving to an epoch newer
-  than the view's, and nothing of the partition is held.
-- Otherwise it is *held*, behind the partition's other held commands, and sent when the
-  partition opens. Requests in flight when their link breaks, and requests answered MOVED,
-  WRONG_MASTER, STALE_EPOCH or UNAVAILABLE, go back among the held ones in their original order
-  (by command id), ahead of newer ones. A command keeps its command id when sent again.
-- Answers never redirect a command to the node they name: one naming an epoch newer than the
-  view's holds the partition until the view has it; one naming an older or equal epoch sends
-  the command again by the view (after RETRY_PAUSE if the view still routes it to the node that
-  answered: that node is behind the view, or has no role yet).
-- When the view moves a partition while requests to its old master are in flight, newer
-  commands wait for their answers (they may come back MOVED and must go first); if the old
-  master left the view they are taken back at once.
-- A re-attach (ATTACH) goes ahead of every held command of its partition, and the partition's
-  other commands wait until it is answered.
-- A publish for several partitions of one master goes whole when all of them are open, and is
-  split per partition otherwise (or when it comes back); its caller hears one answer, once
-  every part has one (the first failure, else OK).
-- A command held longer than `hold` seconds is answered with a refusal naming the partition
-  (status UNAVAILABLE: see `refused_by_hold`); one log line per partition and burst of refusals.
-  A request in flight is not: its master may still make it durable.
-- A caller may give a request up (`withdraw`: a CONNECT whose session did not open within the
-  bound, a client gone). Held, it is dropped unsent; in flight, it is never sent again: an
-  answer asking for that (its master was deposed, or cut off and then moved) ends it, and so
-  does the loss of its link. An OpenSession sent again after its client gave up would take
-  the session from the connection the client made since, through another node (fault seed
-  3032: a CONNECT to a node cut off from the others stayed in flight to that node's own
-  master, which could not commit it, and went again to the new master after the heal).
+partition links. Its rules, per partition, are docs/failover.md's "The edge's command core":
+a partition's commands go at once while it is open, are held (in order) while it is not,
+and are refused past the failover hold; a caller may withdraw a request.
 """
 
 from __future__ import annotations
 
 import itertools
-import logging
 
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
@@ -53,7 +23,6 @@ from services.edge.tickets import (
     SC,
     Effect,
     Kind,
-    Log,
     Route,
     Send,
     Ticket,
@@ -253,7 +222,7 @@ class PartitionCommands:
 
     def withdraw(self, ticket: Ticket, now: float) -> list[Effect]:
         """The caller gives up on a request of one partition: held, it is dropped (what it
-        held back may go now); in flight, it will not be sent again (module docstring). Its
+        held back may go now); in flight, it will not be sent again (docs/failover.md). Its
         caller hears nothing more, but an answer that applied it (OK) or refused it."""
         assert ticket.parent is None, "a whole request, not a part of one"
         assert len(ticket.partitions) == 1, "a request of one partition"
@@ -303,22 +272,9 @@ class PartitionCommands:
             st = self._parts[p]
             expired = st.expire(deadline)
             if expired:
-                why = self._why(p, now)
                 self.held -= len(expired)
                 self.refused += len(expired)
-                if not st.refusing:
-                    st.refusing = True
-                    effects.append(
-                        Log(
-                            logging.WARNING,
-                            f"partition {p}: refusing commands held over {self.hold:g} s: {why}",
-                        )
-                    )
-                refusal = pb.Result(
-                    status=SC.STATUS_CODE_UNAVAILABLE,
-                    message=f"partition {p} has no master that can take it "
-                    f"(held {self.hold:g} s: {why})",
-                )
+                refusal = st.refusal(p, self.hold, self._why(p, now), effects)
                 refused += [(t, refusal) for t in expired]
                 if not st.held:
                     self._holding.discard(p)

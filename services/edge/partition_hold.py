@@ -7,10 +7,11 @@ counters). Pure: no asyncio, no I/O; `now` in seconds."""
 from __future__ import annotations
 
 import bisect
+import logging
 from dataclasses import dataclass, field
 
 from hexmq.api.partition.v1 import partition_pb2 as pb
-from services.edge.tickets import SC, Kind, Route, Ticket
+from services.edge.tickets import SC, Effect, Kind, Log, Route, Ticket
 
 # Answers after which the command was not applied (or never will be acknowledged): held and
 # sent again.
@@ -90,6 +91,21 @@ class PartitionHold:
         if expired:
             self.held = [t for t in self.held if t.submitted > deadline]
         return expired
+
+    def refusal(self, p: int, hold: float, why: str, effects: list[Effect]) -> pb.Result:
+        """The answer to this partition's commands held past `hold` seconds, because `why`;
+        the first of a burst of refusals is logged (into `effects`)."""
+        if not self.refusing:
+            self.refusing = True
+            effects.append(
+                Log(
+                    logging.WARNING, f"partition {p}: refusing commands held over {hold:g} s: {why}"
+                )
+            )
+        return pb.Result(
+            status=SC.STATUS_CODE_UNAVAILABLE,
+            message=f"partition {p} has no master that can take it (held {hold:g} s: {why})",
+        )
 
     def pause(self, now: float, why: str) -> None:
         self.retry_at = now + RETRY_PAUSE
