@@ -132,14 +132,39 @@ def redis_client(
     return redis.Redis.from_pool(pool)  # owns the pool: aclose() closes its connections
 
 
+# A deadline noticed this much later than it passed means this process was not running
+# (stopped, or starved of CPU) around it.
+STALL_S = 0.5
+
+
 async def timed_execute(pipe: redis.client.Pipeline, limit: float | None) -> None:
     """Run a pipeline within `limit` seconds in all (TimeoutError past it), for a client made
-    with per_reply False; None: the client's own per-reply timeouts apply."""
+    with per_reply False; None: the client's own per-reply timeouts apply.
+
+    Time this process did not run does not count against Redis: when the deadline is noticed
+    more than STALL_S after it passed (the process was stopped, as a paused node is, or
+    starved), Redis's answer may be in the socket unread, and the pipeline gets `limit` again
+    from then. A Redis that does not answer fails it all the same, `limit` later."""
     if limit is None:
         await pipe.execute()
         return
-    async with asyncio.timeout(limit):
-        await pipe.execute()
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(pipe.execute())
+    deadline = loop.time() + limit
+    try:
+        while True:
+            done, _ = await asyncio.wait((task,), timeout=max(0.0, deadline - loop.time()))
+            if done:
+                task.result()
+                return
+            now = loop.time()
+            if now - deadline <= STALL_S:
+                raise TimeoutError(f"no answer from Redis within {limit:g} s")
+            deadline = now + limit
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.wait((task,))
 
 
 @dataclass(slots=True)
@@ -308,6 +333,8 @@ class GroupCommit:
         self._pacer = FlushPacer(full=FULL_COMMIT)
         self._linger = telemetry.METRICS.linger("group_commit")
         self._task: asyncio.Task[None] | None = None
+        # A batch could not be made durable: nothing more is written (the service stops).
+        self.failed = False
         # The command being handled (set by the partition node around each handler).
         self.scope: Scope | None = None
         # What carries a released effect out: PartitionNode.carry_out (the default calls it,
@@ -371,7 +398,8 @@ class GroupCommit:
         """Commit what is gathered, then stop."""
         if self._task is not None:
             await cancel_and_wait(self._task)
-            await self._flush()
+            if not self.failed:
+                await self._flush()
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -394,7 +422,12 @@ class GroupCommit:
                 # Memory may now be ahead of the store: stop, and reload from Redis on restart
                 # (a commit task that died silently left the node taking writes it never made).
                 log.exception("group commit failed")
+                self.failed = True
                 self._on_failure(StorageFailed(f"group commit failed: {exc!r}"))
+                return
+            if self.failed:
+                # A write failed: later batches must not be written, nor their entries sent to
+                # followers after the lost one (a gap in the log) while the service stops.
                 return
 
     async def _flush(self) -> None:
@@ -416,6 +449,7 @@ class GroupCommit:
             try:
                 await timed_execute(pipe, self._write_timeout)
             except (redis.RedisError, OSError) as exc:
+                self.failed = True
                 self._on_failure(StorageFailed(f"redis write failed: {exc!r}"))
                 return
         if actions or oks or entries or aborted:

@@ -5,9 +5,14 @@ of its Redis while it goes on taking writes."""
 from __future__ import annotations
 
 import asyncio
+import time
 
-from services.partition.replication import HSET
-from services.partition.store import GroupCommit, StorageFailed
+import pytest
+import redis.asyncio as redis
+
+from services.partition.replication import HSET, Entry, Op
+from services.partition.store import GroupCommit, StorageFailed, timed_execute
+from tests.support.eventually import eventually
 
 
 class BrokenReplicator:
@@ -35,3 +40,88 @@ async def test_a_non_redis_exception_in_the_commit_task_stops_the_service() -> N
     # The task ended: it takes no further batch.
     assert commit._task is not None
     assert commit._task.done()
+
+
+class SlowPipe:
+    """A pipeline whose answer arrives `after` seconds after it is sent."""
+
+    def __init__(self, after: float) -> None:
+        self.after = after
+        self.executed = 0
+
+    async def execute(self) -> list[object]:
+        self.executed += 1
+        await asyncio.sleep(self.after)
+        return []
+
+
+async def test_a_process_stall_past_the_deadline_does_not_count_against_redis() -> None:
+    """A paused node (SIGSTOP, as the failover tests do) or a starved one notices a write's
+    deadline late, with Redis's answer in the socket: the write gets its time again from then
+    and succeeds, instead of stopping the service. (make test at 6a7269c: a node paused with a
+    write in flight stopped on resuming and never rejoined.)"""
+    loop = asyncio.get_running_loop()
+    pipe = SlowPipe(after=0.05)
+    # The process stops for 0.8 s (past the 0.1 s limit) just after sending.
+    loop.call_later(0.01, time.sleep, 0.8)
+    await timed_execute(pipe, 0.1)
+    assert pipe.executed == 1
+
+
+async def test_a_redis_that_does_not_answer_still_fails_the_write() -> None:
+    with pytest.raises(TimeoutError):
+        await timed_execute(SlowPipe(after=5.0), 0.1)
+
+
+class SequencingReplicator:
+    """Gives each batch's writes of a partition the next seq, as the real one does."""
+
+    def __init__(self) -> None:
+        self.seq = 0
+
+    def propose(self, ops: dict[int, list[Op]], origins: object) -> tuple[list[Entry], frozenset]:
+        entries = []
+        for p, written in ops.items():
+            self.seq += 1
+            entries.append(Entry(p, 1, self.seq, list(written), 0))
+        return entries, frozenset()
+
+
+class FailingClient:
+    """A Redis whose first MULTI/EXEC fails and later ones succeed."""
+
+    def __init__(self) -> None:
+        self.executed = 0
+
+    def pipeline(self, transaction: bool) -> FailingClient:
+        return self
+
+    def __len__(self) -> int:
+        return 1
+
+    def hset(self, *args: object, **kwargs: object) -> None: ...
+
+    async def execute(self) -> list[object]:
+        self.executed += 1
+        if self.executed == 1:
+            raise redis.ConnectionError("Redis went away")
+        return []
+
+
+async def test_after_a_failed_write_no_later_batch_is_written() -> None:
+    """Memory is ahead of Redis after a failed write, and the service is stopping: a later
+    batch must not be written (nor its entries streamed after the lost one: seen as an
+    IndexError in the replication log at 6a7269c)."""
+    failures: list[BaseException] = []
+    client = FailingClient()
+    commit = GroupCommit(client, SequencingReplicator(), failures.append)
+    commit.on_durable = lambda entries, token, aborted: None
+    commit.start()
+    commit.batch.add(3, (HSET, "hx:{3}:k", b"f", b"v"))
+    await eventually(lambda: failures, 2.0, "the write failed")
+    commit.batch.add(3, (HSET, "hx:{3}:k", b"f", b"w"))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    await commit.stop()
+    assert client.executed == 1
+    assert [type(f) for f in failures] == [StorageFailed]
