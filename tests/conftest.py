@@ -46,6 +46,22 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+def _worker_window(low: int, top: int, span: int) -> tuple[int, int]:
+    """The ports [low, top) of this pytest-xdist worker's own share: workers never draw
+    overlapping ranges, so a test that stops a node and starts it again on its ports cannot
+    find them taken by another worker's cluster meanwhile (make test: "cannot serve metrics
+    on ...: Address already in use" in test_two_nodes_stop_and_start_one)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if not worker.startswith("gw") or count < 2:
+        return low, top
+    width = (top - low) // count
+    if width < 2 * span:
+        return low, top  # too narrow to share: drawn from the whole range as before
+    index = int(worker[2:]) % count
+    return low + index * width, low + (index + 1) * width
+
+
 def pick_base_port(nodes: int = 1, *, attempts: int = 100) -> int:
     """A base port whose whole cluster port range (see hexmq.clusterstate) is free right now.
 
@@ -53,11 +69,12 @@ def pick_base_port(nodes: int = 1, *, attempts: int = 100) -> int:
     collide; `hexmq_cluster` also retries `up` on another base port if one is taken meanwhile.
     """
     span = clusterstate.highest_port(0, nodes) + 1
-    high = _ephemeral_low() - span
-    if high <= _BASE_PORT_LOW:
-        high = 65536 - span
+    top = _ephemeral_low()
+    if top - span <= _BASE_PORT_LOW:
+        top = 65536
+    low, top = _worker_window(_BASE_PORT_LOW, top, span)
     for _ in range(attempts):
-        base = random.randint(_BASE_PORT_LOW, high)
+        base = random.randint(low, top - span)
         if not clusterstate.busy_ports(clusterstate.cluster_ports(base, nodes)):
             return base
     raise RuntimeError(f"no free port range for {nodes} node(s) after {attempts} attempts")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import HEXMQ, _ephemeral_low
+from tests.conftest import HEXMQ, _ephemeral_low, _worker_window
 
 _LOW = 20000
 
@@ -26,8 +26,9 @@ _LOW = 20000
 def free_ports(count: int) -> list[int]:
     """Ports free on 127.0.0.1 now, below the ephemeral range (see tests.conftest)."""
     ports: list[int] = []
+    low, top = _worker_window(_LOW, _ephemeral_low(), 1)  # (this test worker's share)
     while len(ports) < count:
-        port = random.randint(_LOW, _ephemeral_low() - 1)
+        port = random.randint(low, top - 1)
         if port in ports:
             continue
         with socket.socket() as s:
