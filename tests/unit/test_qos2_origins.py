@@ -36,26 +36,18 @@ P2 = 5
 TOPIC = "t/x"
 
 
-def command_in(edge: Edge, p: int, **kind: Any) -> int:
-    """Like Edge.command, for a session or target in partition p."""
-    request_id = edge.next_id
-    edge.next_id += 1
-    edge.handle(pb.EdgeCommand(request_id=request_id, partition=p, partition_epoch=EPOCH, **kind))
-    return request_id
-
-
 def subscriber(edge: Edge, cid: str, p: int) -> None:
     conn = f"{cid}-conn"
-    command_in(
-        edge,
-        p,
+    edge.command(
+        cid,
+        partition=p,
         open_session=pb.OpenSession(
             client_id=cid, connection_id=conn, session_expiry_s=600, receive_maximum=10
         ),
     )
-    command_in(
-        edge,
-        p,
+    edge.command(
+        cid,
+        partition=p,
         subscribe=pb.Subscribe(
             client_id=cid,
             connection_id=conn,
@@ -70,9 +62,9 @@ def subscriber(edge: Edge, cid: str, p: int) -> None:
 def publish(edge: Edge, partitions: list[int], origin: bytes, payload: bytes = b"m") -> int:
     message = cpb.Message(topic=TOPIC, payload=payload, qos=2, publisher_id="pub")
     targets = [pb.PartitionTarget(partition=p, epoch=EPOCH) for p in partitions]
-    return command_in(
-        edge,
-        partitions[0],
+    return edge.command(
+        "pub",
+        partition=partitions[0],
         publish=pb.Publish(message=message, targets=targets, qos2_origin=origin),
     )
 
