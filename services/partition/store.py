@@ -149,22 +149,23 @@ async def timed_execute(pipe: redis.client.Pipeline, limit: float | None) -> Non
         await pipe.execute()
         return
     loop = asyncio.get_running_loop()
-    task = asyncio.ensure_future(pipe.execute())
-    deadline = loop.time() + limit
-    try:
-        while True:
-            done, _ = await asyncio.wait((task,), timeout=max(0.0, deadline - loop.time()))
-            if done:
-                task.result()
-                return
+    async with asyncio.timeout(None) as timeout:
+        check: asyncio.TimerHandle
+
+        def due(deadline: float) -> None:
+            nonlocal check
             now = loop.time()
-            if now - deadline <= STALL_S:
-                raise TimeoutError(f"no answer from Redis within {limit:g} s")
-            deadline = now + limit
-    finally:
-        if not task.done():
-            task.cancel()
-            await asyncio.wait((task,))
+            if now - deadline > STALL_S:
+                check = loop.call_at(now + limit, due, now + limit)
+            else:
+                timeout.reschedule(now)  # expires: the pipeline is cancelled, TimeoutError
+
+        first = loop.time() + limit
+        check = loop.call_at(first, due, first)
+        try:
+            await pipe.execute()
+        finally:
+            check.cancel()
 
 
 @dataclass(slots=True)
