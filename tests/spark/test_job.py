@@ -14,6 +14,11 @@ from pyspark.testing import assertDataFrameEqual
 from spark.hexmq_traces import job, synth
 from spark.hexmq_traces.schema import STAGES, SpanName
 
+# The whole job (JVM stages, Parquet writes and reads) on local[2]: near the end of `make test`
+# the 2 cores are shared with other workers' clusters, and main() alone took 96 s there (make
+# test at 48c3bf5 hit the default 120 s per test). A hang detector, not a speed check.
+pytestmark = pytest.mark.timeout(360)
+
 T0 = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z
 MS = 1_000_000
 
