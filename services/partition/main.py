@@ -38,6 +38,7 @@ from services.partition.delivery import DEFAULT_MAX_QUEUED, QueueLimits
 from services.partition.node import PartitionNode
 from services.partition.peers import ReplicationDriver
 from services.partition.qos2_seen import DEFAULT_RETENTION_S, SeenOrigins
+from services.partition.redis_tx import RedisTransactions
 from services.partition.replication import DEFAULT_LOG_ENTRIES, ReplicationLimits, Replicator
 from services.partition.roles import WAIT_S
 from services.partition.server import PartitionServicer
@@ -157,9 +158,9 @@ def run(args: argparse.Namespace) -> int:
         # This process's incarnation: the view admits the node only with the partition service
         # that runs now (a restart is a new incarnation, docs/failover.md).
         incarnation = time.time_ns()
-        # The hot path's two writers (group commit, follower writes) share a small client of
-        # their own without per-reply timeouts; each MULTI/EXEC has --redis-timeout in all.
-        writer = redis_client(args.redis, args.redis_timeout, max_connections=4, per_reply=False)
+        # The hot path's two writers (group commit, follower writes) share a lean transaction
+        # writer (services/partition/redis_tx.py); each MULTI/EXEC has --redis-timeout in all.
+        writer = RedisTransactions(args.redis, connect_timeout=args.redis_timeout)
         commit = GroupCommit(writer, replicator, storage_failed, write_timeout=args.redis_timeout)
         store = RedisStore(client)
         agent = AgreementClient(args.membership, incarnation)

@@ -53,6 +53,7 @@ from services.partition.store import (
     GroupCommit,
     RedisStore,
     StorageFailed,
+    TransactionClient,
     apply_ops,
     put_position,
     timed_execute,
@@ -305,13 +306,14 @@ class ReplicationDriver:
         tick_s: float = 0.1,
         incarnation: int = 0,
         agent: AgreementClient | None = None,
-        writer: redis.Redis | None = None,
+        writer: TransactionClient | None = None,
         write_timeout: float | None = None,
     ) -> None:
         self.core = core
         self.store = store
-        # The client the follower's writes go through (the store's, unless the service gives
-        # one without per-reply timeouts: then each MULTI/EXEC has write_timeout in all).
+        # What the follower's writes go through (the store's client, unless the service gives
+        # its transaction writer, services/partition/redis_tx.py: then each MULTI/EXEC has
+        # write_timeout in all).
         self._writer = writer
         self._write_timeout = write_timeout
         self.tick_s = tick_s
@@ -593,7 +595,7 @@ class ReplicationDriver:
                 if not await self._write(client, batches):
                     return
 
-    async def _write(self, client: redis.Redis, batches: list[Persist]) -> bool:
+    async def _write(self, client: TransactionClient, batches: list[Persist]) -> bool:
         """One transaction of follower writes; False if it failed (the service stops)."""
         core = self.core
         timeout = self._write_timeout

@@ -33,7 +33,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
 import redis.asyncio as redis
 
@@ -108,7 +108,7 @@ REDIS_CONNECTIONS = 64
 
 
 def redis_client(
-    url: str, timeout: float, *, max_connections: int = REDIS_CONNECTIONS, per_reply: bool = True
+    url: str, timeout: float, *, max_connections: int = REDIS_CONNECTIONS
 ) -> redis.Redis:
     """The partition service's Redis client. Timeouts stated, not redis-py's defaults (none): a
     Redis that stops answering fails a command within `timeout`, and the service stops
@@ -117,19 +117,37 @@ def redis_client(
     connections" past 100, which stopped a node that owed 127 snapshots after a churn of views
     (fault suite, seed 2001 replayed).
 
-    `per_reply` False: no socket timeout, so redis-py neither sends through asyncio.wait_for (a
-    task per send) nor reads each reply under its own asyncio.timeout; the caller bounds each
-    pipeline as a whole (`timed_execute`). For the two writers of the hot path (the group commit
-    and the follower's writes): redis-py took 11-19% of a partition service's busy time at
-    moderate load, a third of that in the timeouts (py-spy, docs/benchmarks.md)."""
+    The two writers of the hot path (the group commit and the follower's writes) use
+    redis_tx.RedisTransactions instead, each MULTI/EXEC bounded as a whole (`timed_execute`)."""
     pool = redis.BlockingConnectionPool.from_url(
         url,
         max_connections=max_connections,
         timeout=timeout,
-        socket_timeout=timeout if per_reply else None,
+        socket_timeout=timeout,
         socket_connect_timeout=timeout,
     )
     return redis.Redis.from_pool(pool)  # owns the pool: aclose() closes its connections
+
+
+class Commands(Protocol):
+    """The part of a redis-py transaction pipeline the writers use: redis-py's own Pipeline, or
+    a services/partition/redis_tx.Transaction (the hot path's writer)."""
+
+    def hset(self, name: str, *, mapping: dict[Any, Any]) -> object: ...
+
+    def hdel(self, name: str, *keys: str | bytes) -> object: ...
+
+    def delete(self, *names: str) -> object: ...
+
+    def __len__(self) -> int: ...
+
+    async def execute(self) -> list[Any]: ...
+
+
+class TransactionClient(Protocol):
+    """What hands out transactions: a redis.Redis, or redis_tx.RedisTransactions."""
+
+    def pipeline(self, transaction: bool = True) -> Commands: ...
 
 
 # A deadline noticed this much later than it passed means this process was not running
@@ -137,9 +155,10 @@ def redis_client(
 STALL_S = 0.5
 
 
-async def timed_execute(pipe: redis.client.Pipeline, limit: float | None) -> None:
-    """Run a pipeline within `limit` seconds in all (TimeoutError past it), for a client made
-    with per_reply False; None: the client's own per-reply timeouts apply.
+async def timed_execute(pipe: Commands, limit: float | None) -> None:
+    """Run a pipeline within `limit` seconds in all (TimeoutError past it), for a writer
+    without per-reply timeouts (redis_tx.RedisTransactions); None: the client's own per-reply
+    timeouts apply.
 
     Time this process did not run does not count against Redis: when the deadline is noticed
     more than STALL_S after it passed (the process was stopped, as a paused node is, or
@@ -220,7 +239,7 @@ class WriteBatch:
         self.size += 1
 
 
-def apply_ops(pipe: redis.client.Pipeline, ops: Sequence[Op]) -> None:
+def apply_ops(pipe: Commands, ops: Sequence[Op]) -> None:
     """Queue storage ops on a Redis pipeline (the master's and the followers' one way), one
     command per key and run of one kind: the ops are taken key by key (in the order each key
     first appears, each key's own ops in their order: ops on different keys commute), and a
@@ -244,7 +263,7 @@ def apply_ops(pipe: redis.client.Pipeline, ops: Sequence[Op]) -> None:
                 while j < n and key_ops[j][0] == HSET:
                     mapping[key_ops[j][2]] = key_ops[j][3]
                     j += 1
-                pipe.hset(key, mapping=mapping)  # type: ignore[arg-type]
+                pipe.hset(key, mapping=mapping)
             elif kind == HDEL:
                 fields = [fld]
                 while j < n and key_ops[j][0] == HDEL:
@@ -258,14 +277,12 @@ def apply_ops(pipe: redis.client.Pipeline, ops: Sequence[Op]) -> None:
             i = j
 
 
-def put_position(
-    pipe: redis.client.Pipeline, p: int, pos: Position, history: History | None = None
-) -> None:
+def put_position(pipe: Commands, p: int, pos: Position, history: History | None = None) -> None:
     """The partition's replication position (and its epoch history, when it changed)."""
     fields: dict[str, object] = {"epoch": pos[0], "seq": pos[1]}
     if history is not None:
         fields["history"] = format_history(history)
-    pipe.hset(meta_key(p), mapping=fields)  # type: ignore[arg-type]
+    pipe.hset(meta_key(p), mapping=fields)
 
 
 def format_history(history: History) -> str:
@@ -312,14 +329,14 @@ class GroupCommit:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: TransactionClient,
         replicator: Replicator,
         on_failure: Callable[[BaseException], None],
         *,
         write_timeout: float | None = None,
     ) -> None:
         self._client = client
-        # Set when `client` has no per-reply timeout (redis_client per_reply False): each
+        # Set when `client` has no per-reply timeout (redis_tx.RedisTransactions): each
         # MULTI/EXEC then has this long in all.
         self._write_timeout = write_timeout
         self._replicator = replicator

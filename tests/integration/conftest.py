@@ -1,8 +1,11 @@
-"""Fixtures of the integration tests that run membership agents as processes
-(tests/support/agent_cluster.py)."""
+"""Fixtures of the integration tests: membership agents as processes
+(tests/support/agent_cluster.py) and a real redis-server."""
 
 from __future__ import annotations
 
+import shutil
+import socket
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,3 +41,35 @@ def agents(consul_dev: str, tmp_path: Path) -> Iterator[AgentCluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A redis-server of its own on a free loopback port: (its URL, its process)."""
+    port = _free_port()
+    server = subprocess.Popen(
+        [
+            *(shutil.which("redis-server") or "redis-server", "--port", str(port)),
+            *("--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp_path)),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+                break
+            except OSError:
+                if server.poll() is not None:
+                    pytest.fail("redis-server exited at start")
+                subprocess.run(["sleep", "0.05"], check=True)
+        yield f"redis://127.0.0.1:{port}/0", server
+    finally:
+        server.terminate()
+        server.wait(timeout=10)

@@ -1,52 +1,18 @@
-"""The partition service's Redis client against a real redis-server."""
+"""The partition service's Redis client against a real redis-server (the `redis_server`
+fixture, tests/integration/conftest.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis.asyncio as redis
 
 from services.partition.store import REDIS_CONNECTIONS, redis_client
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    port = _free_port()
-    server = subprocess.Popen(
-        [
-            *(shutil.which("redis-server") or "redis-server", "--port", str(port)),
-            *("--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp_path)),
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
-                break
-            except OSError:
-                if server.poll() is not None:
-                    pytest.fail("redis-server exited at start")
-                subprocess.run(["sleep", "0.05"], check=True)
-        yield f"redis://127.0.0.1:{port}/0", server
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
 
 
 async def test_more_concurrent_commands_than_connections_wait_instead_of_failing(
