@@ -289,7 +289,7 @@ class _Opening:
 
 
 def _acknowledge(c: ClientConnection, a: act.Acknowledge) -> None:
-    c.edge.dispatcher.acknowledge(a.partition, a.command, c._answer(a.token))
+    c.edge.dispatcher.acknowledge(a.partition, a.command, c._answer(a.token), lazy=a.lazy)
 
 
 def _gate(c: ClientConnection, a: act.Gate) -> None:

@@ -127,10 +127,12 @@ class Dispatcher:
         ticket = Ticket(Kind.GATE, (), None, on_result)
         self._run(self.core.await_index(ticket, self.clock()))
 
-    def acknowledge(self, p: int, cmd: pb.EdgeCommand, on_result: ResultCallback) -> bool:
+    def acknowledge(
+        self, p: int, cmd: pb.EdgeCommand, on_result: ResultCallback, *, lazy: bool = False
+    ) -> bool:
         """A DeliveryAck, ahead of queued commands; `on_result` hears its answer, if one
         comes. False when p's master cannot take it now: not sent (the connection's next
-        re-attach carries its ids)."""
+        re-attach carries its ids). `lazy`: it may wait for company (PartitionLink.track)."""
         route = self.core.ack_route(p)
         link = self._links.get(route.node) if route is not None else None
         if route is None or link is None:
@@ -138,7 +140,7 @@ class Dispatcher:
         cmd.command_id = self.core.next_command_id()
         cmd.partition = p
         cmd.partition_epoch = route.epoch
-        return link.track(cmd, on_result, urgent=True, expendable=True)
+        return link.track(cmd, on_result, urgent=True, expendable=True, lazy=lazy)
 
     def forget_origins(self, origins: Mapping[int, list[bytes]]) -> None:
         """Qos2Forget: one command per master node for the partitions that take commands now;

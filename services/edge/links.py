@@ -27,7 +27,7 @@ from hexmq import telemetry
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
 from hexmq.grpc_options import LINK_OPTIONS
-from hexmq.pacing import FlushPacer
+from hexmq.pacing import FlushPacer, lazy_linger, wait_for_company
 from hexmq.service import cancel_and_wait
 from hexmq.streams import Backoff, keep_streaming
 
@@ -108,6 +108,9 @@ class PartitionLink:
             "hexmq.api.partition.v1.PartitionService/Link", "client"
         )
         self._wake = asyncio.Event()
+        # Set while a queued command is one someone waits on: commands queued `lazy` alone
+        # wait for one, up to the lazy linger (hexmq/pacing.py).
+        self._company = asyncio.Event()
         self._pacer = FlushPacer(full=MAX_COMMANDS_PER_FRAME)
         self._linger = telemetry.METRICS.linger("edge_link")
         self._task: asyncio.Task[None] | None = None
@@ -142,6 +145,7 @@ class PartitionLink:
         cmd.request_id = request_id
         self._pending[request_id] = (callback, True)
         self._outgoing.append(cmd)
+        self._company.set()
         self._wake.set()
 
     def track(
@@ -151,11 +155,13 @@ class PartitionLink:
         *,
         urgent: bool = False,
         expendable: bool = False,
+        lazy: bool = False,
     ) -> bool:
         """Send `cmd` with a request id; `callback(result)` runs when its answer comes, and
         never if the link breaks first (the caller learns of that from on_link_down). False if
         the link is down. `expendable`: forgotten, unanswered, once EXPENDABLE_LIMIT newer ones
-        wait. `urgent`: as for `send`."""
+        wait. `urgent`: as for `send`. `lazy`: nobody waits on it, so it may wait up to the
+        lazy linger for a command that goes anyway (hexmq/pacing.py)."""
         if not self.connected:
             return False
         request_id = self._next_id
@@ -169,6 +175,8 @@ class PartitionLink:
         else:
             self._pending[request_id] = (callback, False)
         (self._urgent if urgent else self._outgoing).append(cmd)
+        if not lazy:
+            self._company.set()
         self._wake.set()
         return True
 
@@ -179,6 +187,7 @@ class PartitionLink:
         if not self.connected:
             return False
         (self._urgent if urgent else self._outgoing).append(cmd)
+        self._company.set()
         self._wake.set()
         return True
 
@@ -210,6 +219,10 @@ class PartitionLink:
                     return
                 self._wake.clear()
                 await self._wake.wait()
+            # Lazy commands alone (acknowledgements) wait for company, up to the lazy linger.
+            waited = await wait_for_company(self._company, lazy_linger())
+            if generation != self._generation:
+                return
             # At most one frame per pacing interval (hexmq/pacing.py): what arrives while it
             # waits joins the frame; a lone command after a quiet spell goes at once.
             delay = pacer.delay(loop.time(), len(self._outgoing) + len(self._urgent))
@@ -225,6 +238,8 @@ class PartitionLink:
             else:
                 batch += self._outgoing[:room]
                 self._outgoing = self._outgoing[room:]
+            if not self._outgoing:
+                self._company.clear()
             if self._drain_waiters and len(self._outgoing) < LOW_WATER:
                 self._release_waiters()
             for cmd in batch:
@@ -232,7 +247,7 @@ class PartitionLink:
                     self._probes[cmd.request_id] = time.perf_counter()
                     break
             pacer.sent(loop.time())
-            linger.record(len(batch), delay)
+            linger.record(len(batch), waited + delay)
             frame = pb.EdgeFrame(commands=batch)
             if frame.ByteSize() > MAX_FRAME_BYTES and len(batch) > 1:
                 # Split big frames so one large payload does not hold up the rest for long.

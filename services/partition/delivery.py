@@ -263,14 +263,17 @@ class MessageDelivery(MasterState):
                 self._reply(link, cmd)
             return
         # Answered once the removals are durable: the edge then forgets these acknowledgements.
-        self._reply(link, cmd)
+        # Nothing else waits on them (the window has room at once, below): a batch of these
+        # alone may wait for company (hexmq/pacing.py); PUBRECs to release are not lazy.
+        if cmd.request_id:
+            self.commit.after_ok(link.ok, cmd.request_id, lazy=True)
         # PUBACK / PUBCOMP from an earlier connection of the session (its acknowledgement still
         # on the way when the client reconnected elsewhere) still counts: the client has the
         # message, and dropping the ack would only make it come again.
         removed = session.acknowledge(list(req.message_ids))
         if removed:
             self.store.delete_messages(
-                self.commit.batch, session.partition, session.client_id, removed
+                self.commit.lazy_batch, session.partition, session.client_id, removed
             )
         conn = session.connection
         if conn is None or conn.connection_id != req.connection_id:

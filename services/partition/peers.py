@@ -33,7 +33,7 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
 from hexmq.grpc_options import LINK_OPTIONS
 from hexmq.node_protocol import THIS_RELEASE, ClusterProtocol
-from hexmq.pacing import FlushPacer
+from hexmq.pacing import FlushPacer, lazy_linger, wait_for_company
 from hexmq.ranges import ranges
 from hexmq.service import cancel_and_wait
 from hexmq.streams import Backoff, keep_streaming
@@ -102,15 +102,22 @@ class Outbox:
         self.closed = False
         self._wake = asyncio.Event()
         self._drained = asyncio.Event()
+        # Set while an item waiting is not lazy (hexmq/pacing.py).
+        self._company = asyncio.Event()
         self._pacer = FlushPacer(full=MAX_ITEMS_PER_FRAME)
         self._linger = telemetry.METRICS.linger("replication_feed")
 
-    def push(self, items: list[pb.ReplicationItem]) -> None:
+    def push(self, items: list[pb.ReplicationItem], *, lazy: bool = False) -> None:
+        """Queue `items` for the follower; `lazy`: entries of a lazy batch, which may wait up to
+        the lazy linger to go with others."""
         self.items.extend(items)
+        if not lazy:
+            self._company.set()
         self._wake.set()
 
     def close(self) -> None:
         self.closed = True
+        self._company.set()
         self._wake.set()
         self._drained.set()
 
@@ -128,6 +135,8 @@ class Outbox:
                     return
                 self._wake.clear()
                 await self._wake.wait()
+            # Lazy entries alone wait for company, up to the lazy linger.
+            waited = await wait_for_company(self._company, lazy_linger())
             # At most one frame per pacing interval (hexmq/pacing.py): entries made durable
             # meanwhile join it.
             delay = pacer.delay(loop.time(), len(self.items))
@@ -136,9 +145,11 @@ class Outbox:
             if self.closed:
                 return
             pacer.sent(loop.time())
-            self._linger.record(min(len(self.items), MAX_ITEMS_PER_FRAME), delay)
+            self._linger.record(min(len(self.items), MAX_ITEMS_PER_FRAME), waited + delay)
             batch = self.items[:MAX_ITEMS_PER_FRAME]
             del self.items[:MAX_ITEMS_PER_FRAME]
+            if not self.items:
+                self._company.clear()
             self._drained.set()
             yield pb.MasterFrame(items=batch)
 
@@ -416,12 +427,15 @@ class ReplicationDriver:
         self._asks.add(task)
         task.add_done_callback(self._asks.discard)
 
-    def _master_durable(self, entries: list[Entry], token: object, aborted: frozenset[int]) -> None:
+    def _master_durable(
+        self, entries: list[Entry], token: object, aborted: frozenset[int], lazy: bool
+    ) -> None:
         self.core.master_durable(entries, token, aborted)
-        self.process()
+        self.process(lazy=lazy)
 
-    def process(self) -> None:
-        """Carry out what the state machine has decided."""
+    def process(self, *, lazy: bool = False) -> None:
+        """Carry out what the state machine has decided. `lazy`: what it sends followers now
+        are a lazy batch's entries (hexmq/pacing.py), which may wait for company."""
         ready = self.core.ready()
         if not ready:
             return
@@ -443,7 +457,7 @@ class ReplicationDriver:
         for follower, items in ready.to_followers.items():
             outbox = self._feeds.get(follower)
             if outbox is not None:
-                outbox.push(items)
+                outbox.push(items, lazy=lazy)
         for master, frame in ready.to_masters.items():
             link = self._links.get(master)
             if link is not None:

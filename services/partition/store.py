@@ -40,7 +40,7 @@ import redis.asyncio as redis
 from hexmq import telemetry
 from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.partition.v1 import partition_pb2 as pb
-from hexmq.pacing import FlushPacer
+from hexmq.pacing import FlushPacer, lazy_linger, wait_for_company
 from hexmq.service import cancel_and_wait
 from services.partition.replication import (
     DEL,
@@ -348,6 +348,10 @@ class GroupCommit:
         self._finishers: list[Callable[[WriteBatch], None]] = []
         self._release_hooks: list[Callable[[], None]] = []
         self._wake = asyncio.Event()
+        # Set once the batch being gathered has a write or an effect someone waits on; a batch
+        # of lazy writes alone (`lazy_batch`, `after_ok(lazy=True)`: acknowledgements) waits
+        # for one up to the lazy linger (hexmq/pacing.py).
+        self._company = asyncio.Event()
         self._pacer = FlushPacer(full=FULL_COMMIT)
         self._linger = telemetry.METRICS.linger("group_commit")
         self._task: asyncio.Task[None] | None = None
@@ -358,11 +362,11 @@ class GroupCommit:
         # What carries a released effect out: PartitionNode.carry_out (the default calls it,
         # for effects that are plain callables).
         self.carry_out: Callable[[Effect], None] = _call
-        # Called with the batch's entries, its release token and the partitions it could not
-        # write once durable here; the replication driver hands the token back to `release`
-        # once followers have it.
-        self.on_durable: Callable[[list[Entry], object, frozenset[int]], None] = (
-            lambda _e, token, aborted: self.release([(token, aborted)])
+        # Called with the batch's entries, its release token, the partitions it could not
+        # write and whether the batch was lazy, once durable here; the replication driver
+        # hands the token back to `release` once followers have it.
+        self.on_durable: Callable[[list[Entry], object, frozenset[int], bool], None] = (
+            lambda _e, token, aborted, _lazy: self.release([(token, aborted)])
         )
         self.releasing: _Released | None = None
         self.batches = 0
@@ -373,6 +377,13 @@ class GroupCommit:
     @property
     def batch(self) -> WriteBatch:
         """The batch being gathered; writes added now commit together."""
+        self._company.set()
+        return self.lazy_batch
+
+    @property
+    def lazy_batch(self) -> WriteBatch:
+        """The batch being gathered, for writes nothing waits on: alone, they may wait up to
+        the lazy linger for company."""
         if self._batch is None:
             self._batch = WriteBatch()
         self._wake.set()
@@ -382,6 +393,7 @@ class GroupCommit:
         """Carry `effect` out (services/partition/effects.py) once everything written so far is
         durable and replicated."""
         self._actions.append((effect, self.scope))
+        self._company.set()
         self._wake.set()
 
     def pending(self) -> list[Effect]:
@@ -393,10 +405,12 @@ class GroupCommit:
         """Writes in the batch being gathered (not yet sent to Redis)."""
         return self._batch.size if self._batch is not None else 0
 
-    def after_ok(self, sink: Callable[[int], None], request_id: int) -> None:
+    def after_ok(self, sink: Callable[[int], None], request_id: int, *, lazy: bool = False) -> None:
         """Call `sink(request_id)` once everything written so far is durable (after the
-        batch's actions)."""
+        batch's actions). `lazy`: the edge does not wait on it."""
         self._oks.append((sink, request_id, self.scope))
+        if not lazy:
+            self._company.set()
         self._wake.set()
 
     def add_release_hook(self, hook: Callable[[], None]) -> None:
@@ -425,13 +439,15 @@ class GroupCommit:
         while True:
             await self._wake.wait()
             self._wake.clear()
+            # Lazy writes alone wait for company, up to the lazy linger.
+            waited = await wait_for_company(self._company, lazy_linger())
             # One MULTI/EXEC in flight, and at most one per pacing interval (hexmq/pacing.py):
             # the writes of commands handled meanwhile join the batch.
             delay = pacer.delay(loop.time(), self.gathering)
             if delay:
                 await asyncio.sleep(delay)
             pacer.sent(loop.time())
-            linger.record(self.gathering, delay)
+            linger.record(self.gathering, waited + delay)
             try:
                 await self._flush()
             except asyncio.CancelledError:
@@ -451,6 +467,8 @@ class GroupCommit:
     async def _flush(self) -> None:
         batch, actions, oks = self._batch, self._actions, self._oks
         self._batch, self._actions, self._oks = None, [], []
+        lazy = not self._company.is_set()
+        self._company.clear()
         entries: list[Entry] = []
         aborted: frozenset[int] = frozenset()
         if batch is not None:
@@ -472,7 +490,7 @@ class GroupCommit:
                 return
         if actions or oks or entries or aborted:
             token = _Released(actions, oks, time.time_ns(), {e.partition: e.seq for e in entries})
-            self.on_durable(entries, token, aborted)
+            self.on_durable(entries, token, aborted, lazy)
 
     def release(self, tokens: Iterable[tuple[object, frozenset[int]]]) -> None:
         """Run the follow-up actions of batches that are now replicated, in order, except

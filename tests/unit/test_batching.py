@@ -257,3 +257,136 @@ async def test_a_replication_feed_gathers_entries_within_the_interval() -> None:
     second = await anext(frames)
     assert len(second.items) == 3
     outbox.close()
+
+
+# ----- lazy items wait for company ----------------------------------------------------------
+
+
+@pytest.fixture
+def lazy_linger_of_200_ms() -> Any:
+    from hexmq import pacing
+
+    before = pacing.lazy_linger()
+    pacing.configure_lazy_linger(0.2)
+    yield
+    pacing.configure_lazy_linger(before)
+
+
+async def test_waiting_for_company_ends_when_it_comes_or_after_the_linger() -> None:
+    from hexmq.pacing import wait_for_company
+
+    company = asyncio.Event()
+    assert await wait_for_company(company, 0.05) >= 0.045  # nobody came
+    asyncio.get_running_loop().call_later(0.01, company.set)
+    assert 0.005 <= await wait_for_company(company, 1.0) < 0.5
+    assert await wait_for_company(company, 1.0) == 0.0  # already there
+    assert await wait_for_company(asyncio.Event(), 0.0) == 0.0  # linger 0: never waits
+
+
+class RecordingWriter:
+    """Transactions recorded as the number of commands each had."""
+
+    def __init__(self) -> None:
+        self.executed: list[int] = []
+        self._size = 0
+
+    def pipeline(self, transaction: bool = True) -> RecordingWriter:
+        self._size = 0
+        return self
+
+    def hset(self, *args: object, **kwargs: object) -> None:
+        self._size += 1
+
+    def hdel(self, *args: object) -> None:
+        self._size += 1
+
+    def delete(self, *args: object) -> None:
+        self._size += 1
+
+    def __len__(self) -> int:
+        return self._size
+
+    async def execute(self) -> list[object]:
+        self.executed.append(self._size)
+        return []
+
+
+class NumberingReplicator:
+    def __init__(self) -> None:
+        self.seq = 0
+
+    def propose(self, ops: dict[int, list[Op]], origins: object) -> tuple[list[Any], frozenset]:
+        from services.partition.replication import Entry
+
+        entries = []
+        for p, written in ops.items():
+            self.seq += 1
+            entries.append(Entry(p, 1, self.seq, list(written), 0))
+        return entries, frozenset()
+
+
+async def test_a_batch_of_acknowledgements_alone_waits_for_company(
+    lazy_linger_of_200_ms: None,
+) -> None:
+    """A group commit holding only lazy writes (delivery acknowledgements) does not pay a
+    MULTI/EXEC of its own while a write someone waits on may come within the linger; when one
+    comes, both leave in one transaction, and the acknowledgement's answer is not delayed past
+    it. Alone, they leave after the linger, marked lazy for the replication feed."""
+    from services.partition.store import GroupCommit
+
+    writer = RecordingWriter()
+    commit = GroupCommit(writer, NumberingReplicator(), lambda exc: None)
+    durable: list[bool] = []
+    commit.on_durable = lambda entries, token, aborted, lazy: (
+        durable.append(lazy),
+        commit.release([(token, aborted)]),
+    )
+    answered: list[int] = []
+    commit.start()
+    try:
+        commit.lazy_batch.add(3, (HDEL, "hx:3:q:c", b"1", b""))
+        commit.after_ok(answered.append, 1, lazy=True)
+        await asyncio.sleep(0.05)
+        assert writer.executed == [] and answered == []
+        commit.batch.add(4, (HSET, "hx:4:q:d", b"9", b"m"))
+        commit.after_ok(answered.append, 2)
+        for _ in range(50):
+            await asyncio.sleep(0.002)
+            if answered:
+                break
+        assert answered == [1, 2]
+        assert len(writer.executed) == 1  # one MULTI/EXEC for both
+        assert durable == [False]
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        commit.lazy_batch.add(3, (HDEL, "hx:3:q:c", b"2", b""))
+        commit.after_ok(answered.append, 3, lazy=True)
+        while not answered[2:]:
+            await asyncio.sleep(0.01)
+        assert loop.time() - started >= 0.19
+        assert durable == [False, True]
+    finally:
+        await commit.stop()
+
+
+async def test_a_replication_feed_holds_a_lazy_batch_until_company_or_the_linger(
+    lazy_linger_of_200_ms: None,
+) -> None:
+    from services.partition.peers import Outbox
+
+    outbox = Outbox()
+    outbox._pacer.interval = 0.0
+    loop = asyncio.get_running_loop()
+    item = pb.ReplicationItem(start=pb.FeedStart(partition=1, epoch=1, from_seq=1))
+    frames = outbox.frames()
+    outbox.push([item], lazy=True)
+    nxt = asyncio.ensure_future(anext(frames))
+    await asyncio.sleep(0.05)
+    assert not nxt.done()
+    outbox.push([item, item])
+    assert len((await nxt).items) == 3
+    started = loop.time()
+    outbox.push([item], lazy=True)
+    assert len((await anext(frames)).items) == 1
+    assert loop.time() - started >= 0.19
+    outbox.close()

@@ -517,6 +517,33 @@ def test_deliveries_are_tracked_until_acknowledged_and_the_acks_go_back_in_one_c
     assert not out.unconfirmed
 
 
+def test_a_qos1_ack_with_room_in_the_window_is_lazy_and_one_that_frees_it_is_not() -> None:
+    """A DeliveryAck nothing waits on may wait for company on the link (hexmq/pacing.py): QoS 1
+    acknowledgements while the master, which counts them in flight until they arrive, has at
+    least half the window free. One the master may be blocked on, or a PUBREC whose PUBREL the
+    client waits for, goes at once."""
+    client = connected(SessionEdge.make(), properties=Properties(receive_maximum=4))
+    client.session.deliver(
+        pb.Delivery(messages=[queued(i, 1) for i in range(1, 5)]), client.wall_ms, 0
+    )
+    out = client.session.outbound
+    assert out is not None and out.window.count == 4
+    # The window is full: acknowledging one frees what the master holds back.
+    (first,) = of_kind(client.send(PubAck(1)), act.Acknowledge)
+    assert not first.lazy
+    # 2 in flight and 1 acknowledged: the master counts 3 of 4 until it hears.
+    (second,) = of_kind(client.send(PubAck(2)), act.Acknowledge)
+    assert not second.lazy
+    # 1 in flight and 1 acknowledged: half the window is free at the master.
+    (third,) = of_kind(client.send(PubAck(3)), act.Acknowledge)
+    assert third.lazy
+    sent = client.session.deliver(pb.Delivery(messages=[queued(5, 2)]), client.wall_ms, 0)
+    (publish,) = client.packets(sent)
+    (rec,) = of_kind(client.send(PubRec(publish.packet_id)), act.Acknowledge)
+    assert list(rec.command.delivery_ack.received_ids) == [5]
+    assert not rec.lazy
+
+
 def test_what_the_client_may_not_have_is_acknowledged_unsent() -> None:
     edge = SessionEdge.make()
     client = connected(edge, properties=Properties(maximum_packet_size=64))

@@ -115,7 +115,7 @@ async def test_after_a_failed_write_no_later_batch_is_written() -> None:
     failures: list[BaseException] = []
     client = FailingClient()
     commit = GroupCommit(client, SequencingReplicator(), failures.append)
-    commit.on_durable = lambda entries, token, aborted: None
+    commit.on_durable = lambda entries, token, aborted, lazy: None
     commit.start()
     commit.batch.add(3, (HSET, "hx:{3}:k", b"f", b"v"))
     await eventually(lambda: failures, 2.0, "the write failed")

@@ -70,11 +70,14 @@ class Attach:
 
 @dataclass(slots=True)
 class Acknowledge:
-    """A DeliveryAck, ahead of queued commands; its answer may never come."""
+    """A DeliveryAck, ahead of queued commands; its answer may never come. `lazy`: nothing
+    waits on it (QoS 1 acknowledgements, the session's window at most half full): it may wait
+    for company on the link (hexmq/pacing.py)."""
 
     token: int
     partition: int
     command: pb.EdgeCommand
+    lazy: bool = False
 
 
 @dataclass(slots=True)

@@ -121,6 +121,13 @@ def flush_acks(s: SessionState) -> None:
         return  # (while a re-attach is on its way they wait: it must come first)
     token = s.new_token()
     acks, recs = out.take_acks(token)
+    # Lazy when nothing waits on it: no PUBREC to release (the client waits for PUBREL), and
+    # the master, which still counts these as in flight, has at least half the window free
+    # (so it is not holding back deliveries for them).
+    window = out.window
+    lazy = not recs and 2 * (window.count + len(acks)) <= window.max_count
+    if lazy and window.max_bytes:
+        lazy = 2 * window.bytes <= window.max_bytes
     command = pb.EdgeCommand(
         delivery_ack=pb.DeliveryAck(
             client_id=s.client_id,
@@ -129,7 +136,7 @@ def flush_acks(s: SessionState) -> None:
             received_ids=recs,
         ),
     )
-    s.emit(Acknowledge(token, s.partition, command))
+    s.emit(Acknowledge(token, s.partition, command, lazy))
 
 
 def acknowledged(s: SessionState, token: int, result: pb.Result) -> None:
