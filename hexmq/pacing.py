@@ -36,9 +36,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
-# Interval per stage unless configured: at most 1,000 batches a second per stream; a message
-# waits at most this long at one hop (seconds).
-DEFAULT_INTERVAL = 0.001
+# Interval per stage unless configured: at most 250 batches a second per stream; a message
+# waits at most this long at one hop (seconds). 4 ms rather than 1: on one node at 1,000 msg/s
+# it took 63% of the 2 cores against 104% (p50 6.5 against 2.1 ms, p99 about the same), and at
+# 3 nodes RF 3 p99 54-79 against 390-411 ms (docs/benchmarks.md, "Fewer costs per batch").
+DEFAULT_INTERVAL = 0.004
 _interval = DEFAULT_INTERVAL
 # How long lazy items wait for company at most (seconds).
 DEFAULT_LAZY_LINGER = 0.010
