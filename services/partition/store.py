@@ -439,6 +439,8 @@ class GroupCommit:
         while True:
             await self._wake.wait()
             self._wake.clear()
+            if self._batch is None and not self._actions and not self._oks:
+                continue  # woken for what the last batch already took
             # Lazy writes alone wait for company, up to the lazy linger.
             waited = await wait_for_company(self._company, lazy_linger())
             # One MULTI/EXEC in flight, and at most one per pacing interval (hexmq/pacing.py):

@@ -17,6 +17,7 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.pacing import FlushPacer, Linger
 from services.partition.replication import DEL, HDEL, HSET, Op
 from services.partition.store import apply_ops
+from tests.support.eventually import eventually
 from tests.support.partition_harness import EPOCH, Edge, P, make_node
 
 # ----- the pacer ----------------------------------------------------------------------------
@@ -347,13 +348,11 @@ async def test_a_batch_of_acknowledgements_alone_waits_for_company(
         commit.lazy_batch.add(3, (HDEL, "hx:3:q:c", b"1", b""))
         commit.after_ok(answered.append, 1, lazy=True)
         await asyncio.sleep(0.05)
-        assert writer.executed == [] and answered == []
+        assert writer.executed == []
+        assert answered == []
         commit.batch.add(4, (HSET, "hx:4:q:d", b"9", b"m"))
         commit.after_ok(answered.append, 2)
-        for _ in range(50):
-            await asyncio.sleep(0.002)
-            if answered:
-                break
+        await eventually(lambda: bool(answered), 1.0, "the batch with company committed")
         assert answered == [1, 2]
         assert len(writer.executed) == 1  # one MULTI/EXEC for both
         assert durable == [False]
@@ -361,8 +360,7 @@ async def test_a_batch_of_acknowledgements_alone_waits_for_company(
         started = loop.time()
         commit.lazy_batch.add(3, (HDEL, "hx:3:q:c", b"2", b""))
         commit.after_ok(answered.append, 3, lazy=True)
-        while not answered[2:]:
-            await asyncio.sleep(0.01)
+        await eventually(lambda: len(answered) == 3, 2.0, "the lazy batch committed alone")
         assert loop.time() - started >= 0.19
         assert durable == [False, True]
     finally:

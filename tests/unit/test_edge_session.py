@@ -518,25 +518,36 @@ def test_deliveries_are_tracked_until_acknowledged_and_the_acks_go_back_in_one_c
 
 
 def test_a_qos1_ack_with_room_in_the_window_is_lazy_and_one_that_frees_it_is_not() -> None:
-    """A DeliveryAck nothing waits on may wait for company on the link (hexmq/pacing.py): QoS 1
-    acknowledgements while the master, which counts them in flight until they arrive, has at
-    least half the window free. One the master may be blocked on, or a PUBREC whose PUBREL the
-    client waits for, goes at once."""
+    """A DeliveryAck nothing waits on may wait for company on the link (hexmq/pacing.py): a QoS
+    1 acknowledgement while the master, which counts it in flight until it arrives, has at
+    least half the window free, and no earlier one of the session is unanswered. One the
+    master may be blocked on, or a PUBREC whose PUBREL the client waits for, goes at once.
+    (Without the unanswered rule, a subscriber acknowledging one message at a time stacked up
+    lazy acknowledgements until the master's window was full: one-node QoS 1 fan-in at
+    saturation fell from 14,336 to 11,744 deliveries a second.)"""
     client = connected(SessionEdge.make(), properties=Properties(receive_maximum=4))
     client.session.deliver(
         pb.Delivery(messages=[queued(i, 1) for i in range(1, 5)]), client.wall_ms, 0
     )
     out = client.session.outbound
-    assert out is not None and out.window.count == 4
+    assert out is not None
+    assert out.window.count == 4
     # The window is full: acknowledging one frees what the master holds back.
     (first,) = of_kind(client.send(PubAck(1)), act.Acknowledge)
     assert not first.lazy
+    client.answer(first)
     # 2 in flight and 1 acknowledged: the master counts 3 of 4 until it hears.
     (second,) = of_kind(client.send(PubAck(2)), act.Acknowledge)
     assert not second.lazy
-    # 1 in flight and 1 acknowledged: half the window is free at the master.
+    # 1 in flight and 1 acknowledged: half the window is free at the master, but the last
+    # acknowledgement is not answered yet.
     (third,) = of_kind(client.send(PubAck(3)), act.Acknowledge)
-    assert third.lazy
+    assert not third.lazy
+    client.answer(second)
+    client.answer(third)
+    (fourth,) = of_kind(client.send(PubAck(4)), act.Acknowledge)
+    assert fourth.lazy
+    client.answer(fourth)
     sent = client.session.deliver(pb.Delivery(messages=[queued(5, 2)]), client.wall_ms, 0)
     (publish,) = client.packets(sent)
     (rec,) = of_kind(client.send(PubRec(publish.packet_id)), act.Acknowledge)

@@ -119,15 +119,19 @@ def flush_acks(s: SessionState) -> None:
     out = s.outbound
     if out is None or not out.acks_waiting or s.partition is None or s.attaching:
         return  # (while a re-attach is on its way they wait: it must come first)
+    # Lazy when nothing waits on it: no PUBREC to release (the client waits for PUBREL), no
+    # earlier acknowledgement of the session unanswered (so at most one waits for company),
+    # and the master, which counts these as in flight until it has them, has at least half
+    # the window free: it is not holding back deliveries for them.
+    window = out.window
+    lazy = (
+        not out.recs
+        and not out.unconfirmed
+        and 2 * (window.count + len(out.acks)) <= window.max_count
+        and (not window.max_bytes or 2 * window.bytes <= window.max_bytes)
+    )
     token = s.new_token()
     acks, recs = out.take_acks(token)
-    # Lazy when nothing waits on it: no PUBREC to release (the client waits for PUBREL), and
-    # the master, which still counts these as in flight, has at least half the window free
-    # (so it is not holding back deliveries for them).
-    window = out.window
-    lazy = not recs and 2 * (window.count + len(acks)) <= window.max_count
-    if lazy and window.max_bytes:
-        lazy = 2 * window.bytes <= window.max_bytes
     command = pb.EdgeCommand(
         delivery_ack=pb.DeliveryAck(
             client_id=s.client_id,
