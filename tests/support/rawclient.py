@@ -36,6 +36,9 @@ class RawClient:
         self.version = version
         self.codec = MQTTConnection(Role.CLIENT, protocol_version=version)
         self._next_pid = 0
+        # Packets read ahead (a PUBLISH that came before the SUBACK being waited for), handed
+        # out first by recv.
+        self._read_ahead: list[Packet] = []
 
     @classmethod
     async def open(cls, port: int, version: int = 4) -> RawClient:
@@ -82,6 +85,8 @@ class RawClient:
     async def recv(self, timeout: float | None = None) -> Packet | None:
         """The next packet, or None when the server closed the connection. The default bound
         is generous (a loaded machine), never what a test asserts."""
+        if self._read_ahead:
+            return self._read_ahead.pop(0)
         async with asyncio.timeout(WAIT_S if timeout is None else timeout):
             while True:
                 event = self.codec.next_event()
@@ -105,10 +110,20 @@ class RawClient:
         assert isinstance(packet, kind), f"expected {kind.__name__}, got {packet!r}"
         return packet
 
-    async def subscribe(self, *filters: str, qos: int = 1) -> SubAck:
+    async def subscribe(self, *filters: str, qos: int = 1, live_first: bool = False) -> SubAck:
+        """SUBSCRIBE and its SUBACK. `live_first`: PUBLISH packets of these subscriptions may
+        come before the SUBACK (the server is permitted to start sending them, MQTT 5.0
+        3.8.4); they are kept for the next `recv`s."""
         pid = self.next_packet_id()
         await self.send(Subscribe(pid, tuple(Subscription(f, qos) for f in filters)))
-        return await self.expect(SubAck)
+        if not live_first:
+            return await self.expect(SubAck)
+        early: list[Packet] = []
+        while isinstance(packet := await self.recv(), Publish):
+            early.append(packet)
+        assert isinstance(packet, SubAck), f"expected SubAck, got {packet!r}"
+        self._read_ahead.extend(early)
+        return packet
 
     async def publish(
         self, topic: str, payload: bytes, qos: int = 1, timeout: float | None = None
