@@ -59,7 +59,10 @@ async def test_mqtt_3_3_4_3_subscription_identifiers_on_live_and_queued_deliveri
     )
     assert connack.session_present is True
     got1 = await receive_resumed(sub, acknowledged=[p.payload for p in got if p.qos])
-    assert (got1.payload, got1.qos, got1.dup) == (b"queued", 1, False)
+    # Its DUP may be 1: the publish and the subscriber's DISCONNECT are two clients' packets,
+    # in no order, and when the publish reaches the session's master first the message goes
+    # to the old connection and comes again here as a redelivery (MQTT-3.3.1-1).
+    assert (got1.payload, got1.qos) == (b"queued", 1)
     assert sorted(got1.properties.subscription_identifiers) == [7, big]
 
     # A subscription replaced without an identifier loses it.
