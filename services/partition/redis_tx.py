@@ -185,6 +185,7 @@ class RedisTransactions:
         if self._closed:
             raise redis.ConnectionError("the transaction writer is closed")
         loop = asyncio.get_running_loop()
+        conn: _Connection | None = None
         try:
             async with asyncio.timeout(self._connect_timeout):
                 if self._path is not None:
@@ -197,14 +198,17 @@ class RedisTransactions:
                     replies = await conn.call([_pack(c) for c in self._handshake])
                     for reply in replies:
                         if isinstance(reply, hiredis.ReplyError):
-                            conn.close()
                             raise redis.AuthenticationError(f"redis refused us: {reply}")
-        except TimeoutError:
-            raise redis.ConnectionError(
-                f"redis did not accept a connection within {self._connect_timeout:g}s"
-            ) from None
-        except OSError as exc:
-            raise redis.ConnectionError(f"cannot connect to redis: {exc}") from exc
+        except BaseException as exc:
+            if conn is not None:
+                conn.close()  # connected, but the handshake failed or was cut short
+            if isinstance(exc, TimeoutError):
+                raise redis.ConnectionError(
+                    f"redis did not accept a connection within {self._connect_timeout:g}s"
+                ) from None
+            if isinstance(exc, OSError):
+                raise redis.ConnectionError(f"cannot connect to redis: {exc}") from exc
+            raise
         return conn
 
     async def aclose(self) -> None:

@@ -151,3 +151,26 @@ async def test_a_password_in_the_url_is_used_and_a_wrong_one_is_refused(
     finally:
         await good.aclose()
         await bad.aclose()
+
+
+async def test_a_handshake_redis_does_not_answer_fails_in_time_and_leaks_nothing(
+    redis_server: Server,
+) -> None:
+    """A Redis that accepts the connection (the kernel does, for a stopped process) but never
+    answers the AUTH: the connect fails within the connect timeout, as a ConnectionError, and
+    the half-open connection is closed, not left behind."""
+    url, server = redis_server
+    writer = RedisTransactions(url.replace("redis://", "redis://:pw@"), connect_timeout=0.3)
+    loop = asyncio.get_running_loop()
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        tx = writer.pipeline()
+        tx.hset("k", mapping={"n": 1})
+        started = loop.time()
+        with pytest.raises(redis.ConnectionError, match="within 0.3s"):
+            await tx.execute()
+        assert loop.time() - started < 2.0
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+        await writer.aclose()
+    assert writer._idle == []
