@@ -14,7 +14,7 @@ from typing import Any
 
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from services.partition.node import PartitionNode
-from services.partition.replication import Op, Replicator
+from services.partition.replication import Entry, Op, Replicator
 from services.partition.store import GroupCommit, RedisStore, _Released
 
 P, EPOCH = 3, 7
@@ -159,3 +159,18 @@ def routed(edge: Edge, cid: str, conn: str, pid: int, ok: bool = True) -> int:
     return edge.command(
         cid, qos2_routed=pb.Qos2Routed(client_id=cid, connection_id=conn, packet_id=pid, ok=ok)
     )
+
+
+class SequencingReplicator:
+    """A stand-in for the replicator's propose: each batch's writes of a partition get the next
+    seq, as the real one gives them (for tests of the group commit alone)."""
+
+    def __init__(self) -> None:
+        self.seq = 0
+
+    def propose(self, ops: dict[int, list[Op]], origins: object) -> tuple[list[Entry], frozenset]:
+        entries = []
+        for p, written in ops.items():
+            self.seq += 1
+            entries.append(Entry(p, 1, self.seq, list(written), 0))
+        return entries, frozenset()

@@ -18,7 +18,7 @@ from hexmq.pacing import FlushPacer, Linger
 from services.partition.replication import DEL, HDEL, HSET, Op
 from services.partition.store import apply_ops
 from tests.support.eventually import eventually
-from tests.support.partition_harness import EPOCH, Edge, P, make_node
+from tests.support.partition_harness import EPOCH, Edge, P, SequencingReplicator, make_node
 
 # ----- the pacer ----------------------------------------------------------------------------
 
@@ -312,20 +312,6 @@ class RecordingWriter:
         return []
 
 
-class NumberingReplicator:
-    def __init__(self) -> None:
-        self.seq = 0
-
-    def propose(self, ops: dict[int, list[Op]], origins: object) -> tuple[list[Any], frozenset]:
-        from services.partition.replication import Entry
-
-        entries = []
-        for p, written in ops.items():
-            self.seq += 1
-            entries.append(Entry(p, 1, self.seq, list(written), 0))
-        return entries, frozenset()
-
-
 async def test_a_batch_of_acknowledgements_alone_waits_for_company(
     lazy_linger_of_200_ms: None,
 ) -> None:
@@ -336,7 +322,7 @@ async def test_a_batch_of_acknowledgements_alone_waits_for_company(
     from services.partition.store import GroupCommit
 
     writer = RecordingWriter()
-    commit = GroupCommit(writer, NumberingReplicator(), lambda exc: None)
+    commit = GroupCommit(writer, SequencingReplicator(), lambda exc: None)
     durable: list[bool] = []
     commit.on_durable = lambda entries, token, aborted, lazy: (
         durable.append(lazy),

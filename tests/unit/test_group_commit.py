@@ -10,9 +10,10 @@ import time
 import pytest
 import redis.asyncio as redis
 
-from services.partition.replication import HSET, Entry, Op
+from services.partition.replication import HSET
 from services.partition.store import GroupCommit, StorageFailed, timed_execute
 from tests.support.eventually import eventually
+from tests.support.partition_harness import SequencingReplicator
 
 
 class BrokenReplicator:
@@ -71,20 +72,6 @@ async def test_a_process_stall_past_the_deadline_does_not_count_against_redis() 
 async def test_a_redis_that_does_not_answer_still_fails_the_write() -> None:
     with pytest.raises(TimeoutError):
         await timed_execute(SlowPipe(after=5.0), 0.1)
-
-
-class SequencingReplicator:
-    """Gives each batch's writes of a partition the next seq, as the real one does."""
-
-    def __init__(self) -> None:
-        self.seq = 0
-
-    def propose(self, ops: dict[int, list[Op]], origins: object) -> tuple[list[Entry], frozenset]:
-        entries = []
-        for p, written in ops.items():
-            self.seq += 1
-            entries.append(Entry(p, 1, self.seq, list(written), 0))
-        return entries, frozenset()
 
 
 class FailingClient:
