@@ -264,11 +264,11 @@ async def test_a_replication_feed_gathers_entries_within_the_interval() -> None:
 
 
 @pytest.fixture
-def lazy_linger_of_200_ms() -> Any:
+def lazy_linger_of_half_a_second() -> Any:
     from hexmq import pacing
 
     before = pacing.lazy_linger()
-    pacing.configure_lazy_linger(0.2)
+    pacing.configure_lazy_linger(0.5)
     yield
     pacing.configure_lazy_linger(before)
 
@@ -313,7 +313,7 @@ class RecordingWriter:
 
 
 async def test_a_batch_of_acknowledgements_alone_waits_for_company(
-    lazy_linger_of_200_ms: None,
+    lazy_linger_of_half_a_second: None,
 ) -> None:
     """A group commit holding only lazy writes (delivery acknowledgements) does not pay a
     MULTI/EXEC of its own while a write someone waits on may come within the linger; when one
@@ -347,14 +347,14 @@ async def test_a_batch_of_acknowledgements_alone_waits_for_company(
         commit.lazy_batch.add(3, (HDEL, "hx:3:q:c", b"2", b""))
         commit.after_ok(answered.append, 3, lazy=True)
         await eventually(lambda: len(answered) == 3, 2.0, "the lazy batch committed alone")
-        assert loop.time() - started >= 0.19
+        assert loop.time() - started >= 0.49
         assert durable == [False, True]
     finally:
         await commit.stop()
 
 
 async def test_a_replication_feed_holds_a_lazy_batch_until_company_or_the_linger(
-    lazy_linger_of_200_ms: None,
+    lazy_linger_of_half_a_second: None,
 ) -> None:
     from services.partition.peers import Outbox
 
@@ -372,5 +372,5 @@ async def test_a_replication_feed_holds_a_lazy_batch_until_company_or_the_linger
     started = loop.time()
     outbox.push([item], lazy=True)
     assert len((await anext(frames)).items) == 1
-    assert loop.time() - started >= 0.19
+    assert loop.time() - started >= 0.49
     outbox.close()
