@@ -165,18 +165,30 @@ class MasterSide(ReplicaState):
         fp.snapshot_started = False
         fp.last_join = None
 
+    def _streaming_to(
+        self, follower: str, pos: pb.PartitionPosition
+    ) -> tuple[MasteredPartition, FollowerProgress] | None:
+        """The partition of `pos` and `follower`'s progress in it, when this node masters it and
+        streams its log to that follower in the epoch `pos` names (else None: an
+        acknowledgement or a gap report from an older stream or epoch, ignored)."""
+        m = self.mastered.get(pos.partition)
+        fp = m.followers.get(follower) if m is not None else None
+        if (
+            m is None
+            or fp is None
+            or fp.state not in (FollowerState.LOG, FollowerState.LIVE)
+            or pos.leader_epoch != m.epoch
+        ):
+            return None
+        return m, fp
+
     def step_acks(self, follower: str, acks: Iterable[pb.PartitionPosition]) -> None:
         now = self.now
         for ack in acks:
-            m = self.mastered.get(ack.partition)
-            fp = m.followers.get(follower) if m is not None else None
-            if (
-                m is None
-                or fp is None
-                or fp.state not in (FollowerState.LOG, FollowerState.LIVE)
-                or ack.leader_epoch != m.epoch
-            ):
+            streaming = self._streaming_to(follower, ack)
+            if streaming is None:
                 continue
+            m, fp = streaming
             if ack.seq > fp.acked:
                 fp.acked = min(ack.seq, m.durable)
             if fp.acked >= m.durable:
@@ -189,15 +201,10 @@ class MasterSide(ReplicaState):
     def step_needs(self, follower: str, needs: Iterable[pb.PartitionPosition]) -> None:
         """The follower met a gap: resend from the seq it expected, or snapshot."""
         for need in needs:
-            m = self.mastered.get(need.partition)
-            fp = m.followers.get(follower) if m is not None else None
-            if (
-                m is None
-                or fp is None
-                or fp.state not in (FollowerState.LOG, FollowerState.LIVE)
-                or need.leader_epoch != m.epoch
-            ):
+            streaming = self._streaming_to(follower, need)
+            if streaming is None:
                 continue
+            m, fp = streaming
             fp.acked = min(fp.acked, need.seq - 1)
             if m.log.reaches(need.seq) and need.seq <= m.durable + 1:
                 fp.state, fp.next = FollowerState.LOG, need.seq
