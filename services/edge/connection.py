@@ -3,7 +3,8 @@
 Bytes read go into the Session (services/edge/session/core.py); the actions it returns are
 carried out here, in order: commands go to the edge's dispatcher with a callback that feeds the
 answer back by token, writes are coalesced (per input, and per partition-link frame while the
-edge handles one: Edge.batched), the timer is one loop handle. Reading pauses for the session's
+edge handles one: Edge.batched), the timer is an entry on the edge's deadlines (one loop timer
+for all: services/edge/deadlines.py). Reading pauses for the session's
 reasons, while a partition link this client published to is congested, and while the socket's
 write buffer is over its high-water mark (pause_writing/resume_writing).
 """
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.mqtt.reason_codes import ReasonCode
 from services.edge import retained
+from services.edge.deadlines import Deadline, LoopDeadlines
 from services.edge.limits import Admission
 from services.edge.session import Action, EdgeServices, Pause, Session, State
 from services.edge.session import actions as act
@@ -42,6 +44,8 @@ class ConnectionHost(EdgeServices, Protocol):
     # stopping (then it waits for them: `answers_settled` once none is due).
     answers_due: int
     stopping: bool
+    # Every connection's timer (ticks ClientConnection._tick).
+    deadlines: LoopDeadlines[ClientConnection]
 
     def new_connection_id(self) -> str: ...
     def connection_opened(self, conn: ClientConnection) -> None: ...
@@ -53,10 +57,10 @@ class ConnectionHost(EdgeServices, Protocol):
 class ClientConnection(asyncio.Protocol):
     __slots__ = (
         "_attach",
+        "_deadline",
         "_opening",
         "_out",
         "_paused",
-        "_timer",
         "connection_id",
         "edge",
         "queued",
@@ -70,7 +74,7 @@ class ClientConnection(asyncio.Protocol):
         self.session = Session(edge, self.connection_id)
         self.transport: asyncio.Transport | None = None
         self._paused = 0  # Pause bits
-        self._timer: asyncio.TimerHandle | None = None
+        self._deadline: Deadline | None = None
         self._out: list[bytes] | None = None
         self.queued = False  # among the edge's connections to flush after a frame
         self._attach: Ticket | None = None  # the AttachSession on its way
@@ -264,12 +268,15 @@ class ClientConnection(asyncio.Protocol):
             transport.resume_reading()
 
     def _set_timer(self, at: float | None) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = None if at is None else asyncio.get_running_loop().call_at(at, self._tick)
+        deadlines = self.edge.deadlines
+        if at is None:
+            deadlines.cancel(self._deadline)
+            self._deadline = None
+        else:
+            self._deadline = deadlines.set(self, at, self._deadline)
 
     def _tick(self) -> None:
-        self._timer = None
+        self._deadline = None
         self.carry_out(self.session.tick(asyncio.get_running_loop().time()))
 
     def _close(self, a: act.Close) -> None:

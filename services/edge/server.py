@@ -18,6 +18,7 @@ from hexmq.node_protocol import THIS_RELEASE
 from services.edge.access import AccessControl
 from services.edge.config import EdgeConfig
 from services.edge.connection import ClientConnection, State
+from services.edge.deadlines import LoopDeadlines
 from services.edge.dispatch import Dispatcher
 from services.edge.handoff import hand_off_shared, publish_will
 from services.edge.limits import ConnectionLimit, ConnectionRate, connection_ceiling
@@ -63,6 +64,8 @@ class Edge:
         self.dispatcher = Dispatcher(self.router.links, config.failover_hold)
         self.router.partition_open = self.dispatcher.open
         self.connections: dict[str, ClientConnection] = {}
+        # Every connection's timer (CONNECT timeout, keepalive), on one loop timer.
+        self.deadlines: LoopDeadlines[ClientConnection] = LoopDeadlines(ClientConnection._tick)
         self.stats = EdgeStats()
         self._sys_task: asyncio.Task[None] | None = None
         self.incarnation = time.time_ns()
@@ -158,6 +161,7 @@ class Edge:
             )
         for conn in list(self.connections.values()):
             conn.abort()
+        self.deadlines.close()
         self.dispatcher.stop()
         for link in self.router.links.values():
             await link.stop()
