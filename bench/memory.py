@@ -1,8 +1,9 @@
 """Edge memory per idle connection: `python -m bench.memory` (`make bench-memory`).
 
 Each round starts a fresh one-node hexmq (`hexmq cluster up`, as bench/brokers.py does) and a
-fresh Debian mosquitto, opens WARM idle clean-session MQTT 3.1.1 clients to each (CONNECT, wait
-for CONNACK, then nothing: keep alive 0) and keeps them, reads the broker process's resident
+fresh Debian mosquitto, opens WARM idle clean-session MQTT 3.1.1 clients to each (CONNECT with
+`--keepalive` seconds, 60 by default as paho's and most clients', wait for CONNACK, then nothing
+for less than that) and keeps them, reads the broker process's resident
 memory (VmRSS, /proc/PID/status), opens N more, and reads it again. The figure is the growth per
 1,000 connections, in MiB: the warm-up absorbs what a process allocates once (interpreter
 caches, the first arenas), and a fresh broker per round means no memory freed by an earlier
@@ -45,9 +46,9 @@ def rss_kib(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
-def open_clients(port: int, n: int, tag: str) -> list[socket.socket]:
-    """`n` connected, idle MQTT 3.1.1 clients (clean session, keep alive 0), each past its
-    CONNACK."""
+def open_clients(port: int, n: int, tag: str, keepalive: int) -> list[socket.socket]:
+    """`n` connected, idle MQTT 3.1.1 clients (clean session, Keep Alive `keepalive`: the
+    broker keeps a timer for each unless it is 0), each past its CONNACK."""
     sel = selectors.DefaultSelector()
     socks: list[socket.socket] = []
     pending: dict[socket.socket, MQTTConnection] = {}
@@ -57,7 +58,7 @@ def open_clients(port: int, n: int, tag: str) -> list[socket.socket]:
             s = socket.create_connection((LOOPBACK, port), timeout=10)
             s.setblocking(False)
             codec = MQTTConnection(Role.CLIENT)
-            s.sendall(codec.send(Connect(f"mem-{tag}-{i}", clean_start=True, keepalive=0)))
+            s.sendall(codec.send(Connect(f"mem-{tag}-{i}", clean_start=True, keepalive=keepalive)))
             socks.append(s)
             pending[s] = codec
             sel.register(s, selectors.EVENT_READ)
@@ -109,14 +110,14 @@ def measured_pid(broker: Broker) -> int:
     return broker.pids.get("hexmq-edge") or broker.pids["mosquitto"]
 
 
-def one_round(broker: Broker, n: int, warm: int, tag: str) -> dict[str, Any]:
+def one_round(broker: Broker, n: int, warm: int, tag: str, keepalive: int) -> dict[str, Any]:
     pid = measured_pid(broker)
-    warm_socks = open_clients(broker.port, warm, f"{tag}-warm")
+    warm_socks = open_clients(broker.port, warm, f"{tag}-warm", keepalive)
     time.sleep(SETTLE_S)
     before = rss_kib(pid)
     others_before = {name: rss_kib(p) for name, p in broker.pids.items() if p != pid}
     started = time.monotonic()
-    socks = open_clients(broker.port, n, tag)
+    socks = open_clients(broker.port, n, tag, keepalive)
     connect_s = time.monotonic() - started
     time.sleep(SETTLE_S)
     after = rss_kib(pid)
@@ -125,6 +126,7 @@ def one_round(broker: Broker, n: int, warm: int, tag: str) -> dict[str, Any]:
     per_1000 = (after - before) / 1024 / n * 1000
     return {
         "connections": n,
+        "keepalive_s": keepalive,
         "rss_before_kib": before,
         "rss_after_kib": after,
         "mib_per_1000": round(per_1000, 3),
@@ -150,6 +152,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, default=5000, metavar="N")
     parser.add_argument("--warm", type=int, default=500, metavar="N", help="warm-up clients")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--keepalive",
+        type=int,
+        default=60,
+        metavar="S",
+        help="the clients' Keep Alive (0: none, so the broker keeps no timer for them); a "
+        "round must end within 1.5 times it (default %(default)s)",
+    )
     parser.add_argument("--broker", choices=["hexmq", "mosquitto", "both"], default="both")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the results here")
     args = parser.parse_args(argv)
@@ -160,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             broker = make_broker(name)
             try:
                 broker.start()
-                result = one_round(broker, args.connections, args.warm, f"r{r}")
+                result = one_round(broker, args.connections, args.warm, f"r{r}", args.keepalive)
             finally:
                 broker.stop()
                 broker.cleanup(keep=False)

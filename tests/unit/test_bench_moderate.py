@@ -78,3 +78,27 @@ def test_the_options_parse_and_bad_ones_are_refused() -> None:
     for bad in (["--topologies", "5n"], ["--rates", "0"], ["--profile", "3n-rf3"]):
         with pytest.raises((SystemExit, argparse.ArgumentTypeError)):
             moderate.build_parser().parse_args(bad)
+
+
+def test_the_memory_table_shows_the_fresh_and_the_warm_figure() -> None:
+    doc = {
+        "memory": {
+            "hexmq": {
+                "connections": 1000,
+                "mib_per_1000": {"edge": 3.29, "redis": 0.4},
+                "fresh": {"mib_per_1000": {"edge": 3.29, "redis": 0.4}},
+                "again": {"mib_per_1000": {"edge": 1.02, "redis": None}},
+            },
+            # A result file from before the second wave: its one figure, no warm one.
+            "old": {"connections": 1000, "mib_per_1000": {"edge": 3.57}},
+            "broken": {"connections": 1000, "error": "refused"},
+        }
+    }
+    headers, rows = moderate.memory_rows(doc)
+    assert headers[-2:] == ["MiB per 1,000 fresh", "again (warm)"]
+    assert rows == [
+        ["hexmq", "1,000", "edge", "3.29", "1.02"],
+        ["hexmq", "1,000", "redis", "0.40", "-"],
+        ["old", "1,000", "edge", "3.57", "-"],
+        ["broken", "1000", "failed", "refused", ""],
+    ]
