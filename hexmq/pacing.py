@@ -19,6 +19,19 @@ CPU as at 29,000). Paced, it sends at most one batch per `interval`:
 Pure: the clock is passed in and the pacer only says how long to wait; the stages await it
 (asyncio.sleep) and count what they waited (`Linger`, exported as hexmq_batch_* metrics).
 
+The interval follows how contended the machine is (`Contention`). A process's batches cost
+CPU in every process they reach, so when the cores are short, fewer and fuller batches are
+what lowers everyone's latency; where they are not (one node at 1,000 msg/s), a long interval
+is only latency. The signal is the run-queue wait of the process's event-loop thread, the time
+it was ready to run and had no core (Linux's /proc/thread-self/schedstat): its share of wall
+time, smoothed, moves the interval from `--batch-interval-us` (at 12% and less) to
+`--batch-interval-max-us` (at 40% and more), in proportion in between. With a fixed 4 ms, a
+3-node RF 3 cluster on 2 cores at 1,000 msg/s showed 13-23% and one node 4-8%. Against the
+fixed interval, at 3 nodes RF 3 it took 137% of the cores at 1,000 msg/s instead of 176-178%
+(p99 42-45 against 90-94 ms), and at 5,000 msg/s p99 was 71-73 against 229-341 ms
+(docs/benchmarks.md, "An interval that follows contention"). `--batch-interval-max-us` at or
+under `--batch-interval-us` keeps the interval fixed.
+
 Lazy items. Some items wait on nothing: a QoS 1 delivery acknowledgement only removes a
 message the client has, and the session's window has room. Each used to pay a whole round on
 its own: its frame from the edge, a MULTI/EXEC, a replication frame to each follower and
@@ -33,6 +46,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -42,22 +56,109 @@ from typing import Protocol
 # 3 nodes RF 3 p99 54-79 against 390-411 ms (docs/benchmarks.md, "Fewer costs per batch").
 DEFAULT_INTERVAL = 0.004
 _interval = DEFAULT_INTERVAL
+# The configured interval, which the adapted one never goes under, and its ceiling.
+_base = DEFAULT_INTERVAL
+_ceiling = DEFAULT_INTERVAL
+# The interval's ceiling when the cores are short (seconds; see the module docstring).
+DEFAULT_MAX_INTERVAL = 0.016
 # How long lazy items wait for company at most (seconds).
 DEFAULT_LAZY_LINGER = 0.010
 _lazy_linger = DEFAULT_LAZY_LINGER
 
 
-def configure(interval: float) -> None:
-    """The interval of every pacer this process makes from now on (a service's
-    --batch-interval-us, set once at start)."""
-    global _interval
+def configure(interval: float, ceiling: float | None = None) -> None:
+    """The interval of every pacer of this process (a service's --batch-interval-us, set once
+    at start), and how far `follow_contention` may raise it (--batch-interval-max-us; under
+    `interval`, or None: it stays fixed)."""
+    global _interval, _base, _ceiling
     if interval < 0:
         raise ValueError(f"the batch interval must be 0 or more, not {interval!r}")
-    _interval = interval
+    _interval = _base = interval
+    _ceiling = max(interval, ceiling if ceiling is not None else interval)
 
 
 def configured() -> float:
+    """The interval pacers of this process wait now (adapted by `follow_contention`)."""
     return _interval
+
+
+@dataclass(slots=True)
+class Contention:
+    """The pacing interval from how much of the time the event-loop thread waited for a core.
+
+    Pure: `observe` is given the run-queue wait and the wall time since the last observation
+    and returns the interval. The share of wall time waited is smoothed (a quarter the new
+    share, three quarters the old: about two seconds to follow a change at the service's
+    period of half a second) so that one busy moment does not lengthen every batch, then
+    mapped: `base` up to `low`, `ceiling` from `high`, in proportion in between."""
+
+    base: float
+    ceiling: float
+    low: float = 0.12
+    high: float = 0.40
+    smoothed: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.base < 0 or self.ceiling < self.base:
+            raise ValueError(
+                f"the interval's ceiling ({self.ceiling!r}) must be at least its base "
+                f"({self.base!r}), and the base 0 or more"
+            )
+
+    def observe(self, waited: float, elapsed: float) -> float:
+        share = min(max(waited / elapsed, 0.0), 1.0) if elapsed > 0 else 0.0
+        self.smoothed += (share - self.smoothed) / 4
+        position = (self.smoothed - self.low) / (self.high - self.low)
+        position = min(max(position, 0.0), 1.0)
+        return self.base + position * (self.ceiling - self.base)
+
+
+SCHEDSTAT = "/proc/thread-self/schedstat"
+# How often the interval is adapted (seconds).
+CONTENTION_PERIOD = 0.5
+
+
+def read_runqueue_wait(path: str = SCHEDSTAT) -> float | None:
+    """Seconds the calling thread has waited on a run queue since it started (None where the
+    kernel does not say)."""
+    try:
+        with open(path, "rb") as f:
+            fields = f.read().split()
+        return int(fields[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+async def follow_contention(
+    show: Callable[[float], object] = lambda interval: None,
+    period: float = CONTENTION_PERIOD,
+    read: Callable[[], float | None] = read_runqueue_wait,
+) -> None:
+    """Adapt this process's interval between its base and its ceiling (`configure`) every
+    `period` seconds, until cancelled, and `show` each value (the hexmq_batch_interval_seconds
+    gauge). Run on the event loop's thread: it is the thread whose waiting delays the batches.
+    Returns at once (the interval stays at its base) where the run-queue wait cannot be read,
+    or when the ceiling is the base."""
+    global _interval
+    base, ceiling = _base, _ceiling
+    show(base)
+    waited = read() if ceiling > base else None
+    if waited is None:
+        return
+    contention = Contention(base, ceiling)
+    loop = asyncio.get_running_loop()
+    then = loop.time()
+    try:
+        while True:
+            await asyncio.sleep(period)
+            now, waited_now = loop.time(), read()
+            if waited_now is None:
+                return
+            _interval = contention.observe(waited_now - waited, now - then)
+            show(_interval)
+            then, waited = now, waited_now
+    finally:
+        _interval = base
 
 
 def configure_lazy_linger(linger: float) -> None:
@@ -89,13 +190,14 @@ async def wait_for_company(company: asyncio.Event, linger: float) -> float:
 
 @dataclass(slots=True)
 class FlushPacer:
-    interval: float = field(default_factory=configured)
+    # None: the process's interval at each batch (`configured`, adapted to contention).
+    interval: float | None = None
     full: int = 256
     # When the last batch left (the stage's clock; -inf: never).
     last: float = -math.inf
 
     def __post_init__(self) -> None:
-        if self.interval < 0:
+        if self.interval is not None and self.interval < 0:
             raise ValueError(f"the batch interval must be 0 or more, not {self.interval!r}")
         if self.full < 1:
             raise ValueError(f"a full batch has at least 1 item, not {self.full!r}")
@@ -104,7 +206,8 @@ class FlushPacer:
         """Seconds to wait before sending the `queued` items waiting now (0: send now)."""
         if queued >= self.full:
             return 0.0
-        wait = self.last + self.interval - now
+        interval = self.interval
+        wait = self.last + (_interval if interval is None else interval) - now
         return wait if wait > 0 else 0.0
 
     def sent(self, now: float) -> None:
@@ -154,6 +257,16 @@ def add_batch_interval_argument(parser: argparse.ArgumentParser) -> None:
         "the previous batch is out (default %(default)s)",
     )
     parser.add_argument(
+        "--batch-interval-max-us",
+        type=int,
+        default=round(DEFAULT_MAX_INTERVAL * 1_000_000),
+        metavar="US",
+        help="while the machine's cores are short (this process's event loop waits for a core "
+        "12%% of the time and more), the interval grows towards this many microseconds, "
+        "reached at 40%%: fewer batches, less CPU for every process; at or under "
+        "--batch-interval-us: a fixed interval (default %(default)s)",
+    )
+    parser.add_argument(
         "--ack-linger-us",
         type=int,
         default=round(DEFAULT_LAZY_LINGER * 1_000_000),
@@ -172,5 +285,7 @@ def apply_batch_interval(args: argparse.Namespace) -> None:
         raise ValueError("--batch-interval-us must be 0 or more")
     if args.ack_linger_us < 0:
         raise ValueError("--ack-linger-us must be 0 or more")
-    configure(args.batch_interval_us / 1_000_000)
+    if args.batch_interval_max_us < 0:
+        raise ValueError("--batch-interval-max-us must be 0 or more")
+    configure(args.batch_interval_us / 1_000_000, args.batch_interval_max_us / 1_000_000)
     configure_lazy_linger(args.ack_linger_us / 1_000_000)

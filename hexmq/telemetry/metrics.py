@@ -114,6 +114,12 @@ class Metrics:
             ["queue"],
             registry=r,
         )
+        self.batch_interval = Gauge(
+            "hexmq_batch_interval_seconds",
+            "The batching stages' interval now: --batch-interval-us, raised towards "
+            "--batch-interval-max-us while the machine's cores are short (hexmq/pacing.py)",
+            registry=r,
+        )
         self.replication_lag = Gauge(
             "hexmq_replication_lag",
             "Writes a follower has not acknowledged yet, over the partitions this node masters",

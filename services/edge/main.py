@@ -13,7 +13,7 @@ from hexmq import telemetry
 from hexmq.health import add_health
 from hexmq.netaddr import parse_hostport
 from hexmq.node_protocol import ClusterProtocol
-from hexmq.pacing import apply_batch_interval
+from hexmq.pacing import apply_batch_interval, follow_contention
 from hexmq.readiness import follow_in_health
 from hexmq.service import (
     StopEvent,
@@ -210,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
             edge.limit.maximum,
         )
         metrics = asyncio.create_task(_report_metrics(edge))
+        pacing = asyncio.create_task(follow_contention(telemetry.METRICS.batch_interval.set))
         await stop.wait()
         if stop.leave:
             # SIGTERM: if the node is leaving, its clients stay connected (and served) while
@@ -226,6 +227,7 @@ def run(args: argparse.Namespace) -> int:
                 )
         log.info("shutting down")
         metrics.cancel()
+        pacing.cancel()
         await edge.stop(leaving=stop.leave)
         if health_server is not None:
             await cancel_and_wait(health_follower)

@@ -18,7 +18,7 @@ from hexmq.grpc_options import LINK_OPTIONS
 from hexmq.health import NOT_SERVING, SERVING, add_health
 from hexmq.netaddr import parse_hostport
 from hexmq.node_protocol import THIS_RELEASE
-from hexmq.pacing import add_batch_interval_argument, apply_batch_interval
+from hexmq.pacing import add_batch_interval_argument, apply_batch_interval, follow_contention
 from hexmq.service import (
     StopEvent,
     add_observability_arguments,
@@ -239,6 +239,7 @@ def run(args: argparse.Namespace) -> int:
         )
         sweeper = asyncio.create_task(_sweep(node))
         metrics = asyncio.create_task(_report_metrics(node, commit, replicator))
+        pacing = asyncio.create_task(follow_contention(telemetry.METRICS.batch_interval.set))
         await stop.wait()
         if stop.leave and exit_code == 0:
             # SIGTERM: the node leaves first, serving on while its master roles are handed over
@@ -248,6 +249,7 @@ def run(args: argparse.Namespace) -> int:
         log.info("shutting down")
         sweeper.cancel()
         metrics.cancel()
+        pacing.cancel()
         await server.stop(grace=2.0)
         await commit.stop()
         await replication.stop()
