@@ -163,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--broker", choices=["hexmq", "mosquitto", "both"], default="both")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the results here")
     args = parser.parse_args(argv)
+    if not 0 <= args.keepalive <= 65535:
+        parser.error("--keepalive must be 0-65535 seconds")
     names = ["hexmq", "mosquitto"] if args.broker == "both" else [args.broker]
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     for r in range(args.rounds):

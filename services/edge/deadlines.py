@@ -56,8 +56,9 @@ class Deadlines(Generic[T]):
         return len(self._heap) - self._removed
 
     def set(self, owner: T, at: float, previous: Deadline | None) -> Deadline:
-        """`owner` is due at `at` (its `previous` entry, if any, is removed): the new entry,
-        for the owner to pass back to `set` or `cancel`."""
+        """`owner` is due at `at` instead of its `previous` entry's deadline (if any): the
+        entry to pass back to `set` or `cancel` (the previous one itself when `at` is not
+        earlier than where it sits on the heap)."""
         if previous is not None and previous[2] is not None:
             if at >= previous[0]:
                 previous[3] = at

@@ -38,6 +38,10 @@ async def test_services_serve_metrics(hexmq_cluster) -> None:
     assert edge[("hexmq_grpc_latency_seconds_count", link)] >= 1
     partition = await asyncio.to_thread(scrape, ports["partition"])
     assert partition[("hexmq_partition_roles", (("role", "master"),))] == 256
+    # The batching interval in use, between --batch-interval-us and --batch-interval-max-us
+    # (where in between depends on how busy this machine's cores are).
+    for figures in (edge, partition):
+        assert 0.004 <= figures[("hexmq_batch_interval_seconds", ())] <= 0.016
     membership = await asyncio.to_thread(scrape, ports["membership"])
     assert membership[("hexmq_view_epoch", ())] == 1
     for client in (pub, sub):
