@@ -41,6 +41,12 @@ class SpanName:
     MEMBERSHIP_VIEW: Final = "membership.view"
 
 
+# The status message of an mqtt.deliver span whose PUBLISH was written and whose connection
+# closed before the client acknowledged it: the client may hold it, so a redelivery may be a
+# second copy (the Spark job's audit counts it towards `duplicated`).
+DELIVER_UNACKNOWLEDGED: Final = "connection closed before PUBACK"
+
+
 # The kind each span should be started with. SERVER where the span is the receiving side of a
 # client's or peer's request, CLIENT/PRODUCER where this process sends on, INTERNAL otherwise;
 # Jaeger draws service edges from SERVER/CLIENT pairs.

@@ -76,6 +76,12 @@ class EdgeTracer:
 
     # ----- delivery ---------------------------------------------------------------------
 
+    def unacknowledged(self, span: Span) -> None:
+        """A delivery's PUBLISH was written and its connection closed before the client
+        acknowledged it: the client may hold it (the Spark job's audit then counts a
+        redelivery as a possible duplicate, by this status message)."""
+        self.finish(span, error=telemetry.names.DELIVER_UNACKNOWLEDGED)
+
     def start_deliver(self, qm: pb.QueuedMessage, subscriber_id: str) -> Span | None:
         carrier: Mapping[str, str] = qm.message.trace.carrier
         if not carrier:

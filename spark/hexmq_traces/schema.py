@@ -98,6 +98,11 @@ class SpanName:
     MEMBERSHIP_VIEW: Final = "membership.view"
 
 
+# The status message of an mqtt.deliver span written to a connection that closed before the
+# client acknowledged it (hexmq.telemetry.names.DELIVER_UNACKNOWLEDGED).
+DELIVER_UNACKNOWLEDGED: Final = "connection closed before PUBACK"
+
+
 # Spans of the publish path, in path order, and the stage each is reported under.
 STAGES: Final[dict[str, str]] = {
     SpanName.PUBLISH: "edge",

@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 
 from spark.hexmq_traces.schema import (
     ATTRIBUTE_COLUMNS,
+    DELIVER_UNACKNOWLEDGED,
     NODE_ATTRIBUTE,
     RESOURCE_SERVICE,
     SPAN_KINDS,
@@ -203,14 +204,24 @@ def deliveries(spans: DataFrame, late_ms: float = DEFAULT_LATE_MS) -> DataFrame:
     - lost: no successful deliver span (every attempt ended with status ERROR), or QoS >= 1 and
       no mqtt.client_ack under any of its deliver spans. (Subscribers with no deliver span at
       all are counted per message in `messages`, which knows how many were expected.)
-    - duplicated: more than one successful deliver span for the subscriber; at QoS 2, more than
-      one without hexmq.dup (a PUBLISH sent again with DUP after a reconnect carries the packet
-      id the client already holds: the same delivery, MQTT 4.3.3).
+    - duplicated: more than one deliver span for the subscriber that sent the PUBLISH: a
+      successful one, or one the connection's close ended before the client's acknowledgement
+      ("connection closed before PUBACK"): that PUBLISH was written and may have reached the
+      client, so its redelivery may be a second copy (fault run splits-3-nodes at 51e559f: a
+      subscriber's connection cut 4 ms after the write, the message resent with DUP on its new
+      connection, and the client held both). At QoS 2, more than one successful span without
+      hexmq.dup (a PUBLISH sent again with DUP after a reconnect carries the packet id the
+      client already holds: the same delivery, MQTT 4.3.3).
     - late: latency above `late_ms`.
     QoS is the deliver span's (the granted QoS), else the published one.
     """
     roots = publish_roots(spans).select("trace_id", "publish_ns", F.col("qos").alias("message_qos"))
     delivered_ok = ~F.col("status").eqNullSafe("ERROR")
+    # Written, then the connection closed before the client acknowledged it (services/edge:
+    # the deliver spans a lost connection ends).
+    written_unacknowledged = F.col("status").eqNullSafe("ERROR") & F.coalesce(
+        F.col("status_message") == DELIVER_UNACKNOWLEDGED, F.lit(False)
+    )
     attempts = spans.filter(_named(SpanName.DELIVER)).select(
         "trace_id",
         "span_id",
@@ -219,6 +230,7 @@ def deliveries(spans: DataFrame, late_ms: float = DEFAULT_LATE_MS) -> DataFrame:
         "hexmq_qos",
         "end_ns",
         delivered_ok.alias("ok"),
+        (delivered_ok | written_unacknowledged).alias("sent"),
         (delivered_ok & ~F.coalesce(F.col("hexmq_dup"), F.lit(False))).alias("first_send"),
     )
     acks = (
@@ -232,6 +244,7 @@ def deliveries(spans: DataFrame, late_ms: float = DEFAULT_LATE_MS) -> DataFrame:
         .agg(
             F.count("*").alias("deliver_spans"),
             F.count_if("ok").alias("ok_spans"),
+            F.count_if("sent").alias("sent_spans"),
             F.count_if("first_send").alias("first_sends"),
             # Successful attempts sort first (failed = false), then by time.
             F.min(F.struct((~F.col("ok")).alias("failed"), "end_ns", "node")).alias("first"),
@@ -256,7 +269,7 @@ def deliveries(spans: DataFrame, late_ms: float = DEFAULT_LATE_MS) -> DataFrame:
             delivered_ns.isNull() | (F.coalesce(qos >= 1, F.lit(False)) & F.col("ack_ns").isNull())
         ).alias("lost"),
         F.when(qos == 2, F.col("first_sends") > 1)
-        .otherwise(F.col("ok_spans") > 1)
+        .otherwise(F.col("sent_spans") > 1)
         .alias("duplicated"),
     ).withColumn("late", F.coalesce(F.col("latency_ms") > F.lit(late_ms), F.lit(False)))
     return audited.withColumn(

@@ -276,6 +276,45 @@ def test_a_qos2_publish_sent_again_with_dup_is_one_delivery_and_at_qos1_two(
     assert got == {"sa": (2, False), "sb": (2, True), "sc": (2, True)}
 
 
+def test_a_send_cut_off_before_its_puback_counts_towards_a_duplicate(
+    spark: SparkSession,
+) -> None:
+    """A QoS 1 PUBLISH written to a connection that closed before the client's PUBACK may have
+    reached the client: its redelivery on the next connection is then a second copy (fault run
+    splits-3-nodes at 51e559f, where the client held both and the audit showed one). An
+    attempt that failed otherwise (a write error) is not a send."""
+
+    def deliver(span_id: str, sub: str, at: int, **more: Any) -> dict[str, Any]:
+        return span_row(trace_id=TF, span_id=span_id, parent_span_id="g2", name="mqtt.deliver",
+                        node="n1", start_ns=at, end_ns=at + MS, hexmq_subscriber_hash=sub,
+                        hexmq_qos=1, **more)  # fmt: skip
+
+    cut = {"status": "ERROR", "status_message": "connection closed before PUBACK"}
+    rows = (
+        span_row(trace_id=TF, span_id="g0", name="mqtt.publish", node="n1", start_ns=T0,
+                 end_ns=T0 + MS, hexmq_qos=1, messaging_destination_name="t/f"),
+        span_row(trace_id=TF, span_id="g2", parent_span_id="g0", name="partition.append",
+                 node="n1", start_ns=T0, end_ns=T0 + MS, hexmq_partition=1, hexmq_subscribers=3),
+        deliver("u1", "sa", T0 + MS, **cut),
+        deliver("u2", "sa", T0 + 9 * MS, hexmq_dup=True),
+        deliver("u3", "sb", T0 + MS, status="ERROR", status_message="write failed"),
+        deliver("u4", "sb", T0 + 9 * MS),
+        deliver("u5", "sc", T0 + MS, **cut),
+        *(
+            span_row(trace_id=TF, span_id=f"k{d}", parent_span_id=d, name="mqtt.client_ack",
+                     node="n1", start_ns=T0 + 10 * MS, end_ns=T0 + 11 * MS)
+            for d in ("u2", "u4")
+        ),
+    )  # fmt: skip
+    audit = T.deliveries(spans_frame(spark, *rows), late_ms=1000.0)
+    got = {r["subscriber_hash"]: (r["duplicated"], r["status"]) for r in audit.collect()}
+    assert got == {
+        "sa": (True, "duplicated"),
+        "sb": (False, "ok"),
+        "sc": (False, "lost"),  # (written once, never acknowledged)
+    }
+
+
 def test_messages_counts_expected_lost_duplicated_and_missing_spans(spark: SparkSession) -> None:
     # The deliveries input is the hand-written table, so this test does not depend on
     # deliveries() being right.

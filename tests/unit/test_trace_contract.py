@@ -20,3 +20,8 @@ def test_every_attribute_the_job_reads_is_one_the_services_write() -> None:
     read = {key for key, _, _ in schema.ATTRIBUTE_COLUMNS}
     # "messaging.operation" is the older semantic-convention key, read as a fallback only.
     assert read - {"messaging.operation"} <= written
+
+
+def test_the_unacknowledged_delivery_status_agrees() -> None:
+    # The audit counts a delivery whose connection closed before its PUBACK as sent.
+    assert schema.DELIVER_UNACKNOWLEDGED == telemetry.names.DELIVER_UNACKNOWLEDGED

@@ -222,7 +222,7 @@ class Session(SessionState):
 
     def lost(self) -> list[Action]:
         """The socket is gone (whoever closed it)."""
-        self.end_deliver_spans("connection closed before PUBACK")
+        self.end_unacknowledged_deliveries()
         self.end_session_span("connection closed")
         if self.state is State.CONNECTED:
             self.close_session(graceful=False)

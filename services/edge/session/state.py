@@ -370,12 +370,13 @@ class SessionState:
             self.open_deadline = 0.0
             self.emit(Withdraw())
 
-    def end_deliver_spans(self, why: str) -> None:
+    def end_unacknowledged_deliveries(self) -> None:
+        """The connection closed with these deliveries written and not acknowledged."""
         spans, self.deliver_spans = self.deliver_spans, None
         if spans:
             tracer = self.edge.tracer
             for span in spans.values():
-                tracer.finish(span, error=why)
+                tracer.unacknowledged(span)
 
     def end_session_span(self, error: str | None, reason_code: int = 0) -> None:
         span, self.session_span = self.session_span, None
