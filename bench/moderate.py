@@ -305,8 +305,6 @@ def measure_memory(broker: Broker, pids: dict[str, int], count: int) -> dict[str
             b, a = before.get(role), after.get(role)
             per_1000[role] = round((a - b) / 1024 * 1000 / count, 2) if a and b else None
         found[wave] = {"rss_before_kib": before, "rss_after_kib": after, "mib_per_1000": per_1000}
-    # (The first wave's figures under the names earlier result files used.)
-    found["mib_per_1000"] = found["fresh"]["mib_per_1000"]
     return found
 
 
@@ -478,8 +476,10 @@ def memory_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         if "error" in found:
             rows.append([name, str(found["connections"]), "failed", found["error"], ""])
             continue
+        # (Result files from before the second wave have one figure, at the top.)
+        first = found.get("fresh") or found
         again = (found.get("again") or {}).get("mib_per_1000", {})
-        for role, fresh in found["mib_per_1000"].items():
+        for role, fresh in first["mib_per_1000"].items():
             rows.append([name, f"{found['connections']:,}", role, mib(fresh), mib(again.get(role))])
     return headers, rows
 

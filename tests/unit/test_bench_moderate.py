@@ -85,7 +85,6 @@ def test_the_memory_table_shows_the_fresh_and_the_warm_figure() -> None:
         "memory": {
             "hexmq": {
                 "connections": 1000,
-                "mib_per_1000": {"edge": 3.29, "redis": 0.4},
                 "fresh": {"mib_per_1000": {"edge": 3.29, "redis": 0.4}},
                 "again": {"mib_per_1000": {"edge": 1.02, "redis": None}},
             },

@@ -131,14 +131,13 @@ async def test_the_loop_timer_ticks_each_owner_at_its_deadline() -> None:
 async def test_a_tick_may_set_the_next_deadline() -> None:
     loop = asyncio.get_running_loop()
     ticks: list[float] = []
-    d: LoopDeadlines[str] = LoopDeadlines(lambda o: None)
 
     def again(owner: str) -> None:
         ticks.append(loop.time())
         if len(ticks) < 3:
             d.set(owner, loop.time() + 0.02, None)
 
-    d._tick = again
+    d: LoopDeadlines[str] = LoopDeadlines(again)
     d.set("x", loop.time() + 0.02, None)
     await asyncio.sleep(0.15)
     assert len(ticks) == 3
