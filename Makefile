@@ -16,7 +16,7 @@ TEST_WORKERS ?= 3
 COMPOSE_DIR := deploy/compose
 COMPOSE := $(BIN)/docker-compose --profile observability --profile traces
 
-.PHONY: system-deps venv proto proto-check lint typecheck deploy-check test test-unit test-fault bench bench-moderate bench-failover bench-rebalance bench-memory run clean
+.PHONY: system-deps venv proto proto-check lint typecheck deploy-check test test-unit test-fault bench bench-moderate bench-transport bench-failover bench-rebalance bench-memory run clean
 
 # redis-server and the mosquitto tools come from the system's packages (apt on Debian).
 # (A no-op when they are installed, so every target that needs them can depend on it.)
@@ -89,16 +89,22 @@ endif
 
 # Throughput and latency beside mosquitto (BENCH_ARGS), the moderate-load suite (fixed rates,
 # deliveries per CPU-second, memory per connection; MODERATE_ARGS), then the failover benchmark
-# (FAILOVER_ARGS) and the rebalance benchmark (REBALANCE_ARGS).
+# (FAILOVER_ARGS) and the rebalance benchmark (REBALANCE_ARGS), the cost of one stream message
+# by transport (TRANSPORT_ARGS).
 bench: $(STAMP) system-deps
 	$(BIN)/python -m bench $(BENCH_ARGS)
 	$(BIN)/python -m bench.moderate $(MODERATE_ARGS)
+	$(BIN)/python -m bench.transport $(TRANSPORT_ARGS)
 	$(BIN)/python -m bench.failover $(FAILOVER_ARGS)
 	$(BIN)/python -m bench.rebalance $(REBALANCE_ARGS)
 
 # hexmq at fixed moderate rates beside mosquitto: latency, deliveries per CPU-second, memory.
 bench-moderate: $(STAMP) system-deps
 	$(BIN)/python -m bench.moderate $(MODERATE_ARGS)
+
+# CPU per stream message and round trip: grpc.aio against the event loop's own floor (TRANSPORT_ARGS).
+bench-transport: $(STAMP)
+	$(BIN)/python -m bench.transport $(TRANSPORT_ARGS)
 
 # What a node's death costs: ack gap, view change, sessions resumable, RF restored, lost (0).
 bench-failover: $(STAMP) system-deps
