@@ -175,7 +175,9 @@ class EdgeCommand(_message.Message):
     SHARED_HANDOFF_DONE_FIELD_NUMBER: _builtins.int
     NODE_STATS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
-    """0: the edge wants no Result (QoS 0 publish, delivery acknowledgements)."""
+    """0: the edge wants no Result (QoS 0 publish). A DeliveryAck's Result, once its removals
+    are durable, tells the edge that a re-attach need not carry its ids.
+    """
     partition: _builtins.int
     """The session partition for session commands, routed by the partition table of the view."""
     partition_epoch: _builtins.int
