@@ -31,7 +31,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterable, Awaitable, Callable
 from typing import Any
 
 from bench.stats import CLOCK_TICKS, latency_summary, process_ticks
@@ -182,27 +182,36 @@ async def _drive(
     return samples, count
 
 
+async def _reading(
+    stream: AsyncIterable[bytes], send: Send, run: Callable[[Send, asyncio.Queue[bytes]], Any]
+) -> Any:
+    """`run(send, received)` while a task puts each message of `stream` into `received`."""
+    received: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def read() -> None:
+        async for body in stream:
+            received.put_nowait(body)
+
+    reader = asyncio.ensure_future(read())
+    try:
+        return await run(send, received)
+    finally:
+        reader.cancel()
+
+
 async def _client_grpc(port: int, run: Callable[[Send, asyncio.Queue[bytes]], Any]) -> Any:
     import grpc
 
     from hexmq.grpc_options import LINK_OPTIONS
 
-    received: asyncio.Queue[bytes] = asyncio.Queue()
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=LINK_OPTIONS) as channel:
         call = channel.stream_stream(
             METHOD, request_serializer=_identity, response_deserializer=_identity
         )()
-
-        async def read() -> None:
-            async for body in call:
-                received.put_nowait(body)
-
-        reader = asyncio.ensure_future(read())
         try:
-            return await run(call.write, received)
+            return await _reading(call, call.write, run)
         finally:
             call.cancel()
-            reader.cancel()
 
 
 async def _client_asyncio(port: int, run: Callable[[Send, asyncio.Queue[bytes]], Any]) -> Any:
@@ -221,22 +230,14 @@ async def _client_grpclib(port: int, run: Callable[[Send, asyncio.Queue[bytes]],
     from grpclib.client import Channel
     from grpclib.const import Cardinality
 
-    received: asyncio.Queue[bytes] = asyncio.Queue()
     channel = Channel("127.0.0.1", port, codec=_BytesCodec())
     try:
         async with channel.request(METHOD, Cardinality.STREAM_STREAM, bytes, bytes) as stream:
             await stream.send_request()
-
-            async def read() -> None:
-                async for body in stream:
-                    received.put_nowait(body)
-
-            reader = asyncio.ensure_future(read())
             try:
-                return await run(stream.send_message, received)
+                return await _reading(stream, stream.send_message, run)
             finally:
                 await stream.end()
-                reader.cancel()
     finally:
         channel.close()
 
