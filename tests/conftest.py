@@ -208,9 +208,10 @@ def _cluster_factory(base_dir: Path) -> Iterator[Callable[..., HexmqCluster]]:
             args += ["--partitions", str(partitions)]
         for attempt in range(3):
             if attempt:
-                # The failed `up` reached a first view before it stopped: its embedded
-                # Consul's state stays in the directory (a view without the stopped node),
-                # and an `up` there would go on from it (view 3 where a fresh cluster has 1).
+                # The failed `up` may have reached a first view before it stopped: its
+                # embedded Consul's state stays in the directory (a view without the stopped
+                # node), and an `up` there would go on from it (view 3 where a fresh cluster
+                # has 1).
                 _tear_down([HexmqCluster(dir=cluster_dir, nodes=[])])
                 if cluster_dir.exists():
                     shutil.rmtree(cluster_dir)
