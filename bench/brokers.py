@@ -58,6 +58,13 @@ def port_free(port: int) -> bool:
     return True
 
 
+def free_port() -> int:
+    """A loopback port free right now (the kernel's pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
 def tcp_accepts(port: int) -> bool:
     try:
         with socket.create_connection((LOOPBACK, port), timeout=0.5):
@@ -260,9 +267,7 @@ class Mosquitto(Broker):
         if not Path(self.binary).exists():
             raise BrokerFailure(f"{self.binary} not found (apt-get install mosquitto)")
         self.workdir = Path(tempfile.mkdtemp(prefix="mosquitto-bench-"))
-        with socket.socket() as s:
-            s.bind((LOOPBACK, 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         lines = [f"listener {self.port} {LOOPBACK}", "log_dest stderr"]
         lines += [f"{key} {value}" for key, value in MOSQUITTO_SETTINGS.items()]
         config = self.workdir / "mosquitto.conf"

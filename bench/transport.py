@@ -34,6 +34,7 @@ import time
 from collections.abc import AsyncIterable, Awaitable, Callable
 from typing import Any
 
+from bench.brokers import free_port
 from bench.stats import CLOCK_TICKS, latency_summary, process_ticks
 
 METHOD = "/hexmq.bench.Echo/Stream"
@@ -355,20 +356,12 @@ def main(argv: list[str] | None = None) -> int:
         if not available(kind):
             print(f"bench: {kind} is not installed (pip install {kind}); left out", flush=True)
             continue
-        rows += measure(kind, rates, args.duration, args.port or _free_port())
+        rows += measure(kind, rates, args.duration, args.port or free_port())
     print(table(rows))
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"rows": rows, "cpus": os.cpu_count()}, f, indent=1)
     return 0
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 if __name__ == "__main__":

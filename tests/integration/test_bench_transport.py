@@ -7,11 +7,12 @@ from __future__ import annotations
 import pytest
 
 from bench import transport
+from bench.brokers import free_port
 
 
 @pytest.mark.parametrize("kind", ["grpc", "asyncio"])
 def test_every_message_comes_back_and_both_processes_are_counted(kind: str) -> None:
-    rows = transport.measure(kind, [400], 0.5, transport._free_port())
+    rows = transport.measure(kind, [400], 0.5, free_port())
     assert len(rows) == 1
     row = rows[0]
     assert row["transport"] == kind
