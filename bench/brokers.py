@@ -45,6 +45,16 @@ MOSQUITTO_SETTINGS = {
 }
 
 
+# hexmq settings that differ from its defaults in the benchmarks, as MOSQUITTO_SETTINGS: a
+# session's queue as deep as mosquitto's here (the defaults, 1,000 messages and 16 MiB, are
+# what a broker facing unknown clients keeps; a benchmark subscriber may lag further at full
+# rate). bench/attacks.py runs the defaults.
+HEXMQ_SETTINGS = {
+    "HEXMQ_MAX_QUEUED_MESSAGES": MOSQUITTO_SETTINGS["max_queued_messages"],
+    "HEXMQ_MAX_QUEUED_BYTES": str(1 << 40),
+}
+
+
 class BrokerFailure(Exception):
     pass
 
@@ -133,13 +143,25 @@ class Hexmq(Broker):
 
     `python` runs the hexmq of another checkout (its venv's interpreter) under the name
     `hexmq-<variant>`: the moderate-load suite compares a baseline commit with this one in
-    one session of runs (bench/moderate.py --baseline)."""
+    one session of runs (bench/moderate.py --baseline). `insecure`: the cluster's links in
+    plain text (`up --insecure-cluster`) instead of mutual TLS, to show what TLS costs
+    (variant "plain")."""
 
     def __init__(
-        self, nodes: int = 1, rf: int = 1, *, python: str | None = None, variant: str = ""
+        self,
+        nodes: int = 1,
+        rf: int = 1,
+        *,
+        python: str | None = None,
+        variant: str = "",
+        insecure: bool = False,
+        settings: dict[str, str] | None = None,
     ) -> None:
         super().__init__(f"hexmq-{variant}" if variant else "hexmq", nodes=nodes, rf=rf)
         self.python = python or sys.executable
+        self.insecure = insecure
+        # HEXMQ_* variables for every service of the cluster (`hexmq cluster` passes them on).
+        self.settings = HEXMQ_SETTINGS if settings is None else settings
         # Per node (in order), its processes by role: what --profile attaches to.
         self.node_pids: list[dict[str, int]] = []
         # The cluster's agreement server (hexmq consul-dev), counted with the cluster's CPU.
@@ -154,6 +176,7 @@ class Hexmq(Broker):
             text=True,
             timeout=timeout,
             check=False,
+            env={**os.environ, **self.settings},
         )
 
     def _base_port(self) -> int:
@@ -182,6 +205,7 @@ class Hexmq(Broker):
             str(self.workdir),
             "--base-port",
             str(self._base_port()),
+            *(["--insecure-cluster"] if self.insecure else []),
             timeout=90,
         )
         if done.returncode != 0:

@@ -237,6 +237,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="pairs: publisher/subscriber pairs (default %(default)s)",
     )
     cluster.add_argument(
+        "--plain",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run the highest replication factor with the cluster's links in plain text "
+        "(--insecure-cluster), as hexmq-plain beside the default mutual TLS (default: on)",
+    )
+    cluster.add_argument(
         "--profile",
         action="store_true",
         help="after the measured cluster-fanin-saturated run on the highest replication "
@@ -532,7 +539,7 @@ def summarise(
         "label": broker.label,
         "suite": scenario.suite,
         "nodes": broker.nodes,
-        "rf": broker.rf if broker.name == "hexmq" else None,
+        "rf": broker.rf if isinstance(broker, Hexmq) else None,
         "scenario": scenario.name,
         "shape": scenario.shape,
         "mode": scenario.mode,
@@ -638,7 +645,7 @@ def _failed_run(
         "label": broker.label,
         "suite": scenario.suite,
         "nodes": broker.nodes,
-        "rf": broker.rf if broker.name == "hexmq" else None,
+        "rf": broker.rf if isinstance(broker, Hexmq) else None,
         "scenario": scenario.name,
         "shape": scenario.shape,
         "mode": scenario.mode,
@@ -678,7 +685,7 @@ class Bench:
             "version": broker.version,
             "ports": broker.ports,
             "nodes": broker.nodes,
-            **({"rf": broker.rf} if broker.name == "hexmq" else {}),
+            **({"rf": broker.rf} if isinstance(broker, Hexmq) else {}),
             "findings": broker.findings(),
             **({"settings": MOSQUITTO_SETTINGS} if broker.name == "mosquitto" else {}),
         }
@@ -914,6 +921,11 @@ def main(argv: list[str] | None = None) -> int:
                 for rf in args.rf:
                     clusters.append(Hexmq(args.nodes, rf))
                     bench.start(clusters[-1])
+                if args.plain:
+                    # What TLS inside the cluster costs, where it costs most: the highest RF.
+                    plain = Hexmq(args.nodes, args.rf[-1], variant="plain", insecure=True)
+                    bench.start(plain)
+                    clusters.insert(-1, plain)
             after = profile_hook(bench, clusters[-1], PROFILED, stem) if args.profile else None
             bench.suite(_groups(cluster, lambda s: s.shape), [*clusters, *others], after)
     except KeyboardInterrupt:

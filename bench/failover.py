@@ -86,12 +86,11 @@ class Cluster:
 
     def masters(self) -> dict[int, str]:
         """Partition -> its master in the agreed view."""
-        import grpc
-
+        from hexmq import localsecurity
         from hexmq.api.membership.v1 import membership_pb2, membership_pb2_grpc
 
-        port = self.nodes[-1]["membership_port"]
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        state = clusterstate.require_state(self.dir.absolute())
+        with localsecurity.node_channel(state, state.nodes[-1], "membership") as channel:
             stub = membership_pb2_grpc.MembershipServiceStub(channel)
             view = stub.Status(membership_pb2.MembershipStatusRequest(), timeout=5).view
         return {pa.partition: pa.replicas[0] for pa in view.partitions if pa.replicas}

@@ -129,6 +129,14 @@ def build_parser() -> argparse.ArgumentParser:
         "taking turns with this one",
     )
     p.add_argument(
+        "--plain",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run each hexmq topology with its cluster links in plain text "
+        "(--insecure-cluster), as hexmq-plain, taking turns with the default mutual TLS: "
+        "what TLS inside the cluster costs (default: on)",
+    )
+    p.add_argument(
         "--profile",
         type=_profile_spec,
         action="append",
@@ -319,6 +327,8 @@ class ModerateSuite:
 
     def hexmqs(self, nodes: int, rf: int) -> list[Hexmq]:
         variants = [Hexmq(nodes, rf)]
+        if self.args.plain:
+            variants.append(Hexmq(nodes, rf, variant="plain", insecure=True))
         if self.args.baseline:
             variants.append(Hexmq(nodes, rf, python=self.args.baseline, variant="base"))
         return variants

@@ -4,6 +4,8 @@
     hexmq consul-dev ...                    the embedded Consul HTTP API server (one machine)
     hexmq cluster up|run|status|stop|kill|start|add|leave|down ...
     hexmq passwd FILE USER [PASSWORD]       add or replace a user in a password file
+    hexmq certs cluster|ca|issue|request|show ...   the cluster CA and its certificates
+    hexmq secrets init --dir DIR --nodes N1,N2,...  every secret a deployment needs (compose)
     hexmq health [--live] [--url URL]       is the service here ready? (the image's HEALTHCHECK)
 
 Every option of a service can also be given as an environment variable, HEXMQ_<OPTION>
@@ -29,7 +31,15 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
-from hexmq import __version__, clusterstate, envoptions, localcluster, localmembers
+from hexmq import (
+    __version__,
+    clusterstate,
+    envoptions,
+    linkstatus,
+    localcluster,
+    localmembers,
+    localsecure,
+)
 from hexmq.clusterstate import ClusterError, UsageError
 from hexmq.localcluster import StartFailure
 
@@ -171,6 +181,13 @@ def _add_cluster_shape(p: argparse.ArgumentParser) -> None:
         default=None,
         help="static: the agents admit the nodes listed in DIR/members, and the first view "
         "waits for all of them (default: every node that registers, --expect N)",
+    )
+    p.add_argument(
+        "--insecure-cluster",
+        action="store_true",
+        help="run the nodes' gRPC links in plain text, without certificates or identities "
+        "(each service logs a warning); by default every link is mutual TLS with the "
+        "certificates made under DIR/tls (docs/security.md)",
     )
     for service in ("edge", "partition", "membership"):
         p.add_argument(
@@ -315,6 +332,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_grace(p)
 
+    p = actions.add_parser(
+        "secure",
+        help="switch a running plain-text cluster (one made by a release before TLS, then "
+        "upgraded) to mutual TLS, Redis passwords and the agreement server's token, node by "
+        "node under traffic (three rolling restarts; docs/security.md)",
+    )
+    _add_dir(p)
+    p.add_argument(
+        "--step-timeout",
+        type=_seconds,
+        default=localsecure.DEFAULT_STEP_TIMEOUT,
+        metavar="S",
+        help="how long each node may take to be back with the cluster whole again (default "
+        "%(default)g s)",
+    )
+    _add_grace(p)
+
     p = actions.add_parser("down", help="stop every node gracefully")
     _add_dir(p)
     _add_grace(p)
@@ -324,6 +358,21 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
         help="add or replace a user in a mosquitto password file: hexmq passwd FILE USER "
         "[PASSWORD] (see hexmq passwd --help)",
+    )
+
+    commands.add_parser(
+        "certs",
+        add_help=False,
+        help="make the cluster CA and the certificates of its services and operators "
+        "(mutual TLS inside the cluster) (see hexmq certs --help)",
+    )
+
+    commands.add_parser(
+        "secrets",
+        add_help=False,
+        help="make every secret a deployment needs, keeping those that exist: the cluster CA "
+        "and certificates, the Consul token, each node's Redis password and ACL file (see "
+        "hexmq secrets --help)",
     )
 
     commands.add_parser(
@@ -376,6 +425,10 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
         return job.main(args_list[2:], prog="hexmq traces analyze")
     if args_list[:1] == ["passwd"]:
         return _passwd(args_list[1:])
+    if args_list[:1] == ["certs"]:
+        return _certs(args_list[1:])
+    if args_list[:1] == ["secrets"]:
+        return _secrets(args_list[1:])
     if args_list[:1] == ["health"]:
         return _health(args_list[1:], environ)
     parser = build_parser()
@@ -422,6 +475,26 @@ def _passwd(argv: list[str]) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
 
 
+def _certs(argv: list[str]) -> int:
+    """The cluster CA and its certificates; parses its own options."""
+    from hexmq.trust import cli as certs_cli
+
+    try:
+        return certs_cli.main(argv)
+    except SystemExit as exc:  # --help, usage errors
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+
+
+def _secrets(argv: list[str]) -> int:
+    """Every secret of a deployment (compose's secrets volume); parses its own options."""
+    from hexmq import secrets_cli
+
+    try:
+        return secrets_cli.main(argv)
+    except SystemExit as exc:  # --help, usage errors
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+
+
 def _health(argv: list[str], env: Mapping[str, str]) -> int:
     """The container HEALTHCHECK; parses its own options."""
     from hexmq import healthprobe
@@ -457,6 +530,7 @@ def _cluster(args: argparse.Namespace) -> int:
             "start": _start,
             "add": _add,
             "leave": _leave,
+            "secure": _secure,
             "down": _down,
         }[args.action]
         return command(args)
@@ -539,6 +613,7 @@ def _up(args: argparse.Namespace) -> int:
         consul=_consul_arg(args),
         **_placement(args),
         discovery=args.discovery,
+        insecure_cluster=args.insecure_cluster,
     )
     _print_json(state.summary())
     return EXIT_OK
@@ -576,6 +651,18 @@ def _stop(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _secure(args: argparse.Namespace) -> int:
+    state = localsecure.secure(
+        args.dir,
+        step_timeout=args.step_timeout,
+        grace=args.grace,
+        say=lambda line: print(f"hexmq cluster secure: {line}", file=sys.stderr, flush=True),
+    )
+    modes = sorted({n.security for n in state.nodes})
+    print(f"hexmq cluster: every node runs {', '.join(modes)}", file=sys.stderr)
+    return EXIT_OK
+
+
 def _down(args: argparse.Namespace) -> int:
     count, notes = localcluster.stop_nodes(args.dir, None, grace=args.grace)
     for note in notes:
@@ -604,6 +691,15 @@ def _status(args: argparse.Namespace) -> int:
     )
     _print_agreement(doc["agreement"], doc["membership"])
     print(localmembers.describe_progress(doc["rebalance"]))
+    modes = {n["node_id"]: n["security"] for n in doc["nodes"]}
+    if set(modes.values()) == {"tls"}:
+        print("cluster links: mutual TLS on every node")
+    else:
+        print(
+            "cluster links: "
+            + ", ".join(f"{node} {mode}" for node, mode in modes.items())
+            + " (docs/security.md; plain text lets anyone who reaches a port act as a member)"
+        )
     print()
     rows: list[tuple[str, ...]] = [("NODE", "ID", "SERVICE", "PID", "STATE", "ADDRESS")]
     for node in doc["nodes"]:
@@ -654,6 +750,10 @@ def _status(args: argparse.Namespace) -> int:
         widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
         for row in table:
             print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    links = [line for n in doc["nodes"] for line in linkstatus.describe(n["node_id"], n["links"])]
+    if links:
+        print()
+        print("\n".join(links))
     if doc["strays"]:
         pids = ", ".join(map(str, doc["strays"]))
         print(f"warning: processes {pids} carry this cluster's marker but are not in cluster.json")
@@ -792,6 +892,7 @@ def _run(args: argparse.Namespace) -> int:
         consul=_consul_arg(args),
         **_placement(args),
         discovery=args.discovery,
+        insecure_cluster=args.insecure_cluster,
     )
     print(_banner(state), flush=True)
     try:

@@ -70,6 +70,10 @@ DEFAULT_BASE_PORT: Final = 1883
 DEFAULT_PARTITIONS: Final = 256
 
 STATE_FILE: Final = "cluster.json"
+# node<i>/redis.password: the node's Redis password for its partition service, and
+# redis-operator.password the operator's (hexmq.localsecurity makes them).
+REDIS_PASSWORD_FILE: Final = "redis.password"
+REDIS_OPERATOR_FILE: Final = "redis-operator.password"
 MEMBERS_FILE: Final = "members"
 # How the agents of a local cluster know who belongs: None (every node that registers, after
 # --expect N), or "static" (DIR/members, the first view waiting for every node it lists).
@@ -259,6 +263,11 @@ class NodeState:
     ports: NodePorts
     dir: Path
     processes: dict[str, ProcessRecord]
+    # How its services secure the cluster's links (hexmq.localsecurity.MODES). A cluster.json
+    # written before TLS has none: its nodes run in plain text.
+    security: str = "plain"
+    # Its Redis asks for the node's password (node<i>/redis.password) as the hexmq ACL user.
+    redis_auth: bool = False
 
     @property
     def node_id(self) -> str:
@@ -275,6 +284,7 @@ class NodeState:
             "partition_port": self.ports.partition,
             "membership_port": self.ports.membership,
             "metrics_ports": {s: self.ports.metrics(s) for s in METRICS_SLOTS},
+            "security": self.security,
             "pids": {
                 s: (r.identity.pid if r.identity else None) for s, r in self.processes.items()
             },
@@ -302,6 +312,9 @@ class ClusterState:
     # `up --node-wrapper`'s words ({node} not yet replaced), for `add` to repeat; None in a
     # cluster.json written before they were recorded.
     node_wrapper: list[str] | None = None
+    # The embedded agreement server asks for the token in DIR/consul.token (ACLs on, default
+    # deny), and the agents present it.
+    consul_acl: bool = False
 
     @property
     def consul_port(self) -> int:
@@ -344,9 +357,11 @@ class ClusterState:
             "consul": _record_to_json(self.consul) if self.consul else None,
             "cluster_name": self.cluster_name,
             "node_wrapper": self.node_wrapper,
+            "consul_acl": self.consul_acl,
             "nodes": [
                 {
                     **n.summary(),
+                    "redis_auth": n.redis_auth,
                     "dir": str(n.dir),
                     "processes": {s: _record_to_json(r) for s, r in n.processes.items()},
                 }
@@ -370,6 +385,8 @@ class ClusterState:
                 ),
                 dir=Path(n["dir"]),
                 processes={s: _record_from_json(n["processes"][s]) for s in SERVICES},
+                security=n.get("security", "plain"),
+                redis_auth=bool(n.get("redis_auth", False)),
             )
             for n in doc["nodes"]
         ]
@@ -385,6 +402,7 @@ class ClusterState:
             consul=_record_from_json(doc["consul"]) if doc.get("consul") else None,
             cluster_name=doc.get("cluster_name", "hexmq"),
             node_wrapper=doc.get("node_wrapper"),
+            consul_acl=bool(doc.get("consul_acl", False)),
         )
 
 
@@ -630,7 +648,8 @@ def _redis_quote(value: str) -> str:
     return f'"{escaped}"'
 
 
-def redis_config(node: NodeState) -> str:
+def redis_config(node: NodeState, acl: Sequence[str] = ()) -> str:
+    """The node's redis.conf; `acl`: its ACL lines (hexmq.redis_security.acl_lines)."""
     return "\n".join(
         [
             "# Written by `hexmq cluster`; rewritten on every start of the node.",
@@ -651,16 +670,24 @@ def redis_config(node: NodeState) -> str:
             # Keep argv and environment as spawned: `ps` then shows which cluster's config a
             # redis-server runs, and the cluster marker in its environment stays readable.
             "set-proc-title no",
+            # Who may connect, as what (docs/security.md): the password's hash only.
+            *acl,
             "",
         ]
     )
 
 
 def write_config(state: ClusterState) -> None:
+    from hexmq.redis_security import HEXMQ_USER, acl_lines, operator_line
+
     (state.dir / MEMBERS_FILE).write_text(members_file(state))
     for node in state.nodes:
         (node.dir / "redis").mkdir(parents=True, exist_ok=True)
-        (node.dir / "redis.conf").write_text(redis_config(node))
+        acl: list[str] = []
+        if node.redis_auth:
+            acl = acl_lines(HEXMQ_USER, (node.dir / REDIS_PASSWORD_FILE).read_text().strip())
+            acl.append(operator_line((node.dir / REDIS_OPERATOR_FILE).read_text().strip()))
+        (node.dir / "redis.conf").write_text(redis_config(node, acl))
 
 
 def child_environment(state: ClusterState) -> dict[str, str]:

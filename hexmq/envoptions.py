@@ -32,6 +32,9 @@ PREFIX: Final = "HEXMQ_"
 NOT_OPTIONS: Final = {
     "HEXMQ_LOG_FORMAT": "json: one JSON object per log line",
     "HEXMQ_CLUSTER_DIR": "set by `hexmq cluster` in the processes it starts (leak checks)",
+    # A secret has no option: an option's value can be given on a command line, which `ps`
+    # shows to every local user (--redis-password-file is the option that names a file).
+    "HEXMQ_REDIS_PASSWORD": "hexmq partition: the password of its Redis user (never an option)",
 }
 
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from hexmq import procs
+from hexmq import linkstatus, localsecurity, procs
 from hexmq.clusterstate import (
     DEFAULT_BASE_PORT,
     DEFAULT_PARTITIONS,
@@ -80,7 +80,7 @@ class StartFailure(ClusterError):
 def _ready(service: str, node: NodeState) -> bool:
     port, host = node.ports.of(service), node.ports.host
     if service == "redis":
-        return procs.redis_ready(port, host=host)
+        return procs.redis_ready(port, host=host, credentials=localsecurity.redis_login(node))
     return procs.tcp_accepts(port, host=host)
 
 
@@ -103,7 +103,10 @@ def _spawn(state: ClusterState, node: NodeState, service: str) -> None:
     now = datetime.now(UTC).isoformat(timespec="seconds")
     with record.log.open("a") as f:
         f.write(f"---- hexmq cluster: starting {service} at {now}: {' '.join(record.argv)}\n")
-    record.identity = procs.spawn(record.argv, record.log, child_environment(state))
+    env = localsecurity.environment(
+        child_environment(state), localsecurity.service_variables(state, node, service)
+    )
+    record.identity = procs.spawn(record.argv, record.log, env)
     record.started_at = now
     save_state(state)
     log.info(
@@ -166,7 +169,7 @@ def agreed_view(
         if not node.processes["membership"].running():
             continue
         try:
-            with grpc.insecure_channel(node.ports.addr(node.ports.membership)) as channel:
+            with localsecurity.node_channel(state, node, "membership") as channel:
                 stub = membership_pb2_grpc.MembershipServiceStub(channel)
                 view = stub.GetView(membership_pb2.GetViewRequest(), timeout=timeout)
         except grpc.RpcError:
@@ -270,7 +273,7 @@ def _wait_admitted(
         time.sleep(0.1)
 
 
-def _start_agreement(state: ClusterState, timeout: float) -> bool:
+def start_agreement(state: ClusterState, timeout: float) -> bool:
     """Start the cluster's own agreement server unless it runs (or the agents use an external
     Consul); True if this call started it."""
     record = state.consul
@@ -281,7 +284,10 @@ def _start_agreement(state: ClusterState, timeout: float) -> bool:
     now = datetime.now(UTC).isoformat(timespec="seconds")
     with record.log.open("a") as f:
         f.write(f"---- hexmq cluster: starting consul-dev at {now}: {' '.join(record.argv)}\n")
-    record.identity = procs.spawn(record.argv, record.log, child_environment(state))
+    env = localsecurity.environment(
+        child_environment(state), localsecurity.agreement_variables(state)
+    )
+    record.identity = procs.spawn(record.argv, record.log, env)
     record.started_at = now
     save_state(state)
     log.info(
@@ -309,12 +315,12 @@ def _start_agreement(state: ClusterState, timeout: float) -> bool:
     except BaseException:
         # The caller stops what it started only once this returns: a server that never
         # served was left running (a loaded machine's `up` timed out and kept consul-dev).
-        _stop_agreement(state, ABORT_GRACE)
+        stop_agreement(state, ABORT_GRACE)
         raise
     return True
 
 
-def _stop_agreement(state: ClusterState, grace: float) -> list[str]:
+def stop_agreement(state: ClusterState, grace: float) -> list[str]:
     record = state.consul
     if record is None or record.identity is None or not record.running():
         return []
@@ -335,7 +341,7 @@ def _start_nodes(state: ClusterState, targets: Sequence[NodeState], timeout: flo
     started: list[tuple[NodeState, str]] = []
     agreement_started = False
     try:
-        agreement_started = _start_agreement(state, timeout)
+        agreement_started = start_agreement(state, timeout)
         for service in SERVICES:
             todo = [n for n in targets if not n.processes[service].running()]
             _start_layer(state, todo, service, timeout, started)
@@ -345,7 +351,7 @@ def _start_nodes(state: ClusterState, targets: Sequence[NodeState], timeout: flo
             log.info("start failed: stopping the %d process(es) it started", len(started))
             _stop_processes([(n, s) for n, s in reversed(started)], ABORT_GRACE)
         if agreement_started:
-            _stop_agreement(state, ABORT_GRACE)
+            stop_agreement(state, ABORT_GRACE)
         save_state(state)
         raise
 
@@ -397,6 +403,7 @@ def up(
     agreement_listen: tuple[str, int] | None = None,
     node_wrapper: Sequence[str] = (),
     discovery: str | None = None,
+    insecure_cluster: bool = False,
 ) -> ClusterState:
     """Start a cluster in `cluster_dir` and wait until every node answers MQTT CONNECT.
     `service_args` adds arguments to a service's command line on every node (e.g.
@@ -404,7 +411,12 @@ def up(
     membership agents; None: the cluster starts its own agreement server first, on
     `agreement_listen` if given. `hosts`: node i binds every port of it on hosts[i-1].
     `node_wrapper`: every process of node i runs as `node_wrapper <argv>` ({node} -> i). `discovery`
-    "static" makes the agents admit the nodes of DIR/members (docs/discovery.md)."""
+    "static" makes the agents admit the nodes of DIR/members (docs/discovery.md).
+
+    Secure by default (docs/security.md): the cluster's CA and a certificate per service
+    (mutual TLS on every gRPC link), and the embedded agreement server's ACL token, are made
+    under DIR (kept across restarts of the same DIR). `insecure_cluster`: the nodes' links in
+    plain text instead (each service logs a warning)."""
     validate_cluster_args(nodes=nodes, base_port=base_port, partitions=partitions, rf=rf)
     cluster_dir = cluster_dir.absolute()
     try:
@@ -444,6 +456,7 @@ def up(
             discovery=discovery,
         )
         state.served = previous is not None and previous.served
+        secure(state, insecure_cluster=insecure_cluster)
         busy = busy_ports(
             [n.ports for n in state.nodes],
             (state.consul_host, state.consul_port) if state.consul else None,
@@ -456,6 +469,21 @@ def up(
         state.served = True
         save_state(state)
         return state
+
+
+def secure(state: ClusterState, *, insecure_cluster: bool) -> None:
+    """Give a newly planned cluster its secrets and say what each node runs as: certificates
+    (unless `insecure_cluster`), a Redis password per node, the agreement server's token."""
+    mode = localsecurity.PLAIN if insecure_cluster else localsecurity.TLS
+    if not insecure_cluster:
+        localsecurity.ensure_certificates(state)
+    for node in state.nodes:
+        node.security = mode
+        localsecurity.ensure_redis_password(node)
+        node.redis_auth = True
+    if state.consul is not None:
+        localsecurity.ensure_consul_token(state)
+        state.consul_acl = True
 
 
 def check_interpreter(python: str) -> str:
@@ -568,7 +596,7 @@ def stop_nodes(
         if numbers is None:  # the whole cluster: its agreement server last
             server = state.consul
             if server is not None and server.running():
-                notes += _stop_agreement(state, grace)
+                notes += stop_agreement(state, grace)
                 count += 1
         return count, notes
 
@@ -609,18 +637,24 @@ def node_status(state: ClusterState, node: NodeState) -> dict[str, Any]:
         "mqtt_port": node.ports.mqtt,
         "alive": all(p["alive"] for p in processes.values()),
         "processes": processes,
-        "partitions": partition_status(node) if processes["partition"]["alive"] else None,
+        "security": node.security,
+        "partitions": partition_status(state, node) if processes["partition"]["alive"] else None,
+        # Links down and connections waiting on them, from the services' metrics (G9).
+        "links": linkstatus.read(
+            node.ports.host,
+            {s: node.ports.metrics(s) for s in ("edge", "partition") if processes[s]["alive"]},
+        ),
     }
 
 
-def partition_status(node: NodeState, timeout: float = 2.0) -> dict[str, Any]:
+def partition_status(state: ClusterState, node: NodeState, timeout: float = 2.0) -> dict[str, Any]:
     """The partition service's own account: partitions by role, sessions, queued messages."""
     import grpc  # imported here: `hexmq cluster` commands that do not ask stay fast
 
     from hexmq.api.partition.v1 import partition_pb2, partition_pb2_grpc
 
     try:
-        with grpc.insecure_channel(node.ports.addr(node.ports.partition)) as channel:
+        with localsecurity.node_channel(state, node, "partition") as channel:
             reply = partition_pb2_grpc.PartitionServiceStub(channel).Status(
                 partition_pb2.StatusRequest(), timeout=timeout
             )
@@ -682,7 +716,7 @@ def membership_status(state: ClusterState, timeout: float = 2.0) -> dict[str, An
         if not node.processes["membership"].running():
             continue
         try:
-            with grpc.insecure_channel(node.ports.addr(node.ports.membership)) as channel:
+            with localsecurity.node_channel(state, node, "membership") as channel:
                 stub = membership_pb2_grpc.MembershipServiceStub(channel)
                 reply = stub.Status(membership_pb2.MembershipStatusRequest(), timeout=timeout)
         except grpc.RpcError:

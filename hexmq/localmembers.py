@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from hexmq import procs
+from hexmq import localsecurity, procs
 from hexmq.clusterstate import (
     INTERNAL_OFFSET,
     MAX_NODES,
@@ -145,6 +145,9 @@ def plan_added_node(state: ClusterState, host: str | None = None) -> NodeState:
         ports=added_node_ports(state, added_node_host(state, host)),
         dir=state.dir / f"node{number}",
         processes={},
+        # As the newest node runs: a cluster switching to TLS adds nodes at its current step.
+        security=state.nodes[-1].security,
+        redis_auth=state.nodes[-1].redis_auth,
     )
     for service in SERVICES:
         # What `up` appended to node 1's command line after its own arguments.
@@ -189,6 +192,10 @@ def add_node(
                 + ", ".join(busy)
             )
         state.nodes.append(node)
+        if node.security != localsecurity.PLAIN:
+            localsecurity.ensure_certificates(state, [node])
+        if node.redis_auth:
+            localsecurity.ensure_redis_password(node)
         write_config(state)
         save_state(state)
         log.info(
@@ -217,7 +224,7 @@ class LeaveOutcome:
 
 
 def _ask_leave(
-    node: NodeState, wait_s: float, rpc_timeout: float
+    state: ClusterState, node: NodeState, wait_s: float, rpc_timeout: float
 ) -> membership_pb2.LeaveReply | None:
     """One Leave call to the node's agent (None if it does not answer). An agent that has no
     Leave (a release before it: v0.2.0) is refused at once, saying what to do instead."""
@@ -226,7 +233,7 @@ def _ask_leave(
     from hexmq.api.membership.v1 import membership_pb2, membership_pb2_grpc
 
     try:
-        with grpc.insecure_channel(node.ports.addr(node.ports.membership)) as channel:
+        with localsecurity.node_channel(state, node, "membership") as channel:
             stub = membership_pb2_grpc.MembershipServiceStub(channel)
             reply: membership_pb2.LeaveReply = stub.Leave(
                 membership_pb2.LeaveRequest(wait_ms=int(wait_s * 1000)),
@@ -279,7 +286,7 @@ def leave_node(
         failures = 0
         log.info("node %d (%s) leaving the cluster", number, node.node_id)
         while (left_s := deadline - time.monotonic()) > 0:
-            reply = _ask_leave(node, min(left_s, _PROGRESS_EVERY_S), rpc_timeout=5.0)
+            reply = _ask_leave(state, node, min(left_s, _PROGRESS_EVERY_S), rpc_timeout=5.0)
             if reply is None:
                 failures += 1
                 if failures >= 3 or not node.processes["membership"].running():
@@ -377,7 +384,7 @@ def rebalance_progress(
 def _partition_statuses(state: ClusterState) -> list[dict[str, Any]]:
     """Each running partition service's account, as cluster_status puts it in a node."""
     return [
-        {"partitions": partition_status(n)}
+        {"partitions": partition_status(state, n)}
         for n in state.nodes
         if n.processes["partition"].running()
     ]

@@ -243,13 +243,36 @@ def tcp_accepts(port: int, timeout: float = 0.5, host: str = LOOPBACK) -> bool:
         return False
 
 
-def redis_ready(port: int, timeout: float = 0.5, host: str = LOOPBACK) -> bool:
+def _resp(*words: str) -> bytes:
+    out = [f"*{len(words)}\r\n".encode()]
+    for word in words:
+        data = word.encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(out)
+
+
+def redis_ready(
+    port: int,
+    timeout: float = 0.5,
+    host: str = LOOPBACK,
+    credentials: tuple[str, str] | None = None,
+) -> bool:
     """PING answered by +PONG: listening is not enough, Redis answers -LOADING while it
-    replays its append-only file, and the partition service would see those errors."""
+    replays its append-only file, and the partition service would see those errors. A Redis
+    that asks for a password answers -NOAUTH whether it is loading or not: `credentials`
+    (user, password) authenticate first."""
+    request = _resp("PING")
+    want = b"+PONG"
+    if credentials is not None:
+        request = _resp("AUTH", *credentials) + request
+        want = b"+OK\r\n+PONG"
     try:
         with socket.create_connection((host, port), timeout=timeout) as s:
-            s.sendall(b"PING\r\n")
-            return s.recv(64).startswith(b"+PONG")
+            s.sendall(request)
+            answer = b""
+            while len(answer) < len(want) and (chunk := s.recv(64)):
+                answer += chunk
+            return answer.startswith(want)
     except OSError:
         return False
 

@@ -12,10 +12,15 @@ and what a link going up or down means stay with the side.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 import grpc
+
+from hexmq.trust.grpc_tls import PeerRefused
+
+# A new channel to the peer each attempt (hexmq.trust.grpc_tls.ClusterTLS.channel: TLS or
+# plain text as the peer serves, with the credentials as they are on disk now).
+Dial = Callable[[], grpc.aio.Channel]
 
 CONNECT_TIMEOUT = 5.0
 FIRST_BACKOFF = 0.05
@@ -39,26 +44,28 @@ class Backoff:
 
 
 async def keep_streaming(
-    target: str,
-    options: Sequence[tuple[str, Any]],
+    dial: Dial,
     run: Callable[[grpc.aio.Channel, Backoff], Awaitable[str]],
     *,
     refused: Callable[[str, str | None], None],
     closed: Callable[[str], None],
 ) -> None:
-    """Stream to `target` until cancelled, opening the stream again after each end.
+    """Stream to a peer until cancelled, opening the stream again after each end.
 
-    `run(channel, backoff)` opens the stream on a ready channel and takes what it sends until
-    it ends, and returns why ("stream ended", or the side's own reason); gRPC errors and the
-    connect timeout are caught here. `refused(why, details)`: the peer refused the stream
-    (FAILED_PRECONDITION: no protocol in common). `closed(why)`: the stream is gone, or never
-    opened; the next attempt follows the wait."""
+    `dial()` makes the channel of each attempt (a peer this process may not dial, PeerRefused,
+    counts as a failed attempt). `run(channel, backoff)` opens the stream on a ready channel
+    and takes what it sends until it ends, and returns why ("stream ended", or the side's own
+    reason); gRPC errors and the connect timeout are caught here. `refused(why, details)`:
+    the peer refused the stream (FAILED_PRECONDITION: no protocol in common). `closed(why)`:
+    the stream is gone, or never opened; the next attempt follows the wait."""
     backoff = Backoff()
     while True:
         try:
-            async with grpc.aio.insecure_channel(target, options=options) as channel:
+            async with dial() as channel:
                 await asyncio.wait_for(channel.channel_ready(), timeout=CONNECT_TIMEOUT)
                 why = await run(channel, backoff)
+        except PeerRefused as exc:
+            why = f"not dialled: {exc}"
         except TimeoutError:
             why = "not reachable"
         except grpc.aio.AioRpcError as exc:

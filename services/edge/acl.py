@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from hexmq.mqtt import MQTTError
 from hexmq.topics import topic_matches, validate_topic_filter
@@ -118,7 +119,11 @@ class Acl:
                 )
         return cls(anonymous, users, patterns, source)
 
-    def for_client(self, client_id: str, username: str | None) -> ClientAcl:
+    def for_client(
+        self, client_id: str, username: str | None, source: AclSource | None = None
+    ) -> ClientAcl:
+        """The client's rules. With `source`, the edge's current ACL: the client's rules are
+        made anew from it when it is reloaded (SIGHUP), at the client's next check."""
         own = self.anonymous if username is None else self.users.get(username, ())
         patterns: list[AclRule] = []
         if not any(c in client_id for c in "+#") and not (
@@ -131,7 +136,18 @@ class Acl:
                 if username is not None:
                     expanded = expanded.replace("%u", username)
                 patterns.append(AclRule(rule.access, expanded, rule.line))
-        return ClientAcl((own, tuple(patterns)))
+        client = ClientAcl((own, tuple(patterns)))
+        if source is not None:
+            client.follow(source, client_id, username)
+        return client
+
+
+class AclSource(Protocol):
+    """Where the edge's current ACL is (services/edge/access.py, AccessControl): a reload
+    replaces `acl` and raises `acl_generation`."""
+
+    acl: Acl | None
+    acl_generation: int
 
 
 def _split_word(text: str) -> tuple[str, str]:
@@ -165,14 +181,37 @@ class ClientAcl:
     """One connection's rules (its own, then the expanded patterns), with cached verdicts so
     that the publish and delivery paths pay one dict lookup per known topic."""
 
-    __slots__ = ("_lists", "_publish", "_receive")
+    __slots__ = ("_generation", "_lists", "_publish", "_receive", "_source", "_who")
 
     def __init__(self, lists: tuple[tuple[AclRule, ...], ...]) -> None:
         self._lists = lists
         self._publish: dict[str, bool] = {}
         self._receive: dict[str, bool] = {}
+        self._source: AclSource | None = None
+        self._generation = 0
+        self._who: tuple[str, str | None] = ("", None)
+
+    def follow(self, source: AclSource, client_id: str, username: str | None) -> None:
+        """Take the client's rules from `source` again whenever its ACL is reloaded."""
+        self._source = source
+        self._generation = source.acl_generation
+        self._who = (client_id, username)
+
+    def _current(self) -> None:
+        """The ACL was reloaded since these rules were made: make them (and the verdicts)
+        anew, for the same client id and user name."""
+        source = self._source
+        assert source is not None
+        self._generation = source.acl_generation
+        acl = source.acl
+        self._lists = acl.for_client(*self._who)._lists if acl is not None else ()
+        self._publish.clear()
+        self._receive.clear()
 
     def may_publish(self, topic: str) -> bool:
+        source = self._source
+        if source is not None and source.acl_generation != self._generation:
+            self._current()
         allowed = self._publish.get(topic)
         if allowed is None:
             if len(self._publish) >= _CACHE_SIZE:
@@ -181,6 +220,9 @@ class ClientAcl:
         return allowed
 
     def may_receive(self, topic: str) -> bool:
+        source = self._source
+        if source is not None and source.acl_generation != self._generation:
+            self._current()
         allowed = self._receive.get(topic)
         if allowed is None:
             if len(self._receive) >= _CACHE_SIZE:
@@ -189,6 +231,9 @@ class ClientAcl:
         return allowed
 
     def may_subscribe(self, topic_filter: str) -> bool:
+        source = self._source
+        if source is not None and source.acl_generation != self._generation:
+            self._current()
         for rules in self._lists:
             for rule in rules:
                 if not filter_covers(rule.topic_filter, topic_filter):

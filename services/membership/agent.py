@@ -25,8 +25,9 @@ from hexmq.api.membership.v1 import membership_pb2 as pb
 from hexmq.node_protocol import THIS_RELEASE, ClusterProtocol, Support
 from hexmq.service import cancel_and_wait
 from hexmq.telemetry.tracing import Tracing
+from hexmq.trust.grpc_tls import ClusterTLS
 from services.membership.changes import RebalanceLog, has_left, record_view_change
-from services.membership.consul_client import make_consul
+from services.membership.consul_client import NO_CREDENTIALS, ConsulCredentials
 from services.membership.discovery.gate import gate_for
 from services.membership.discovery.model import Discovery
 from services.membership.discovery.options import DiscoverySettings
@@ -38,7 +39,7 @@ from services.membership.plan import (
     plan,
     refused_joiners,
 )
-from services.membership.probes import FailureDetector, Prober, monotonic_ms
+from services.membership.probes import FailureDetector, Prober, ProbeTarget, monotonic_ms
 from services.membership.proposals import ProposalBook, Request
 from services.membership.records import (
     SERVICE_NAME,
@@ -107,6 +108,9 @@ class AgentConfig:
     service_name: str = SERVICE_NAME
     service_tags: tuple[str, ...] = ()
     discovery: DiscoverySettings | None = None
+    # The ACL token (asked before each request: a rotated token file is used at once) and
+    # TLS files the agent presents to Consul.
+    consul_credentials: ConsulCredentials = NO_CREDENTIALS
 
     def plan_config(self) -> PlanConfig:
         return PlanConfig(
@@ -129,8 +133,11 @@ class MembershipAgent:
         tracing: Tracing,
         on_fatal: Callable[[], None] = lambda: None,
         discovery: Discovery | None = None,
+        *,
+        tls: ClusterTLS,
     ) -> None:
         self.config = config
+        self.tls = tls
         self._on_fatal = on_fatal
         self.failed = False
         self.keys = ClusterKeys(config.cluster)
@@ -161,6 +168,7 @@ class MembershipAgent:
             interval_s=config.probe_interval_s,
             timeout_s=config.probe_timeout_s,
             on_change=self._reports_changed,
+            tls=tls,
         )
         self._consul: Any = None
         self._session: LivenessSession | None = None
@@ -185,7 +193,7 @@ class MembershipAgent:
     async def start(self) -> None:
         self._unread = {"view", "members", "suspects"}
         self._all_read = asyncio.Event()
-        self._consul = make_consul(self.config.consul_addr)
+        self._consul = self.config.consul_credentials.connect(self.config.consul_addr)
         self._session = LivenessSession(
             self._consul,
             name=f"hexmq/{self.config.cluster}/{self.config.node_id}",
@@ -247,6 +255,7 @@ class MembershipAgent:
             incarnation=0 if self._left() else self._incarnation,
             protocol=self.protocol,
             leaving=self._leaving,
+            tls=self.tls.serve_tls,
         )
 
     def _left(self) -> bool:
@@ -604,11 +613,11 @@ class MembershipAgent:
         if view is None:
             return  # nobody to probe before the first view: its members start serving with it
         peers = {
-            node: reg.partition_addr
+            node: ProbeTarget(reg.partition_addr, reg.tls)
             for node, reg in self.registry.registrations().items()
             if reg.incarnation > 0
         }
-        peers.update({m.node_id: m.partition_addr for m in view.members})
+        peers.update({m.node_id: ProbeTarget(m.partition_addr, m.tls) for m in view.members})
         peers.pop(self.config.node_id, None)
         self._prober.set_peers(peers)
 

@@ -4,8 +4,11 @@
 dead agent never makes a service hang: the last view stays in force), and calls a listener on
 every newer view; the partition service passes its incarnation and what it speaks of the
 inter-node protocol, which the agent registers for as long as the watch is open.
-`MembershipClient` asks for view changes (Propose) and follows the node's liveness lease
-(Lease), its stream reconnecting on its own.
+`leave_cluster` asks the agent to take the node out. (The partition service's Propose and
+Lease calls are services/partition/agreement.py.)
+
+Each takes a `dial` that makes a channel to the agent (hexmq.trust.grpc_tls: mutual TLS as
+the node's own certificate, or plain text with --insecure-cluster).
 """
 
 from __future__ import annotations
@@ -13,20 +16,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
 
+from hexmq import telemetry
 from hexmq.api.membership.v1 import membership_pb2 as pb
 from hexmq.api.membership.v1 import membership_pb2_grpc as pb_grpc
 from hexmq.node_protocol import Support
 from hexmq.service import cancel_and_wait
+from hexmq.streams import CONNECT_TIMEOUT, Dial
+from hexmq.trust.grpc_tls import PeerRefused
 
 log = logging.getLogger(__name__)
 
 ViewListener = Callable[[pb.View], Awaitable[None]]
-LeaseListener = Callable[[pb.LeaseState], None]
 
 _FIRST_BACKOFF_S = 0.05
 _MAX_BACKOFF_S = 2.0
@@ -39,8 +44,15 @@ class ViewWatcher:
         listener: ViewListener,
         incarnation: int = 0,
         protocol: Support | None = None,
+        *,
+        dial: Dial,
+        node_id: str = "",
     ) -> None:
         self._target = target
+        self._dial = dial
+        # The node whose agent this is: hexmq_links_down{link="membership", peer=node_id}
+        # shows whether the watch is connected ("": not shown).
+        self._node_id = node_id
         self._listener = listener
         self._incarnation = incarnation
         self._protocol = protocol
@@ -60,11 +72,19 @@ class ViewWatcher:
     async def stop(self) -> None:
         await cancel_and_wait(self._task)
 
+    def _show(self, down: bool) -> None:
+        if self._node_id:
+            telemetry.METRICS.links_down.labels("membership", self._node_id).set(int(down))
+
     async def _run(self) -> None:
         backoff = _FIRST_BACKOFF_S
+        self._show(down=True)
         while True:
             try:
-                async with grpc.aio.insecure_channel(self._target) as channel:
+                async with self._dial() as channel:
+                    # Connected first (a watch may bring nothing for long): the metric says so.
+                    await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT)
+                    self._show(down=False)
                     stub = pb_grpc.MembershipServiceStub(channel)
                     after = self.view.epoch if self.view is not None else 0
                     request = pb.WatchRequest(
@@ -89,6 +109,16 @@ class ViewWatcher:
                         exc.code().name,
                         self.view.epoch if self.view else None,
                     )
+            except PeerRefused as exc:
+                log.error("not watching membership %s: %s", self._target, exc)
+            except TimeoutError:
+                log.warning(
+                    "membership %s unreachable (no connection within %g s); keeping view epoch %s",
+                    self._target,
+                    CONNECT_TIMEOUT,
+                    self.view.epoch if self.view else None,
+                )
+            self._show(down=True)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, _MAX_BACKOFF_S)
 
@@ -101,83 +131,29 @@ class ViewWatcher:
             log.exception("the view listener failed on view epoch %d; watching on", view.epoch)
 
 
-class MembershipClient:
-    """Propose and Lease for the node's partition service."""
-
-    def __init__(self, target: str, incarnation: int) -> None:
-        self._target = target
-        self._incarnation = incarnation
-        self._channel: grpc.aio.Channel | None = None
-        self._lease_task: asyncio.Task[None] | None = None
-        self.lease: pb.LeaseState | None = None
-
-    def _stub(self) -> pb_grpc.MembershipServiceStub:
-        if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(self._target)
-        return pb_grpc.MembershipServiceStub(self._channel)
-
-    async def propose(
-        self,
-        in_sync: Sequence[pb.InSyncChange] = (),
-        handovers: Sequence[pb.Handover] = (),
-        *,
-        deadline_s: float = 10.0,
-    ) -> pb.ProposeReply:
-        """Ask for view changes; the reply names the view epoch in which they hold (or the
-        current one, if they are not agreed within the agent's bound). Raises
-        grpc.aio.AioRpcError (UNAVAILABLE: no view yet or no agent; FAILED_PRECONDITION: a stale
-        incarnation; INVALID_ARGUMENT: a malformed change)."""
-        request = pb.ProposeRequest(
-            incarnation=self._incarnation, in_sync=list(in_sync), handovers=list(handovers)
-        )
-        reply: pb.ProposeReply = await self._stub().Propose(request, timeout=deadline_s)
-        return reply
-
-    def follow_lease(self, listener: LeaseListener) -> None:
-        """Call `listener` with every LeaseState, reconnecting while the agent is away (then
-        the last state stands; its valid_for_ms tells how long it can be trusted)."""
-        self._lease_task = asyncio.create_task(self._follow(listener), name="lease")
-
-    async def _follow(self, listener: LeaseListener) -> None:
-        backoff = _FIRST_BACKOFF_S
-        while True:
-            try:
-                async for state in self._stub().Lease(pb.LeaseRequest()):
-                    backoff = _FIRST_BACKOFF_S
-                    self.lease = state
-                    try:
-                        listener(state)
-                    except Exception:
-                        log.exception("the lease listener failed; following on")
-            except grpc.aio.AioRpcError as exc:
-                log.warning("lease stream to %s broke (%s)", self._target, exc.code().name)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, _MAX_BACKOFF_S)
-
-    async def close(self) -> None:
-        await cancel_and_wait(self._lease_task)
-        if self._channel is not None:
-            await self._channel.close()
-            self._channel = None
-
-
 # A leave that cannot reach the agent (restarting?) retries this often, this many times.
 _LEAVE_RETRY_S = 0.5
 _LEAVE_TRIES = 4
 
 
 async def leave_cluster(
-    target: str, timeout_s: float, cut_short: asyncio.Event | None = None
+    target: str, dial: Dial, timeout_s: float, cut_short: asyncio.Event | None = None
 ) -> pb.LeaveReply | None:
-    """Ask the node's agent at `target` to take the node out of the cluster and wait until it
-    has (the reply says `left`), `timeout_s` has passed, or `cut_short` is set (a plain stop
-    signal came). None if the agent could not be asked at all: the caller stops anyway, and
-    the node's partitions fail over as after any stop (docs/operations.md, "Leaving")."""
+    """Ask the node's agent at `target` (a channel from `dial`) to take the node out of the
+    cluster and wait until it has (the reply says `left`), `timeout_s` has passed, or
+    `cut_short` is set (a plain stop signal came). None if the agent could not be asked at
+    all: the caller stops anyway, and the node's partitions fail over as after any stop
+    (docs/operations.md, "Leaving")."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     reply: pb.LeaveReply | None = None
     failures = 0
-    async with grpc.aio.insecure_channel(target) as channel:
+    try:
+        channel = dial()
+    except PeerRefused as exc:
+        log.error("leave: not dialling membership %s: %s", target, exc)
+        return None
+    async with channel:
         stub = pb_grpc.MembershipServiceStub(channel)
         while (left_s := deadline - loop.time()) > 0:
             call = stub.Leave(pb.LeaveRequest(wait_ms=int(left_s * 1000)), timeout=left_s + 1.0)

@@ -10,10 +10,13 @@ import argparse
 import asyncio
 import logging
 import os
+import ssl
+from pathlib import Path
 
 import grpc
 
 from hexmq.api.membership.v1 import membership_pb2_grpc as pb_grpc
+from hexmq.grpc_options import PING_POLICY
 from hexmq.hashring import DEFAULT_PARTITIONS
 from hexmq.health import add_health
 from hexmq.netaddr import parse_hostport
@@ -26,9 +29,16 @@ from hexmq.service import (
     setup_logging,
     start_observability,
 )
+from hexmq.trust.grpc_tls import ClusterTLS, add_cluster_tls_arguments
+from hexmq.trust.guard import Guard
+from hexmq.trust.identity import MEMBERSHIP, Identity
 from services.membership.agent import AgentConfig, MembershipAgent
 from services.membership.client import add_leave_timeout, check_leave_timeout, describe_leave
-from services.membership.consul_client import parse_consul_addr
+from services.membership.consul_client import (
+    ConsulCredentials,
+    check_tls_files,
+    parse_consul_addr,
+)
 from services.membership.discovery.model import DiscoveryContext
 from services.membership.discovery.options import (
     add_discovery_arguments,
@@ -37,6 +47,7 @@ from services.membership.discovery.options import (
 )
 from services.membership.records import SERVICE_NAME, check_cluster_name, check_node_id
 from services.membership.server import MembershipServicer
+from services.membership.token_file import TokenFile
 
 log = logging.getLogger("hexmq.membership")
 
@@ -60,6 +71,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="HOST:PORT",
         help="the Consul HTTP API, or `hexmq consul-dev` (default: $CONSUL_HTTP_ADDR, else "
         f"{DEFAULT_CONSUL})",
+    )
+    parser.add_argument(
+        "--consul-token-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the Consul ACL token to send, read from FILE (again whenever the file changes); "
+        "default: $CONSUL_HTTP_TOKEN if set, else none",
+    )
+    parser.add_argument(
+        "--consul-ca",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="with an https:// --consul: a CA (PEM) to trust for Consul's certificate, besides "
+        "the system's",
+    )
+    parser.add_argument(
+        "--consul-cert",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="with an https:// --consul: the client certificate (PEM) to present (Consul's "
+        "verify_incoming); needs --consul-key",
+    )
+    parser.add_argument(
+        "--consul-key", type=Path, default=None, metavar="FILE", help="the --consul-cert's key"
     )
     parser.add_argument(
         "--cluster",
@@ -140,6 +178,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="INFO")
     add_observability_arguments(parser)
     add_discovery_arguments(parser)
+    add_cluster_tls_arguments(parser)
 
 
 def agent_config(args: argparse.Namespace) -> AgentConfig:
@@ -153,6 +192,7 @@ def agent_config(args: argparse.Namespace) -> AgentConfig:
         parse_consul_addr(args.consul)
     except ValueError as exc:
         raise ValueError(f"--consul: {exc}") from None
+    credentials = consul_credentials(args)
     parse_hostport(args.partition_addr, what="--partition-addr")
     parse_hostport(args.mqtt_addr, what="--mqtt-addr")
     for option, value in (("--expect", args.expect), ("--partitions", args.partitions)):
@@ -185,6 +225,7 @@ def agent_config(args: argparse.Namespace) -> AgentConfig:
         node_id=args.node_id,
         cluster=args.cluster,
         consul_addr=args.consul,
+        consul_credentials=credentials,
         partition_addr=args.partition_addr,
         mqtt_addr=args.mqtt_addr,
         membership_addr=advertise,
@@ -203,6 +244,37 @@ def agent_config(args: argparse.Namespace) -> AgentConfig:
     )
 
 
+def consul_credentials(args: argparse.Namespace) -> ConsulCredentials:
+    """The token and TLS files the agent presents to Consul; ValueError naming the option.
+    Each file is read now (a bad one stops the agent at start); the token file again whenever
+    it changes (a rotation needs no restart)."""
+    ca, cert, key = args.consul_ca, args.consul_cert, args.consul_key
+    try:
+        check_tls_files(args.consul, ca, cert, key)
+    except ValueError as exc:
+        raise ValueError(f"--consul-ca, --consul-cert, --consul-key: {exc}") from None
+    context = ssl.create_default_context()
+    if ca is not None:
+        try:
+            context.load_verify_locations(cafile=ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"--consul-ca {ca}: no usable PEM CA certificate ({exc})") from None
+    if cert is not None:
+        try:
+            context.load_cert_chain(cert, key)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(
+                f"--consul-cert {cert}, --consul-key {key}: not a usable PEM certificate and "
+                f"its key ({exc})"
+            ) from None
+    token = (
+        None
+        if args.consul_token_file is None
+        else TokenFile(args.consul_token_file, "--consul-token-file").current
+    )
+    return ConsulCredentials(token=token, ca=ca, cert=cert, key=key)
+
+
 def run(args: argparse.Namespace) -> int:
     setup_logging("membership", args.node_id, args.log_level)
     try:
@@ -212,9 +284,11 @@ def run(args: argparse.Namespace) -> int:
             if config.discovery is None
             else build_discovery(config.discovery, discovery_context(config))
         )
-    except ValueError as exc:  # DiscoveryError included
+        tls = ClusterTLS.from_args(args, Identity(MEMBERSHIP, args.node_id))
+    except ValueError as exc:  # DiscoveryError and TLSConfigError included
         log.error("%s", exc)
         return 2
+    tls.warn_if_insecure()
 
     async def main(stop: StopEvent) -> int:
         try:
@@ -222,13 +296,17 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             log.error("cannot serve metrics on %s: %s", args.metrics_listen, exc.strerror)
             return 1
-        agent = MembershipAgent(config, obs.tracing, on_fatal=stop.set, discovery=discovery)
+        agent = MembershipAgent(
+            config, obs.tracing, on_fatal=stop.set, discovery=discovery, tls=tls
+        )
         obs.ready_when(lambda: membership_readiness(agent))
-        server = grpc.aio.server()
-        pb_grpc.add_MembershipServiceServicer_to_server(MembershipServicer(agent), server)
+        # The node's services ping their watches and calls (hexmq/grpc_options.py).
+        server = grpc.aio.server(options=PING_POLICY)
+        guard = Guard(tls, "membership")
+        pb_grpc.add_MembershipServiceServicer_to_server(MembershipServicer(agent, guard), server)
         health = add_health(server)
         try:
-            server.add_insecure_port(args.listen)
+            tls.add_port(server, args.listen)
         except RuntimeError as exc:
             log.error("cannot listen on %s: %s", args.listen, exc)
             await obs.close()
@@ -237,10 +315,11 @@ def run(args: argparse.Namespace) -> int:
         await server.start()
         health_follower = asyncio.create_task(follow_in_health(obs.readiness, health))
         log.info(
-            "membership agent of %s on %s: cluster %r at Consul %s, discovery %s, expecting %s "
-            "for a first view",
+            "membership agent of %s on %s (%s): cluster %r at Consul %s, discovery %s, "
+            "expecting %s for a first view",
             config.node_id,
             args.listen,
+            tls.describe(),
             config.cluster,
             config.consul_addr,
             config.discovery.describe() if config.discovery else "none (every registered node)",
@@ -276,6 +355,7 @@ def discovery_context(config: AgentConfig) -> DiscoveryContext:
         mqtt_addr=config.mqtt_addr,
         membership_addr=config.membership_addr,
         consul_addr=config.consul_addr,
+        consul_credentials=config.consul_credentials,
     )
 
 

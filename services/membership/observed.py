@@ -39,6 +39,8 @@ class Registration:
     # Its agent was asked to take the node out of the cluster (`hexmq cluster leave`, SIGTERM):
     # the view drops it from target_members (docs/failover.md, "Leave").
     leaving: bool = False
+    # Its services serve mutual TLS: peers dial it with TLS (Member.tls, docs/security.md).
+    tls: bool = False
 
     def __post_init__(self) -> None:
         if not self.node_id:
@@ -55,6 +57,7 @@ class Registration:
             mqtt_addr=self.mqtt_addr,
             membership_addr=self.membership_addr,
             incarnation=self.incarnation,
+            tls=self.tls,
         )
 
 

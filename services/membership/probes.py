@@ -15,12 +15,15 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from hexmq.netaddr import parse_hostport
 from hexmq.service import cancel_and_wait
+from hexmq.trust.grpc_tls import ClusterTLS, PeerRefused
+from hexmq.trust.identity import PARTITION, Identity
 
 log = logging.getLogger(__name__)
 
@@ -182,23 +185,45 @@ async def tcp_refused(addr: str, timeout_s: float) -> bool:
     return False
 
 
+class ProbeTarget(NamedTuple):
+    """A peer's partition service: its address, and whether it serves TLS (Member.tls)."""
+
+    addr: str
+    tls: bool
+
+
 class ProbeChannel:
     """One peer's health-check channel. A failed probe drops the channel, so the next probe
     connects afresh instead of waiting out gRPC's reconnect backoff (up to minutes), which
     would report a restarted peer silent long after it is back."""
 
-    def __init__(self, addr: str) -> None:
-        self.addr = addr
+    def __init__(self, node: str, target: ProbeTarget, tls: ClusterTLS) -> None:
+        self.addr = target.addr
+        self._peer = Identity(PARTITION, node)
+        self._peer_tls = target.tls
+        self._tls = tls
         self._channel: grpc.aio.Channel | None = None
+        self._refusal_logged = False
 
     async def check(self, timeout_s: float) -> Outcome:
         if self._channel is None:
             # A subchannel of its own: gRPC shares subchannels between channels to one address,
             # and a new channel could pick up the dropped one's, still in reconnect backoff
             # (its first probe then failed at once though the peer was back: a flaky test).
-            self._channel = grpc.aio.insecure_channel(
-                self.addr, options=[("grpc.use_local_subchannel_pool", 1)]
-            )
+            try:
+                self._channel = self._tls.channel(
+                    self.addr,
+                    peer=self._peer,
+                    peer_tls=self._peer_tls,
+                    options=[("grpc.use_local_subchannel_pool", 1)],
+                )
+            except PeerRefused as exc:
+                # A peer this agent may not dial cannot be vouched for: silence, reported as
+                # any other once it lasts.
+                if not self._refusal_logged:
+                    log.error("not probing %s at %s: %s", self._peer, self.addr, exc)
+                    self._refusal_logged = True
+                return Outcome.FAILED
         stub = health_pb2_grpc.HealthStub(self._channel)
         try:
             reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
@@ -238,30 +263,32 @@ class Prober:
         timeout_s: float,
         on_change: Callable[[], None],
         clock: Clock = monotonic_ms,
+        tls: ClusterTLS,
     ) -> None:
         self._detector = detector
+        self._tls = tls
         self._interval_s = interval_s
         self._timeout_s = timeout_s
         self._on_change = on_change
         self._clock = clock
-        self._tasks: dict[str, tuple[str, asyncio.Task[None]]] = {}
+        self._tasks: dict[str, tuple[ProbeTarget, asyncio.Task[None]]] = {}
         self._reports: dict[str, str] = {}
 
     @property
     def reports(self) -> dict[str, str]:
         return dict(self._reports)
 
-    def set_peers(self, peers: Mapping[str, str]) -> None:
-        """Probe exactly these peers ({node: partition address}) from now on."""
+    def set_peers(self, peers: Mapping[str, ProbeTarget]) -> None:
+        """Probe exactly these peers ({node: its partition service}) from now on."""
         self._detector.watch(peers, self._clock())
-        for node, (addr, task) in list(self._tasks.items()):
-            if peers.get(node) != addr:
+        for node, (target, task) in list(self._tasks.items()):
+            if peers.get(node) != target:
                 del self._tasks[node]
                 task.cancel()  # its loop closes its channel on the way out
-        for node, addr in sorted(peers.items()):
+        for node, target in sorted(peers.items()):
             if node not in self._tasks:
-                task = asyncio.create_task(self._probe_loop(node, addr), name=f"probe-{node}")
-                self._tasks[node] = (addr, task)
+                task = asyncio.create_task(self._probe_loop(node, target), name=f"probe-{node}")
+                self._tasks[node] = (target, task)
         self._refresh()
 
     async def stop(self) -> None:
@@ -279,8 +306,8 @@ class Prober:
             self._reports = reports
             self._on_change()
 
-    async def _probe_loop(self, node: str, addr: str) -> None:
-        channel = ProbeChannel(addr)
+    async def _probe_loop(self, node: str, target: ProbeTarget) -> None:
+        channel = ProbeChannel(node, target, self._tls)
         try:
             while True:
                 started = time.monotonic()

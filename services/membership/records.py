@@ -99,6 +99,9 @@ class MemberRecord:
     # Asked to leave the cluster (docs/failover.md, "Leave"); written only when true, so the
     # record of a node that is not leaving reads as before.
     leaving: bool = False
+    # Its services serve mutual TLS (not --insecure-cluster); written only when true, so a
+    # plain-text node's record reads as a previous release's (docs/security.md).
+    tls: bool = False
 
     def to_json(self) -> bytes:
         doc = {
@@ -113,6 +116,8 @@ class MemberRecord:
         }
         if self.leaving:
             doc["leaving"] = True
+        if self.tls:
+            doc["tls"] = True
         return json.dumps(doc, sort_keys=True).encode()
 
     def registration(self, since_ms: int) -> Registration:
@@ -125,6 +130,7 @@ class MemberRecord:
             since_ms=since_ms,
             protocol=self.protocol,
             leaving=self.leaving,
+            tls=self.tls,
         )
 
 
@@ -183,6 +189,9 @@ def parse_member_record(key: str, node_id: str, value: bytes | None) -> MemberRe
     leaving = doc.get("leaving", False)
     if not isinstance(leaving, bool):
         raise RecordError(f"{key}: leaving must be true or false, got {leaving!r}")
+    tls = doc.get("tls", False)
+    if not isinstance(tls, bool):
+        raise RecordError(f"{key}: tls must be true or false, got {tls!r}")
     return MemberRecord(
         node_id=node_id,
         partition_addr=addrs["partition_addr"],
@@ -191,6 +200,7 @@ def parse_member_record(key: str, node_id: str, value: bytes | None) -> MemberRe
         incarnation=incarnation,
         protocol=protocol,
         leaving=leaving,
+        tls=tls,
     )
 
 

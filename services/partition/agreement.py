@@ -17,6 +17,7 @@ import grpc
 
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.membership.v1 import membership_pb2_grpc as mpb_grpc
+from hexmq.trust.grpc_tls import RenewingChannel
 from services.partition.replication import HandoverReady, InSyncChange
 
 log = logging.getLogger(__name__)
@@ -26,20 +27,16 @@ PROPOSE_TIMEOUT_S = 30.0
 
 
 class AgreementClient:
-    def __init__(self, target: str, incarnation: int) -> None:
+    def __init__(self, target: str, incarnation: int, channel: RenewingChannel) -> None:
         self._target = target
         self._incarnation = incarnation
-        self._channel: grpc.aio.Channel | None = None
+        self._channel = channel
 
-    def _stub(self) -> mpb_grpc.MembershipServiceStub:
-        if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(self._target)
-        return mpb_grpc.MembershipServiceStub(self._channel)
+    async def _stub(self) -> mpb_grpc.MembershipServiceStub:
+        return mpb_grpc.MembershipServiceStub(await self._channel.get())
 
     async def close(self) -> None:
-        if self._channel is not None:
-            await self._channel.close()
-            self._channel = None
+        await self._channel.close()
 
     async def in_sync(self, change: InSyncChange) -> bool:
         """Ask for the change; True once it holds in an agreed view (a removal that no longer
@@ -56,7 +53,7 @@ class AgreementClient:
                 )
             ],
         )
-        reply = await self._stub().Propose(request, timeout=PROPOSE_TIMEOUT_S)
+        reply = await (await self._stub()).Propose(request, timeout=PROPOSE_TIMEOUT_S)
         return not (change.add and change.partition in reply.rejected)
 
     async def handover(self, ready: HandoverReady) -> bool:
@@ -65,7 +62,7 @@ class AgreementClient:
             incarnation=self._incarnation,
             handovers=[mpb.Handover(partition=ready.partition, epoch=ready.epoch, to=ready.to)],
         )
-        reply = await self._stub().Propose(request, timeout=PROPOSE_TIMEOUT_S)
+        reply = await (await self._stub()).Propose(request, timeout=PROPOSE_TIMEOUT_S)
         return ready.partition not in reply.rejected
 
     async def leases(self) -> AsyncIterator[mpb.LeaseState]:
@@ -74,7 +71,7 @@ class AgreementClient:
         backoff = 0.05
         while True:
             try:
-                async for state in self._stub().Lease(mpb.LeaseRequest()):
+                async for state in (await self._stub()).Lease(mpb.LeaseRequest()):
                     backoff = 0.05
                     yield state
             except grpc.aio.AioRpcError as exc:

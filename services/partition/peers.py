@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -31,12 +32,14 @@ from hexmq import telemetry
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
-from hexmq.grpc_options import LINK_OPTIONS
+from hexmq.grpc_options import LINK_OPTIONS, RECONNECT
 from hexmq.node_protocol import THIS_RELEASE, ClusterProtocol
 from hexmq.pacing import FlushPacer, lazy_linger, wait_for_company
 from hexmq.ranges import ranges
 from hexmq.service import cancel_and_wait
 from hexmq.streams import Backoff, keep_streaming
+from hexmq.trust.grpc_tls import ClusterTLS
+from hexmq.trust.identity import PARTITION, Identity
 from services.partition.agreement import AgreementClient
 from services.partition.hello import refuse_hello
 from services.partition.replication import (
@@ -87,11 +90,7 @@ MAX_OPS_PER_WRITE = 4096
 # How long to wait before asking the agent again after it could not be reached.
 AGENT_RETRY_S = 0.5
 
-PEER_OPTIONS = [
-    *LINK_OPTIONS,
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
+PEER_OPTIONS = [*LINK_OPTIONS, *RECONNECT]
 
 
 class Outbox:
@@ -169,10 +168,16 @@ class MasterLink:
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
+        self._show(down=True)
         self._task = asyncio.create_task(self._run(), name=f"replica-link-{self.master}")
 
     async def stop(self) -> None:
         await cancel_and_wait(self._task)
+        with contextlib.suppress(KeyError):  # (no longer followed: no series)
+            telemetry.METRICS.links_down.remove("replication", self.master)
+
+    def _show(self, down: bool) -> None:
+        telemetry.METRICS.links_down.labels("replication", self.master).set(int(down))
 
     def push(self, frame: pb.FollowerFrame) -> None:
         self.frames.append(frame)
@@ -208,7 +213,10 @@ class MasterLink:
 
     async def _run(self) -> None:
         await keep_streaming(
-            self.target, PEER_OPTIONS, self._stream, refused=self._refused, closed=self._closed
+            lambda: self.driver.dial(self.master, self.target),
+            self._stream,
+            refused=self._refused,
+            closed=self._closed,
         )
 
     async def _stream(self, channel: grpc.aio.Channel, backoff: Backoff) -> str:
@@ -227,6 +235,7 @@ class MasterLink:
         self.driver.process()
         call = stub.Replicate(self._outgoing(self._generation, hello))
         log.info("replicating from %s (%s)", self.master, self.target)
+        self._show(down=False)
         try:
             async for frame in call:
                 # Back to a short backoff only once the master has sent something: a stream it
@@ -247,6 +256,7 @@ class MasterLink:
         log.error("master %s refuses this follower: %s", self.master, details)
 
     def _closed(self, why: str) -> None:
+        self._show(down=True)
         core = self.driver.core
         if self.master in core.links:
             log.warning("replication stream from %s lost (%s)", self.master, why)
@@ -319,8 +329,11 @@ class ReplicationDriver:
         agent: AgreementClient | None = None,
         writer: TransactionClient | None = None,
         write_timeout: float | None = None,
+        tls: ClusterTLS,
     ) -> None:
         self.core = core
+        # How this node dials its masters (hexmq.trust.grpc_tls: as each serves, TLS or not).
+        self._tls = tls
         self.store = store
         # What the follower's writes go through (the store's client, unless the service gives
         # its transaction writer, services/partition/redis_tx.py: then each MULTI/EXEC has
@@ -334,7 +347,8 @@ class ReplicationDriver:
         self._on_failure = on_failure
         self._commit = commit
         commit.on_durable = self._master_durable
-        self._peers: dict[str, str] = {}
+        # The view's members: node -> (partition service address, whether it serves TLS).
+        self._peers: dict[str, tuple[str, bool]] = {}
         self._links: dict[str, MasterLink] = {}
         self._feeds: dict[str, Outbox] = {}
         self._persist: list[Persist] = []
@@ -368,6 +382,21 @@ class ReplicationDriver:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    def members(self) -> set[str]:
+        """The node ids of the view's members (who may follow this node's partitions)."""
+        return set(self._peers)
+
+    def dial(self, master: str, target: str) -> grpc.aio.Channel:
+        """A channel to `master`'s partition service at `target`, with TLS as the view says it
+        serves (PeerRefused when this node may not dial it)."""
+        peer = self._peers.get(master)
+        return self._tls.channel(
+            target,
+            peer=Identity(PARTITION, master),
+            peer_tls=peer[1] if peer is not None else None,
+            options=PEER_OPTIONS,
+        )
+
     def admitted(self, view: mpb.View) -> bool:
         """The view admits this node with this partition service (its incarnation; a view
         that names none admits any, as a static membership does)."""
@@ -376,7 +405,7 @@ class ReplicationDriver:
 
     async def apply_view(self, view: mpb.View) -> None:
         core = self.core
-        self._peers = {m.node_id: m.partition_addr for m in view.members}
+        self._peers = {m.node_id: (m.partition_addr, m.tls) for m in view.members}
         assignments: dict[int, Assignment] = {}
         if self.admitted(view):
             assignments = {
@@ -409,11 +438,11 @@ class ReplicationDriver:
         core = self.core
         wanted = core.masters_followed()
         for master in sorted(wanted - set(self._links)):
-            target = self._peers.get(master)
-            if target is None:
+            peer = self._peers.get(master)
+            if peer is None:
                 log.warning("no address for master %s: not in the view's members", master)
                 continue
-            link = MasterLink(self, master, target)
+            link = MasterLink(self, master, peer[0])
             self._links[master] = link
             link.start()
         for master in sorted(set(self._links) - wanted):
@@ -473,12 +502,12 @@ class ReplicationDriver:
     # ----- master side -------------------------------------------------------------------
 
     async def serve_feed(
-        self, requests: AsyncIterator[pb.FollowerFrame], context: grpc.aio.ServicerContext
+        self,
+        first: pb.FollowerFrame,
+        requests: AsyncIterator[pb.FollowerFrame],
+        context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.MasterFrame]:
-        first = await anext(aiter(requests), None)
-        if first is None or not first.HasField("hello"):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first frame must carry hello")
-            return
+        """Feed the follower whose hello is `first` (checked by the servicer) until it goes."""
         follower = first.hello.node_id
         peer = f"follower {follower}"
         if await refuse_hello(context, peer, first.hello.protocol, "the replication stream", log):

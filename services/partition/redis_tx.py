@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 from collections.abc import Mapping
 from typing import Any, cast
 
 import hiredis
 import redis.asyncio as redis
 from redis.asyncio.connection import parse_url
+
+from services.partition.redis_access import RedisAccess, is_tls
 
 Arg = str | bytes | int | float
 
@@ -142,18 +145,27 @@ class Transaction:
 
 class RedisTransactions:
     """MULTI/EXEC transactions on connections of their own (one per transaction in flight),
-    to the Redis at `url` (redis://[[user]:password@]host:port/db or unix://path?db=N)."""
+    to the Redis at `url` (redis[s]://[[user]:password@]host:port/db or unix://path?db=N), as
+    `access` says (the user and password, if not in the URL; TLS for rediss://)."""
 
-    def __init__(self, url: str, *, connect_timeout: float) -> None:
+    def __init__(
+        self, url: str, *, connect_timeout: float, access: RedisAccess | None = None
+    ) -> None:
         params = parse_url(url)
+        access = access or RedisAccess()
         self._path: str | None = params.get("path")
         self._host: str = params.get("host", "localhost")
         self._port: int = int(params.get("port", 6379))
+        # As redis-py's SSLConnection: the URL's host is the name the certificate must carry.
+        self._ssl: ssl.SSLContext | None = access.ssl_context() if is_tls(url) else None
         self._handshake: list[tuple[Arg, ...]] = []
-        password = params.get("password")
-        if password is not None:
+        auth = access.auth_args()
+        if not auth and params.get("password") is not None:
             username = params.get("username")
-            self._handshake.append(("AUTH", username, password) if username else ("AUTH", password))
+            auth = (username, params["password"]) if username else (params["password"],)
+        if auth:
+            self._handshake.append(("AUTH", *auth))
+        self._who = auth[0] if len(auth) == 2 else "default"
         db = int(params.get("db", 0))
         if db:
             self._handshake.append(("SELECT", db))
@@ -192,13 +204,20 @@ class RedisTransactions:
                     _transport, conn = await loop.create_unix_connection(_Connection, self._path)
                 else:
                     _transport, conn = await loop.create_connection(
-                        _Connection, self._host, self._port
+                        _Connection,
+                        self._host,
+                        self._port,
+                        ssl=self._ssl,
+                        server_hostname=self._host if self._ssl is not None else None,
                     )
                 if self._handshake:
                     replies = await conn.call([_pack(c) for c in self._handshake])
-                    for reply in replies:
+                    for command, reply in zip(self._handshake, replies, strict=True):
                         if isinstance(reply, hiredis.ReplyError):
-                            raise redis.AuthenticationError(f"redis refused us: {reply}")
+                            name = command[0] if isinstance(command[0], str) else "it"
+                            raise redis.AuthenticationError(
+                                f"redis refused {name} as user {self._who}: {reply}"
+                            )
         except BaseException as exc:
             if conn is not None:
                 conn.close()  # connected, but the handshake failed or was cut short
@@ -210,6 +229,11 @@ class RedisTransactions:
                 raise redis.ConnectionError(f"cannot connect to redis: {exc}") from exc
             raise
         return conn
+
+    async def connect(self) -> None:
+        """Open a connection now, kept for the first transaction: its handshake checks the
+        credentials and TLS at start rather than at the first write."""
+        self._idle.append(await self._open())
 
     async def aclose(self) -> None:
         self._closed = True

@@ -1,4 +1,10 @@
-"""gRPC PartitionService: the edge links, the replication streams and the status call."""
+"""gRPC PartitionService: the edge links, the replication streams and the status call.
+
+Who may call what (hexmq.trust.guard; docs/security.md): a Link only an edge whose
+certificate names the node its hello claims (`edge_id`); a replication stream only a
+partition service whose certificate names the follower its hello claims, a member of the
+view; the status any identity of the cluster.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,8 @@ import grpc
 
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
+from hexmq.trust.guard import Guard
+from hexmq.trust.identity import EDGE, PARTITION, ROLES
 from services.partition.hello import refuse_hello
 from services.partition.links import EdgeLink
 from services.partition.node import PartitionNode
@@ -24,11 +32,16 @@ log = logging.getLogger(__name__)
 
 class PartitionServicer(pb_grpc.PartitionServiceServicer):
     def __init__(
-        self, node: PartitionNode, replication: ReplicationDriver, ready: asyncio.Event
+        self,
+        node: PartitionNode,
+        replication: ReplicationDriver,
+        ready: asyncio.Event,
+        guard: Guard,
     ) -> None:
         self._node = node
         self._replication = replication
         self._ready = ready
+        self._guard = guard
 
     async def Link(
         self,
@@ -40,6 +53,7 @@ class PartitionServicer(pb_grpc.PartitionServiceServicer):
         if first is None or not first.HasField("hello"):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first frame must carry hello")
             return
+        await self._guard.admit(context, "Link", roles={EDGE}, claimed=first.hello.edge_id)
         peer = f"edge {first.hello.edge_id}"
         if await refuse_hello(context, peer, first.hello.protocol, "the edge's link", log):
             return
@@ -84,7 +98,18 @@ class PartitionServicer(pb_grpc.PartitionServiceServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.MasterFrame]:
         await self._ready.wait()
-        async for frame in self._replication.serve_feed(request_iterator, context):
+        first = await anext(aiter(request_iterator), None)
+        if first is None or not first.HasField("hello"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first frame must carry hello")
+            return
+        await self._guard.admit(
+            context,
+            "Replicate",
+            roles={PARTITION},
+            claimed=first.hello.node_id,
+            members=self._replication.members(),
+        )
+        async for frame in self._replication.serve_feed(first, request_iterator, context):
             yield frame
 
     async def Status(
@@ -92,6 +117,7 @@ class PartitionServicer(pb_grpc.PartitionServiceServicer):
         request: pb.StatusRequest,
         context: grpc.aio.ServicerContext,
     ) -> pb.StatusReply:
+        await self._guard.admit(context, "Status", roles=ROLES)
         return status_reply(self._node, self._replication.core)
 
 

@@ -42,6 +42,7 @@ from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.pacing import FlushPacer, lazy_linger, wait_for_company
 from hexmq.service import cancel_and_wait
+from services.partition.redis_access import RedisAccess
 from services.partition.replication import (
     DEL,
     HDEL,
@@ -108,7 +109,11 @@ REDIS_CONNECTIONS = 64
 
 
 def redis_client(
-    url: str, timeout: float, *, max_connections: int = REDIS_CONNECTIONS
+    url: str,
+    timeout: float,
+    *,
+    max_connections: int = REDIS_CONNECTIONS,
+    access: RedisAccess | None = None,
 ) -> redis.Redis:
     """The partition service's Redis client. Timeouts stated, not redis-py's defaults (none): a
     Redis that stops answering fails a command within `timeout`, and the service stops
@@ -118,13 +123,15 @@ def redis_client(
     (fault suite, seed 2001 replayed).
 
     The two writers of the hot path (the group commit and the follower's writes) use
-    redis_tx.RedisTransactions instead, each MULTI/EXEC bounded as a whole (`timed_execute`)."""
+    redis_tx.RedisTransactions instead, each MULTI/EXEC bounded as a whole (`timed_execute`);
+    both take the same `access` (user, password, TLS: services/partition/redis_access.py)."""
     pool = redis.BlockingConnectionPool.from_url(
         url,
         max_connections=max_connections,
         timeout=timeout,
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
+        **(access or RedisAccess()).pool_options(url),
     )
     return redis.Redis.from_pool(pool)  # owns the pool: aclose() closes its connections
 

@@ -28,7 +28,6 @@ import time
 from typing import Any, cast
 
 import pytest
-import redis
 
 from hexmq.hashring import assign, partition_of
 from hexmq.mqtt import (
@@ -46,6 +45,7 @@ from hexmq.mqtt import (
 from tests.support import placement
 from tests.support import v5client as v5
 from tests.support.rawclient import RawClient
+from tests.support.trust import node_redis
 from tests.support.unique import uid
 
 PARTITIONS = 32  # as the `trio` fixture (tests/conformance/conftest.py)
@@ -631,7 +631,7 @@ def seen_origins(cluster: Any) -> dict[str, dict[str, dict[bytes, bytes]]]:
     """Every node's remembered QoS 2 origin ids (hx:{p}:q2seen), by node and key."""
     out: dict[str, dict[str, dict[bytes, bytes]]] = {}
     for i, node in enumerate(NODES, 1):
-        client = redis.Redis(port=cluster.node(i)["redis_port"])
+        client = node_redis(cluster.dir, i, cluster.node(i)["redis_port"])
         try:
             out[node] = {
                 key.decode(): cast("dict[bytes, bytes]", client.hgetall(key))

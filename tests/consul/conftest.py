@@ -2,9 +2,27 @@
 client (`make_consul`) to
 
 - the Consul at CONSUL_HTTP_ADDR when that variable is set: a real Consul, against which
-  every test here must pass unchanged (`CONSUL_HTTP_ADDR=127.0.0.1:8500 pytest tests/consul`);
-- otherwise a `hexmq consul-dev` that this package starts on a free loopback port and stops by
-  pid when the last test is done.
+  every test here must pass unchanged. Start it with ACLs enabled and default policy deny, and
+  give the suite a management token in CONSUL_HTTP_TOKEN:
+
+      $ cat acl.hcl
+      acl {
+        enabled        = true
+        default_policy = "deny"
+        tokens {
+          initial_management = "<a uuid>"
+        }
+      }
+      $ consul agent -dev -config-file acl.hcl &
+      $ CONSUL_HTTP_ADDR=127.0.0.1:8500 CONSUL_HTTP_TOKEN=<that uuid> pytest tests/consul
+
+  (without CONSUL_HTTP_TOKEN the ACL tests, test_acl.py, are skipped);
+- otherwise a `hexmq consul-dev` that this package starts on a free loopback port, with ACLs
+  enabled (`--acl-token-file`, a token made for the run), and stops by pid when the last test
+  is done.
+
+Every client of the suite sends the management token (`consul_token`), so each test also
+proves that the token is taken; test_acl.py has the rules for requests without it.
 
 Each test works under its own key prefix, session and service names (`scratch`), and removes
 what it made, so a run against a shared Consul cleans up after itself.
@@ -21,26 +39,46 @@ import pytest
 from consul import Check
 
 from services.membership.consul_client import make_consul
-from tests.support.consuldev import start_consul_dev
+from tests.support.consuldev import start_consul_dev, write_token_file
 from tests.support.unique import uid
 
 
 @pytest.fixture(scope="session")
-def consul_addr(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def consul_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str | None]]:
+    """(the address, the management token): CONSUL_HTTP_ADDR and CONSUL_HTTP_TOKEN (None when
+    unset), or a consul-dev with ACLs started for the session and its token."""
     real = os.environ.get("CONSUL_HTTP_ADDR")
     if real:
-        yield real
+        yield real, os.environ.get("CONSUL_HTTP_TOKEN") or None
         return
-    server = start_consul_dev(tmp_path_factory.mktemp("consul-dev") / "consul-dev.log")
+    base = tmp_path_factory.mktemp("consul-dev")
+    token = write_token_file(base / "management.token")
+    server = start_consul_dev(
+        base / "consul-dev.log", "--acl-token-file", str(base / "management.token")
+    )
     try:
-        yield server.addr
+        yield server.addr, token
     finally:
         assert server.stop() == 0, server.log_text()
 
 
+@pytest.fixture(scope="session")
+def consul_addr(consul_server: tuple[str, str | None]) -> str:
+    return consul_server[0]
+
+
+@pytest.fixture(scope="session")
+def consul_token(consul_server: tuple[str, str | None]) -> str | None:
+    """The management token every client of the suite sends (None: a real Consul without
+    CONSUL_HTTP_TOKEN, taken to have no ACLs)."""
+    return consul_server[1]
+
+
 @pytest.fixture
-async def consul_client(consul_addr: str) -> AsyncIterator[consul.aio.Consul]:
-    client = make_consul(consul_addr)
+async def consul_client(
+    consul_addr: str, consul_token: str | None
+) -> AsyncIterator[consul.aio.Consul]:
+    client = make_consul(consul_addr, token=consul_token)
     try:
         yield client
     finally:

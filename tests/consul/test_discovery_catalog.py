@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 import consul.aio
 import pytest
 
+from services.membership.consul_client import ConsulCredentials
 from services.membership.discovery.consul import ConsulCatalogDiscovery, ConsulCatalogSettings
 from services.membership.discovery.model import Listing
 from services.membership.records import MemberRecord, service_registration
@@ -45,9 +46,12 @@ async def catalog(consul_client: consul.aio.Consul, scratch: Scratch) -> Catalog
 
 
 @pytest.fixture
-async def follow(consul_addr: str, catalog: Catalog) -> AsyncIterator[asyncio.Queue[Listing]]:
+async def follow(
+    consul_addr: str, consul_token: str | None, catalog: Catalog
+) -> AsyncIterator[asyncio.Queue[Listing]]:
     seen: asyncio.Queue[Listing] = asyncio.Queue()
-    settings = ConsulCatalogSettings(consul_addr, catalog.service, "c1")
+    credentials = ConsulCredentials(token=consul_token)
+    settings = ConsulCatalogSettings(consul_addr, catalog.service, "c1", credentials=credentials)
 
     async def run() -> None:
         async for listing in ConsulCatalogDiscovery(settings).listings():

@@ -6,12 +6,22 @@ readiness the file relies on stops matching the services, these tests fail.
 
 A real OTLP receiver listens where the file sends traces (the otel-collector service's port),
 so the services' exporters, configured by the file's OTEL_* variables, have a Collector.
+
+The file is secure by default (its one-shot `secrets` service makes the CA, certificates, Redis
+passwords and the Consul token in volume `secrets`, here a folder of the test's): the test's
+own gRPC calls present an operator certificate of that volume's CA, and the attacks the issue
+lists against the compose topology's configuration are refused.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import socket
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,10 +31,15 @@ import pytest
 
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.membership.v1 import membership_pb2_grpc as mpb_grpc
+from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
+from hexmq.node_protocol import THIS_RELEASE
+from hexmq.trust.identity import OPERATOR, Identity
 from tests.support.compose_local import LocalTopology, load_local_topology
 from tests.support.compose_run import LocalCompose
 from tests.support.eventually import eventually_sync as wait_for
 from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan
+from tests.support.trust import tls_for
 from tests.support.unique import uid
 from tests.support.workload import Publisher, Subscriber, check
 
@@ -81,9 +96,20 @@ class Running:
         return publisher
 
 
+def volumes(workdir: Path) -> Path:
+    """Where the file's named volumes are, `secrets` among them."""
+    return workdir / "volumes"
+
+
+def secrets_dir(topo: LocalTopology) -> Path:
+    """The secrets volume, as the file mounts it in the secrets service."""
+    (mount,) = [m for m in topo.services["secrets"].mounts if m.target == "/secrets"]
+    return mount.local
+
+
 @contextlib.contextmanager
 def running_topology(workdir: Path, interpolation: dict[str, str]) -> Iterator[Running]:
-    topo = load_local_topology(COMPOSE, interpolation)
+    topo = load_local_topology(COMPOSE, interpolation, volumes=volumes(workdir))
     edges = [s.name for s in topo.with_alias("edges")]
     collector = OtlpReceiver(port=topo.port("otel-collector", 4317)).start()
     began = time.monotonic()
@@ -156,8 +182,16 @@ def connect_spans(spans: list[ReceivedSpan]) -> dict[int, str]:
     }
 
 
+def operator_channel(topo: LocalTopology, service: str, port: int) -> grpc.Channel:
+    """A channel to a hexmq service of the topology, as an operator of the secrets volume's
+    CA (the services take nothing else)."""
+    role, _, n = service.rpartition("-")
+    tls = tls_for(secrets_dir(topo) / "tls", OPERATOR, "tests")
+    return tls.sync_channel(topo.address(service, port), peer=Identity(role, f"n{n}"))
+
+
 def agreed_view(topo: LocalTopology, membership: str) -> mpb.View:
-    with grpc.insecure_channel(topo.address(membership, 7000)) as channel:
+    with operator_channel(topo, membership, 7000) as channel:
         stub = mpb_grpc.MembershipServiceStub(channel)
         view: mpb.View = stub.GetView(mpb.GetViewRequest(), timeout=5)
         return view
@@ -256,3 +290,102 @@ def test_a_membership_agent_restarted_alone_takes_its_node_out_of_the_view_and_b
             f"partitions again after {back_after:.1f} s; the publisher's longest gap between "
             f"acks {publisher.longest_gap():.2f} s"
         )
+
+
+def redis_answer(port: int, *commands: bytes) -> bytes:
+    """What the Redis on `port` answers to inline commands on one fresh connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(b"".join(c + b"\r\n" for c in commands))
+        answer = b""
+        while answer.count(b"\r\n") < len(commands) and (chunk := sock.recv(4096)):
+            answer += chunk
+        return answer
+
+
+def command_lines(compose: LocalCompose) -> dict[str, str]:
+    """The command line of every process the topology runs, as `ps` shows it to any user."""
+    lines = {}
+    for name, run in compose.running.items():
+        if run.proc.poll() is None:
+            raw = Path(f"/proc/{run.proc.pid}/cmdline").read_bytes()
+            lines[name] = raw.replace(b"\0", b" ").decode()
+    return lines
+
+
+def test_the_compose_topology_refuses_what_has_no_certificate_password_or_token(
+    tmp_path: Path, cluster_prerequisites: None
+) -> None:
+    """The issue's attacks against the compose topology's configuration, the topology started
+    as the file says (secrets service first): a gRPC Link to a partition service in plain text
+    fails at the handshake; the node's Redis without the password answers NOAUTH; the agreement
+    server without the token answers 403. Each with the secrets volume's credentials gets in,
+    and no secret is on any process's command line."""
+    workdir = tmp_path / "compose"
+    topo = load_local_topology(COMPOSE, {}, volumes=volumes(workdir))
+    with LocalCompose(topo, COMPOSE, workdir) as compose:
+        compose.up(["haproxy"], timeout=40)
+        partitions = [s.name for s in topo.with_alias("partitions")]
+        compose.wait_healthy(partitions, timeout=20)
+        secrets = secrets_dir(topo)
+        assert compose.completed("secrets")
+
+        # gRPC: no certificate, no Link. The operator's certificate gets past the handshake,
+        # and the partition service refuses it a Link (an edge's call) by its identity.
+        hello = pb.Hello(edge_id="n1", edge_incarnation=1, protocol=THIS_RELEASE.to_proto())
+        target = topo.address("partition-1", 7001)
+        with grpc.insecure_channel(target) as plain:
+            stream = pb_grpc.PartitionServiceStub(plain).Link(
+                iter([pb.EdgeFrame(hello=hello)]), timeout=5
+            )
+            with pytest.raises(grpc.RpcError) as refused:
+                next(iter(stream))
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value
+        with operator_channel(topo, "partition-1", 7001) as channel:
+            stream = pb_grpc.PartitionServiceStub(channel).Link(
+                iter([pb.EdgeFrame(hello=hello)]), timeout=5
+            )
+            with pytest.raises(grpc.RpcError) as refused:
+                next(iter(stream))
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, refused.value
+        assert agreed_view(topo, "membership-2").members, "the operator reads the view"
+
+        # Redis: nothing without the password, but to authenticate.
+        port = topo.port("redis-1", 6379)
+        assert redis_answer(port, b"PING").startswith(b"-NOAUTH"), "no password"
+        assert redis_answer(port, b"HGETALL hx:0:sessions").startswith(b"-NOAUTH")
+        password = (secrets / "redis" / "n1.password").read_text().strip()
+        assert redis_answer(port, b"AUTH hexmq " + password.encode(), b"PING") == (
+            b"+OK\r\n+PONG\r\n"
+        )
+
+        # The agreement server (Consul's stand-in, with Consul's ACL config): 403 without the
+        # token, whatever is asked; the token the membership agents send reads the view.
+        base = f"http://{topo.address('consul', 8500)}"
+        view_key = f"{base}/v1/kv/hexmq/hexmq/view"
+        for method, url, body in (
+            ("GET", view_key, None),
+            ("PUT", view_key, b"forged"),
+            ("PUT", f"{base}/v1/session/create", b"{}"),
+        ):
+            request = urllib.request.Request(url, data=body, method=method)
+            with pytest.raises(urllib.error.HTTPError) as denied:
+                urllib.request.urlopen(request, timeout=5)
+            denied.value.close()
+            assert denied.value.code == 403, (method, url)
+        token = (secrets / "consul.token").read_text().strip()
+        config = json.loads((secrets / "consul-acl.json").read_text())
+        assert config["acl"]["tokens"]["initial_management"] == token
+        request = urllib.request.Request(view_key, headers={"X-Consul-Token": token})
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            assert answer.status == 200
+
+        # Nothing secret on a command line, nor in the file's environment.
+        secret_values = [token, *(f.read_text().strip() for f in secrets.glob("redis/*.password"))]
+        for name, line in command_lines(compose).items():
+            assert not [v for v in secret_values if v in line], f"{name}: a secret in {line!r}"
+        for name, svc in topo.services.items():
+            assert not [v for v in secret_values if v in json.dumps(svc.env)], name
+        # Each key, token and password readable by its owner only.
+        private = [*secrets.glob("tls/n*/*.key"), secrets / "consul.token"]
+        private += [*secrets.glob("redis/*"), secrets / "consul-acl.json", secrets / "tls/ca.key"]
+        assert {oct(os.stat(f).st_mode & 0o777) for f in private} == {"0o600"}

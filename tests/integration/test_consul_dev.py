@@ -1,5 +1,7 @@
 """The `hexmq consul-dev` process: its state across a restart with --data-dir, signals, its
-options, and the answers it gives where Consul's own would be an accident (malformed input)."""
+options, the answers it gives where Consul's own would be an accident (malformed input), HTTPS
+(certificates made by hexmq.trust.certs) and its management token file (tests/consul/test_acl.py
+has the token rules)."""
 
 from __future__ import annotations
 
@@ -8,14 +10,18 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+import consul
 import pytest
 from consul import Check
 
+from hexmq.trust.certs import CertFiles, issue_server, make_ca
 from services.membership.consul_client import make_consul
-from tests.support.consuldev import HEXMQ, ConsulDev, start_consul_dev
+from services.membership.token_file import TokenFile
+from tests.support.consuldev import HEXMQ, ConsulDev, start_consul_dev, write_token_file
 
 StartConsulDev = Callable[..., ConsulDev]
 
@@ -220,5 +226,164 @@ def test_the_command_is_registered_with_its_options(capsys: pytest.CaptureFixtur
 
     assert cli.main(["consul-dev", "--help"]) == 0
     out = capsys.readouterr().out
-    for option in ("--listen", "--data-dir", "--node-name", "--log-level"):
+    for option in (
+        *("--listen", "--data-dir", "--node-name", "--log-level", "--acl-token-file"),
+        *("--https-cert", "--https-key", "--https-ca", "--https-verify-incoming"),
+    ):
         assert option in out
+
+
+# --- HTTPS and ACL tokens ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pki:
+    ca: Path  # the CA certificate that signed the server's and the client's
+    server: CertFiles  # for 127.0.0.1 and localhost
+    client: CertFiles
+    other_ca: Path  # a CA that signed neither
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    d = tmp_path_factory.mktemp("pki")
+    ca = make_ca(d / "ca")
+    server = issue_server(
+        d / "ca",
+        "consul-dev",
+        CertFiles(d / "server.crt", d / "server.key"),
+        dns_names=["localhost"],
+        ip_addresses=["127.0.0.1"],
+    )
+    client = issue_server(
+        d / "ca", "agent", CertFiles(d / "client.crt", d / "client.key"), dns_names=["agent"]
+    )
+    return Pki(ca.cert, server, client, make_ca(d / "other").cert)
+
+
+def tls_args(pki: Pki) -> tuple[str, ...]:
+    return ("--https-cert", str(pki.server.cert), "--https-key", str(pki.server.key))
+
+
+async def test_it_serves_https_that_a_client_trusting_its_ca_verifies(
+    consul_dev: StartConsulDev, pki: Pki
+) -> None:
+    server = consul_dev(*tls_args(pki))
+    assert server.addr == f"https://127.0.0.1:{server.port}"
+    client = make_consul(server.addr, ca=pki.ca)
+    try:
+        assert await client.kv.put("hexmq/c1/view", b"epoch 1")
+        assert (await client.kv.get("hexmq/c1/view"))[1]["Value"] == b"epoch 1"
+    finally:
+        await client.close()
+    # Without that CA (the system's only, or another one) the certificate is refused...
+    for untrusting in (make_consul(server.addr), make_consul(server.addr, ca=pki.other_ca)):
+        try:
+            with pytest.raises(aiohttp.ClientConnectorCertificateError):
+                await untrusting.kv.get("hexmq/c1/view")
+        finally:
+            await untrusting.close()
+    # ... and plain HTTP to the HTTPS port gets no answer.
+    plain = make_consul(f"http://127.0.0.1:{server.port}")
+    try:
+        with pytest.raises(aiohttp.ClientError):
+            await plain.kv.get("hexmq/c1/view")
+    finally:
+        await plain.close()
+    assert server.stop() == 0
+    assert "serving the Consul HTTP API on https://" in server.log_text()
+
+
+async def test_verify_incoming_refuses_clients_without_a_certificate_of_its_ca(
+    consul_dev: StartConsulDev, pki: Pki
+) -> None:
+    server = consul_dev(*tls_args(pki), "--https-ca", str(pki.ca), "--https-verify-incoming")
+    with_cert = make_consul(server.addr, ca=pki.ca, cert=pki.client.cert, key=pki.client.key)
+    try:
+        assert await with_cert.kv.put("k", b"v")
+    finally:
+        await with_cert.close()
+    without = make_consul(server.addr, ca=pki.ca)
+    try:
+        with pytest.raises(aiohttp.ClientError):
+            await without.kv.get("k")
+    finally:
+        await without.close()
+
+
+async def test_a_token_rotated_in_the_file_is_taken_from_the_next_request_on(
+    consul_dev: StartConsulDev, tmp_path: Path
+) -> None:
+    path = tmp_path / "management.token"
+    old = write_token_file(path)
+    server = consul_dev("--acl-token-file", str(path))
+    old_client = make_consul(server.addr, token=old)
+    # The membership agent's way: the token read from the file (again when it changes).
+    following = make_consul(server.addr, token=TokenFile(path, "--consul-token-file").current)
+    try:
+        assert await old_client.kv.put("k", b"1")
+        assert await following.kv.put("k", b"2")
+        new = write_token_file(path)
+        with pytest.raises(consul.ACLPermissionDenied, match=r"^ACL not found$"):
+            await old_client.kv.get("k")
+        assert (await following.kv.get("k"))[1]["Value"] == b"2"
+        new_client = make_consul(server.addr, token=new)
+        try:
+            assert await new_client.kv.put("k", b"3")
+        finally:
+            await new_client.close()
+    finally:
+        await old_client.close()
+        await following.close()
+    assert server.stop() == 0
+    log = server.log_text()
+    assert "ACLs enabled, default policy deny" in log
+    assert old not in log  # tokens are never logged
+    assert new not in log
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--acl-token-file", "{missing}"), "--acl-token-file {missing}: cannot read it"),
+        (("--acl-token-file", "{empty}"), "--acl-token-file {empty} is empty"),
+        (("--acl-token-file", "{anonymous}"), "'anonymous' is Consul's anonymous token"),
+        (("--https-cert", "{cert}"), "--https-cert and --https-key go together"),
+        (
+            ("--https-cert", "{missing}", "--https-key", "{key}"),
+            "cannot read --https-cert {missing}",
+        ),
+        (
+            ("--https-cert", "{cert}", "--https-key", "{other_key}"),
+            "does not match the certificate",
+        ),
+        (("--https-cert", "{key}", "--https-key", "{key}"), "holds no usable PEM certificate"),
+        (("--https-ca", "{ca}"), "need --https-cert and --https-key"),
+        (
+            ("--https-cert", "{cert}", "--https-key", "{key}", "--https-verify-incoming"),
+            "needs --https-ca",
+        ),
+    ],
+)
+def test_unusable_token_and_tls_files_stop_it_at_start_naming_the_option(
+    tmp_path: Path, pki: Pki, args: tuple[str, ...], message: str
+) -> None:
+    (tmp_path / "empty").write_text("\n")
+    (tmp_path / "anonymous").write_text("anonymous\n")
+    names = {
+        "missing": str(tmp_path / "missing"),
+        "empty": str(tmp_path / "empty"),
+        "anonymous": str(tmp_path / "anonymous"),
+        "cert": str(pki.server.cert),
+        "key": str(pki.server.key),
+        "other_key": str(pki.client.key),
+        "ca": str(pki.ca),
+    }
+    argv = [arg.format(**names) for arg in args]
+    done = subprocess.run(
+        [str(HEXMQ), "consul-dev", "--listen", "127.0.0.1:0", *argv],
+        capture_output=True,
+        timeout=30,
+    )
+    assert done.returncode == 2, done.stderr
+    assert message.format(**names).encode() in done.stderr

@@ -54,7 +54,7 @@ class DiscoveringCluster(AgentCluster):
             *AGENT_FLAGS,
             *extra,
         ]
-        n.agent = spawn(argv, self.dir / f"{n.node_id}-agent.log")
+        n.agent = spawn(argv, self.dir / f"{n.node_id}-agent.log", self.agent_env(n))
         wait_until(f"{n.node_id} agent serving", lambda: procs.tcp_accepts(n.agent_port), 15)
 
 

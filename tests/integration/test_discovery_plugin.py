@@ -18,11 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from hexmq.trust.identity import MEMBERSHIP
 from services.membership.discovery.model import DiscoveryContext, DiscoveryError, Listing
 from services.membership.discovery.options import BUILTINS
 from services.membership.discovery.plugins import GROUP, installed, load_plugin
 from tests.conftest import HEXMQ
 from tests.support.agent_cluster import free_ports
+from tests.support.trust import env_for, own_ca
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "discovery-plugin"
 
@@ -103,7 +105,7 @@ def test_a_plugin_refusing_its_options_is_named(on_path: Path, tmp_path: Path) -
 
 def run_agent(site: Path, tmp_path: Path, *extra: str) -> subprocess.Popen[str]:
     agent_port, closed_port = free_ports(2)
-    env = {**os.environ, "PYTHONPATH": str(site)}
+    env = {**os.environ, "PYTHONPATH": str(site), **env_for(own_ca(), MEMBERSHIP, "n1")}
     argv = [
         *(str(HEXMQ), "membership", "--node-id", "n1", "--listen", f"127.0.0.1:{agent_port}"),
         *("--consul", f"127.0.0.1:{closed_port}", "--cluster", "c1"),

@@ -24,9 +24,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from hexmq.mqtt import ConnAck, Connect, PingReq, PingResp
+from hexmq.trust.identity import MEMBERSHIP, PARTITION, Identity
 from tests.support.edgeproc import edge_process, free_ports
 from tests.support.eventually import eventually_sync
 from tests.support.rawclient import RawClient
+from tests.support.trust import cluster_channel
 
 # A loopback address of the client's own, so the edge can tell it from HAProxy's 127.0.0.1.
 CLIENT_ADDR = "127.0.0.77"
@@ -40,8 +42,15 @@ def readyz(port: int) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
-def grpc_health(port: int) -> int:
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+def grpc_health(port: int, cluster: Any = None, peer: Identity | None = None) -> int:
+    """gRPC health at port: the edge's --health-listen in plain text; with `cluster` and
+    `peer`, a service's own port, which takes mutual TLS only (as an operator of its CA)."""
+    target = f"127.0.0.1:{port}"
+    if cluster is None or peer is None:
+        channel = grpc.insecure_channel(target)
+    else:
+        channel = cluster_channel(cluster.dir, target, peer)
+    with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         return int(stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status)
 
@@ -59,8 +68,12 @@ def test_every_service_answers_readyz_and_grpc_health_and_an_edge_that_cannot_ro
     assert readyz(metrics["edge"])[1].startswith("ready: view 1: routes all")
     assert readyz(metrics["membership"])[1] == "ready: view 1: 1 members\n"
     serving = health_pb2.HealthCheckResponse.SERVING
-    for port in (node["partition_port"], node["membership_port"]):
-        assert grpc_health(port) == serving
+    for port, role in ((node["partition_port"], PARTITION), (node["membership_port"], MEMBERSHIP)):
+        assert grpc_health(port, cluster, Identity(role, "n1")) == serving
+        # Their ports take no plain text: a plain health check fails (the edge's
+        # --health-listen is the one for probes that cannot present a certificate).
+        with pytest.raises(grpc.RpcError):
+            grpc_health(port)
     # The edge's gRPC health follows its readiness within its 0.5 s check interval.
     eventually_sync(lambda: grpc_health(health_port) == serving, 5, "edge gRPC health SERVING")
 

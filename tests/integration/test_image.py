@@ -35,6 +35,8 @@ from pathlib import Path
 
 import pytest
 
+from hexmq.trust import certs
+from tests.support import trust
 from tests.support.dockerfile import DockerIgnore, Stage, parse_dockerfile
 from tests.support.edgeproc import free_ports
 
@@ -352,6 +354,7 @@ def test_the_services_start_as_the_non_root_user_and_pass_the_healthcheck(
     ]
     # The agreement store compose runs is a Consul server; here the image's own embedded one.
     agreement = ["hexmq", "consul-dev", "--listen", f"127.0.0.1:{consul}"]
+    certs.make_ca(tmp_path / "tls")
     with contextlib.ExitStack() as stack:
         stack.enter_context(started(redis, dict(os.environ), tmp_path / "redis.log"))
         env = image_environment(stages, image_root)
@@ -361,10 +364,19 @@ def test_the_services_start_as_the_non_root_user_and_pass_the_healthcheck(
         # All three first: a membership agent is ready once the view it agrees on admits its
         # node, which needs the node's partition service.
         running = []
+        uid, gid = image_user(final(stages))
         for name, metrics_port, args in services:
+            # Its cluster certificate, as a deployment gives it: readable by the image's user.
+            tls = trust.files_for(tmp_path / "tls", name, "n1")
+            os.chown(tls.key, uid, gid)
             # HEXMQ_METRICS_LISTEN as the image sets it, on a port of this test's own.
             env = image_environment(
-                stages, image_root, HEXMQ_METRICS_LISTEN=f"127.0.0.1:{metrics_port}"
+                stages,
+                image_root,
+                HEXMQ_METRICS_LISTEN=f"127.0.0.1:{metrics_port}",
+                HEXMQ_CLUSTER_CA=str(tls.ca),
+                HEXMQ_CLUSTER_CERT=str(tls.cert),
+                HEXMQ_CLUSTER_KEY=str(tls.key),
             )
             log = tmp_path / f"{name}.log"
             proc = stack.enter_context(

@@ -17,6 +17,7 @@ import pytest
 
 from hexmq import procs
 from hexmq.api.membership.v1 import membership_pb2 as pb
+from hexmq.trust.identity import PARTITION
 from services.membership.consul_client import make_consul
 from tests.conftest import HEXMQ
 from tests.support.agent_cluster import (
@@ -130,7 +131,8 @@ def test_propose_changes_the_in_sync_set_and_answers_with_the_view(agents: Agent
     assert view is not None
     pa = next(pa for pa in view.partitions if pa.replicas[0] == "n1")
     follower = pa.replicas[1]
-    channel, stub = agents.node(1).stub()
+    # As node 1's partition service: only it may ask for changes to its node's partitions.
+    channel, stub = agents.node(1).stub(PARTITION)
     with channel:
         remove = pb.ProposeRequest(
             incarnation=1001,

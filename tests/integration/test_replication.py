@@ -13,14 +13,16 @@ from typing import Any
 
 import grpc
 import pytest
-import redis
 
 from hexmq.api.common.v1 import common_pb2
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
 from hexmq.hashring import assign, partition_of
 from hexmq.mqtt import Disconnect, PingReq, PingResp, Properties, PubAck, Publish
+from hexmq.trust.identity import EDGE, PARTITION, Identity
+from tests.support import start_bounds
 from tests.support.rawclient import RawClient
+from tests.support.trust import cluster_aio_channel, node_redis
 from tests.support.unique import uid
 
 PARTITIONS = 32
@@ -40,9 +42,9 @@ def client_id_where(prefix: str, rf: int, *, master: str, excluding: str | None 
     raise AssertionError("no client id found")
 
 
-def partition_dump(port: int, p: int) -> dict[str, dict[bytes, bytes]]:
-    """Every key of partition p in the Redis at `port`, as {key: hash}."""
-    client = redis.Redis(port=port)
+def partition_dump(cluster: Any, node: int, p: int) -> dict[str, dict[bytes, bytes]]:
+    """Every key of partition p in node `node`'s Redis, as {key: hash}."""
+    client = node_redis(cluster.dir, node, cluster.node(node)["redis_port"])
     try:
         return {key.decode(): client.hgetall(key) for key in client.scan_iter(match=f"hx:{p}:*")}
     finally:
@@ -60,7 +62,10 @@ def replication_rows(cluster: Any) -> list[dict[str, Any]]:
 
 async def wait_in_sync(cluster: Any, timeout: float = 60.0) -> list[dict[str, Any]]:
     """Poll `hexmq cluster status` until every follower of every partition is in sync with no
-    lag; returns the rows seen on the way (for asserting that lag was there and fell)."""
+    lag; returns the rows seen on the way (for asserting that lag was there and fell).
+    `timeout` is for a quiet machine: it is scaled by the pace of this machine's cluster starts
+    (catching up is startup work too)."""
+    timeout = start_bounds.scaled(timeout)
     seen = []
     deadline = time.monotonic() + timeout
     while True:
@@ -89,12 +94,15 @@ def assert_converged(cluster: Any, rf: int) -> None:
     few times) before it counts as one (make test under load saw it: the follower a write
     ahead of the master's earlier read)."""
     table = assign(NODES, PARTITIONS, rf)
-    ports = {f"n{i}": cluster.node(i)["redis_port"] for i in (1, 2, 3)}
+
+    def dump(node_id: str, p: int) -> dict[str, dict[bytes, bytes]]:
+        return partition_dump(cluster, int(node_id.removeprefix("n")), p)
+
     for p, replicas in enumerate(table):
         for attempt in range(5):
-            master = partition_dump(ports[replicas[0]], p)
+            master = dump(replicas[0], p)
             assert f"hx:{p}:meta" in master or not master, p
-            copies = {f: partition_dump(ports[f], p) for f in replicas[1:]}
+            copies = {f: dump(f, p) for f in replicas[1:]}
             if all(copy == master for copy in copies.values()) or attempt == 4:
                 break
             time.sleep(0.2)
@@ -177,7 +185,7 @@ async def test_followers_hold_exactly_what_their_master_holds(rf3) -> None:
         p
         for p in range(PARTITIONS)
         for i in (1, 2, 3)
-        if partition_dump(rf3.node(i)["redis_port"], p).get(f"hx:{p}:retained")
+        if partition_dump(rf3, i, p).get(f"hx:{p}:retained")
     ]
     assert len(retained) >= 3 * len({partition_of(f"{topic}/r{i}", PARTITIONS) for i in range(20)})
     status = rf3.status()
@@ -195,7 +203,8 @@ async def test_followers_hold_exactly_what_their_master_holds(rf3) -> None:
 async def test_follower_down_during_10000_writes_catches_up(
     hexmq_cluster, rf: int, catch_up: str
 ) -> None:
-    extra = ["--rf", str(rf)]
+    # 10,000 messages queue for one subscriber: more than the default cap of 1,000.
+    extra = ["--rf", str(rf), "--partition-arg=--max-queued-messages=10000"]
     if catch_up == "snapshot":
         # The master keeps only 50 entries per partition: the follower is further behind.
         extra += ["--partition-arg=--replication-log-entries=50"]
@@ -240,15 +249,27 @@ async def test_follower_down_during_10000_writes_catches_up(
     assert payloads == [str(i).encode() for i in range(10_000)]
 
 
-async def link_command(port: int, cmd: pb.EdgeCommand, timeout: float = 10) -> pb.Result:
-    """Send one command over a fresh edge link to the partition service at `port`."""
+def probe_channel(cluster: Any, node_id: str, role: str, name: str) -> grpc.aio.Channel:
+    """A channel to node_id's partition service, as (role, name) of the cluster's CA."""
+    port = int(cluster.node(int(node_id[1:]))["partition_port"])
+    return cluster_aio_channel(
+        cluster.dir, f"127.0.0.1:{port}", Identity(PARTITION, node_id), role, name
+    )
+
+
+async def link_command(
+    cluster: Any, node_id: str, cmd: pb.EdgeCommand, timeout: float = 10
+) -> pb.Result:
+    """Send one command over a fresh edge link (a probe edge of its own) to node_id's
+    partition service."""
+    edge_id = f"probe-{uid()}"
 
     async def frames() -> AsyncIterator[pb.EdgeFrame]:
-        yield pb.EdgeFrame(hello=pb.Hello(edge_id=f"probe-{uid()}", edge_incarnation=1))
+        yield pb.EdgeFrame(hello=pb.Hello(edge_id=edge_id, edge_incarnation=1))
         yield pb.EdgeFrame(commands=[cmd])
         await asyncio.sleep(timeout + 20)  # keep the stream open until the answer is read
 
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+    async with probe_channel(cluster, node_id, EDGE, edge_id) as channel:
         call = pb_grpc.PartitionServiceStub(channel).Link(frames())
         async with asyncio.timeout(timeout):
             async for frame in call:
@@ -278,16 +299,13 @@ async def test_misrouted_writes_are_refused_naming_the_master_and_never_applied(
             ),
         )
 
-    def port_of(node_id: str) -> int:
-        return int(rf3.node(int(node_id[1:]))["partition_port"])
-
-    wrong = await link_command(port_of(other), open_session(1))
+    wrong = await link_command(rf3, other, open_session(1))
     assert wrong.status == pb.StatusCode.STATUS_CODE_WRONG_MASTER
     assert (wrong.current_master, wrong.current_epoch) == (master, 1)
     assert f"partition {p}" in wrong.message
     # An epoch newer than the node's view: it waits for that view (its own may lag behind the
     # edge's), and refuses the command once it has waited WAIT_S for nothing.
-    future = await link_command(port_of(master), open_session(99), timeout=15)
+    future = await link_command(rf3, master, open_session(99), timeout=15)
     assert future.status == pb.StatusCode.STATUS_CODE_UNAVAILABLE
     assert f"partition {p} is not served by {master} yet" in future.message
     # Neither created the session.
@@ -303,8 +321,8 @@ async def test_links_from_a_process_sharing_no_protocol_version_are_refused(rf3)
     """An edge or a follower that speaks only versions this release does not is refused with
     FAILED_PRECONDITION naming both sides' versions, and the partition service says so in its
     log; one that says nothing (v0.2.0) speaks version 1 and is let in."""
-    port = int(rf3.node(1)["partition_port"])
     too_new = common_pb2.ProtocolSupport(min_version=9, max_version=9)
+    edge_id = f"probe-{uid()}"
 
     async def first_answer(call: Any) -> tuple[grpc.StatusCode, str]:
         """The refusal's code and details, or OK once a frame came or the stream stayed open
@@ -322,31 +340,32 @@ async def test_links_from_a_process_sharing_no_protocol_version_are_refused(rf3)
     async def edge_frames(
         protocol: common_pb2.ProtocolSupport | None,
     ) -> AsyncIterator[pb.EdgeFrame]:
-        yield pb.EdgeFrame(
-            hello=pb.Hello(edge_id=f"probe-{uid()}", edge_incarnation=1, protocol=protocol)
-        )
+        yield pb.EdgeFrame(hello=pb.Hello(edge_id=edge_id, edge_incarnation=1, protocol=protocol))
         await asyncio.sleep(30)
 
     async def follower_frames() -> AsyncIterator[pb.FollowerFrame]:
-        hello = pb.FollowerHello(node_id="n9", incarnation=1, protocol=too_new)
+        # As n2's partition service (a member: the stream is refused for its protocol only).
+        hello = pb.FollowerHello(node_id="n2", incarnation=1, protocol=too_new)
         yield pb.FollowerFrame(hello=hello)
         await asyncio.sleep(30)
 
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+    refused = "speaks protocol versions 9, this process speaks 1..2: no version in common"
+    async with probe_channel(rf3, "n1", EDGE, edge_id) as channel:
         stub = pb_grpc.PartitionServiceStub(channel)
-        refused = "speaks protocol versions 9, this process speaks 1..2: no version in common"
         code, details = await first_answer(stub.Link(edge_frames(too_new)))
-        assert code == grpc.StatusCode.FAILED_PRECONDITION, details
-        assert refused in details
-        code, details = await first_answer(stub.Replicate(follower_frames()))
         assert code == grpc.StatusCode.FAILED_PRECONDITION, details
         assert refused in details
         legacy = stub.Link(edge_frames(None))
         assert await first_answer(legacy) == (grpc.StatusCode.OK, "")
         legacy.cancel()
+    async with probe_channel(rf3, "n1", PARTITION, "n2") as channel:
+        stub = pb_grpc.PartitionServiceStub(channel)
+        code, details = await first_answer(stub.Replicate(follower_frames()))
+        assert code == grpc.StatusCode.FAILED_PRECONDITION, details
+        assert refused in details
     log = (rf3.dir / "node1" / "partition.log").read_text()
     assert "refusing the edge's link: edge probe-" in log
-    assert "refusing the replication stream: follower n9 speaks protocol versions 9" in log
+    assert "refusing the replication stream: follower n2 speaks protocol versions 9" in log
 
 
 async def test_racing_connects_on_two_nodes_leave_one_live_connection(rf3) -> None:

@@ -16,6 +16,7 @@ release's constraints.txt), built on the first run (a few minutes) and reused af
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -24,18 +25,25 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
+import redis
 
+from hexmq import clusterstate
+from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
 from hexmq.hashring import assign, partition_of
 from tests.conftest import HEXMQ, HexmqCluster, pick_base_port, running_processes
 from tests.support.cluster_watch import failovers_from
 from tests.support.unique import uid
-from tests.support.workload import Publisher, Subscriber, check
+from tests.support.workload import DEEP_QUEUES, Publisher, Subscriber, check
 
 # The release before this one: set to the newest tag and its commit when a release is made
 # (releases.md). The commit is there because tags do not travel with every clone (this
@@ -222,6 +230,7 @@ def old_cluster(tmp_path: Path, cluster_prerequisites: None) -> Iterator[Upgrade
         *("--partitions", str(PARTITIONS), "--dir", str(cluster_dir)),
         *("--base-port", str(pick_base_port(3)), "--timeout", "60"),
         f"--partition-arg=--replication-log-entries={LOG_ENTRIES}",
+        DEEP_QUEUES,
     ]
     up = subprocess.run(argv, capture_output=True, text=True, timeout=400, check=False)
     cluster = HexmqCluster(dir=cluster_dir, nodes=[])
@@ -434,3 +443,88 @@ def test_a_node_of_this_release_leaves_while_previous_release_nodes_are_members(
     for p in pubs:
         p.stop()
     delivered_and_clean(pubs, subs, at_least=500)
+
+
+@pytest.mark.fault
+@pytest.mark.timeout(2400)
+def test_a_plain_text_cluster_of_the_previous_release_upgraded_and_switched_to_tls(
+    old_cluster: Upgrade,
+) -> None:
+    """Issue 24's rolling upgrade: a cluster of the previous release (plain text, no Redis
+    password, an agreement server without ACLs) upgrades node by node to this release, which
+    keeps serving plain text for it (nothing in its cluster.json asks for more), then
+    `hexmq cluster secure` switches it to mutual TLS, Redis passwords and the agreement
+    server's token in three rolling restarts (docs/security.md, "From plain text to TLS"),
+    under QoS 1 traffic: nothing acknowledged is lost, and afterwards the attacks of the
+    issue fail."""
+    up = old_cluster
+    cluster = up.cluster
+    up.wait_whole()
+    for node in (1, 2, 3):
+        cluster.stop(node)
+        result = cluster.cli("start", str(node), "--python", str(up.new_python), timeout=300)
+        (started,) = json.loads(result.stdout)["nodes"]
+        cluster.nodes[node - 1] = started
+        up.wait_whole()
+    assert {n["security"] for n in cluster.status()["nodes"]} == {"plain"}
+    tag = uid()
+    subs = [
+        Subscriber(f"sec-{tag}-{v}", cluster.mqtt_port(1), f"sec/{tag}/#", qos=1, version=v)
+        for v in (5, 4)
+    ]
+    for s in subs:
+        s.connect()
+        s.drop()  # every node restarts three times: their sessions queue meanwhile
+    ports = itertools.cycle([cluster.mqtt_port(i) for i in (1, 2, 3)])
+    pubs = [
+        Publisher(
+            f"p-{tag}-{i}-{v}",
+            cluster.mqtt_port(i),
+            f"sec/{tag}/{i}-{v}",
+            1,
+            v,
+            reconnect=lambda: ("127.0.0.1", next(ports)),
+        )
+        for i in (1, 2, 3)
+        for v in (5, 4)
+    ]
+    for p in pubs:
+        # A few a second each: the switch takes minutes (longer on a loaded machine), and the
+        # subscribers' queues hold all of it until they come back.
+        p.start(interval=0.2)
+    time.sleep(2)
+    done = cluster.cli("secure", timeout=2000)
+    assert "step 3 of 3: node 3 back" in done.stderr, done.stderr
+    time.sleep(2)
+    for p in pubs:
+        p.stop()
+    for s in subs:
+        assert s.move(cluster.mqtt_port(2)), f"{s.client_id}: session not present"
+    # The queues drain at the subscribers' pace: wait while they still receive.
+    wanted = {p.payload(n) for p in pubs for n in p.acked}
+    received, still = -1, time.monotonic()
+    while not all(wanted <= set(s.payloads()) for s in subs):
+        now_received = sum(len(s.payloads()) for s in subs)
+        if now_received != received:
+            received, still = now_received, time.monotonic()
+        assert time.monotonic() - still < 30, check(pubs, subs).problems()
+        time.sleep(0.5)
+    delivered_and_clean(pubs, subs, at_least=300)
+
+    status = cluster.status()
+    assert [n["security"] for n in status["nodes"]] == ["tls", "tls", "tls"]
+    assert all(n["alive"] for n in status["nodes"]), status
+    # What was open before is closed now.
+    partition = f"127.0.0.1:{cluster.node(1)['partition_port']}"
+    with grpc.insecure_channel(partition) as channel, pytest.raises(grpc.RpcError) as refused:
+        pb_grpc.PartitionServiceStub(channel).Status(pb.StatusRequest(), timeout=5)
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    anonymous = redis.Redis(port=cluster.node(2)["redis_port"], socket_timeout=5)
+    with pytest.raises(redis.AuthenticationError):
+        anonymous.ping()
+    anonymous.close()
+    state = clusterstate.require_state(cluster.dir)
+    view_key = f"http://{state.consul_addr}/v1/kv/hexmq/{state.cluster_name}/view"
+    with pytest.raises(urllib.error.HTTPError) as forbidden:
+        urllib.request.urlopen(view_key, timeout=5)
+    assert forbidden.value.code == 403

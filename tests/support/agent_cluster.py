@@ -20,7 +20,9 @@ import pytest
 from hexmq import procs
 from hexmq.api.membership.v1 import membership_pb2 as pb
 from hexmq.api.membership.v1 import membership_pb2_grpc as pb_grpc
+from hexmq.trust.identity import MEMBERSHIP, OPERATOR, PARTITION, Identity
 from tests.conftest import HEXMQ
+from tests.support.trust import env_for, operator_tls, own_ca, tls_for
 from tests.support.unique import uid
 
 # The agent's defaults, except a 10 s session TTL made explicit.
@@ -46,10 +48,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+def spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start a process of the test; `env` adds to this process's environment."""
     with log.open("ab") as out:
         return subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=os.environ
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
         )
 
 
@@ -87,8 +94,11 @@ class Node:
     def agent_addr(self) -> str:
         return f"127.0.0.1:{self.agent_port}"
 
-    def stub(self) -> tuple[grpc.Channel, pb_grpc.MembershipServiceStub]:
-        channel = grpc.insecure_channel(self.agent_addr)
+    def stub(self, role: str = OPERATOR) -> tuple[grpc.Channel, pb_grpc.MembershipServiceStub]:
+        """The test's own calls: as an operator of the test CA, or as `role` of this node
+        (PARTITION: what only the node's partition service may ask)."""
+        tls = operator_tls(own_ca()) if role == OPERATOR else tls_for(own_ca(), role, self.node_id)
+        channel = tls.sync_channel(self.agent_addr, peer=Identity(MEMBERSHIP, self.node_id))
         return channel, pb_grpc.MembershipServiceStub(channel)
 
     def view(self) -> pb.View | None:
@@ -135,17 +145,24 @@ class AgentCluster:
             *AGENT_FLAGS,
             *extra,
         ]
-        n.agent = spawn(argv, self.dir / f"{n.node_id}-agent.log")
+        n.agent = spawn(argv, self.dir / f"{n.node_id}-agent.log", self.agent_env(n))
         wait_until(f"{n.node_id} agent serving", lambda: procs.tcp_accepts(n.agent_port), 15)
+
+    def agent_env(self, n: Node) -> dict[str, str]:
+        """An agent's certificate, from the test CA."""
+        return env_for(own_ca(), MEMBERSHIP, n.node_id)
 
     def start_standin(self, i: int, incarnation: int) -> None:
         n = self.node(i)
         argv = [
             *(sys.executable, "-m", "tests.support.partition_standin"),
+            *("--node-id", n.node_id),
             *("--listen", f"127.0.0.1:{n.partition_port}", "--membership", n.agent_addr),
             *("--incarnation", str(incarnation)),
         ]
-        n.standin = spawn(argv, self.dir / f"{n.node_id}-standin.log")
+        n.standin = spawn(
+            argv, self.dir / f"{n.node_id}-standin.log", env_for(own_ca(), PARTITION, n.node_id)
+        )
         n.incarnation = incarnation
         wait_until(f"{n.node_id} stand-in serving", lambda: procs.tcp_accepts(n.partition_port), 15)
 

@@ -16,6 +16,11 @@ variables taken from it:
     topo.redis_argv("redis-1", data_dir)        # redis-server with the file's options
     topo.render_haproxy(cfg_text)               # the HAProxy config, edges by port
 
+Volumes likewise: with `volumes=DIR`, a named volume `V` is the directory DIR/V, a bind mount its
+host path, and every path under a service's mount target in its environment, command and
+healthcheck (`/secrets/tls/ca.crt`, `-config-file=/secrets/x.json`) becomes the local one; so the
+one-shot `secrets` service writes the secrets where the services it serves read them.
+
 The consul service is not started from the file: the embedded Consul-API server
 (`hexmq consul-dev`) stands in for it on `topo.address("consul", 8500)`.
 """
@@ -24,7 +29,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,17 +39,31 @@ import yaml
 from hexmq.cli import SERVICE_MODULES
 
 LOOPBACK = "127.0.0.1"
+# hexmq commands that run once and exit (a one-shot service, `service_completed_successfully`).
+ONE_SHOT_COMMANDS = ("secrets",)
 # `${VAR}`, `${VAR:-default}`, `${VAR-default}` (Compose's interpolation); `$$` is a `$`.
 _INTERPOLATION = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?-)([^}]*))?\}")
 # host:port where host is a name, an IPv4 wildcard or bracketed IPv6 wildcard.
 _HOSTPORT = re.compile(r"(?<![\w.-])(\[::\]|[A-Za-z0-9_.-]+):(\d{1,5})(?![\d.])")
 _WILDCARDS = frozenset({"0.0.0.0", "[::]"})
+# An absolute path, alone or after `=` (`-config-file=/x`); not the `//host` or `/0` of a URL.
+_PATH = re.compile(r"(?<![\w.:/~$-])/[\w.@+-]+(?:/[\w.@+-]+)*/?")
 # Descriptors HAProxy keeps beside two per connection: listeners, health checks, logs.
 _HAPROXY_SPARE_FDS = 1000
 
 
 class ComposeError(ValueError):
     """compose.yaml holds something the local topology cannot map; the message says what."""
+
+
+@dataclass(frozen=True)
+class LocalMount:
+    """A volume of a service: its path in the container and the directory standing in for it."""
+
+    target: str
+    local: Path
+    named: bool  # a named volume (created empty on first use), not a bind mount
+    read_only: bool
 
 
 @dataclass
@@ -59,8 +78,10 @@ class LocalService:
     aliases: list[str]
     # container port -> local port on 127.0.0.1
     ports: dict[int, int] = field(default_factory=dict)
-    # The healthcheck command, rewritten like argv ([] when none).
+    # The healthcheck command, rewritten like argv ([] when none; CMD-SHELL: ["sh", "-c", ...]).
     healthcheck: list[str] = field(default_factory=list)
+    # Its volumes, when the topology was loaded with `volumes=`.
+    mounts: list[LocalMount] = field(default_factory=list)
 
 
 @dataclass
@@ -246,6 +267,40 @@ def _aliases(spec: Mapping[str, Any]) -> list[str]:
     return found
 
 
+def _mounts(name: str, spec: Mapping[str, Any], root: Path, base: Path) -> list[LocalMount]:
+    """The service's `volumes` (short `SOURCE:TARGET[:ro]` or long syntax) as local mounts:
+    named volume V -> root/V, a bind mount's host path relative to the compose file's folder."""
+    found = []
+    for entry in spec.get("volumes", []) or []:
+        if isinstance(entry, dict):
+            source, target = str(entry.get("source", "")), str(entry["target"])
+            read_only = bool(entry.get("read_only", False))
+        else:
+            parts = str(entry).split(":")
+            if len(parts) < 2:
+                raise ComposeError(f"service {name}: volume {entry!r} has no target")
+            source, target = parts[0], parts[1]
+            read_only = len(parts) > 2 and "ro" in parts[2].split(",")
+        named = not source.startswith(("/", ".", "~"))
+        local = root / source if named else (base / source).resolve()
+        found.append(LocalMount(target.rstrip("/") or "/", local, named, read_only))
+    return found
+
+
+def map_paths(value: str, mounts: Sequence[LocalMount]) -> str:
+    """Every container path in `value` under one of `mounts` as its local path."""
+    targets = sorted(mounts, key=lambda m: len(m.target), reverse=True)
+
+    def one(match: re.Match[str]) -> str:
+        path = match.group(0)
+        for mount in targets:
+            if path == mount.target or path.startswith(mount.target + "/"):
+                return str(mount.local) + path[len(mount.target) :]
+        return path
+
+    return _PATH.sub(one, value) if mounts else value
+
+
 def _depends_on(spec: Mapping[str, Any]) -> list[str]:
     deps = spec.get("depends_on") or []
     return list(deps) if isinstance(deps, (list, dict)) else []
@@ -282,11 +337,14 @@ def load_local_topology(
     env: Mapping[str, str] | None = None,
     *,
     allocate: Callable[[], int] = free_loopback_port,
+    volumes: Path | None = None,
 ) -> LocalTopology:
     """Read compose.yaml (one file; `extends` is not followed) into local services.
 
     `env` is the environment Compose would interpolate from (default: none, so the file's
-    defaults apply); `allocate` gives a free local port per (service, container port)."""
+    defaults apply); `allocate` gives a free local port per (service, container port);
+    `volumes`, the directory that holds the named volumes (default: paths stay as in the
+    file)."""
     doc = yaml.safe_load(path.read_text())
     if not isinstance(doc, dict) or not isinstance(doc.get("services"), dict):
         raise ComposeError(f"{path}: no services")
@@ -298,13 +356,17 @@ def load_local_topology(
             raise ComposeError(f"service {name}: extends is not supported here; load one file")
         command = _command(spec)
         kind = _kind(name, spec, command)
-        if kind == "hexmq" and (not command or command[0] not in SERVICE_MODULES):
+        commands = (*SERVICE_MODULES, *ONE_SHOT_COMMANDS)
+        if kind == "hexmq" and (not command or command[0] not in commands):
             raise ComposeError(
                 f"service {name}: a hexmq service's command must start with one of "
-                f"{', '.join(SERVICE_MODULES)}, got {command!r}"
+                f"{', '.join(commands)}, got {command!r}"
             )
         health = spec.get("healthcheck", {}).get("test", []) if spec.get("healthcheck") else []
-        health = [str(w) for w in health[1:]] if health[:1] in (["CMD"],) else []
+        if health[:1] == ["CMD-SHELL"] and len(health) == 2:
+            health = ["sh", "-c", str(health[1])]  # what Docker runs for CMD-SHELL
+        else:
+            health = [str(w) for w in health[1:]] if health[:1] in (["CMD"],) else []
         services[name] = LocalService(
             name=name,
             kind=kind,
@@ -314,6 +376,7 @@ def load_local_topology(
             depends_on=_depends_on(spec),
             aliases=_aliases(spec),
             healthcheck=health,
+            mounts=[] if volumes is None else _mounts(name, spec, volumes, path.parent),
         )
 
     taken: set[int] = set()
@@ -357,6 +420,9 @@ def load_local_topology(
     for svc in services.values():
         for port in _KIND_PORTS.get(svc.kind, ()):
             local_port(svc.name, port)
+        svc.env = {k: map_paths(v, svc.mounts) for k, v in svc.env.items()}
+        svc.argv = [map_paths(a, svc.mounts) for a in svc.argv]
+        svc.healthcheck = [map_paths(a, svc.mounts) for a in svc.healthcheck]
         if svc.kind != "hexmq":
             continue
         svc.env = {k: rewrite(svc.name, v, k) for k, v in svc.env.items()}

@@ -1,9 +1,10 @@
 """Run a LocalTopology (tests/support/compose_local.py) as local processes, the way
 `docker compose up` runs compose.yaml: a service starts once every `depends_on` condition of
 it holds (service_started: its dependency runs; service_healthy: the dependency's healthcheck
-passes), independent services start side by side, and `kill` is `docker compose kill`.
+passes; service_completed_successfully: the dependency, a one-shot, exited 0), independent
+services start side by side, and `kill` is `docker compose kill`.
 
-    topo = load_local_topology(COMPOSE)
+    topo = load_local_topology(COMPOSE, volumes=tmp_path / "volumes")
     with LocalCompose(topo, COMPOSE, tmp_path) as compose:
         compose.up(["haproxy"], timeout=40)        # haproxy and everything it depends on
         compose.wait_healthy(["edge-1"], timeout=20)
@@ -18,14 +19,21 @@ How each kind runs here:
   file's environment and nothing of the test's own but PATH (so a HEXMQ_* variable in the
   shell that runs pytest cannot make the file look right) and PYTHONUNBUFFERED, which the
   image sets. Healthy: the file's healthcheck command, run with that same environment, as
-  Docker runs it inside the container.
-- redis: the file's redis-server command on its loopback port (`LocalTopology.redis_argv`).
-  Healthy: PING answered PONG (the file's `redis-cli ping`).
+  Docker runs it inside the container. A service without a restart policy that exits 0 (the
+  one-shot `secrets`) has completed; one the file runs as root (user 0) runs as this user, so
+  run by a user other than root, its `--owner` files stay that user's.
+- redis: the file's redis-server command on its loopback port (`LocalTopology.redis_argv`),
+  with its ACL file from the secrets volume. Healthy: the file's healthcheck (a shell command
+  with `redis-cli ... ping`) run with the service's environment and a `redis-cli` first on PATH
+  that adds the local port; without one, PING answered PONG.
 - haproxy: the file's HAProxy config, rendered for loopback (`LocalTopology.render_haproxy`,
   its global maxconn lowered to this machine's open-file limit), in the foreground
   (`haproxy -db`). Started: every frontend accepts.
-- consul: `hexmq consul-dev` on the consul service's loopback address stands in for it.
-  Healthy: it serves the HTTP API.
+- consul: `hexmq consul-dev` on the consul service's loopback address stands in for it. The
+  ACL config Consul would load (`-config-file` JSON) is read for it: ACLs on with default deny
+  and an initial management token become `--acl-token-file` with that token (consul-dev cannot
+  read Consul's config). Healthy: it serves the HTTP API, asked with the token the service's
+  CONSUL_HTTP_TOKEN_FILE names, as the file's `consul` healthcheck command sends it.
 
 Other kinds (the Collector, Jaeger, Prometheus ...) have no local equivalent: `up` refuses a
 target that needs one, naming it. Healthchecks are polled every HEALTH_INTERVAL seconds
@@ -37,6 +45,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 import resource
 import shutil
@@ -54,7 +63,7 @@ from typing import Any
 import yaml
 
 from hexmq import procs
-from tests.support.compose_local import ComposeError, LocalService, LocalTopology
+from tests.support.compose_local import LOOPBACK, ComposeError, LocalService, LocalTopology
 
 HEXMQ = Path(sys.executable).with_name("hexmq")
 # Each check of a hexmq service starts a process (~0.15 s of CPU): often enough to start fast,
@@ -62,7 +71,10 @@ HEXMQ = Path(sys.executable).with_name("hexmq")
 HEALTH_INTERVAL = 0.5
 # What compose's `depends_on` conditions mean, in the order a dependency reaches them.
 STARTED, HEALTHY = "service_started", "service_healthy"
-CONDITIONS = (STARTED, HEALTHY)
+COMPLETED = "service_completed_successfully"
+CONDITIONS = (STARTED, HEALTHY, COMPLETED)
+# Users a compose `user:` names that are root.
+_ROOT_USERS = frozenset({"0", "0:0", "root", "root:root"})
 # The variable every process started here carries, so that a leftover can be found by it.
 MARKER = "COMPOSE_LOCAL_RUN_DIR"
 
@@ -101,6 +113,12 @@ class LocalCompose:
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._spec = yaml.safe_load(self.compose_file.read_text())["services"]
+
+    def completed(self, name: str) -> bool:
+        """A one-shot service (no restart policy) that exited 0: done, not failed."""
+        run = self.running.get(name)
+        restart = str(self._spec[name].get("restart", "no"))
+        return run is not None and run.proc.poll() == 0 and restart == "no"
 
     def __enter__(self) -> LocalCompose:
         return self
@@ -181,6 +199,8 @@ class LocalCompose:
             time.sleep(0.05)
 
     def _holds(self, name: str, condition: str) -> bool:
+        if condition == COMPLETED:
+            return self.completed(name)
         run = self.running.get(name)
         if run is None or run.proc.poll() is not None:
             return False
@@ -193,22 +213,21 @@ class LocalCompose:
 
     def _healthcheck(self, svc: LocalService) -> bool:
         if svc.kind == "redis":
-            return procs.redis_ready(self.topology.port(svc.name, 6379))
+            if not svc.healthcheck:
+                return procs.redis_ready(self.topology.port(svc.name, 6379))
+            env = {**self._base_env(), **svc.env, "PATH": self._redis_cli_path(svc)}
+            return _passes(svc.healthcheck, env)
         if svc.kind == "consul":
-            return _http_ok(f"http://{self.topology.address(svc.name, 8500)}/v1/agent/self")
+            token_file = svc.env.get("CONSUL_HTTP_TOKEN_FILE")
+            token = Path(token_file).read_text().strip() if token_file else None
+            url = f"http://{self.topology.address(svc.name, 8500)}/v1/agent/self"
+            return _http_ok(url, token)
         if svc.kind == "haproxy":
             return True  # the file gives HAProxy no healthcheck: started is all there is
         if not svc.healthcheck:
             raise ComposeError(f"service {svc.name} has no healthcheck to wait for")
         argv = [str(HEXMQ) if svc.healthcheck[0] == "hexmq" else svc.healthcheck[0]]
-        result = subprocess.run(
-            argv + svc.healthcheck[1:],
-            env=self.environment(svc.name),
-            capture_output=True,
-            timeout=10,
-            check=False,
-        )
-        return result.returncode == 0
+        return _passes(argv + svc.healthcheck[1:], self.environment(svc.name))
 
     def environment(self, name: str) -> dict[str, str]:
         """A hexmq service's process environment: the file's variables, PATH (this venv's
@@ -221,10 +240,67 @@ class LocalCompose:
             **svc.env,
         }
 
+    def _redis_cli_path(self, svc: LocalService) -> str:
+        """PATH with a `redis-cli` first that talks to the service's local port: the file's
+        healthcheck runs in the container, where Redis is on the default port."""
+        folder = self.workdir / f"{svc.name}.bin"
+        wrapper = folder / "redis-cli"
+        if not wrapper.exists():
+            folder.mkdir(exist_ok=True)
+            real = shutil.which("redis-cli") or "/usr/bin/redis-cli"
+            port = self.topology.port(svc.name, 6379)
+            wrapper.write_text(f'#!/bin/sh\nexec {real} -h {LOOPBACK} -p {port} "$@"\n')
+            wrapper.chmod(0o755)
+        return f"{folder}{os.pathsep}{os.environ.get('PATH', os.defpath)}"
+
+    def _consul_dev_acl(self, svc: LocalService) -> list[str]:
+        """consul-dev's `--acl-token-file` for the ACL config the consul service loads (its
+        `-config-file` JSON files), [] when that enables no ACLs."""
+        acl: dict[str, Any] = {}
+        for i, word in enumerate(svc.argv):
+            path = None
+            if word.startswith(("-config-file=", "--config-file=")):
+                path = word.partition("=")[2]
+            elif word in ("-config-file", "--config-file"):
+                path = svc.argv[i + 1]
+            if path is not None:
+                if not path.endswith(".json"):
+                    raise ComposeError(f"{svc.name}: only JSON config files are read here: {path}")
+                acl.update(json.loads(Path(path).read_text()).get("acl", {}))
+        if not acl.get("enabled"):
+            return []
+        token = (acl.get("tokens") or {}).get("initial_management")
+        if acl.get("default_policy") != "deny" or not token:
+            raise ComposeError(
+                f"{svc.name}: consul-dev stands in for ACLs with default_policy deny and an "
+                f"initial_management token only, not {acl}"
+            )
+        token_file = self.workdir / f"{svc.name}.acl-token"
+        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        return ["--acl-token-file", str(token_file)]
+
+    def _hexmq_argv(self, svc: LocalService) -> list[str]:
+        argv = [str(HEXMQ), *svc.argv[1:]]
+        user = str(self._spec[svc.name].get("user", ""))
+        if user in _ROOT_USERS and os.geteuid() != 0:
+            # Files it would give to the containers' users stay this user's: every local
+            # process runs as this user.
+            mine = str(os.geteuid())
+            argv = [
+                f"{w.partition('=')[0]}={mine}" if i and argv[i - 1] == "--owner" else w
+                for i, w in enumerate(argv)
+            ]
+        return argv
+
     def _start(self, svc: LocalService) -> None:
         log = self.workdir / f"{svc.name}.log"
+        for mount in svc.mounts:
+            if mount.named:
+                mount.local.mkdir(parents=True, exist_ok=True)
         if svc.kind == "hexmq":
-            argv, env = [str(HEXMQ), *svc.argv[1:]], self.environment(svc.name)
+            argv, env = self._hexmq_argv(svc), self.environment(svc.name)
         elif svc.kind == "redis":
             data = self.workdir / svc.name
             data.mkdir(exist_ok=True)
@@ -235,6 +311,7 @@ class LocalCompose:
             data = self.workdir / svc.name
             listen = self.topology.address(svc.name, 8500)
             argv = [str(HEXMQ), "consul-dev", "--listen", listen, "--data-dir", str(data)]
+            argv += self._consul_dev_acl(svc)
             env = self._base_env()
         with log.open("ab") as out:
             out.write(f"---- {' '.join(argv)}\n".encode())
@@ -262,7 +339,7 @@ class LocalCompose:
         """AssertionError naming any started process that has exited (and its log's end)."""
         for name, run in self.running.items():
             code = run.proc.poll()
-            if code is not None and name not in self._killed:
+            if code is not None and name not in self._killed and not self.completed(name):
                 tail = "\n".join(procs.log_tail(run.log))
                 raise AssertionError(f"{name} exited with {code}; its log ends:\n{tail}")
 
@@ -361,9 +438,22 @@ def _haproxy_config_source(name: str, spec: dict[str, Any]) -> str:
     raise ComposeError(f"service {name}: no volume mounts /usr/local/etc/haproxy/haproxy.cfg")
 
 
-def _http_ok(url: str) -> bool:
+def _passes(argv: list[str], env: dict[str, str]) -> bool:
+    """A healthcheck command exits 0; one that does not end in time fails, as in Docker
+    (a loaded machine can take seconds to start Python)."""
     try:
-        with urllib.request.urlopen(url, timeout=1) as response:
+        result = subprocess.run(argv, env=env, capture_output=True, timeout=10, check=False)
+    except subprocess.TimeoutExpired:
+        return False
+    return result.returncode == 0
+
+
+def _http_ok(url: str, token: str | None = None) -> bool:
+    headers = {"X-Consul-Token": token} if token else {}
+    try:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, headers=headers), timeout=1
+        ) as response:
             return bool(response.status == 200)
     except OSError:
         return False

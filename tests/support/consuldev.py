@@ -3,11 +3,15 @@
 server = start_consul_dev(tmp_path / "consul-dev.log")      # a free port (--listen :0)
 ... make_consul(server.addr) ...
 assert server.stop() == 0                                    # SIGTERM, then wait
+
+`write_token_file(path)` makes a management token file for `--acl-token-file` (a fresh random
+token each time): start_consul_dev(log, "--acl-token-file", str(path)).
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import select
 import signal
 import subprocess
@@ -17,13 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HEXMQ = Path(sys.executable).with_name("hexmq")
-SERVING = "serving on http://"
+SERVING = "serving on "
 
 
 @dataclass
 class ConsulDev:
     proc: subprocess.Popen[bytes]
-    addr: str  # HOST:PORT
+    addr: str  # HOST:PORT, or https://HOST:PORT when it serves HTTPS
     log: Path
 
     @property
@@ -82,4 +86,15 @@ def start_consul_dev(
         line += chunk
     text = line.decode().strip()
     assert text.startswith(SERVING), text
-    return ConsulDev(proc, text[len(SERVING) :], log)
+    url = text[len(SERVING) :]
+    return ConsulDev(proc, url.removeprefix("http://"), log)
+
+
+def write_token_file(path: Path, token: str | None = None) -> str:
+    """Write a token (a fresh random one by default) to `path`, replacing the file in one
+    step (as an operator's rotation should); the token."""
+    token = token if token is not None else secrets.token_hex(16)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(token + "\n")
+    os.replace(tmp, path)
+    return token

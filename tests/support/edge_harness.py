@@ -25,12 +25,15 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
+
 from hexmq import telemetry
 from hexmq.api.common.v1 import common_pb2 as cpb
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.hashring import partition_of
 from hexmq.mqtt import NEED_DATA, ConnAck, Connect, MQTTConnection, Packet, Role
+from hexmq.trust.grpc_tls import ClusterTLS
 from services.edge.access import AccessControl
 from services.edge.config import EdgeConfig
 from services.edge.connection import ClientConnection
@@ -277,13 +280,18 @@ class Clock:
         return self.now
 
 
+def never_dialled() -> grpc.aio.Channel:
+    """The dial of a link the harness never starts (its stream is played by hand)."""
+    raise AssertionError("a harness link is never dialled")
+
+
 def make_edge(clock: Clock, first: mpb.View | None = None, **overrides: Any) -> Edge:
     """An Edge with links to n1 and n2 (never connected: see `up`) and the view `first`."""
-    edge = Edge(config(**overrides))
+    edge = Edge(config(**overrides), cluster_tls=ClusterTLS.insecure())
     edge.dispatcher.clock = clock
     hello = pb.Hello(edge_id="n1", edge_incarnation=1)
     for node in NODES:
-        edge.router.links[node] = PartitionLink(node, f"{node}:0", hello, edge)
+        edge.router.links[node] = PartitionLink(node, f"{node}:0", hello, edge, never_dialled)
     edge.apply_view(first if first is not None else view(1))
     return edge
 

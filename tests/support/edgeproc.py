@@ -8,6 +8,7 @@ password-protected edge (the cluster's readiness probe connects anonymously)."""
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import signal
 import socket
@@ -18,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hexmq.trust.identity import EDGE
 from tests.conftest import HEXMQ, _ephemeral_low, _worker_window
+from tests.support.trust import cluster_env
 
 _LOW = 20000
 
@@ -88,6 +91,8 @@ def edge_process(
         "--sys-interval=0",
         *args,
     ]
+    # An edge of its own name: its certificate from the cluster's CA names it.
+    env = {**(os.environ if env is None else env), **cluster_env(cluster.dir, EDGE, name)}
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
     edge = EdgeProcess(proc, port, log)

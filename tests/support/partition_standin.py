@@ -2,7 +2,8 @@
 a real process that serves the standard gRPC health check on --listen (what peers' agents
 probe) and watches its agent with an incarnation (what admits the node to the view).
 
-    python -m tests.support.partition_standin --listen HOST:PORT --membership HOST:PORT
+    python -m tests.support.partition_standin --node-id N --listen HOST:PORT \
+        --membership HOST:PORT     # HEXMQ_CLUSTER_CA/CERT/KEY: its partition certificate
 
 SIGUSR1 stops the health server while the watch stays open (the process is alive to its own
 agent but refuses its peers' probes); SIGTERM ends it. It prints "serving <incarnation>" once
@@ -13,21 +14,36 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import time
+from pathlib import Path
 
 import grpc
 
 from hexmq.api.membership.v1 import membership_pb2 as pb
 from hexmq.health import SERVING, add_health
+from hexmq.trust.grpc_tls import ClusterTLS, TLSFiles
+from hexmq.trust.identity import MEMBERSHIP, PARTITION, Identity
 from services.membership.client import ViewWatcher
 
 
 async def main(args: argparse.Namespace) -> None:
     incarnation = args.incarnation or time.time_ns()
+    # Mutual TLS with the certificate the test gave it (HEXMQ_CLUSTER_*), as a partition
+    # service of its node: the agent admits only that to watch with an incarnation.
+    env = os.environ
+    tls = ClusterTLS(
+        Identity(PARTITION, args.node_id),
+        TLSFiles(
+            Path(env["HEXMQ_CLUSTER_CA"]),
+            Path(env["HEXMQ_CLUSTER_CERT"]),
+            Path(env["HEXMQ_CLUSTER_KEY"]),
+        ),
+    )
     server = grpc.aio.server()
     health = add_health(server)
-    server.add_insecure_port(args.listen)
+    tls.add_port(server, args.listen)
     await server.start()
     await health.set("", SERVING)
     print(f"serving {incarnation}", flush=True)
@@ -35,7 +51,12 @@ async def main(args: argparse.Namespace) -> None:
     async def on_view(view: pb.View) -> None:
         print(f"view {view.epoch}", flush=True)
 
-    watcher = ViewWatcher(args.membership, on_view, incarnation=incarnation)
+    watcher = ViewWatcher(
+        args.membership,
+        on_view,
+        incarnation=incarnation,
+        dial=lambda: tls.channel(args.membership, peer=Identity(MEMBERSHIP, args.node_id)),
+    )
     watcher.start()
     stop = asyncio.Event()
     refuse = asyncio.Event()
@@ -56,6 +77,7 @@ async def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
+    parser.add_argument("--node-id", required=True)
     parser.add_argument("--listen", required=True)
     parser.add_argument("--membership", required=True)
     parser.add_argument("--incarnation", type=int, default=0)

@@ -1,18 +1,28 @@
 """deploy/compose/compose.yaml against the code: every hexmq command and HEXMQ_* variable in it
-is one the service's real parser accepts (so the file cannot drift from the options), and the
-loader that turns it into local processes (tests/support/compose_local.py) maps it right."""
+is one the service's real parser accepts (so the file cannot drift from the options), every
+file a service names is one the file's `secrets` service makes (its own certificate, its own
+node's password), no secret is on a command line, and the loader that turns it into local
+processes (tests/support/compose_local.py) maps it right."""
 
 from __future__ import annotations
 
 import itertools
+import json
+import os
+import re
 import shutil
 import subprocess
 import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
-from hexmq import envoptions
+from hexmq import cli, envoptions, secrets_cli
+from hexmq.cli import SERVICE_MODULES
+from hexmq.redis_security import HEXMQ_USER
+from hexmq.trust import certs
+from hexmq.trust.identity import Identity
 from services.membership.main import agent_config
 from tests.support.compose_local import (
     ComposeError,
@@ -21,6 +31,7 @@ from tests.support.compose_local import (
     load_local_topology,
 )
 from tests.support.compose_run import (
+    COMPLETED,
     HEALTHY,
     MARKER,
     STARTED,
@@ -44,10 +55,33 @@ def topology() -> LocalTopology:
     return load_local_topology(COMPOSE, allocate=counting_ports())
 
 
+def run_secrets_service(topo: LocalTopology) -> None:
+    """The file's secrets command, its volume a folder of the test's; the files stay this
+    test's user's, root or not (tests/unit/test_secrets_cli.py checks the owners)."""
+    (mount,) = topo.services["secrets"].mounts
+    mount.local.mkdir(parents=True, exist_ok=True)
+    argv = [
+        f"{w.partition('=')[0]}={os.geteuid()}" if w.partition("=")[0] in secrets_cli.READERS else w
+        for w in topo.services["secrets"].argv[1:]
+    ]
+    assert cli.main(argv) == 0
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> LocalTopology:
+    """The topology with its volumes in a folder, after its secrets service ran: the files
+    the services name exist, as when compose starts them."""
+    topo = load_local_topology(
+        COMPOSE, allocate=counting_ports(), volumes=tmp_path_factory.mktemp("volumes")
+    )
+    run_secrets_service(topo)
+    return topo
+
+
 HEXMQ_SERVICES = [
     (name, svc.argv[1])
     for name, svc in load_local_topology(COMPOSE, allocate=counting_ports()).services.items()
-    if svc.kind == "hexmq"
+    if svc.kind == "hexmq" and svc.argv[1] in SERVICE_MODULES
 ]
 
 
@@ -76,9 +110,9 @@ def parse_as_the_service_would(service: str, argv: list[str], env: dict[str, str
 
 @pytest.mark.parametrize(("name", "service"), HEXMQ_SERVICES, ids=[n for n, _ in HEXMQ_SERVICES])
 def test_every_hexmq_command_in_compose_is_accepted_by_the_services_parser(
-    name: str, service: str, topology: LocalTopology
+    name: str, service: str, secured: LocalTopology
 ) -> None:
-    svc = topology.services[name]
+    svc = secured.services[name]
     parse_as_the_service_would(service, svc.argv, svc.env)
 
 
@@ -147,7 +181,7 @@ def test_redis_runs_with_the_files_options_on_its_local_port(
     topology: LocalTopology, tmp_path: Path
 ) -> None:
     argv = topology.redis_argv("redis-1", tmp_path)
-    assert argv[:7] == [
+    assert argv[:9] == [
         "redis-server",
         "--appendonly",
         "yes",
@@ -155,8 +189,10 @@ def test_redis_runs_with_the_files_options_on_its_local_port(
         "everysec",
         "--save",
         "",
+        "--aclfile",
+        "/secrets/redis/n1.acl",
     ]
-    assert argv[7:] == [
+    assert argv[9:] == [
         "--port",
         str(topology.port("redis-1", 6379)),
         "--bind",
@@ -270,13 +306,17 @@ def test_depends_on_conditions_are_compose_s() -> None:
         ("b", STARTED),
         ("c", STARTED),
     ]
-    spec = {"depends_on": {"b": {"condition": "service_healthy"}, "c": {}}}
-    assert depends_on_conditions("a", spec) == [("b", HEALTHY), ("c", STARTED)]
+    spec = {
+        "depends_on": {
+            "b": {"condition": "service_healthy"},
+            "c": {},
+            "d": {"condition": "service_completed_successfully"},
+        }
+    }
+    assert depends_on_conditions("a", spec) == [("b", HEALTHY), ("c", STARTED), ("d", COMPLETED)]
     assert depends_on_conditions("a", {}) == []
-    with pytest.raises(ComposeError, match="depends_on b with condition service_completed_"):
-        depends_on_conditions(
-            "a", {"depends_on": {"b": {"condition": "service_completed_successfully"}}}
-        )
+    with pytest.raises(ComposeError, match="depends_on b with condition service_finished"):
+        depends_on_conditions("a", {"depends_on": {"b": {"condition": "service_finished"}}})
 
 
 def test_haproxy_needs_the_whole_cluster_and_nothing_of_the_observability_stack(
@@ -285,7 +325,8 @@ def test_haproxy_needs_the_whole_cluster_and_nothing_of_the_observability_stack(
     compose = LocalCompose(topology, COMPOSE, tmp_path)
     needed = compose.needed(["haproxy"])
     nodes = [f"{role}-{n}" for n in (1, 2, 3) for role in ("redis", "membership", "partition")]
-    assert set(needed) == {"consul", "haproxy", *nodes, "edge-1", "edge-2", "edge-3"}
+    assert set(needed) == {"secrets", "consul", "haproxy", *nodes, "edge-1", "edge-2", "edge-3"}
+    assert needed[0] == "secrets"
     assert needed[-1] == "haproxy"
     assert needed.index("consul") < min(needed.index(f"membership-{n}") for n in (1, 2, 3))
 
@@ -312,7 +353,171 @@ def test_a_hexmq_service_gets_the_files_environment_and_not_the_shells(
     assert env[MARKER] == str(tmp_path)
 
 
-def test_a_membership_setting_the_agent_refuses_would_be_caught(topology: LocalTopology) -> None:
-    svc = topology.services["membership-1"]
+def test_a_membership_setting_the_agent_refuses_would_be_caught(secured: LocalTopology) -> None:
+    svc = secured.services["membership-1"]
     with pytest.raises(AssertionError, match="--session-ttl must be 10-86400"):
         parse_as_the_service_would("membership", svc.argv, {**svc.env, "HEXMQ_SESSION_TTL": "5"})
+
+
+# --- secrets: made by the file's own one-shot service, each service given its own ------------
+
+SECRETS_MOUNT = "/secrets"
+# The services of a node that read the secrets volume.
+ROLES = ("redis", "membership", "partition", "edge")
+
+
+def test_the_secrets_command_is_accepted_by_its_parser_and_covers_every_node(
+    topology: LocalTopology,
+) -> None:
+    svc = topology.services["secrets"]
+    args = secrets_cli.build_parser("hexmq secrets").parse_args(svc.argv[2:])
+    nodes = {s.env["HEXMQ_NODE_ID"] for s in topology.services.values() if "HEXMQ_NODE_ID" in s.env}
+    assert args.nodes.split(",") == sorted(nodes)
+    assert str(args.dir) == SECRETS_MOUNT
+    assert args.consul_config
+    # The users of the images that read the files: the hexmq image's (Dockerfile), redis's and
+    # consul's (their images' `redis` and `consul` users).
+    uid = re.search(r"^ARG HEXMQ_UID=(\d+)", (ROOT / "Dockerfile").read_text(), re.M)
+    assert uid
+    assert dict(args.owner) == {
+        "hexmq": secrets_cli.Owner(int(uid.group(1))),
+        "redis": secrets_cli.Owner(999),
+        "consul": secrets_cli.Owner(100),
+    }
+
+
+def test_every_service_that_reads_secrets_waits_for_them_and_mounts_them_read_only(
+    topology: LocalTopology, tmp_path: Path
+) -> None:
+    spec = LocalCompose(topology, COMPOSE, tmp_path)._spec
+    readers = [n for n in spec if any("/secrets" in str(v) for v in spec[n].get("volumes", []))]
+    assert set(readers) >= {"consul", *(f"{r}-{n}" for r in ROLES for n in (1, 2, 3))}
+    for name in readers:
+        if name == "secrets":
+            assert spec[name]["volumes"] == [f"secrets:{SECRETS_MOUNT}"]
+            continue
+        assert f"secrets:{SECRETS_MOUNT}:ro" in spec[name]["volumes"], name
+        assert ("secrets", COMPLETED) in depends_on_conditions(name, spec[name]), name
+    assert str(spec["secrets"]["restart"]) == "no"
+
+
+def test_every_hexmq_service_presents_its_own_nodes_and_roles_certificate(
+    topology: LocalTopology,
+) -> None:
+    for name, role in HEXMQ_SERVICES:
+        env = topology.services[name].env
+        node = env["HEXMQ_NODE_ID"]
+        assert env["HEXMQ_CLUSTER_CA"] == f"{SECRETS_MOUNT}/tls/ca.crt", name
+        assert env["HEXMQ_CLUSTER_CERT"] == f"{SECRETS_MOUNT}/tls/{node}/{role}.crt", name
+        assert env["HEXMQ_CLUSTER_KEY"] == f"{SECRETS_MOUNT}/tls/{node}/{role}.key", name
+        assert "HEXMQ_INSECURE_CLUSTER" not in env, name
+        if role == "partition":
+            assert env["HEXMQ_REDIS_USER"] == HEXMQ_USER
+            assert env["HEXMQ_REDIS_PASSWORD_FILE"] == f"{SECRETS_MOUNT}/redis/{node}.password"
+            (redis,) = [
+                r.name
+                for r in topology.of_kind("redis")
+                if topology.address(r.name, 6379) in env["HEXMQ_REDIS"]
+            ]
+            assert topology.services[redis].argv[-2:] == [
+                "--aclfile",
+                f"{SECRETS_MOUNT}/redis/{node}.acl",
+            ]
+            assert (
+                topology.services[redis].env["HEXMQ_REDIS_PASSWORD_FILE"]
+                == (env["HEXMQ_REDIS_PASSWORD_FILE"])
+            ), f"{redis}'s healthcheck logs in as {name} does"
+        if role == "membership":
+            assert env["HEXMQ_CONSUL_TOKEN_FILE"] == f"{SECRETS_MOUNT}/consul.token"
+
+
+# What would put a secret on a command line or in the environment Compose shows
+# (`docker compose config`, `docker inspect`): options and variables that take the secret itself.
+SECRET_OPTIONS = ("--pass", "-a", "--requirepass", "--redis-password", "-token", "--token")
+SECRET_VARIABLES = ("HEXMQ_REDIS_PASSWORD", "CONSUL_HTTP_TOKEN", "REDISCLI_AUTH", "CONSUL_TOKEN")
+
+
+def test_no_secret_is_on_any_command_line_or_in_any_variable_of_the_file() -> None:
+    doc = interpolate(yaml.safe_load(COMPOSE.read_text()), {}, "compose")
+    for name, spec in doc["services"].items():
+        command = spec.get("command", [])
+        words = command.split() if isinstance(command, str) else [str(w) for w in command]
+        health = [str(w) for w in (spec.get("healthcheck") or {}).get("test", [])]
+        for word in [*words, *health]:
+            assert word.split("=")[0] not in SECRET_OPTIONS, f"{name}: {word}"
+            assert not re.search(r"\w+://[^/\s]*:[^/\s]*@", word), f"{name}: a password in {word}"
+        for line in health:
+            # The shell may only hand the password to redis-cli through its environment.
+            assert not re.search(r"(-a|--pass)\s", line), f"{name}: {line}"
+        for key, value in (spec.get("environment") or {}).items():
+            assert key not in SECRET_VARIABLES, f"{name}: {key} holds a secret itself"
+            assert not re.search(r"\w+://[^/\s]*:[^/\s]*@", str(value)), f"{name}: {key}"
+            if re.search(r"PASSWORD|TOKEN|SECRET|_KEY$", key):
+                assert str(value).startswith(f"{SECRETS_MOUNT}/"), f"{name}: {key}={value}"
+
+
+def test_the_secrets_service_makes_every_file_the_services_name(secured: LocalTopology) -> None:
+    """The file's secrets command, run here (its volume a folder), makes every file any
+    service's environment, command or healthcheck names in the volume, and each certificate
+    names the identity of the service given it."""
+    topo = secured
+    (mount,) = topo.services["secrets"].mounts
+    volume = mount.local
+    named = set()
+    for svc in topo.services.values():
+        for value in [*svc.env.values(), *svc.argv, *svc.healthcheck]:
+            named |= set(re.findall(rf"{re.escape(str(volume))}/[\w./-]+", value))
+    assert named, "the services name files of the secrets volume"
+    for path in sorted(named):
+        assert Path(path).is_file(), f"{path} is named by a service but not made"
+    for name, role in HEXMQ_SERVICES:
+        env = topo.services[name].env
+        info = certs.describe(Path(env["HEXMQ_CLUSTER_CERT"]))
+        assert info.identity == Identity(role, env["HEXMQ_NODE_ID"]), name
+    config = json.loads((volume / "consul-acl.json").read_text())
+    assert config["acl"]["tokens"]["initial_management"] == (
+        (volume / "consul.token").read_text().strip()
+    )
+
+
+def test_volumes_map_to_folders_and_paths_under_them_are_rewritten(tmp_path: Path) -> None:
+    topo = load_local_topology(COMPOSE, allocate=counting_ports(), volumes=tmp_path)
+    consul = topo.services["consul"]
+    assert f"-config-file={tmp_path}/secrets/consul-acl.json" in consul.argv
+    assert consul.env["CONSUL_HTTP_TOKEN_FILE"] == f"{tmp_path}/secrets/consul.token"
+    redis = topo.services["redis-2"]
+    assert redis.argv[-2:] == ["--aclfile", f"{tmp_path}/secrets/redis/n2.acl"]
+    assert {(m.target, m.read_only) for m in redis.mounts} == {("/data", False), ("/secrets", True)}
+    edge = topo.services["edge-1"]
+    assert edge.env["HEXMQ_CLUSTER_KEY"] == f"{tmp_path}/secrets/tls/n1/edge.key"
+    # URLs and addresses are not paths.
+    assert edge.env["OTEL_EXPORTER_OTLP_ENDPOINT"].startswith("http://127.0.0.1:")
+    partition = topo.services["partition-1"]
+    assert partition.env["HEXMQ_REDIS"] == f"redis://{topo.address('redis-1', 6379)}/0"
+    haproxy = topo.services["haproxy"]
+    (config,) = haproxy.mounts
+    assert config.local == COMPOSE.parent / "haproxy" / "haproxy.cfg"
+    assert not config.named
+
+
+def test_the_stand_in_for_consul_gets_the_token_of_the_acl_config_consul_loads(
+    tmp_path: Path, secured: LocalTopology
+) -> None:
+    compose = LocalCompose(secured, COMPOSE, tmp_path)
+    args = compose._consul_dev_acl(secured.services["consul"])
+    assert args[0] == "--acl-token-file"
+    (mount,) = secured.services["secrets"].mounts
+    assert Path(args[1]).read_text() == (mount.local / "consul.token").read_text()
+    assert Path(args[1]).stat().st_mode & 0o777 == 0o600
+
+
+def test_the_secrets_service_run_by_another_user_than_root_keeps_the_files(
+    topology: LocalTopology, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    compose = LocalCompose(topology, COMPOSE, tmp_path)
+    as_root = compose._hexmq_argv(topology.services["secrets"])
+    assert "redis=999" in as_root
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    mine = compose._hexmq_argv(topology.services["secrets"])
+    assert [w for w in mine if "=" in w] == ["hexmq=1000", "redis=1000", "consul=1000"]
+    assert compose._hexmq_argv(topology.services["edge-1"])[1:] == ["edge"]

@@ -9,11 +9,13 @@ import pytest
 
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.trust.grpc_tls import ClusterTLS
 from services.edge.config import EdgeConfig
 from services.edge.links import PartitionLink
 from services.edge.partition_hold import RETRY_PAUSE
 from services.edge.server import Edge
 from services.edge.tickets import refused_by_hold
+from tests.support.edge_harness import never_dialled
 
 SC = pb.StatusCode
 HOLD = 10.0
@@ -52,12 +54,13 @@ def edge(clock: Clock) -> Edge:
     edge = Edge(
         EdgeConfig(
             node_id="n1", host="127.0.0.1", port=0, membership="127.0.0.1:1", failover_hold=HOLD
-        )
+        ),
+        cluster_tls=ClusterTLS.insecure(),
     )
     edge.dispatcher.clock = clock
     hello = pb.Hello(edge_id="n1", edge_incarnation=1)
     for node in ("n1", "n2"):
-        edge.router.links[node] = PartitionLink(node, f"{node}:0", hello, edge)
+        edge.router.links[node] = PartitionLink(node, f"{node}:0", hello, edge, never_dialled)
     edge.apply_view(view(1, {}))
     for link in edge.router.links.values():
         up(link)

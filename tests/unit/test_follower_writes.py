@@ -16,6 +16,7 @@ import grpc
 
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
+from hexmq.trust.grpc_tls import ClusterTLS
 from services.partition import peers
 from services.partition.replication import HSET, Persist, Ready
 
@@ -102,6 +103,7 @@ async def test_a_follower_backlog_is_written_in_bounded_transactions() -> None:
         cast(Any, SimpleNamespace(client=client)),
         cast(Any, SimpleNamespace(on_durable=None)),
         on_failure=lambda exc: None,
+        tls=ClusterTLS.insecure(),
     )
 
     async def other_work() -> None:
@@ -169,7 +171,12 @@ async def test_a_stream_the_master_ends_at_once_is_retried_with_growing_backoff(
     core = SimpleNamespace(
         node_id="n2", link_open=lambda master: [], link_closed=lambda master: None, links=set()
     )
-    driver = SimpleNamespace(core=core, incarnation=1, process=lambda: None)
+    driver = SimpleNamespace(
+        core=core,
+        incarnation=1,
+        process=lambda: None,
+        dial=lambda master, target: grpc.aio.insecure_channel(target),
+    )
     link = peers.MasterLink(cast(Any, driver), "n1", f"127.0.0.1:{port}")
     link.start()
     try:

@@ -279,7 +279,7 @@ def test_an_agreement_server_that_never_serves_is_stopped_when_up_gives_up(
     state.dir.mkdir()
     state.consul.argv = [sys.executable, "-c", "import time; time.sleep(60)"]  # never listens
     with pytest.raises(localcluster.StartFailure, match="not serving"):
-        localcluster._start_agreement(state, timeout=0.5)
+        localcluster.start_agreement(state, timeout=0.5)
     assert state.consul.identity is not None
     assert not state.consul.running()
 
@@ -942,10 +942,15 @@ def test_a_leave_of_a_node_whose_agent_knows_no_leave_is_refused_saying_what_to_
     server.start()
     try:
         node = SimpleNamespace(
-            node=2, ports=SimpleNamespace(membership=port, addr=lambda p: f"127.0.0.1:{p}")
+            node=2,
+            node_id="n2",
+            security="plain",  # a v0.2.0 node serves plain text
+            ports=SimpleNamespace(membership=port, addr=lambda p: f"127.0.0.1:{p}"),
         )
+        # A cluster of that release has no certificates: the operator dials in plain text.
+        state = SimpleNamespace(dir=Path("/nonexistent"))
         with pytest.raises(clusterstate.ClusterError) as refused:
-            localmembers._ask_leave(cast(Any, node), wait_s=1.0, rpc_timeout=5.0)
+            localmembers._ask_leave(cast(Any, state), cast(Any, node), wait_s=1.0, rpc_timeout=5.0)
     finally:
         server.stop(None)
     said = str(refused.value)

@@ -21,6 +21,8 @@ from hexmq.api.membership.v1 import membership_pb2 as pb
 from hexmq.api.membership.v1 import membership_pb2_grpc as pb_grpc
 from hexmq.health import NOT_SERVING, SERVING, add_health
 from hexmq.node_protocol import LEGACY, Support
+from hexmq.trust.grpc_tls import ClusterTLS
+from hexmq.trust.identity import MEMBERSHIP, Identity
 from services.membership import main as membership_main
 from services.membership.agent import MembershipAgent
 from services.membership.changes import (
@@ -37,6 +39,7 @@ from services.membership.probes import (
     FailureDetector,
     Outcome,
     ProbeChannel,
+    ProbeTarget,
     looks_gone,
     tcp_refused,
 )
@@ -344,7 +347,7 @@ async def test_a_health_probe_tells_an_answering_process_from_a_gone_one() -> No
     health = add_health(server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    channel = ProbeChannel(f"127.0.0.1:{port}")
+    channel = ProbeChannel("n2", ProbeTarget(f"127.0.0.1:{port}", tls=False), ClusterTLS.insecure())
     try:
         await health.set("", SERVING)
         assert await channel.check(1.0) is Outcome.OK
@@ -614,7 +617,13 @@ async def test_a_failing_listener_does_not_stop_later_views() -> None:
         if v.epoch == 1:
             raise RuntimeError("a bug in the listener")
 
-    watcher = ViewWatcher(f"127.0.0.1:{port}", listener, incarnation=42)
+    target = f"127.0.0.1:{port}"
+    watcher = ViewWatcher(
+        target,
+        listener,
+        incarnation=42,
+        dial=lambda: ClusterTLS.insecure().channel(target, peer=Identity(MEMBERSHIP, "n1")),
+    )
     watcher.start()
     try:
         await asyncio.wait_for(third.wait(), 5)
@@ -702,7 +711,7 @@ async def test_an_agent_whose_loop_dies_asks_to_stop(tmp_path: Path) -> None:
     config = membership_main.agent_config(parse())
     tracing = telemetry.setup_tracing("membership", "n1")
     stopped = asyncio.Event()
-    agent = MembershipAgent(config, tracing, on_fatal=stopped.set)
+    agent = MembershipAgent(config, tracing, on_fatal=stopped.set, tls=ClusterTLS.insecure())
 
     async def broken_loop() -> None:
         raise RuntimeError("a bug")
@@ -725,7 +734,7 @@ async def test_an_agent_asked_to_leave_before_any_view_has_left_at_once() -> Non
     # hand over, so it stops at once instead of waiting --leave-timeout for a view.
     config = membership_main.agent_config(parse())
     tracing = telemetry.setup_tracing("membership", "n1")
-    agent = MembershipAgent(config, tracing, on_fatal=lambda: None)
+    agent = MembershipAgent(config, tracing, on_fatal=lambda: None, tls=ClusterTLS.insecure())
     reply = await asyncio.wait_for(agent.leave(60.0), 1.0)
     assert reply.left
     tracing.shutdown()
@@ -737,7 +746,7 @@ async def test_a_node_that_has_left_registers_as_serving_nothing() -> None:
     node (the mixed-cluster leave test saw it). Once left, it registers incarnation 0."""
     config = membership_main.agent_config(parse())  # node n1
     tracing = telemetry.setup_tracing("membership", "n1")
-    agent = MembershipAgent(config, tracing, on_fatal=lambda: None)
+    agent = MembershipAgent(config, tracing, on_fatal=lambda: None, tls=ClusterTLS.insecure())
     agent.partition_attached(7)
     holding = view(3)
     agent._adopt(None, holding)

@@ -11,6 +11,7 @@ from typing import Any, cast
 
 import pytest
 
+from hexmq.trust.grpc_tls import ClusterTLS
 from services.partition import peers
 from services.partition.replication import Ready, SnapshotRead
 
@@ -39,6 +40,7 @@ async def test_snapshot_reads_wait_for_a_slot() -> None:
         cast(Any, store),
         cast(Any, SimpleNamespace(on_durable=None)),
         on_failure=lambda exc: None,
+        tls=ClusterTLS.insecure(),
     )
     reads = [SnapshotRead("n2", p, (1, 1), p) for p in range(64)]
     await asyncio.gather(*(driver._read_snapshot(r) for r in reads))
@@ -62,6 +64,7 @@ async def test_a_snapshot_read_that_fails_is_started_again() -> None:
         cast(Any, BrokenStore()),
         cast(Any, SimpleNamespace(on_durable=None)),
         on_failure=lambda exc: pytest.fail(f"not a storage failure: {exc}"),
+        tls=ClusterTLS.insecure(),
     )
     read = SnapshotRead("n2", 3, (1, 1), 7)
     await driver._read_snapshot(read)

@@ -64,8 +64,7 @@ async def test_each_end_is_told_then_waited_for_and_the_side_resets_the_wait(
 
     task = asyncio.create_task(
         keep_streaming(
-            f"127.0.0.1:{port}",
-            [],
+            lambda: grpc.aio.insecure_channel(f"127.0.0.1:{port}"),
             run,
             refused=lambda why, details: told.append(f"refused {why} / {details}"),
             closed=lambda why: told.append(f"closed {why}"),
@@ -108,6 +107,9 @@ async def test_a_peer_that_is_not_there_is_not_reachable(
 
     with pytest.raises(asyncio.CancelledError):
         await keep_streaming(
-            "127.0.0.1:1", [], run, refused=lambda why, details: None, closed=stop_after_one
+            lambda: grpc.aio.insecure_channel("127.0.0.1:1"),
+            run,
+            refused=lambda why, details: None,
+            closed=stop_after_one,
         )
     assert closed == ["not reachable"]

@@ -5,6 +5,10 @@ Thin by design: it parses a request, runs one state call on the loop's clock (af
 so that every deadline that passed has been acted on), then settles the effects: wakes the
 blocking queries a change concerns, logs the notices, persists the state (before answering),
 and rearms the one timer at the state's next deadline.
+
+With a management token (`--acl-token-file`) the dispatcher asks the pure rules of acl.py
+what each request may do before its handler runs: a refusal is answered there; a listing the
+caller may not see is emptied where the handlers take their results (`_visible`).
 """
 
 from __future__ import annotations
@@ -15,12 +19,12 @@ import logging
 import random
 import re
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 from aiohttp import web
 
 from hexmq import __version__
-from services.membership.consul_dev import decode
+from services.membership.consul_dev import acl, decode
 from services.membership.consul_dev.model import (
     CRITICAL,
     DATACENTER,
@@ -57,6 +61,12 @@ class PersistError(Exception):
 
 Handler = Callable[[web.Request, str], Awaitable[web.StreamResponse]]
 
+# What the ACL rules allowed a request (an acl.Verdict), and whether its results were filtered.
+_VERDICT: Final = "hexmq.consul_dev.verdict"
+_FILTERED: Final = "hexmq.consul_dev.filtered"
+# The endpoints whose rights depend on the request body (acl.need_for reads it).
+_BODY_ROUTES: Final = frozenset({"/v1/session/create", "/v1/agent/service/register"})
+
 
 def _suffix(path: str, prefix: str) -> str:
     return path[len(prefix) :]
@@ -70,8 +80,13 @@ class ConsulHTTP:
         leader: str,
         persist: Callable[[dict[str, Any]], None] | None = None,
         rng: random.Random | None = None,
+        management_token: Callable[[], str] | None = None,
     ) -> None:
+        """`management_token`: the one token that may do everything, asked for each request
+        (a rotated token file is picked up); None: ACLs disabled, every request allowed."""
         self.state = state
+        self._management_token = management_token
+        self._facts = StateFacts(state)
         self.leader = leader
         self.hub = WatchHub()
         self.failed = asyncio.Event()  # set when the state could not be persisted
@@ -171,6 +186,16 @@ class ConsulHTTP:
         )
         if route is None:
             return _not_a_path(path)
+        response = await self._serve(request, route)
+        # Consul's wrap sets it on every answer of an API endpoint, ACLs enabled or not.
+        policy = "allow" if self._management_token is None else "deny"
+        response.headers[acl.DEFAULT_POLICY_HEADER] = policy
+        return response
+
+    async def _serve(
+        self, request: web.Request, route: tuple[str, tuple[str, ...], Handler]
+    ) -> web.StreamResponse:
+        path = request.path
         pattern, methods, handler = route
         allow = ",".join(("OPTIONS", *methods))
         if request.method == "OPTIONS":
@@ -185,12 +210,45 @@ class ConsulHTTP:
                 raise server_error("No path to datacenter")
             if "stale" in request.query and "consistent" in request.query:
                 raise bad_request("Cannot specify ?stale with ?consistent, conflicting semantics.")
-            return await handler(request, _suffix(path, pattern))
+            rest = _suffix(path, pattern)
+            request[_VERDICT] = await self._authorize(request, pattern, rest)
+            response = await handler(request, rest)
+            if request.get(_FILTERED):
+                response.headers[acl.FILTERED_HEADER] = "true"
+            return response
         except ConsulError as exc:
-            log.debug("%s %s: %d %s", request.method, request.path_qs, exc.status, exc.text)
+            log.debug("%s %s: %d %s", request.method, _loggable(request), exc.status, exc.text)
             return web.Response(status=exc.status, text=exc.text)
         except PersistError as exc:
             return web.Response(status=500, text=f"failed to persist the state: {exc}")
+
+    async def _authorize(self, request: web.Request, route: str, rest: str) -> acl.Verdict:
+        """What the request may do (acl.py); a refusal is raised as Consul's 403."""
+        management = self._management_token
+        if management is None:
+            return acl.ALLOW
+        body = await request.read() if route in _BODY_ROUTES else b""
+        need = self._step(
+            lambda now: acl.need_for(route, request.method, rest, request.query, body, self._facts)
+        )
+        identity = None
+        if need is not acl.Need.OPEN:
+            token = acl.request_token(request.query, request.headers)
+            identity = acl.resolve(token, management())
+        verdict = acl.decide(identity, need)
+        if not verdict.allowed:
+            raise verdict.refusal()
+        return verdict
+
+    def _visible(self, request: web.Request, result: T) -> T:
+        """The results the request may see: all of them, or (a listing the caller has no
+        right to) nothing, noting that something was left out."""
+        verdict: acl.Verdict = request.get(_VERDICT, acl.ALLOW)
+        if verdict.sees_all:
+            return result
+        if verdict.shows_filtering and result:
+            request[_FILTERED] = True
+        return _nothing_like(result)
 
     def _json(
         self, request: web.Request, doc: Any, index: int | None = None, status: int = 200
@@ -222,7 +280,7 @@ class ConsulHTTP:
             min_index = int(text)
         index, result = self._step(lambda now: query())
         if not min_index:
-            return max(index, 1), result
+            return max(index, 1), self._visible(request, result)
         wait = DEFAULT_WAIT_S if wait <= 0 else min(wait, MAX_WAIT_S)
         deadline = self._loop.time() + wait + self._rng.uniform(0, wait / JITTER_FRACTION)
         while max(index, 1) <= min_index:
@@ -233,7 +291,7 @@ class ConsulHTTP:
             index, result = self._step(lambda now: query())
             if not woken:
                 break
-        return max(index, 1), result
+        return max(index, 1), self._visible(request, result)
 
     # --- KV ----------------------------------------------------------------------------------
 
@@ -391,10 +449,12 @@ class ConsulHTTP:
         )
 
     async def _agent_services(self, request: web.Request, _: str) -> web.StreamResponse:
-        return self._json(request, self._step(lambda now: self.state.agent_services()))
+        services = self._step(lambda now: self.state.agent_services())
+        return self._json(request, self._visible(request, services))
 
     async def _agent_checks(self, request: web.Request, _: str) -> web.StreamResponse:
-        return self._json(request, self._step(lambda now: self.state.agent_checks()))
+        checks = self._step(lambda now: self.state.agent_checks())
+        return self._json(request, self._visible(request, checks))
 
     async def _service_register(self, request: web.Request, _: str) -> web.StreamResponse:
         definition = decode.service_definition(await request.read())
@@ -453,6 +513,47 @@ class ConsulHTTP:
 
     async def _status_peers(self, request: web.Request, _: str) -> web.StreamResponse:
         return self._json(request, [self.leader])
+
+
+class StateFacts:
+    """What the ACL rules ask of the state (acl.Facts)."""
+
+    def __init__(self, state: ConsulState) -> None:
+        self._state = state
+
+    @property
+    def node_name(self) -> str:
+        return self._state.node_name
+
+    def session_node(self, session_id: str) -> str | None:
+        session = self._state.sessions.get(session_id)
+        return None if session is None else session.node
+
+    def agent_service_name(self, service_id: str) -> str | None:
+        service = self._state.catalog.services.get(service_id)
+        return service.name if service is not None and service.registered_by_agent else None
+
+    def check_service_name(self, check_id: str) -> str | None:
+        check = self._state.catalog.checks.get(check_id)
+        return None if check is None else check.service_name
+
+
+def _nothing_like(result: T) -> T:
+    """An empty result of the same shape: [] for a list, {} for a map, None for one record."""
+    if isinstance(result, list | dict):
+        return cast(T, type(result)())
+    return cast(T, None)
+
+
+def _loggable(request: web.Request) -> str:
+    """The request's path and query, a `?token=` hidden (Consul's wrap does the same)."""
+    if "token" not in request.query:
+        return request.path_qs
+    query = "&".join(
+        f"{name}={'<hidden>' if name == 'token' else value}"
+        for name, value in request.query.items()
+    )
+    return f"{request.path}?{query}"
 
 
 def _meta(index: int | None) -> dict[str, str]:

@@ -1,10 +1,14 @@
 """`hexmq consul-dev`: serve the Consul HTTP API subset the membership agents use.
 
 One process for one machine (local clusters, tests, the fault suite); production runs Consul
-servers. Prints `serving on http://HOST:PORT` on stdout once it accepts requests (with
-`--listen HOST:0` the port is the one the system chose). Exit codes: 0 after SIGTERM or SIGINT,
-1 when it cannot serve (address in use, state not writable), 2 on bad arguments or a data
-directory it cannot use.
+servers. Prints `serving on http://HOST:PORT` (`https://` with `--https-cert`) on stdout once it
+accepts requests (with `--listen HOST:0` the port is the one the system chose). Exit codes: 0
+after SIGTERM or SIGINT, 1 when it cannot serve (address in use, state not writable), 2 on bad
+arguments, a token or TLS file it cannot use, or a data directory it cannot use.
+
+`--acl-token-file FILE` enables Consul's ACLs with default policy deny (acl.py): the file's
+content is the one management token (acl.tokens.initial_management), read again when the file
+changes. The token is taken from a file only, never from the command line, where `ps` shows it.
 """
 
 from __future__ import annotations
@@ -12,14 +16,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import ssl
 from pathlib import Path
 
 from aiohttp import web
 
 from hexmq.service import run_service, setup_logging
+from services.membership.consul_dev.acl import ANONYMOUS_SECRET
 from services.membership.consul_dev.datafile import DataDir, DataDirError
 from services.membership.consul_dev.http import ConsulHTTP
 from services.membership.consul_dev.state import ConsulState
+from services.membership.consul_dev.tls import server_context
+from services.membership.token_file import TokenFile, TokenFileError
 
 log = logging.getLogger("hexmq.consul_dev")
 
@@ -48,7 +56,65 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_NODE_NAME,
         help="the node this server is: sessions and services live on it (default %(default)s)",
     )
+    parser.add_argument(
+        "--acl-token-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="enable ACLs with default policy deny: FILE holds the one management token "
+        "(read again when the file changes); without it every request is allowed",
+    )
+    parser.add_argument(
+        "--https-cert",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="serve HTTPS (TLS 1.2+) with this PEM certificate (chain); needs --https-key",
+    )
+    parser.add_argument(
+        "--https-key", type=Path, default=None, metavar="FILE", help="the certificate's PEM key"
+    )
+    parser.add_argument(
+        "--https-ca",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="ask clients for a certificate signed by this CA (checked when one is given)",
+    )
+    parser.add_argument(
+        "--https-verify-incoming",
+        action="store_true",
+        help="refuse clients without a certificate signed by --https-ca (Consul's verify_incoming)",
+    )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+
+
+def management_token(args: argparse.Namespace) -> TokenFile | None:
+    """The --acl-token-file (None: ACLs disabled); TokenFileError naming the option."""
+    if args.acl_token_file is None:
+        return None
+    token = TokenFile(args.acl_token_file, "--acl-token-file")
+    if token.current() == ANONYMOUS_SECRET:
+        raise TokenFileError(
+            f"--acl-token-file {args.acl_token_file}: 'anonymous' is Consul's anonymous "
+            "token, not a management token"
+        )
+    return token
+
+
+def tls_context(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """The HTTPS context (None: plain HTTP); ValueError naming the option."""
+    if args.https_cert is None and args.https_key is None:
+        if args.https_ca is not None or args.https_verify_incoming:
+            raise ValueError(
+                "--https-ca and --https-verify-incoming need --https-cert and --https-key"
+            )
+        return None
+    if args.https_cert is None or args.https_key is None:
+        raise ValueError("--https-cert and --https-key go together")
+    return server_context(
+        args.https_cert, args.https_key, args.https_ca, args.https_verify_incoming
+    )
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -77,6 +143,13 @@ def run(args: argparse.Namespace) -> int:
     if not args.node_name:
         log.error("--node-name must not be empty")
         return 2
+    try:
+        token = management_token(args)
+        tls = tls_context(args)
+    except ValueError as exc:  # TokenFileError included
+        log.error("%s", exc)
+        return 2
+    scheme = "http" if tls is None else "https"
     data_dir = DataDir(args.data_dir) if args.data_dir is not None else None
     try:
         doc = None
@@ -114,6 +187,7 @@ def run(args: argparse.Namespace) -> int:
             state,
             leader=_host_port(_advertised(host), 8300),
             persist=data_dir.save if data_dir is not None else None,
+            management_token=token.current if token is not None else None,
         )
         if data_dir is not None and doc is None:
             try:
@@ -123,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
                 return 1
         runner = web.AppRunner(server.app, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
         await runner.setup()
-        site = web.TCPSite(runner, host, port)
+        site = web.TCPSite(runner, host, port, ssl_context=tls)
         try:
             await site.start()
         except OSError as exc:
@@ -134,12 +208,17 @@ def run(args: argparse.Namespace) -> int:
         address = _host_port(bound[0], bound[1])
         server.start()
         log.info(
-            "serving the Consul HTTP API on http://%s (node %s, %s)",
+            "serving the Consul HTTP API on %s://%s (node %s, %s, %s%s)",
+            scheme,
             address,
             args.node_name,
             f"state in {data_dir.file}" if data_dir else "state in memory only",
+            "ACLs disabled (no --acl-token-file): every request is allowed"
+            if token is None
+            else f"ACLs enabled, default policy deny, management token in {token.path}",
+            ", client certificates required" if args.https_verify_incoming else "",
         )
-        print(f"serving on http://{address}", flush=True)
+        print(f"serving on {scheme}://{address}", flush=True)
         stopping = asyncio.create_task(stop.wait())
         failing = asyncio.create_task(server.failed.wait())
         await asyncio.wait({stopping, failing}, return_when=asyncio.FIRST_COMPLETED)

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from services.membership.consul_client import make_consul
+from services.membership.consul_client import NO_CREDENTIALS, ConsulCredentials
 from services.membership.discovery.model import DiscoveryError, ListedNode, Listing
 from services.membership.session import CONSUL_ERRORS, MAX_BACKOFF_S
 
@@ -39,6 +39,7 @@ class ConsulCatalogSettings:
     consul_addr: str
     service: str = DEFAULT_SERVICE
     tag: str = ""  # "" : every instance of the service
+    credentials: ConsulCredentials = NO_CREDENTIALS  # the agent's token and TLS files
 
     def __post_init__(self) -> None:
         check_service_and_tag(self.service, self.tag)
@@ -94,7 +95,7 @@ class ConsulCatalogDiscovery:
     async def listings(self) -> AsyncIterator[Listing]:
         s = self.settings
         source = self.describe()
-        client = make_consul(s.consul_addr)
+        client = s.credentials.connect(s.consul_addr)
         index, last, failing, backoff = 0, None, False, 0.1
         try:
             while True:

@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Protocol, runtime_checkable
 
+from services.membership.consul_client import NO_CREDENTIALS, ConsulCredentials
+
 # The node id syntax of services/membership/records.py (--node-id).
 _NODE_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 # A DNS name or an IP literal: no spaces, no brackets inside, no port.
@@ -110,6 +112,8 @@ class DiscoveryContext:
     consul_addr: str
     # --discovery-option KEY=VALUE pairs (plugins read their settings here).
     options: Mapping[str, str] = field(default_factory=dict)
+    # The agent's token and TLS files for consul_addr: `consul_credentials.connect(addr)`.
+    consul_credentials: ConsulCredentials = NO_CREDENTIALS
 
 
 @runtime_checkable

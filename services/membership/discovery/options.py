@@ -206,7 +206,10 @@ def build_discovery(settings: DiscoverySettings, context: DiscoveryContext) -> D
     if settings.backend == consul.NAME:
         return consul.ConsulCatalogDiscovery(
             consul.ConsulCatalogSettings(
-                context.consul_addr, settings.consul_service, settings.consul_tag
+                context.consul_addr,
+                settings.consul_service,
+                settings.consul_tag,
+                credentials=context.consul_credentials,
             )
         )
     plugin_context = DiscoveryContext(
@@ -217,5 +220,6 @@ def build_discovery(settings: DiscoverySettings, context: DiscoveryContext) -> D
         membership_addr=context.membership_addr,
         consul_addr=context.consul_addr,
         options=dict(settings.options),
+        consul_credentials=context.consul_credentials,
     )
     return load_plugin(settings.backend, plugin_context, BUILTINS)

@@ -81,6 +81,7 @@ class Member(_message.Message):
     MQTT_ADDR_FIELD_NUMBER: _builtins.int
     MEMBERSHIP_ADDR_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
+    TLS_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     partition_addr: _builtins.str
     """host:port of the node's partition service (gRPC)."""
@@ -89,6 +90,11 @@ class Member(_message.Message):
     membership_addr: _builtins.str
     incarnation: _builtins.int
     """The incarnation of the node's partition service that this view admits (see WatchRequest)."""
+    tls: _builtins.bool
+    """The node's services serve mutual TLS on the cluster's links (docs/security.md). False for
+    a node started with --insecure-cluster, and for every node of a release before it: peers
+    dial it in plain text only while they allow plain-text peers (switching a cluster to TLS).
+    """
     def __init__(
         self,
         *,
@@ -97,10 +103,11 @@ class Member(_message.Message):
         mqtt_addr: _builtins.str = ...,
         membership_addr: _builtins.str = ...,
         incarnation: _builtins.int = ...,
+        tls: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "membership_addr", b"membership_addr", "mqtt_addr", b"mqtt_addr", "node_id", b"node_id", "partition_addr", b"partition_addr"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "membership_addr", b"membership_addr", "mqtt_addr", b"mqtt_addr", "node_id", b"node_id", "partition_addr", b"partition_addr", "tls", b"tls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
