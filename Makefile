@@ -16,7 +16,7 @@ TEST_WORKERS ?= 3
 COMPOSE_DIR := deploy/compose
 COMPOSE := $(BIN)/docker-compose --profile observability --profile traces
 
-.PHONY: system-deps venv proto proto-check lint typecheck deploy-check test test-unit test-fault bench bench-moderate bench-transport bench-failover bench-rebalance bench-memory run clean
+.PHONY: system-deps venv proto proto-check lint typecheck deploy-check test test-unit test-fault bench bench-moderate bench-transport bench-failover bench-rebalance bench-memory bench-retained bench-attacks run clean
 
 # redis-server and the mosquitto tools come from the system's packages (apt on Debian).
 # (A no-op when they are installed, so every target that needs them can depend on it.)
@@ -90,13 +90,25 @@ endif
 # Throughput and latency beside mosquitto (BENCH_ARGS), the moderate-load suite (fixed rates,
 # deliveries per CPU-second, memory per connection; MODERATE_ARGS), then the failover benchmark
 # (FAILOVER_ARGS) and the rebalance benchmark (REBALANCE_ARGS), the cost of one stream message
-# by transport (TRANSPORT_ARGS).
+# by transport (TRANSPORT_ARGS), a SUBSCRIBE's retained messages as the store grows
+# (RETAINED_ARGS).
 bench: $(STAMP) system-deps
 	$(BIN)/python -m bench $(BENCH_ARGS)
 	$(BIN)/python -m bench.moderate $(MODERATE_ARGS)
 	$(BIN)/python -m bench.transport $(TRANSPORT_ARGS)
 	$(BIN)/python -m bench.failover $(FAILOVER_ARGS)
 	$(BIN)/python -m bench.rebalance $(REBALANCE_ARGS)
+	$(BIN)/python -m bench.retained $(RETAINED_ARGS)
+
+# A SUBSCRIBE's retained messages with 1,000 ... 1,000,000 stored: the index in process, and a
+# real node's partition CPU per SUBSCRIBE (RETAINED_ARGS).
+bench-retained: $(STAMP) system-deps
+	$(BIN)/python -m bench.retained $(RETAINED_ARGS)
+
+# Hostile and careless clients against a 3-node RF 3 cluster: its memory and another client's
+# round trip during each attack (ATTACKS_ARGS; issue 25).
+bench-attacks: $(STAMP) system-deps
+	$(BIN)/python -m bench.attacks $(ATTACKS_ARGS)
 
 # hexmq at fixed moderate rates beside mosquitto: latency, deliveries per CPU-second, memory.
 bench-moderate: $(STAMP) system-deps

@@ -134,7 +134,7 @@ class Cluster:
         total = 0
         for node in state.nodes:
             if node.processes["partition"].running():
-                total += _queued_on_masters(node)
+                total += _queued_on_masters(state, node)
         return total
 
     def down(self) -> None:
@@ -146,12 +146,11 @@ class Cluster:
         )
 
 
-def _queued_on_masters(node: clusterstate.NodeState) -> int:
-    import grpc
-
+def _queued_on_masters(state: clusterstate.ClusterState, node: clusterstate.NodeState) -> int:
+    from hexmq import localsecurity
     from hexmq.api.partition.v1 import partition_pb2, partition_pb2_grpc
 
-    with grpc.insecure_channel(node.ports.addr(node.ports.partition)) as channel:
+    with localsecurity.node_channel(state, node, "partition") as channel:
         reply = partition_pb2_grpc.PartitionServiceStub(channel).Status(
             partition_pb2.StatusRequest(), timeout=10
         )

@@ -43,6 +43,23 @@ GRPC_LATENCY_BUCKETS = (
 )  # fmt: skip
 
 PARTITION_ROLES = ("master", "follower", "catching_up")
+# hexmq_limit_refusals_total's limits: the edge's, then the partition service's.
+EDGE_LIMITS = (
+    "topic_levels",
+    "topic_length",
+    "will_acl",
+    "client_id",
+    "session_expiry",
+    "inflight",
+)
+PARTITION_LIMITS = (
+    "queued_messages",
+    "queued_bytes",
+    "subscriptions",
+    "retained_messages",
+    "retained_bytes",
+)
+LIMITS = EDGE_LIMITS + PARTITION_LIMITS
 QOS_LEVELS = (0, 1, 2)
 
 
@@ -185,6 +202,18 @@ class Metrics:
             ["packet", "reason_code"],
             registry=r,
         )
+        self.limit_refusals = Counter(
+            "hexmq_limit_refusals",
+            "What a resource limit turned away or lowered, by limit (issue 25; "
+            "docs/operations.md, 'Bounded by default'): edge: topic_levels, topic_length, "
+            "will_acl, client_id, session_expiry (a longer expiry lowered), inflight (a "
+            "larger Receive Maximum lowered); partition: queued_messages, queued_bytes, "
+            "subscriptions, retained_messages, retained_bytes",
+            ["limit"],
+            registry=r,
+        )
+        for limit in LIMITS:
+            self.limit_refusals.labels(limit)
         self.protocol_version = Gauge(
             "hexmq_protocol_version",
             "The inter-node protocol version the cluster speaks, by the view this process acts "
@@ -203,6 +232,30 @@ class Metrics:
             "Bytes of snapshot writes (the bulk transfer of a partition) sent to followers, as "
             "sent, by encoding: plain, or zlib (the zlib-snapshots feature)",
             ["encoding"],
+            registry=r,
+        )
+        # Issue 30 (G9, nothing silent): links that are down, and what waits on them.
+        self.links_down = Gauge(
+            "hexmq_links_down",
+            "1 while this process's link to a peer is down, else 0, by link (edge: an edge's "
+            "link to a partition service, down until it is open and its subscription index "
+            "arrived; replication: a follower's stream from a master; membership: the view "
+            "watch to the node's own agent) and peer node",
+            ["link", "peer"],
+            registry=r,
+        )
+        self.sessions_waiting_for_master = Gauge(
+            "hexmq_sessions_waiting_for_master",
+            "Live connections on this edge whose session is not attached at a master it can "
+            "reach (the master is not in the view, its link is down, or the re-attach is not "
+            "answered yet); past --unreachable-disconnect they are disconnected",
+            registry=r,
+        )
+        self.unreachable_disconnects = Counter(
+            "hexmq_unreachable_disconnects",
+            "Connections this edge ended (5.0: DISCONNECT 0x89) because their session's master "
+            "stayed unreachable for --unreachable-disconnect seconds, so that the client "
+            "reconnects, possibly through another node",
             registry=r,
         )
         self.grpc_latency = Histogram(

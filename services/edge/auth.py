@@ -7,8 +7,17 @@ with the hash as mosquitto_passwd 2.x writes it:
 - ``$7$ITERATIONS$SALT$HASH``: PBKDF2-HMAC-SHA512 (mosquitto_passwd's default),
 - ``$6$SALT$HASH``: SHA512(password + salt) (``mosquitto_passwd -H sha512``),
 
-SALT and HASH in standard base64. `hash_password` writes the ``$7$`` form
-(``python -m services.edge.passwd`` is a small mosquitto_passwd for machines without it).
+and hexmq's own SCRAM credential, RFC 5803's form for SCRAM-SHA-512:
+
+- ``SCRAM-SHA-512$ITERATIONS:SALT$STOREDKEY:SERVERKEY``: the salt and iteration count, and
+  StoredKey = SHA512(HMAC(SaltedPassword, "Client Key")) and ServerKey =
+  HMAC(SaltedPassword, "Server Key") (RFC 5802 section 3). Neither lets anyone log in: a
+  SCRAM proof needs ClientKey, of which StoredKey is a hash, and a CONNECT needs the
+  password. (A ``$7$`` hash is SaltedPassword itself: SCRAM login material, see
+  services/edge/scram.py.)
+
+SALT and the rest in standard base64. `hash_password` writes the ``$7$`` form, `scram_entry`
+the SCRAM one (``hexmq passwd [--scram]``).
 """
 
 from __future__ import annotations
@@ -31,15 +40,28 @@ SALT_BYTES = 12
 _VERIFIED_CACHE_SIZE = 10_000
 
 
+# PasswordHash.scheme of a SCRAM-SHA-512 credential (the others are mosquitto's numbers).
+SCRAM_SHA512 = 512
+SCRAM_PREFIX = "SCRAM-SHA-512$"
+# RFC 7677 asks SCRAM servers for at least 4096 iterations.
+SCRAM_ITERATIONS = 4096
+
+
 @dataclass(frozen=True, slots=True)
 class PasswordHash:
-    scheme: int  # 6: SHA512(password + salt); 7: PBKDF2-HMAC-SHA512
+    # 6: SHA512(password + salt); 7: PBKDF2-HMAC-SHA512; SCRAM_SHA512: digest is StoredKey
+    scheme: int
     iterations: int
     salt: bytes
     digest: bytes
+    server_key: bytes = b""
 
     def matches(self, password: bytes) -> bool:
-        if self.scheme == 7:
+        if self.scheme == SCRAM_SHA512:
+            salted = hashlib.pbkdf2_hmac("sha512", password, self.salt, self.iterations, 64)
+            client_key = hmac.digest(salted, b"Client Key", "sha512")
+            got = hashlib.sha512(client_key).digest()
+        elif self.scheme == 7:
             got = hashlib.pbkdf2_hmac(
                 "sha512", password, self.salt, self.iterations, len(self.digest)
             )
@@ -59,7 +81,10 @@ def _b64(text: str, what: str) -> bytes:
 
 
 def parse_hash(text: str) -> PasswordHash:
-    """A ``$7$...`` or ``$6$...`` hash; ValueError saying what is wrong with it."""
+    """A ``$7$...``, ``$6$...`` or ``SCRAM-SHA-512$...`` entry; ValueError saying what is
+    wrong with it."""
+    if text.startswith(SCRAM_PREFIX):
+        return _parse_scram(text[len(SCRAM_PREFIX) :])
     parts = text.split("$")
     if len(parts) == 5 and parts[0] == "" and parts[1] == "7":
         try:
@@ -76,7 +101,44 @@ def parse_hash(text: str) -> PasswordHash:
         return PasswordHash(6, 1, _b64(parts[2], "salt"), digest)
     raise ValueError(
         "unknown password hash (expected $7$ITERATIONS$SALT$HASH or $6$SALT$HASH, "
-        "as mosquitto_passwd writes them)"
+        "as mosquitto_passwd writes them, or SCRAM-SHA-512$ITERATIONS:SALT$STOREDKEY:SERVERKEY, "
+        "as hexmq passwd --scram writes it)"
+    )
+
+
+def _parse_scram(text: str) -> PasswordHash:
+    info, sep, keys = text.partition("$")
+    iterations_text, sep1, salt = info.partition(":")
+    stored, sep2, server = keys.partition(":")
+    if not (sep and sep1 and sep2):
+        raise ValueError(
+            "a SCRAM-SHA-512 entry is SCRAM-SHA-512$ITERATIONS:SALT$STOREDKEY:SERVERKEY"
+        )
+    try:
+        iterations = int(iterations_text)
+    except ValueError:
+        raise ValueError(f"iteration count {iterations_text!r} is not a number") from None
+    if iterations < 1:
+        raise ValueError("iteration count must be at least 1")
+    stored_key, server_key = _b64(stored, "StoredKey"), _b64(server, "ServerKey")
+    if len(stored_key) != 64 or len(server_key) != 64:
+        raise ValueError("StoredKey and ServerKey of SCRAM-SHA-512 are 64 bytes each")
+    return PasswordHash(SCRAM_SHA512, iterations, _b64(salt, "salt"), stored_key, server_key)
+
+
+def scram_entry(
+    password: str, *, iterations: int = SCRAM_ITERATIONS, salt: bytes | None = None
+) -> str:
+    """The SCRAM-SHA-512 credential of `password` (RFC 5803's form): salt, iterations,
+    StoredKey and ServerKey, never SaltedPassword."""
+    salt = os.urandom(SALT_BYTES) if salt is None else salt
+    salted = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, iterations, 64)
+    stored_key = hashlib.sha512(hmac.digest(salted, b"Client Key", "sha512")).digest()
+    server_key = hmac.digest(salted, b"Server Key", "sha512")
+    b64 = base64.b64encode
+    return (
+        f"{SCRAM_PREFIX}{iterations}:{b64(salt).decode()}"
+        f"${b64(stored_key).decode()}:{b64(server_key).decode()}"
     )
 
 

@@ -13,6 +13,13 @@ DEFAULT_RECEIVE_MAXIMUM = 1024
 # free its place at saturation, and 256 capped one subscriber at 12-14k msg/s (one node, QoS 1
 # fan-in: 17,072/s with 1,024; docs/benchmarks.md, "Fewer costs per batch").
 DEFAULT_MAX_INFLIGHT_V311 = 1024
+# The most deliveries in flight to a 5.0 client, whatever its Receive Maximum (issue 25: a
+# client announcing 65535 and never reading held that many at the edge and its partition).
+DEFAULT_MAX_INFLIGHT = 1024
+# The longest Session Expiry Interval granted (issue 25): a day. 3.1.1 persistent sessions,
+# "never" in MQTT, get it too (mosquitto's persistent_client_expiration, EMQX's 2 h).
+DEFAULT_MAX_SESSION_EXPIRY = 86_400
+NEVER_EXPIRES = 0xFFFFFFFF
 DEFAULT_TOPIC_ALIAS_MAXIMUM = 64
 DEFAULT_MAX_OUTBOUND_TOPIC_ALIASES = 64
 DEFAULT_FAILOVER_HOLD = 10.0
@@ -30,6 +37,10 @@ class EdgeConfig:
     receive_maximum: int = DEFAULT_RECEIVE_MAXIMUM
     # Outbound in-flight window for 3.1.1 clients (5.0 clients announce their own).
     max_inflight_v311: int = DEFAULT_MAX_INFLIGHT_V311
+    # The most a 5.0 client's outbound window may be, whatever its Receive Maximum.
+    max_inflight: int = DEFAULT_MAX_INFLIGHT
+    # The longest Session Expiry Interval granted (NEVER_EXPIRES: no cap).
+    max_session_expiry: int = DEFAULT_MAX_SESSION_EXPIRY
     connect_timeout: float = 10.0
     # Inbound topic aliases a 5.0 client may use (announced in CONNACK).
     topic_alias_maximum: int = DEFAULT_TOPIC_ALIAS_MAXIMUM
@@ -63,6 +74,9 @@ class EdgeConfig:
     # Seconds a command for a partition without a reachable master is held before it is
     # refused (services/edge/hold.py).
     failover_hold: float = DEFAULT_FAILOVER_HOLD
+    # Seconds a live connection may wait for its session's master before the edge ends it
+    # (services/edge/unreachable.py; 0: never).
+    unreachable_disconnect: float = 3 * DEFAULT_FAILOVER_HOLD
     # Fault injection for tests only (services/edge/qos2_origins.py, fault_stall): QoS 2
     # publishes on topics with this prefix stall after their first target node ("": off).
     fault_stall_qos2_routing: str = ""

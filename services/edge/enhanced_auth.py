@@ -97,6 +97,8 @@ class PluginContext:
 
     node_id: str
     passwords: PasswordFile | None
+    # --scram-from-pbkdf2: the built-in SCRAM-SHA-512 also takes $7$ entries (insecure).
+    scram_from_pbkdf2: bool = False
 
 
 MethodFactory = Callable[[PluginContext], AuthMethod]

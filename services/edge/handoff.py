@@ -11,8 +11,10 @@ import logging
 from collections.abc import Callable, Sequence
 
 from hexmq.api.partition.v1 import partition_pb2 as pb
+from services.edge.access import AccessControl
 from services.edge.dispatch import Dispatcher
 from services.edge.router import Router
+from services.edge.stats import EdgeStats
 from services.edge.tickets import when_all_answered
 from services.edge.translate import message_commands
 
@@ -41,12 +43,31 @@ def when_stored(
         dispatcher.publish(cmd, done)
 
 
-def publish_will(router: Router, dispatcher: Dispatcher, will: pb.PublishWill) -> None:
+def publish_will(
+    router: Router,
+    dispatcher: Dispatcher,
+    will: pb.PublishWill,
+    access: AccessControl | None = None,
+    stats: EdgeStats | None = None,
+) -> None:
     """Route a due will like a PUBLISH from its client; WillPublished once every target
-    partition has it. (With some partition's index unknown it waits for a later hand-out.)"""
+    partition has it. (With some partition's index unknown it waits for a later hand-out.)
+    A will its owner may not publish now (`$SYS/`, or the ACL as it is now, a reload since
+    the CONNECT included) is dropped: confirmed, never routed."""
     if router.view is None:
         return
     msg = will.message
+    session = router.session_partition(will.client_id)
+    confirm = pb.EdgeCommand(
+        will_published=pb.WillPublished(client_id=will.client_id, will_id=will.will_id),
+    )
+    refusal = will_refusal(will, access)
+    if refusal is not None:
+        if stats is not None:
+            stats.limited["will_acl"] += 1
+        log.warning("not publishing the will of %s on %r: %s", will.client_id, msg.topic, refusal)
+        dispatcher.oneway(session, confirm)
+        return
     route = router.route_publish(msg.topic)
     if not route.complete:
         return
@@ -54,16 +75,24 @@ def publish_will(router: Router, dispatcher: Dispatcher, will: pb.PublishWill) -
     commands = message_commands(lambda m: m.CopyFrom(msg), route.targets, retained)
     if retained is not None:
         router.routed_retained(msg)
-    session = router.session_partition(will.client_id)
-    confirm = pb.EdgeCommand(
-        will_published=pb.WillPublished(client_id=will.client_id, will_id=will.will_id),
-    )
 
     def confirmed() -> None:
         dispatcher.oneway(session, confirm)
 
     when_stored(dispatcher, commands, confirmed)
     log.info("publishing the will of a session of partition %d", session)
+
+
+def will_refusal(will: pb.PublishWill, access: AccessControl | None) -> str | None:
+    """Why a will may not be published now (None: it may). A will from an edge of an earlier
+    release names no owner: only the $SYS/ rule applies to it."""
+    topic = will.message.topic
+    if topic.startswith("$SYS/"):
+        return "only the broker publishes under $SYS/"
+    if access is None or not will.owner_recorded:
+        return None
+    username = will.username if will.HasField("username") else None
+    return access.may_publish_will(will.client_id, username, topic)
 
 
 def hand_off_shared(router: Router, dispatcher: Dispatcher, handoff: pb.SharedHandoff) -> None:

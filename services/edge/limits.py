@@ -104,19 +104,30 @@ class ConnectionRate:
         return False
 
 
+# Levels of a topic name or filter (issue 25): 128, as EMQX's max_topic_levels. A filter of
+# 32,000 levels cost every edge about 9 MiB in the subscription index, and its partition as
+# much again; no real topic tree is this deep.
+DEFAULT_MAX_TOPIC_LEVELS = 128
+
+
 @dataclass(frozen=True, slots=True)
 class TopicLimits:
     """--max-topic-length (bytes of UTF-8) and --max-topic-levels (0: any number), for topic
     names and filters alike; the MQTT maximum of 65,535 bytes the codec already enforces."""
 
     max_length: int = 65535
-    max_levels: int = 0
+    max_levels: int = DEFAULT_MAX_TOPIC_LEVELS
 
     def refusal(self, topic: str) -> str | None:
         """Why `topic` is over a limit, or None."""
+        return self.which(topic)[1]
+
+    def which(self, topic: str) -> tuple[str, str | None]:
+        """(the limit's name for hexmq_limit_refusals_total, why `topic` is over it), or
+        ("", None) when it is within both."""
         # A character is at most 4 bytes of UTF-8: short topics need no encoding.
         if len(topic) * 4 > self.max_length and len(topic.encode()) > self.max_length:
-            return f"topic longer than {self.max_length} bytes"
+            return "topic_length", f"topic longer than {self.max_length} bytes"
         if self.max_levels and topic.count("/") >= self.max_levels:
-            return f"topic with more than {self.max_levels} levels"
-        return None
+            return "topic_levels", f"topic with more than {self.max_levels} levels"
+        return "", None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import ssl
 
 import grpc
@@ -22,16 +23,19 @@ from hexmq.service import (
     setup_logging,
     start_observability,
 )
-from services.edge.access import AccessControl
+from hexmq.trust.grpc_tls import ClusterTLS
+from hexmq.trust.identity import EDGE, Identity
+from services.edge.access import AccessControl, ClientIdRules
 from services.edge.acl import Acl
 from services.edge.auth import PasswordFile
-from services.edge.config import EdgeConfig
+from services.edge.config import NEVER_EXPIRES, EdgeConfig
 from services.edge.enhanced_auth import AuthMethods, PluginContext
 from services.edge.limits import TopicLimits, connection_ceiling
 from services.edge.listeners import tls_context
 from services.edge.options import BUILTIN_AUTH_METHODS, add_arguments
 from services.edge.readiness import edge_readiness
 from services.edge.server import Edge
+from services.edge.unreachable import check_bound, default_bound
 from services.membership.client import check_leave_timeout
 
 log = logging.getLogger("hexmq.edge")
@@ -60,11 +64,16 @@ def _access(args: argparse.Namespace) -> AccessControl:
     if not allow_anonymous and passwords is None:
         raise ValueError("--no-allow-anonymous needs --password-file (else no client gets in)")
     acl = Acl.load(args.acl_file) if args.acl_file else None
+    client_ids = ClientIdRules(
+        use_username=args.use_username_as_clientid, prefixes=tuple(args.clientid_prefixes)
+    )
     methods = AuthMethods.build(
         BUILTIN_AUTH_METHODS,
         args.auth_method,
         args.auth_plugin,
-        PluginContext(node_id=args.node_id, passwords=passwords),
+        PluginContext(
+            node_id=args.node_id, passwords=passwords, scram_from_pbkdf2=args.scram_from_pbkdf2
+        ),
     )
     log.info(
         "authentication: %s; anonymous clients %s; %s; enhanced authentication: %s",
@@ -73,7 +82,37 @@ def _access(args: argparse.Namespace) -> AccessControl:
         f"ACL from {acl.source}" if acl else "no ACL",
         ", ".join(methods.names) or "none",
     )
-    return AccessControl(passwords, allow_anonymous=allow_anonymous, acl=acl, methods=methods)
+    if client_ids.active:
+        log.info(
+            "client ids: %s%s",
+            "the user name" if client_ids.use_username else "as sent",
+            f", starting with one of {', '.join(client_ids.prefixes)}"
+            if client_ids.prefixes
+            else "",
+        )
+    return AccessControl(
+        passwords,
+        allow_anonymous=allow_anonymous,
+        acl=acl,
+        methods=methods,
+        acl_path=args.acl_file,
+        client_ids=client_ids,
+    )
+
+
+def _reload_acl(access: AccessControl) -> None:
+    """SIGHUP: read the ACL file again, as mosquitto does; connections use it from their next
+    check, and so does every will published from now on. A bad file keeps the ACL in force."""
+    if access.acl_path is None:
+        log.info("SIGHUP: no --acl-file to read again")
+        return
+    try:
+        acl = access.reload_acl()
+    except ValueError as exc:
+        log.error("SIGHUP: %s; the ACL in force is kept", exc)
+        return
+    assert acl is not None
+    log.info("SIGHUP: ACL from %s read again (generation %d)", acl.source, access.acl_generation)
 
 
 __all__ = ["add_arguments", "run"]
@@ -107,6 +146,9 @@ def run(args: argparse.Namespace) -> int:
                 f"--failover-hold must be more than 0 and at most 3600 seconds, not "
                 f"{args.failover_hold:g}"
             )
+        if args.unreachable_disconnect is None:
+            args.unreachable_disconnect = default_bound(args.failover_hold)
+        check_bound(args.unreachable_disconnect, args.failover_hold)
         if not 0 <= args.shutdown_grace <= 3600:
             raise ValueError(
                 f"--shutdown-grace must be 0-3600 seconds, not {args.shutdown_grace:g}"
@@ -125,12 +167,18 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--max-topic-length must be 1-65535")
         if args.max_topic_levels < 0:
             raise ValueError("--max-topic-levels must be at least 0")
+        if not 1 <= args.max_inflight_messages <= 65535:
+            raise ValueError("--max-inflight-messages must be 1-65535")
+        if not 0 <= args.max_session_expiry <= NEVER_EXPIRES:
+            raise ValueError(f"--max-session-expiry must be 0-{NEVER_EXPIRES} (that one: never)")
         tls = _tls(args)
         access = _access(args)
         apply_batch_interval(args)
+        cluster_tls = ClusterTLS.from_args(args, Identity(EDGE, args.node_id))
     except ValueError as exc:
         log.error("%s", exc)
         return 2
+    cluster_tls.warn_if_insecure()
     if args.fault_stall_qos2_routing:
         log.warning(
             "FAULT INJECTION on: QoS 2 publishes on %r* stall mid-routing",
@@ -144,6 +192,8 @@ def run(args: argparse.Namespace) -> int:
         max_packet_size=args.max_packet_size,
         receive_maximum=args.receive_maximum,
         max_inflight_v311=args.max_inflight_v311,
+        max_inflight=args.max_inflight_messages,
+        max_session_expiry=args.max_session_expiry,
         sys_interval=args.sys_interval,
         topic_alias_maximum=args.topic_alias_maximum,
         max_outbound_topic_aliases=args.max_outbound_topic_aliases,
@@ -159,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
         acl_deny_reason_code=args.acl_deny_reason_code,
         connect_timeout=args.connect_timeout,
         failover_hold=args.failover_hold,
+        unreachable_disconnect=args.unreachable_disconnect,
         shutdown_grace=args.shutdown_grace,
         fault_stall_qos2_routing=args.fault_stall_qos2_routing,
     )
@@ -169,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             log.error("cannot serve metrics on %s: %s", args.metrics_listen, exc.strerror)
             return 1
-        edge = Edge(config, obs.tracing, access=access, tls=tls)
+        edge = Edge(config, obs.tracing, access=access, tls=tls, cluster_tls=cluster_tls)
         obs.ready_when(lambda: edge_readiness(args.node_id, edge.router.view, edge.router.links))
         health_server = None
         if args.health_listen:
@@ -209,7 +260,9 @@ def run(args: argparse.Namespace) -> int:
             else "",
             edge.limit.maximum,
         )
+        log.info("cluster links: %s", cluster_tls.describe())
         metrics = asyncio.create_task(_report_metrics(edge))
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, _reload_acl, access)
         pacing = asyncio.create_task(follow_contention(telemetry.METRICS.batch_interval.set))
         await stop.wait()
         if stop.leave:
@@ -251,6 +304,7 @@ async def _report_metrics(edge: Edge) -> None:
     sent_in = [0, 0, 0]
     sent_out = [0, 0, 0]
     sent_rejected: dict[tuple[str, int], int] = {}
+    sent_limited: dict[str, int] = {}
     no_master = m.dropped_messages.labels("no_master")
     sent_no_master = 0
     while True:
@@ -273,4 +327,9 @@ async def _report_metrics(edge: Edge) -> None:
             if delta:
                 m.rejected_packets.labels(packet, f"0x{code:02x}").inc(delta)
                 sent_rejected[packet, code] = count
+        for limit, count in list(stats.limited.items()):
+            delta = count - sent_limited.get(limit, 0)
+            if delta:
+                m.limit_refusals.labels(limit).inc(delta)
+                sent_limited[limit] = count
         await asyncio.sleep(1.0)

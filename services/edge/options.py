@@ -9,17 +9,21 @@ from pathlib import Path
 from hexmq.mqtt.reason_codes import ReasonCode as RC
 from hexmq.pacing import add_batch_interval_argument
 from hexmq.service import add_observability_arguments
+from hexmq.trust.grpc_tls import add_cluster_tls_arguments
 from services.edge import scram
 from services.edge.config import (
     DEFAULT_FAILOVER_HOLD,
+    DEFAULT_MAX_INFLIGHT,
     DEFAULT_MAX_INFLIGHT_V311,
     DEFAULT_MAX_OUTBOUND_TOPIC_ALIASES,
     DEFAULT_MAX_PACKET_SIZE,
+    DEFAULT_MAX_SESSION_EXPIRY,
     DEFAULT_RECEIVE_MAXIMUM,
     DEFAULT_SHUTDOWN_GRACE,
     DEFAULT_TOPIC_ALIAS_MAXIMUM,
 )
 from services.edge.enhanced_auth import MethodFactory
+from services.edge.limits import DEFAULT_MAX_TOPIC_LEVELS
 from services.edge.listeners import PROXY_PROTOCOL_LISTENERS
 from services.membership.client import add_leave_timeout
 
@@ -31,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-id", required=True, help="this node's id, e.g. n1")
     parser.add_argument("--listen", required=True, help="MQTT HOST:PORT, e.g. 127.0.0.1:1883")
     parser.add_argument("--membership", required=True, help="the node's membership HOST:PORT")
+    add_cluster_tls_arguments(parser)
     add_leave_timeout(parser)
     parser.add_argument(
         "--max-packet-size",
@@ -49,6 +54,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=DEFAULT_MAX_INFLIGHT_V311,
         help="QoS 1 deliveries in flight to a 3.1.1 client",
+    )
+    parser.add_argument(
+        "--max-inflight-messages",
+        type=int,
+        default=DEFAULT_MAX_INFLIGHT,
+        metavar="N",
+        help="QoS 1/2 deliveries in flight to a 5.0 client, whatever larger Receive Maximum "
+        "it announces (MQTT 5.0 lets the server send fewer; default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-session-expiry",
+        type=int,
+        default=DEFAULT_MAX_SESSION_EXPIRY,
+        metavar="SECONDS",
+        help="longest Session Expiry Interval granted: a 5.0 client asking for more gets this "
+        "one (CONNACK says so), and a 3.1.1 persistent session (clean session 0) expires this "
+        "long after its connection ends (4294967295: never; default %(default)s, a day)",
     )
     parser.add_argument(
         "--topic-alias-maximum",
@@ -88,6 +110,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how long a command for a partition without a reachable master (a failover, a "
         "restart, a link down) is held before it is refused: PUBACK/PUBREC 0x80 (5.0) or a "
         "closed connection (3.1.1), CONNACK 0x88 / 3 (default %(default)s)",
+    )
+    parser.add_argument(
+        "--unreachable-disconnect",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="how long a live connection may wait for its session's master (out of the view, "
+        "its link down, or its re-attach unanswered) before the edge ends it so that the "
+        "client reconnects, possibly through another node: DISCONNECT 0x89 (5.0) or a close "
+        "(3.1.1); 0: never; at least --failover-hold (default: 3 x --failover-hold, at least "
+        "30)",
     )
     parser.add_argument(
         "--shutdown-grace",
@@ -193,10 +226,10 @@ def _add_transport_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--max-topic-levels",
         type=int,
-        default=0,
+        default=DEFAULT_MAX_TOPIC_LEVELS,
         metavar="N",
         help="most levels in a topic name or filter, refused like --max-topic-length "
-        "(default 0: no limit)",
+        "(0: no limit; default %(default)s)",
     )
 
 
@@ -227,12 +260,35 @@ def _add_access_arguments(parser: argparse.ArgumentParser) -> None:
         "(0x80, 0x83 or 0x87; default 0x87; 3.1.1 clients always get 0x80)",
     )
     group.add_argument(
+        "--use-username-as-clientid",
+        action="store_true",
+        help="a client's id is its user name, whatever its CONNECT says (mosquitto's "
+        "use_username_as_clientid): no user can take over another's session; clients "
+        "without a user name are refused (0x87 / 5)",
+    )
+    group.add_argument(
+        "--clientid-prefixes",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="client ids must start with one of these (repeatable); %%u stands for the user "
+        "name and must be followed by a separator, e.g. %%u- (a user's ids start with its "
+        "name and a dash); others are refused with CONNACK 0x85 / 2",
+    )
+    group.add_argument(
         "--auth-method",
         action="append",
         default=[],
         choices=sorted(BUILTIN_AUTH_METHODS),
         help="offer this MQTT 5.0 enhanced authentication method (repeatable); SCRAM-SHA-512 "
-        "checks the $7$ entries of --password-file",
+        "checks the SCRAM entries of --password-file (hexmq passwd --scram)",
+    )
+    group.add_argument(
+        "--scram-from-pbkdf2",
+        action="store_true",
+        help="INSECURE: SCRAM-SHA-512 also accepts the password file's $7$ entries, whose hash "
+        "is SCRAM's SaltedPassword: whoever reads the file can log in as any such user "
+        "(docs/security.md, 'Password file formats')",
     )
     group.add_argument(
         "--auth-plugin",

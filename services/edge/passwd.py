@@ -6,8 +6,10 @@
 
 (`python -m services.edge.passwd` is the same command.)
 
-The line is written in mosquitto_passwd's default ``$7$`` (PBKDF2-HMAC-SHA512) form; other lines
-are kept as they are; the file is created if missing (mode 0600).
+The line is written in mosquitto_passwd's default ``$7$`` (PBKDF2-HMAC-SHA512) form, or with
+``--scram`` as a SCRAM-SHA-512 credential (StoredKey and ServerKey, RFC 5803's form: it serves
+SCRAM-SHA-512 and CONNECT passwords, and reading it lets nobody log in; mosquitto cannot read
+it); other lines are kept as they are; the file is created if missing (mode 0600).
 """
 
 from __future__ import annotations
@@ -18,14 +20,21 @@ import os
 import sys
 from pathlib import Path
 
-from services.edge.auth import DEFAULT_ITERATIONS, hash_password
+from services.edge.auth import DEFAULT_ITERATIONS, SCRAM_ITERATIONS, hash_password, scram_entry
 
 
-def set_password(path: Path, user: str, password: str, iterations: int) -> None:
+def set_password(
+    path: Path, user: str, password: str, iterations: int, *, scram: bool = False
+) -> None:
     if not user or ":" in user:
         raise ValueError("a user name must be non-empty and hold no ':'")
     lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
-    entry = f"{user}:{hash_password(password, iterations=iterations)}"
+    hashed = (
+        scram_entry(password, iterations=iterations)
+        if scram
+        else hash_password(password, iterations=iterations)
+    )
+    entry = f"{user}:{hashed}"
     kept = [line for line in lines if line.partition(":")[0].strip() != user]
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -48,10 +57,24 @@ def main(argv: list[str] | None = None, prog: str = "python -m services.edge.pas
     parser.add_argument(
         "--iterations",
         type=int,
-        default=DEFAULT_ITERATIONS,
-        help="PBKDF2 iterations (default %(default)s, as mosquitto_passwd)",
+        default=None,
+        help=f"PBKDF2 iterations (default {DEFAULT_ITERATIONS}, as mosquitto_passwd; with "
+        f"--scram {SCRAM_ITERATIONS}, as RFC 7677 asks)",
+    )
+    parser.add_argument(
+        "--scram",
+        action="store_true",
+        help="write a SCRAM-SHA-512 credential (salt, iterations, StoredKey, ServerKey) "
+        "instead of a $7$ hash: it serves SCRAM-SHA-512 (--auth-method) and CONNECT "
+        "passwords, and whoever reads the file cannot log in with it; mosquitto cannot "
+        "read such a line",
     )
     args = parser.parse_args(argv)
+    iterations = args.iterations
+    if iterations is None:
+        iterations = SCRAM_ITERATIONS if args.scram else DEFAULT_ITERATIONS
+    if iterations < 1:
+        parser.error("--iterations must be at least 1")
     password = args.password
     if password is None:
         password = getpass.getpass("Password: ")
@@ -59,7 +82,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m services.edge.pas
             print("passwords do not match", file=sys.stderr)
             return 1
     try:
-        set_password(args.file, args.user, password, args.iterations)
+        set_password(args.file, args.user, password, iterations, scram=args.scram)
     except (OSError, ValueError) as exc:
         print(f"{args.file}: {exc}", file=sys.stderr)
         return 1

@@ -1,13 +1,16 @@
 """SCRAM-SHA-512 (RFC 5802, with SHA-512 in the way RFC 7677 uses SHA-256) as an enhanced
 authentication method, checked against the edge's password file.
 
-Why the password file serves SCRAM without the password: a mosquitto ``$7$ITER$SALT$HASH`` entry
-is PBKDF2-HMAC-SHA512(password, SALT, ITER) with a 64-byte output, and SCRAM-SHA-512's
-SaltedPassword is Hi(password, salt, i), which is PBKDF2 with HMAC-SHA-512 and the hash's own
-length, 64 bytes: the same value. (Checked against mosquitto_passwd 2.0.11's output in
-tests/unit/test_scram.py.) The server sends SALT and ITER and derives ClientKey, StoredKey
-and ServerKey from HASH. ``$6$`` entries (one SHA-512 of password + salt) cannot serve, and the
-password is not SASLprep-normalised by mosquitto_passwd: a password that SASLprep changes
+The credentials: a ``SCRAM-SHA-512$ITER:SALT$STOREDKEY:SERVERKEY`` entry of the password file
+(``hexmq passwd --scram``; services/edge/auth.py), which holds what RFC 5802 section 3 has the
+server keep, and nothing a client could log in with: reading the file gives no login.
+
+A mosquitto ``$7$ITER$SALT$HASH`` entry can serve too, but only with --scram-from-pbkdf2: its
+HASH is PBKDF2-HMAC-SHA512(password, SALT, ITER) with a 64-byte output, which is exactly
+SCRAM-SHA-512's SaltedPassword (checked against mosquitto_passwd 2.0.11's output in
+tests/unit/test_scram.py), and from SaltedPassword a client computes its proof: whoever reads
+such a file can log in as any of its users (issue 25). ``$6$`` entries cannot serve at all.
+The password is not SASLprep-normalised by either tool: a password that SASLprep changes
 (non-ASCII, some control characters) works with CONNECT's Password but not with SCRAM.
 
 One exchange, in the MQTT Authentication Data:
@@ -30,11 +33,12 @@ import hashlib
 import hmac
 import logging
 import secrets
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from hexmq.mqtt.reason_codes import ReasonCode
-from services.edge.auth import DEFAULT_ITERATIONS, SALT_BYTES, PasswordFile
+from services.edge.auth import SALT_BYTES, SCRAM_ITERATIONS, SCRAM_SHA512, PasswordFile
 from services.edge.enhanced_auth import Continue, Failure, PluginContext, Step, Success
 
 log = logging.getLogger("hexmq.edge.auth")
@@ -206,46 +210,70 @@ class ScramExchange:
 
 
 class ScramSha512:
-    """The SCRAM-SHA-512 method over a password file (`$7$` entries)."""
+    """The SCRAM-SHA-512 method over a password file: its SCRAM-SHA-512 entries, and with
+    `from_pbkdf2` (--scram-from-pbkdf2, insecure) its `$7$` entries too."""
 
     name = NAME
     HASH = "sha512"
 
-    def __init__(self, passwords: PasswordFile, *, nonce: Callable[[], str] | None = None) -> None:
+    def __init__(
+        self,
+        passwords: PasswordFile,
+        *,
+        nonce: Callable[[], str] | None = None,
+        from_pbkdf2: bool = False,
+    ) -> None:
         self._nonce = nonce or (lambda: secrets.token_urlsafe(24))
         self._keys: dict[str, ScramKeys] = {}
         self._unusable: dict[str, str] = {}
         decoy_key = hashlib.sha512(b"hexmq scram decoy salt")
+        pbkdf2_users = []
         for user, entry in sorted(passwords.users.items()):
             decoy_key.update(entry.salt + entry.digest)
-            if entry.scheme == 7 and len(entry.digest) == 64:
+            if entry.scheme == SCRAM_SHA512:
+                self._keys[user] = ScramKeys(
+                    entry.salt, entry.iterations, entry.digest, entry.server_key
+                )
+            elif entry.scheme == 7 and len(entry.digest) == 64 and from_pbkdf2:
                 self._keys[user] = ScramKeys.from_salted_password(
                     self.HASH, entry.digest, entry.salt, entry.iterations
                 )
+                pbkdf2_users.append(user)
             else:
                 self._unusable[user] = (
                     f"the password file has a ${entry.scheme}$ entry for this user, which "
-                    f"cannot serve {NAME}; write a $7$ entry (mosquitto_passwd's default, or "
-                    "python -m services.edge.passwd)"
+                    f"does not serve {NAME}; write a SCRAM-SHA-512 entry (hexmq passwd --scram)"
                 )
         # Secret (it hashes every entry's hash) and the same on every edge reading this file,
-        # so an unknown user's salt is stable across nodes and restarts, like a real one's.
+        # so an unknown user's salt is stable across nodes and restarts, like a real one's;
+        # and the iteration count most of the real users have, so that it gives none away.
         self._decoy_key = decoy_key.digest()
+        counts = Counter(keys.iterations for keys in self._keys.values())
+        self._decoy_iterations = counts.most_common(1)[0][0] if counts else SCRAM_ITERATIONS
         if self._unusable:
             log.warning(
-                "%s: %d user(s) of %s have $6$ entries and cannot log in with it (CONNECT's "
-                "password still works): %s",
+                "%s: %d user(s) of %s have no SCRAM-SHA-512 entry and cannot log in with it "
+                "(CONNECT's password still works): %s",
                 NAME,
                 len(self._unusable),
                 passwords.source,
                 ", ".join(sorted(self._unusable)),
+            )
+        if pbkdf2_users:
+            log.warning(
+                "%s: --scram-from-pbkdf2: %d user(s) of %s log in with their $7$ hash, which "
+                "is SCRAM's SaltedPassword: whoever reads that file can log in as them: %s",
+                NAME,
+                len(pbkdf2_users),
+                passwords.source,
+                ", ".join(pbkdf2_users),
             )
 
     @classmethod
     def from_context(cls, context: PluginContext) -> ScramSha512:
         if context.passwords is None:
             raise ValueError(f"--auth-method {NAME} needs --password-file")
-        return cls(context.passwords)
+        return cls(context.passwords, from_pbkdf2=context.scram_from_pbkdf2)
 
     def exchange(self, *, client_id: str, peer: str) -> ScramExchange:
         return ScramExchange(self.HASH, self._lookup, self._nonce)
@@ -256,5 +284,5 @@ class ScramSha512:
             return keys, None
         # A salt and keys no password matches; the same for the same name every time.
         seed = hmac.digest(self._decoy_key, username.encode(), self.HASH)
-        decoy = ScramKeys(seed[:SALT_BYTES], DEFAULT_ITERATIONS, seed, seed)
+        decoy = ScramKeys(seed[:SALT_BYTES], self._decoy_iterations, seed, seed)
         return decoy, self._unusable.get(username, "unknown user")

@@ -10,6 +10,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from hexmq.telemetry.metrics import EDGE_LIMITS
+
 
 @dataclass(slots=True)
 class EdgeStats:
@@ -28,6 +30,8 @@ class EdgeStats:
     refused_publishes: int = 0
     # Connections ended or refused for bad input or a refusal, by (packet kind, reason code).
     rejected: Counter[tuple[str, int]] = field(default_factory=Counter)
+    # What each resource limit turned away or lowered (hexmq.telemetry.metrics.EDGE_LIMITS).
+    limited: Counter[str] = field(default_factory=Counter)
 
     def counters(self, connected: int) -> dict[str, int]:
         """The figures $SYS publishes, by subtopic as mosquitto's $SYS/broker tree names them
@@ -48,4 +52,6 @@ class EdgeStats:
         values["publish/dropped_too_large"] = self.dropped_too_large
         values["publish/refused"] = self.refused_publishes
         values["packets/rejected"] = sum(self.rejected.values())
+        for limit in EDGE_LIMITS:
+            values[f"limits/{limit}"] = self.limited[limit]
         return values

@@ -19,20 +19,51 @@ from services.partition.effects import MessageDurable, Pump, Send, SendReleased
 from services.partition.links import EdgeLink
 from services.partition.master_state import MasterState, _result
 from services.partition.replication import Replicator
-from services.partition.sessions import LiveConnection, Session
+from services.partition.retained import RetainedMessages, retained_size
+from services.partition.sessions import LiveConnection, Session, queued_size
 from services.partition.store import WriteBatch
 from services.partition.tracing import AppendTracer, set_carrier
 
-DEFAULT_MAX_QUEUED = 100_000
+# A session's queue (issue 25): 1,000 messages as mosquitto's and EMQX's default, and a byte
+# cap besides (a 16 KB message each time is 16 MB; a count alone let 1 MB messages grow one
+# offline session to a gigabyte on every replica).
+DEFAULT_MAX_QUEUED = 1_000
+DEFAULT_MAX_QUEUED_BYTES = 16 * 1024 * 1024
+# Subscriptions one session may hold (a client's 20,000 filters cost every edge and replica).
+DEFAULT_MAX_SUBSCRIPTIONS = 1_000
+# Retained messages of the whole cluster: each is held in memory and Redis on RF nodes.
+DEFAULT_MAX_RETAINED_MESSAGES = 1_000_000
+DEFAULT_MAX_RETAINED_BYTES = 1024 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
 class QueueLimits:
-    """How many QoS >= 1 messages one session may hold (sent and unsent), and which one goes
-    when it is full: the newest is not queued (mosquitto's behaviour) or the oldest is dropped."""
+    """How many QoS >= 1 messages one session may hold (sent and unsent), and how many bytes
+    (payload and topic), and which one goes when it is full: the newest is not queued
+    (mosquitto's behaviour) or the oldest ones are dropped. Also the other limits a partition
+    master keeps: subscriptions per session, and the cluster's retained messages (by count
+    and bytes, shared among the nodes as their share of the partitions they master)."""
 
     max_queued_messages: int = DEFAULT_MAX_QUEUED
     drop_oldest: bool = False
+    max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES
+    max_subscriptions: int = DEFAULT_MAX_SUBSCRIPTIONS
+    max_retained_messages: int = DEFAULT_MAX_RETAINED_MESSAGES
+    max_retained_bytes: int = DEFAULT_MAX_RETAINED_BYTES
+
+
+@dataclass(slots=True)
+class LimitCounts:
+    """What the limits turned away, for $SYS and metrics (hexmq_limit_refusals_total)."""
+
+    queued_messages: int = 0
+    queued_bytes: int = 0
+    subscriptions: int = 0
+    retained_messages: int = 0
+    retained_bytes: int = 0
+
+    def counters(self) -> dict[str, int]:
+        return {f"limits/{name}": getattr(self, name) for name in self.__slots__}
 
 
 def publish_origin(link: EdgeLink, cmd: pb.EdgeCommand) -> bytes:
@@ -47,8 +78,9 @@ class MessageDelivery(MasterState):
     # QoS 1 publishes sent again that found their writes made already.
     resent_publishes: int
     dropped_queue_full: int
+    limit_counts: LimitCounts
     tracer: AppendTracer
-    retained: dict[str, tuple[int, common_pb.Message]]
+    retained: RetainedMessages
     _dirty: dict[str, Session]
     # Sessions to pump when the release under way ends (by identity: a session replaced in
     # the meantime is not pumped, see _pump).
@@ -111,8 +143,9 @@ class MessageDelivery(MasterState):
                         return
         self.messages_in += 1
         msg = req.message
+        retained_refusal = None
         if has_retained:
-            self._store_retained(req.retained.partition, msg)
+            retained_refusal = self._store_retained(req.retained.partition, msg)
         # partition -> subscriber sessions it delivers this message to (when traced).
         fanout: dict[int, int] = {}
         # partition -> trace carrier of its append span, when this publish is traced.
@@ -162,6 +195,11 @@ class MessageDelivery(MasterState):
                     batch.add_origin(p, origin)
             if has_retained and req.retained.partition not in targets:
                 batch.add_origin(req.retained.partition, origin)
+        if retained_refusal is not None:
+            # Stored for its subscribers, not as the topic's retained message: the edge
+            # answers a 5.0 publisher 0x97 Quota exceeded with this reason.
+            self._reply(link, cmd, retained_refused=True, message=retained_refusal)
+            return
         self._reply(link, cmd)
 
     def _match_shared(
@@ -200,13 +238,31 @@ class MessageDelivery(MasterState):
         """Queue a QoS >= 1 message for `session` (its message id is assigned here), durably,
         within the session's limit; False if the limit turned it away."""
         batch = self.commit.batch
-        if len(session.queue) >= self.limits.max_queued_messages:
+        limits = self.limits
+        size = queued_size(qm)
+        if (
+            len(session.queue) >= limits.max_queued_messages
+            or session.queued_bytes + size > limits.max_queued_bytes
+        ):
+            counts = self.limit_counts
+            if len(session.queue) >= limits.max_queued_messages:
+                counts.queued_messages += 1
+            else:
+                counts.queued_bytes += 1
             self.dropped_queue_full += 1
-            if not self.limits.drop_oldest:
+            if not limits.drop_oldest or size > limits.max_queued_bytes:
                 return False  # the newest is not queued for this session
-            oldest = next(iter(session.queue))
-            session.acknowledge([oldest])
-            self.store.delete_messages(batch, session.partition, session.client_id, [oldest])
+            # The oldest go until the new one fits, by count and by bytes.
+            dropped = []
+            count, queued = len(session.queue), session.queued_bytes
+            for mid, old in session.queue.items():
+                if count < limits.max_queued_messages and queued + size <= limits.max_queued_bytes:
+                    break
+                dropped.append(mid)
+                count -= 1
+                queued -= queued_size(old)
+            session.acknowledge(dropped)
+            self.store.delete_messages(batch, session.partition, session.client_id, dropped)
         qm.message_id = session.next_message_id()
         session.enqueue(qm)
         self.store.put_message(batch, session.partition, session.client_id, qm)
@@ -214,27 +270,58 @@ class MessageDelivery(MasterState):
         self.commit.after(MessageDurable(session, qm.message_id))
         return True
 
-    def _store_retained(self, p: int, msg: common_pb.Message) -> None:
-        """Set (or, with an empty payload, delete) the topic's retained message."""
+    def _store_retained(self, p: int, msg: common_pb.Message) -> str | None:
+        """Set (or, with an empty payload, delete) the topic's retained message; why not, when
+        the cluster's retained messages are at their cap."""
+        retained = self.retained
         if msg.payload:
+            refusal = self._retained_refusal(msg)
+            if refusal is not None:
+                return refusal
             kept = common_pb.Message()
             kept.CopyFrom(msg)
             kept.retain = True
             kept.ClearField("trace")
-            self.retained[msg.topic] = (p, kept)
+            retained.put(p, kept)
             self.store.put_retained(self.commit.batch, p, kept)
-        elif self.retained.pop(msg.topic, None) is not None:
+        elif retained.delete(msg.topic):
             self.store.delete_retained(self.commit.batch, p, msg.topic)
+        return None
+
+    def _retained_refusal(self, msg: common_pb.Message) -> str | None:
+        """Whether storing `msg` would take this node past its share of the cluster's retained
+        messages (--max-retained-messages, --max-retained-bytes): the share of the partitions
+        it masters (topics spread evenly over partitions, so the nodes fill up together). A
+        message replacing a topic's own needs room only for what it adds. The broker's own
+        $SYS/ topics (a few dozen per node) neither count nor are refused."""
+        if msg.topic.startswith("$SYS/"):
+            return None
+        limits = self.limits
+        view = self.view
+        partitions = view.partition_count if view is not None and view.partition_count else 1
+        share = min(1.0, len(self.mastered) / partitions)
+        retained = self.retained
+        old = retained.get(msg.topic)
+        held = retained.size - retained.sys_size
+        count = retained.count - retained.sys_count + (old is None)
+        size = held + retained_size(msg) - (retained_size(old[1]) if old else 0)
+        if count > limits.max_retained_messages * share and old is None:
+            self.limit_counts.retained_messages += 1
+            return (
+                f"not retained: the cluster holds its maximum of "
+                f"{limits.max_retained_messages} retained messages"
+            )
+        if size > limits.max_retained_bytes * share and size > held:
+            self.limit_counts.retained_bytes += 1
+            return (
+                f"not retained: the cluster's retained messages would exceed "
+                f"{limits.max_retained_bytes} bytes"
+            )
+        return None
 
     def _retained_query(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None:
-        filters = list(cmd.retained_query.filters)
-        found = [
-            msg
-            for topic, (p, msg) in self.retained.items()
-            if p in self.mastered
-            and not (msg.expires_at_ms and msg.expires_at_ms <= now)
-            and any(topic_matches(f, topic) for f in filters)
-        ]
+        # Walks only the branches of the topic tree the filters can match (issue 25).
+        found = self.retained.match(cmd.retained_query.filters, now, self.mastered)
         event = _result(cmd.request_id, retained=found)
         self.commit.after(Send(link, event))
 

@@ -21,12 +21,11 @@ from collections.abc import Callable
 from typing import Any
 
 from hexmq import telemetry
-from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.mqtt.reason_codes import ReasonCode
 from hexmq.topics import TopicTrie
-from services.partition.delivery import MessageDelivery, QueueLimits
+from services.partition.delivery import LimitCounts, MessageDelivery, QueueLimits
 from services.partition.effects import (
     AfterIndexed,
     ConnectionReady,
@@ -46,6 +45,7 @@ from services.partition.qos2_inbound import InboundQos2
 from services.partition.qos2_seen import SeenOrigins
 from services.partition.redelivery import SharedRedelivery
 from services.partition.replication import Replicator
+from services.partition.retained import RetainedMessages
 from services.partition.roles import (
     WILL_LINK_GRACE_MS,
     PartitionRoles,
@@ -107,6 +107,8 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         self.limits = limits or QueueLimits()
         # QoS >= 1 messages not queued for a session (or pushed out of it) by the limit.
         self.dropped_queue_full = 0
+        # What each limit turned away (issue 25): queues, subscriptions, retained messages.
+        self.limit_counts = LimitCounts()
         self.resent_publishes = 0
         self.tracing = tracing or telemetry.Tracing.disabled()
         self.tracer = AppendTracer(node_id, self.tracing, commit, replicator)
@@ -116,8 +118,8 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         # partition -> epoch, for the partitions this node masters and has loaded.
         self.mastered: dict[int, int] = {}
         self.sessions: dict[str, Session] = {}
-        # topic -> (partition, message): the retained messages of the partitions mastered here.
-        self.retained: dict[str, tuple[int, common_pb.Message]] = {}
+        # The retained messages of the partitions mastered here, indexed by topic level.
+        self.retained = RetainedMessages()
         self.links: dict[str, EdgeLink] = {}
         self.wills = WillBoard(node_id)
         self.sys_stats = NodeStatsBoard(node_id)
@@ -368,6 +370,8 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
             "publish/dropped_queue_full": self.dropped_queue_full,
             "sessions/mastered": len(self.sessions),
             "messages/queued": self.queued_messages(),
+            "retained/stored": len(self.retained),
+            **self.limit_counts.counters(),
         }
         event = _result(cmd.request_id, node_stats=self.sys_stats.answer(link, cmd.node_stats, own))
         self.commit.after(Send(link, event))

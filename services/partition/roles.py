@@ -38,7 +38,8 @@ from services.partition.links import EdgeLink
 from services.partition.master_state import SC, MasterState, _result
 from services.partition.redelivery import SharedRedelivery
 from services.partition.replication import Replicator
-from services.partition.sessions import Session
+from services.partition.retained import RetainedMessages
+from services.partition.sessions import Session, queued_size
 from services.partition.store import StorageFailed, StoredSession
 from services.partition.wills import WillBoard
 
@@ -102,7 +103,7 @@ class PartitionRoles(MasterState):
     _catching_up: dict[int, int]
     tracing: telemetry.Tracing
     on_failure: Callable[[BaseException], None]
-    retained: dict[str, tuple[int, common_pb.Message]]
+    retained: RetainedMessages
     index_refs: dict[tuple[int, str], int]
     index_barrier: IndexBarrier
     wills: WillBoard
@@ -360,6 +361,7 @@ class PartitionRoles(MasterState):
                 self._add_subscription(session, spec, announce=False)
             for qm in stored.queue:
                 session.queue[qm.message_id] = qm
+                session.queued_bytes += queued_size(qm)
                 session.durable_mid = max(session.durable_mid, qm.message_id)
                 # Unknown whether it was sent before (the edge says when it re-attaches): a
                 # resend carries DUP.
@@ -378,7 +380,7 @@ class PartitionRoles(MasterState):
                     self.wills.schedule(rec.client_id, due)
             self.sessions[session.client_id] = session
         for msg in retained:
-            self.retained[msg.topic] = (p, msg)
+            self.retained.put(p, msg)
         self.mastered[p] = epoch
 
     def _announce_partitions(self, partitions: Sequence[int]) -> None:
@@ -423,8 +425,7 @@ class PartitionRoles(MasterState):
             del self._q2_waiters[waiter]
         for ref in [k for k in self.index_refs if k[0] in parts]:
             del self.index_refs[ref]
-        for topic in [t for t, (q, _msg) in self.retained.items() if q in parts]:
-            del self.retained[topic]
+        self.retained.unload(parts)
         for p in sorted(parts):
             self.shared.unload(p)
             self.seen.unload(p)

@@ -26,6 +26,13 @@ NEVER_EXPIRES = 0xFFFFFFFF
 MAX_TRANSIENT = 10_000
 
 
+def queued_size(qm: pb.QueuedMessage) -> int:
+    """What a queued message counts against --max-queued-bytes: its payload and topic (a
+    released QoS 2 stub, which holds neither, counts nothing)."""
+    msg = qm.message
+    return len(msg.payload) + len(msg.topic)
+
+
 class Claim(enum.Enum):
     """What the session's partition answers to an inbound QoS 2 PUBLISH (Session.qos2_receive)."""
 
@@ -67,6 +74,8 @@ class Session:
     shared: set[str] = field(default_factory=set)
     # Every queued (QoS >= 1) message not yet acknowledged, in message id order.
     queue: OrderedDict[int, pb.QueuedMessage] = field(default_factory=OrderedDict)
+    # The queue's bytes (queued_size), for --max-queued-bytes.
+    queued_bytes: int = 0
     connection: LiveConnection | None = None
     # What the current connection gets next, in order: message ids of queued messages (may hold
     # acked ids, skipped when met) and, inline, QoS 0 messages that are never stored. One
@@ -123,6 +132,7 @@ class Session:
 
     def enqueue(self, qm: pb.QueuedMessage) -> None:
         self.queue[qm.message_id] = qm
+        self.queued_bytes += queued_size(qm)
         if self.connection is not None:
             self.unsent.append(qm.message_id)
 
@@ -140,7 +150,9 @@ class Session:
         """Drop acknowledged messages; returns the ids that were queued."""
         removed = []
         for mid in message_ids:
-            if self.queue.pop(mid, None) is not None:
+            qm = self.queue.pop(mid, None)
+            if qm is not None:
+                self.queued_bytes -= queued_size(qm)
                 removed.append(mid)
                 self.inflight.discard(mid)
                 self.ever_sent.discard(mid)
@@ -159,6 +171,7 @@ class Session:
             if qm is None or qm.qos != 2:
                 continue
             if not qm.released:
+                self.queued_bytes -= queued_size(qm)
                 qm = pb.QueuedMessage(message_id=mid, qos=2, released=True)
                 self.queue[mid] = qm
             stubs.append(qm)

@@ -7,6 +7,7 @@ filter to the index waits until every edge routes by it (IndexBarrier).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.mqtt.reason_codes import ReasonCode
@@ -17,12 +18,17 @@ from services.partition.links import EdgeLink
 from services.partition.master_state import MasterState, _result
 from services.partition.sessions import Session
 
+if TYPE_CHECKING:
+    from services.partition.delivery import LimitCounts, QueueLimits
+
 MAX_QOS = 2
 
 
 class Subscriptions(MasterState):
     index_barrier: IndexBarrier
     index_refs: dict[tuple[int, str], int]
+    limits: QueueLimits
+    limit_counts: LimitCounts
 
     def _subscribe(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None:
         req = cmd.subscribe
@@ -30,11 +36,18 @@ class Subscriptions(MasterState):
         if session is None:
             return
         batch = self.commit.batch
-        codes = []
+        codes: list[int] = []
         existed = []
         announced = self.index_barrier.seq
+        most = self.limits.max_subscriptions
         for spec in req.subscriptions:
-            existed.append(spec.filter in session.subscriptions)
+            had = spec.filter in session.subscriptions
+            existed.append(had)
+            if not had and len(session.subscriptions) >= most:
+                # --max-subscriptions: this filter only (a replaced one is no new one).
+                self.limit_counts.subscriptions += 1
+                codes.append(ReasonCode.QUOTA_EXCEEDED)
+                continue
             granted = pb.SubscriptionSpec()
             granted.CopyFrom(spec)
             granted.qos = min(spec.qos, MAX_QOS)

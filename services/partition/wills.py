@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import itertools
 
-from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from services.partition.effects import HandOutWills
 from services.partition.handout import HandOutClock, pick_edge
@@ -36,8 +35,8 @@ class WillBoard:
         # client id -> the will id of its will's last hand-out.
         self.handed: dict[str, int] = {}
         self._handed_at: HandOutClock[str] = HandOutClock()
-        # will id -> (client id, message) of sessions that ended with their will unsent.
-        self.orphans: dict[int, tuple[str, common_pb.Message]] = {}
+        # will id -> (client id, will) of sessions that ended with their will unsent.
+        self.orphans: dict[int, tuple[str, pb.Will]] = {}
         self._orphans_handed: HandOutClock[int] = HandOutClock()
         self._ids = itertools.count(1)
         self.published = 0
@@ -54,20 +53,20 @@ class WillBoard:
         self.handed.pop(client_id, None)
         self._handed_at.forget(client_id)
 
-    def orphan(self, client_id: str, message: common_pb.Message) -> None:
+    def orphan(self, client_id: str, will: pb.Will) -> None:
         """The session ended with this will unsent: publish it now, from memory."""
-        kept = common_pb.Message()
-        kept.CopyFrom(message)
+        kept = pb.Will()
+        kept.CopyFrom(will)
         self.orphans[next(self._ids)] = (client_id, kept)
 
     def hand_out(
         self,
         now_ms: int,
         links: dict[str, EdgeLink],
-        wills: dict[str, common_pb.Message],
+        wills: dict[str, pb.Will],
     ) -> int:
         """Send every due will not handed out recently to an edge; `wills` maps the client ids
-        of `due` to their will messages. Returns how many went out."""
+        of `due` to their wills. Returns how many went out."""
         link = pick_edge(self.node_id, links)
         if link is None:
             return 0
@@ -75,16 +74,16 @@ class WillBoard:
         for cid, due in self.due.items():
             if due > now_ms:
                 continue
-            message = wills.get(cid)
-            if message is None or not self._handed_at.due(cid, now_ms):
+            will = wills.get(cid)
+            if will is None or not self._handed_at.due(cid, now_ms):
                 continue
             will_id = next(self._ids)
             self.handed[cid] = will_id
-            link.send(_event(cid, will_id, message, now_ms))
+            link.send(_event(cid, will_id, will, now_ms))
             sent += 1
-        for will_id, (cid, message) in self.orphans.items():
+        for will_id, (cid, will) in self.orphans.items():
             if self._orphans_handed.due(will_id, now_ms):
-                link.send(_event(cid, will_id, message, now_ms))
+                link.send(_event(cid, will_id, will, now_ms))
                 sent += 1
         return sent
 
@@ -103,10 +102,18 @@ class WillBoard:
         return True
 
 
-def _event(cid: str, will_id: int, message: common_pb.Message, now_ms: int) -> pb.PartitionEvent:
-    event = pb.PartitionEvent(publish_will=pb.PublishWill(client_id=cid, will_id=will_id))
-    out = event.publish_will.message
-    out.CopyFrom(message)
+def _event(cid: str, will_id: int, will: pb.Will, now_ms: int) -> pb.PartitionEvent:
+    event = pb.PartitionEvent(
+        publish_will=pb.PublishWill(
+            client_id=cid, will_id=will_id, owner_recorded=will.owner_recorded
+        )
+    )
+    publish = event.publish_will
+    if will.HasField("username"):
+        # The owner, for the ACL check when the edge publishes it (as the ACL is then).
+        publish.username = will.username
+    out = publish.message
+    out.CopyFrom(will.message)
     out.publisher_id = cid
     out.published_at_ms = now_ms
     return event
@@ -136,16 +143,14 @@ class SessionWills(MasterState):
 
     def _publish_will_now(self, session: Session) -> None:
         """Hand the session's will out at once, from memory (the record is about to lose it)."""
-        self.wills.orphan(session.client_id, session.record.will.message)
+        self.wills.orphan(session.client_id, session.record.will)
         self.commit.after(HandOutWills())
 
     def hand_out_wills(self, now: int) -> None:
         """Give every due will to an edge to publish (again, if one went unanswered)."""
         sessions = self.sessions
-        messages = {
-            cid: sessions[cid].record.will.message for cid in self.wills.due if cid in sessions
-        }
-        self.wills.hand_out(now, self.links, messages)
+        wills = {cid: sessions[cid].record.will for cid in self.wills.due if cid in sessions}
+        self.wills.hand_out(now, self.links, wills)
 
     def _will_published(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None:
         req = cmd.will_published

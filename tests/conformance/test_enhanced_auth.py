@@ -1,6 +1,7 @@
 """MQTT 5.0 enhanced authentication (section 4.12) on a real edge: the AUTH exchange in CONNECT
-and re-authentication, with SCRAM-SHA-512 over a mosquitto_passwd file and with a plugin
-loaded from an import path.
+and re-authentication, with SCRAM-SHA-512 over a password file (alice's entry a SCRAM
+credential written by `hexmq passwd --scram`, the others mosquitto_passwd's) and with a plugin
+loaded from an import path; and that the file gives nobody a SCRAM login (issue 25).
 
 Every client here is raw packets over TCP through the project's codec (a client library would
 hide the AUTH packets). The SCRAM edge joins a 2-node cluster through node 2's membership
@@ -9,6 +10,7 @@ service, so sessions live in partitions of both nodes; the cluster's own edges o
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import shutil
@@ -34,6 +36,7 @@ from hexmq.mqtt import (
     Subscribe,
     Subscription,
 )
+from tests.conftest import HEXMQ
 from tests.support import authplugin
 
 # The password and ACL files of the plain authentication tests: alice may use sensors/#, admin
@@ -43,7 +46,7 @@ from tests.support.access import USERS as PASSWORDS
 from tests.support.edgeproc import EdgeProcess, edge_process
 from tests.support.eventually import eventually
 from tests.support.rawclient import RawClient
-from tests.support.scram import ScramClient
+from tests.support.scram import ScramClient, salted_password_final
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRAM = "SCRAM-SHA-512"
@@ -71,9 +74,23 @@ def cluster(hexmq_cluster_module: Any) -> Any:
 
 
 @pytest.fixture(scope="module")
-def edge(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EdgeProcess]:
-    work = tmp_path_factory.mktemp("enhanced-auth")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("enhanced-auth")
+
+
+@pytest.fixture(scope="module")
+def edge(cluster: Any, work: Path) -> Iterator[EdgeProcess]:
     write_passwords(work / "passwd")  # $7$ lines for alice, bob, admin
+    # alice's becomes a SCRAM credential (StoredKey, ServerKey): a $7$ line is SCRAM login
+    # material and serves SCRAM only with --scram-from-pbkdf2.
+    done = subprocess.run(
+        [str(HEXMQ), "passwd", "--scram", str(work / "passwd"), "alice", PASSWORDS["alice"]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
     add_sha512_user(work / "passwd")
     (work / "acl").write_text(ACL)
     args = [
@@ -205,8 +222,9 @@ async def test_mqtt_4_12_0_5_every_auth_and_the_connack_carry_the_connect_method
         ("alice", "not-alice-pw", "wrong password"),
         ("mallory", "alice-pw", "unknown user"),
         (*SHA512_USER, "has a $6$ entry"),
+        ("admin", PASSWORDS["admin"], "has a $7$ entry"),
     ],
-    ids=["wrong-password", "unknown-user", "sha512-entry"],
+    ids=["wrong-password", "unknown-user", "sha512-entry", "pbkdf2-entry"],
 )
 async def test_mqtt_4_12_0_4_failed_scram_gets_connack_0x87_and_close(
     edge: EdgeProcess, user: str, password: str, logged: str
@@ -410,3 +428,104 @@ async def test_mqtt_4_12_1_2_failed_reauthentication_gets_disconnect_0x87_sessio
     assert (await back.expect(Publish)).payload == b"kept"
     await back.close()
     await other.close()
+
+
+def password_entries(work: Path) -> dict[str, str]:
+    lines = (work / "passwd").read_text().splitlines()
+    return dict(line.split(":", 1) for line in lines if ":" in line)
+
+
+@pytest.fixture(scope="module")
+def scram_work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A password file as the module's: admin's a mosquitto_passwd `$7$` line, alice's a
+    SCRAM credential of `hexmq passwd --scram`."""
+    work = tmp_path_factory.mktemp("scram-files")
+    write_passwords(work / "passwd")
+    done = subprocess.run(
+        [str(HEXMQ), "passwd", "--scram", str(work / "passwd"), "alice", PASSWORDS["alice"]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return work
+
+
+@pytest.fixture(scope="module")
+def scram_node(hexmq_cluster_module: Any, scram_work: Path) -> Any:
+    """One node whose own edge offers SCRAM-SHA-512 over `scram_work`'s file, as deployed."""
+    return hexmq_cluster_module(
+        nodes=1,
+        extra=[
+            f"--edge-arg=--password-file={scram_work / 'passwd'}",
+            f"--edge-arg=--auth-method={SCRAM}",
+        ],
+    )
+
+
+def edge_log(cluster: Any) -> str:
+    return str((cluster.dir / "node1" / "edge.log").read_text(errors="replace"))
+
+
+async def scram_with(port: int, user: str, salted: bytes) -> ConnAck:
+    """A SCRAM-SHA-512 login by someone holding `salted` as SaltedPassword, not the password."""
+    scram = ScramClient(user, "unknown")
+    client = await RawClient.open(port, 5)
+    await client.send(scram_connect_packet(scram.first()))
+    first = await expect_auth(client)
+    assert first.properties.authentication_data is not None
+    final = salted_password_final(scram, first.properties.authentication_data, salted)
+    await client.send(auth_packet(0x18, final))
+    return await refused(client)
+
+
+async def test_s4_12_a_password_files_7_hash_alone_gives_no_scram_login(
+    scram_node: Any, scram_work: Path
+) -> None:
+    """A mosquitto `$7$` hash is SCRAM-SHA-512's SaltedPassword: with it, and no password, a
+    client computes a valid proof. So whoever read the password file logged in as admin
+    (issue 25). `$7$` lines serve SCRAM only with --scram-from-pbkdf2 (off here): refused."""
+    entry = password_entries(scram_work)["admin"]
+    assert entry.startswith("$7$")
+    salted = base64.b64decode(entry.split("$")[4])
+    connack = await scram_with(scram_node.mqtt_port(1), "admin", salted)
+    assert connack.reason_code == 0x87
+    await eventually(
+        lambda: "user 'admin': the password file has a $7$ entry" in edge_log(scram_node),
+        5,
+        "the edge's log line naming the refused $7$ entry",
+    )
+
+
+async def test_s4_12_a_scram_credential_alone_gives_no_login(
+    scram_node: Any, scram_work: Path
+) -> None:
+    """alice's SCRAM-SHA-512 entry holds the salt, StoredKey and ServerKey (RFC 5802 section
+    3): none of them, taken for SaltedPassword, logs in, nor as CONNECT's password; alice's
+    own password does, both ways."""
+    port = scram_node.mqtt_port(1)
+    entry = password_entries(scram_work)["alice"]
+    assert entry.startswith("SCRAM-SHA-512$4096:")
+    stored, server = (base64.b64decode(k) for k in entry.split("$")[2].split(":"))
+    for guess in (stored, server):
+        assert (await scram_with(port, "alice", guess)).reason_code == 0x87
+        client = await RawClient.open(port, 5)
+        await client.send(
+            Connect(f"steal-{uid()}", protocol_version=5, username="alice", password=guess)
+        )
+        assert (await client.expect(ConnAck)).reason_code == 0x86
+        await client.close()
+    ok, _, _ = await scram_login(port)
+    await ok.close()
+    plain = await RawClient.open(port, 5)
+    await plain.send(
+        Connect(
+            f"plain-{uid()}",
+            protocol_version=5,
+            username="alice",
+            password=PASSWORDS["alice"].encode(),
+        )
+    )
+    assert (await plain.expect(ConnAck)).reason_code == 0
+    await plain.close()

@@ -4,6 +4,10 @@ the 5.0 Retain Handling and Retain As Published options, RETAIN 0, and kept acro
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from hexmq.mqtt import Publish, SubAck, Subscribe, Subscription
@@ -146,3 +150,64 @@ async def test_mqtt_3_3_1_5_retained_messages_survive_kill_and_start(hexmq_clust
     got = await sub.expect(Publish)
     assert (got.payload, got.retain) == (b"still here", True)
     await sub.close()
+
+
+# ----- the cost of a SUBSCRIBE (issue 25) -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def retained_node(hexmq_cluster_module: Any) -> Any:
+    """A node of its own: the retained messages stored here would reach other tests' `#`."""
+    return hexmq_cluster_module(nodes=1)
+
+
+async def store_retained(port: int, tag: str, first: int, last: int) -> None:
+    """Retained messages ret/<tag>/<i // 10>/<i % 10>, QoS 0, each thousand followed by one at
+    QoS 1 whose PUBACK says the node has handled every one before it (one link, handled in
+    order), so the node is never far behind on a busy machine."""
+    pub, _ = await RawClient.connect(port, f"store-{uid()}", timeout=60)
+    for i in range(first, last):
+        pub.writer.write(
+            pub.codec.send(Publish(f"ret/{tag}/{i // 10}/{i % 10}", b"r" * 32, retain=True))
+        )
+        if i % 1000 == 999 or i == last - 1:
+            await pub.publish(f"ret/{tag}/done", b"", qos=1, timeout=60)
+    await pub.close()
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def cpu_per_subscribe(cluster: Any, tag: str, groups: int, rounds: int = 30) -> float:
+    """The partition service's CPU per SUBSCRIBE of `ret/<tag>/<group>/+` (10 retained
+    messages each), its messages received; the lower of two runs, in ms."""
+    port, pid = cluster.mqtt_port(1), cluster.pids(1)["partition"]
+    best = float("inf")
+    for run in range(2):
+        client, _ = await RawClient.connect(port, f"cost-{uid()}", timeout=60)
+        before = cpu_seconds(pid)
+        for r in range(rounds):
+            group = (r * 37 + run * 11) % groups
+            await client.subscribe(f"ret/{tag}/{group}/+", qos=0, live_first=True)
+            got = [await client.expect(Publish, timeout=60) for _ in range(10)]
+            assert {p.topic for p in got} == {f"ret/{tag}/{group}/{k}" for k in range(10)}
+        best = min(best, (cpu_seconds(pid) - before) * 1000 / rounds)
+        await client.close()
+    return best
+
+
+async def test_s3_3_1_9_a_subscribe_costs_what_it_matches_not_what_is_retained(
+    retained_node: Any,
+) -> None:
+    """A SUBSCRIBE's retained messages are found in a topic tree (services/partition/
+    retained.py): with 20,000 retained messages a SUBSCRIBE matching 10 of them costs the
+    partition service about what it costs with 1,000 (it scanned every retained topic before:
+    4 times as much at 20,000, 8 at 50,000, docs/benchmarks.md)."""
+    tag = uid()
+    await store_retained(retained_node.mqtt_port(1), tag, 0, 1000)
+    small = await cpu_per_subscribe(retained_node, tag, 100)
+    await store_retained(retained_node.mqtt_port(1), tag, 1000, 20000)
+    large = await cpu_per_subscribe(retained_node, tag, 2000)
+    assert large < 2 * small + 5, (small, large)

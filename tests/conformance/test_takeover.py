@@ -3,9 +3,13 @@ the old connection (5.0: DISCONNECT 0x8E) and the new one has the session."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 
-from hexmq.mqtt import Disconnect, Properties, Publish
+from hexmq.mqtt import ConnAck, Connect, Disconnect, Properties, PubAck, Publish
+from services.edge.passwd import set_password
 from tests.support.rawclient import RawClient
 from tests.support.unique import uid
 
@@ -58,3 +62,91 @@ async def test_mqtt_3_1_4_3_takeover_across_nodes(trio_256) -> None:
     )
     for client in (first, second):
         await client.close()
+
+
+# ----- client ids bound to users (issue 25) -----------------------------------------------------
+
+BOUND_USERS = {"alice": "alice-pw", "eve": "eve-pw"}
+
+
+@pytest.fixture(scope="module")
+def bound_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    work = tmp_path_factory.mktemp("bound-ids")
+    for user, password in BOUND_USERS.items():
+        set_password(work / "passwd", user, password, 101)
+    return work
+
+
+@pytest.fixture(scope="module", params=["prefixes", "username"])
+def bound(request: pytest.FixtureRequest, hexmq_cluster_module: Any, bound_files: Path) -> Any:
+    """A node whose edge binds client ids to users: `--clientid-prefixes=%u-` (a user's ids
+    start with its name and a dash) or `--use-username-as-clientid`."""
+    option = (
+        "--edge-arg=--clientid-prefixes=%u-"
+        if request.param == "prefixes"
+        else "--edge-arg=--use-username-as-clientid"
+    )
+    cluster = hexmq_cluster_module(
+        nodes=1, extra=[f"--edge-arg=--password-file={bound_files / 'passwd'}", option]
+    )
+    cluster.binding = request.param
+    return cluster
+
+
+async def login(
+    port: int, user: str, client_id: str, *, version: int = 5, clean_start: bool = False
+) -> tuple[RawClient, ConnAck]:
+    client = await RawClient.open(port, version)
+    props = Properties(session_expiry_interval=600) if version == 5 else Properties()
+    await client.send(
+        Connect(
+            client_id,
+            protocol_version=version,
+            clean_start=clean_start,
+            username=user,
+            password=BOUND_USERS[user].encode(),
+            properties=props,
+        )
+    )
+    return client, await client.expect(ConnAck)
+
+
+@pytest.mark.parametrize("version", [4, 5])
+async def test_s5_4_2_a_user_cannot_take_over_another_users_session(
+    bound: Any, version: int
+) -> None:
+    """With client ids bound to users, eve cannot resume (or take over) alice's persistent
+    session by naming its client id: `--clientid-prefixes` refuses her CONNECT with 0x85
+    Client Identifier not valid (3.1.1: 2), `--use-username-as-clientid` gives her her own
+    id instead. Either way alice's connection stays, and the messages queued for alice's
+    session while she is away stay hers, delivered to her when she comes back."""
+    port = bound.mqtt_port(1)
+    alice_id = f"alice-{uid()}" if bound.binding == "prefixes" else "alice"
+    topic = f"private/{uid()}"
+    alice, connack = await login(port, "alice", alice_id, version=version)
+    assert connack.reason_code == 0
+    await alice.subscribe(topic, qos=1)
+    await alice.send(Disconnect())
+    await alice.close()
+    # A message for alice's session while she is away.
+    pub, _ = await login(port, "eve", f"eve-{uid()}", clean_start=True)
+    await pub.publish(topic, b"for alice", qos=1)
+    await pub.send(Disconnect())
+    await pub.close()
+    eve, connack = await login(port, "eve", alice_id, version=version)
+    if bound.binding == "prefixes":
+        assert connack.reason_code == (0x85 if version == 5 else 2)
+        assert await eve.recv() is None
+    else:
+        assert connack.reason_code == 0  # as eve, in eve's own session: nothing of alice's
+        assert await eve.silent(1.0)
+        await eve.send(Disconnect())
+    await eve.close()
+    back, connack = await login(port, "alice", alice_id, version=version)
+    assert connack.session_present
+    message = await back.expect(Publish)
+    assert message.payload == b"for alice"
+    assert message.packet_id is not None
+    await back.send(PubAck(message.packet_id))
+    await back.send(Disconnect())
+    await back.close()

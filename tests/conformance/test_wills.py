@@ -9,6 +9,8 @@ flow, once."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from typing import Any
 
@@ -27,6 +29,7 @@ from hexmq.mqtt import (
     Subscription,
     Will,
 )
+from services.edge.passwd import set_password
 from tests.support.placement import client_id_on
 from tests.support.rawclient import RawClient
 from tests.support.unique import uid
@@ -308,3 +311,165 @@ async def test_mqtt_3_2_2_12_will_qos_2_is_accepted_and_published_at_qos_2(
     assert (await sub.expect(Publish)).payload == b"marker"
     for client in (sub, marker):
         await client.close()
+
+
+# ----- wills under the ACL (issue 25) -----------------------------------------------------------
+
+WILL_USERS = {"alice": "alice-pw", "eve": "eve-pw"}
+# eve may write only eve/#; alice anything, and read $SYS.
+WILL_ACL = """\
+user eve
+topic readwrite eve/#
+user alice
+topic readwrite #
+topic read $SYS/#
+"""
+# The same, but eve's write rule is gone (a reload between her CONNECT and her will).
+WILL_ACL_EVE_READ_ONLY = WILL_ACL.replace("topic readwrite eve/#", "topic read eve/#")
+
+
+@pytest.fixture(scope="module")
+def will_acl_files(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    work = tmp_path_factory.mktemp("will-acl")
+    for user, password in WILL_USERS.items():
+        set_password(work / "passwd", user, password, 101)
+    (work / "acl").write_text(WILL_ACL)
+    return work
+
+
+@pytest.fixture(scope="module")
+def acl_duo(hexmq_cluster_module: Any, will_acl_files: Any) -> Any:
+    """Two nodes (RF 2) whose edges all read the same password file and ACL, as a deployment
+    has them: the will of a client of node 2 may be published by node 1's edge."""
+    return hexmq_cluster_module(
+        nodes=2,
+        extra=[
+            "--rf",
+            "2",
+            f"--edge-arg=--password-file={will_acl_files / 'passwd'}",
+            f"--edge-arg=--acl-file={will_acl_files / 'acl'}",
+        ],
+    )
+
+
+async def login_with_will(
+    port: int, user: str, will: Will, *, version: int = 5, client_id: str = ""
+) -> tuple[RawClient, ConnAck]:
+    client = await RawClient.open(port, version)
+    await client.send(
+        Connect(
+            client_id=client_id or f"{user}-{uid()}",
+            protocol_version=version,
+            username=user,
+            password=WILL_USERS[user].encode(),
+            will=will,
+        )
+    )
+    return client, await client.expect(ConnAck)
+
+
+async def alice_watching(port: int, topic: str) -> RawClient:
+    client, connack = await login_with_will(port, "alice", Will("alice/unused", b"-"))
+    assert connack.reason_code == 0
+    await client.subscribe(topic, qos=1)
+    return client
+
+
+def reload_acl(cluster: Any, files: Any, text: str) -> None:
+    """Write the ACL and SIGHUP every edge of `cluster`; wait until each has read it."""
+    (files / "acl").write_text(text)
+    for i in range(1, len(cluster.nodes) + 1):
+        log = cluster.dir / f"node{i}" / "edge.log"
+        before = log.read_text(errors="replace").count("SIGHUP: ACL from")
+        os.kill(cluster.pids(i)["edge"], signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while log.read_text(errors="replace").count("SIGHUP: ACL from") <= before:
+            assert time.monotonic() < deadline, f"node {i}'s edge did not read the ACL again"
+            time.sleep(0.05)
+
+
+@pytest.mark.parametrize(("version", "code"), [(5, 0x87), (4, 5)])
+async def test_s5_4_2_a_will_the_acl_denies_refuses_the_connect(
+    acl_duo: Any, version: int, code: int
+) -> None:
+    """A will is a PUBLISH of its client (MQTT 5.0 3.1.2.5, 5.4.2): eve, who may write only
+    eve/#, asks for a retained will on alice/cmd. Refused at CONNECT (CONNACK 0x87 Not
+    authorized / 3.1.1 return code 5, then closed), so the will is never stored: alice gets
+    nothing live, and nothing retained later. (mosquitto accepts and drops such a will; a
+    refusal tells the client and its operator at once.)"""
+    topic = f"alice/cmd/{uid()}"
+    alice = await alice_watching(acl_duo.mqtt_port(1), topic)
+    eve, connack = await login_with_will(
+        acl_duo.mqtt_port(2), "eve", Will(topic, b"rm -rf", qos=1, retain=True), version=version
+    )
+    assert connack.reason_code == code
+    assert await eve.recv() is None  # closed
+    await eve.close()
+    await nothing_within(alice, 2.0)
+    later = await alice_watching(acl_duo.mqtt_port(2), topic)
+    await nothing_within(later, 1.0)  # nothing retained
+    for c in (alice, later):
+        await c.close()
+
+
+@pytest.mark.parametrize(("version", "code"), [(5, 0x87), (4, 5)])
+async def test_s4_7_2_a_will_under_sys_refuses_the_connect(
+    trio: Any, version: int, code: int
+) -> None:
+    """Only the broker publishes under $SYS/ (4.7.2), and a will is a publish: a will on
+    `$SYS/broker/...` is refused at CONNECT even without an ACL, never stored or served as a
+    retained $SYS message."""
+    topic = f"$SYS/broker/fake/{uid()}"
+    sys_watch = await watcher(trio.mqtt_port(1), topic)
+    client = await RawClient.open(trio.mqtt_port(2), version)
+    await client.send(
+        Connect(
+            f"sys-will-{uid()}",
+            protocol_version=version,
+            will=Will(topic, b"forged", qos=1, retain=True),
+        )
+    )
+    assert (await client.expect(ConnAck)).reason_code == code
+    assert await client.recv() is None
+    await client.close()
+    await nothing_within(sys_watch, 2.0)
+    late = await watcher(trio.mqtt_port(3), topic)
+    await nothing_within(late, 1.0)
+    for c in (sys_watch, late):
+        await c.close()
+
+
+async def test_s5_4_2_a_will_is_checked_against_the_acl_when_it_is_published(
+    acl_duo: Any, will_acl_files: Any
+) -> None:
+    """The will is checked again when an edge publishes it, with its owner's rights at that
+    moment: eve connects through node 2 with a will on eve/status (allowed then); the ACL is
+    changed so eve may no longer write there, and reloaded (SIGHUP, every edge); eve's
+    connection is lost. The will is not published (the edge logs why), and not retained;
+    with the ACL back, another will of eve's is published as usual."""
+    topic = f"eve/status/{uid()}"
+    alice = await alice_watching(acl_duo.mqtt_port(1), "eve/#")
+    eve, connack = await login_with_will(
+        acl_duo.mqtt_port(2), "eve", Will(topic, b"eve gone", qos=1, retain=True)
+    )
+    assert connack.reason_code == 0
+    try:
+        reload_acl(acl_duo, will_acl_files, WILL_ACL_EVE_READ_ONLY)
+        await drop(eve)
+        await nothing_within(alice, 3.0)
+        later = await alice_watching(acl_duo.mqtt_port(2), topic)
+        await nothing_within(later, 1.0)
+        await later.close()
+    finally:
+        reload_acl(acl_duo, will_acl_files, WILL_ACL)
+    logs = "".join(
+        (acl_duo.dir / f"node{i}" / "edge.log").read_text(errors="replace") for i in (1, 2)
+    )
+    assert "not publishing the will of eve-" in logs
+    # Allowed again: the same kind of will goes out.
+    again, connack = await login_with_will(acl_duo.mqtt_port(2), "eve", Will(topic, b"back"))
+    assert connack.reason_code == 0
+    await drop(again)
+    message = await alice.expect(Publish)
+    assert (message.topic, message.payload) == (topic, b"back")
+    await alice.close()

@@ -67,3 +67,19 @@ class ScramClient:
         assert server_final is not None, "no server-final-message"
         expected = b"v=" + base64.b64encode(self.server_signature)
         assert hmac.compare_digest(server_final, expected), f"server signature {server_final!r}"
+
+
+def salted_password_final(client: ScramClient, server_first: bytes, salted: bytes) -> bytes:
+    """The client-final-message of someone who holds `salted` as SaltedPassword (a password
+    file's hash, say) instead of the password: what a stolen file is worth."""
+    text = server_first.decode()
+    nonce = dict(part.split("=", 1) for part in text.split(","))["r"]
+    name = client.hash_name
+    client_key = hmac.digest(salted, b"Client Key", name)
+    stored_key = hashlib.new(name, client_key).digest()
+    channel_binding = base64.b64encode(client.gs2_header.encode()).decode()
+    without_proof = f"c={channel_binding},r={nonce}"
+    auth_message = f"{client.client_first_bare},{text},{without_proof}".encode()
+    signature = hmac.digest(stored_key, auth_message, name)
+    proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
+    return f"{without_proof},p={base64.b64encode(proof).decode()}".encode()

@@ -54,4 +54,12 @@ def test_topic_limits_count_utf8_bytes_and_levels() -> None:
     assert limits.refusal("éééé") is None  # 8 bytes
     assert limits.refusal("ééééé") == "topic longer than 8 bytes"  # 10 bytes in 5 characters
     assert limits.refusal("a/b/c/d") == "topic with more than 3 levels"
-    assert TopicLimits().refusal("a/" * 1000 + "b") is None  # no level limit by default
+    # 128 levels by default (issue 25), 0: no limit.
+    assert TopicLimits().refusal("a/" * 127 + "b") is None
+    assert TopicLimits().refusal("a/" * 128 + "b") == "topic with more than 128 levels"
+    assert TopicLimits(max_levels=0).refusal("a/" * 1000 + "b") is None
+    assert TopicLimits(max_levels=3).which("a/b/c/d") == (
+        "topic_levels",
+        "topic with more than 3 levels",
+    )
+    assert TopicLimits(max_length=8).which("123456789")[0] == "topic_length"

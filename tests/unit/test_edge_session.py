@@ -79,7 +79,8 @@ def test_connect_opens_the_session_and_connack_follows_its_answer() -> None:
                     connection_id="n1.1.1",
                     clean_start=False,
                     protocol_version=5,
-                    receive_maximum=65535,
+                    # No Receive Maximum is 65535: --max-inflight-messages caps it (issue 25).
+                    receive_maximum=edge.config.max_inflight,
                 )
             ),
         ),

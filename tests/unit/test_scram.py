@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import sys
 import types
 from collections.abc import Iterator
+from pathlib import Path
 from typing import NamedTuple
 
 import pytest
 
 from hexmq.mqtt import Auth, Properties, ProtocolError
-from services.edge.auth import PasswordFile, parse_hash
+from services.edge.auth import SCRAM_SHA512, PasswordFile, parse_hash, scram_entry
 from services.edge.enhanced_auth import (
     AuthMethods,
     ConnectionAuth,
@@ -25,6 +27,7 @@ from services.edge.enhanced_auth import (
     Success,
     load_plugin,
 )
+from services.edge.passwd import main as passwd_main
 from services.edge.scram import NAME, ScramExchange, ScramKeys, ScramSha512
 from tests.support.access import MOSQUITTO_FILE
 from tests.support.scram import ScramClient
@@ -114,7 +117,8 @@ def exchange(method: ScramSha512, client: ScramClient, *, password: str | None =
 
 @pytest.fixture
 def mosquitto_users() -> ScramSha512:
-    return ScramSha512(PasswordFile.parse(MOSQUITTO_FILE, "pw"))
+    # $7$ lines serve SCRAM only when the operator says so (--scram-from-pbkdf2, insecure).
+    return ScramSha512(PasswordFile.parse(MOSQUITTO_FILE, "pw"), from_pbkdf2=True)
 
 
 def test_scram_sha_512_against_a_mosquitto_passwd_entry(mosquitto_users: ScramSha512) -> None:
@@ -161,7 +165,8 @@ def test_an_unknown_users_salt_is_stable_and_looks_real(mosquitto_users: ScramSh
         assert isinstance(step, Continue)
         return dict(a.split("=", 1) for a in step.data.decode().split(","))
 
-    again = ScramSha512(PasswordFile.parse(MOSQUITTO_FILE, "pw"))  # another edge, same file
+    # another edge, same file
+    again = ScramSha512(PasswordFile.parse(MOSQUITTO_FILE, "pw"), from_pbkdf2=True)
     unknown = server_first(mosquitto_users, "mallory")
     assert unknown["s"] == server_first(again, "mallory")["s"]
     assert unknown["s"] != server_first(mosquitto_users, "mallet")["s"]
@@ -198,7 +203,7 @@ def test_no_authentication_data_fails(mosquitto_users: ScramSha512) -> None:
 
 
 def test_escaped_names_and_a_matching_authzid_are_accepted() -> None:
-    users = PasswordFile.parse("a,b=c:" + MOSQUITTO_FILE.splitlines()[0].partition(":")[2], "pw")
+    users = PasswordFile.parse("a,b=c:" + scram_entry("secret", iterations=64), "pw")
     method = ScramSha512(users)
     client = ScramClient("a,b=c", "secret", gs2_header="y,a=a=2Cb=3Dc,")
     step = exchange(method, client)
@@ -379,3 +384,102 @@ def test_method_configuration_errors(plugin_module: str) -> None:
         AuthMethods.build(builtin, ["SCRAM-SHA-1"], [], CONTEXT)
     with pytest.raises(ValueError, match="configured twice"):
         AuthMethods.build(builtin, [], [f"{plugin_module}:make"] * 2, CONTEXT)
+
+
+# ----- SCRAM credentials that are not passwords (issue 25) -------------------------------------
+
+
+def attacker_final(server_first: bytes, client: ScramClient, salted: bytes) -> bytes:
+    """A client-final-message from someone who holds `salted` as SaltedPassword (a file's
+    hash) instead of the password."""
+    text = server_first.decode()
+    nonce = dict(part.split("=", 1) for part in text.split(","))["r"]
+    client_key = hmac.digest(salted, b"Client Key", "sha512")
+    stored_key = hashlib.sha512(client_key).digest()
+    without_proof = f"c=biws,r={nonce}"
+    auth_message = f"{client.client_first_bare},{text},{without_proof}".encode()
+    signature = hmac.digest(stored_key, auth_message, "sha512")
+    proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
+    return f"{without_proof},p={base64.b64encode(proof).decode()}".encode()
+
+
+def login_with_hash(method: ScramSha512, user: str, salted: bytes) -> Step:
+    client = ScramClient(user, "unknown")
+    ex = method.exchange(client_id="c1", peer="127.0.0.1:1")
+    first = ex.step(client.first())
+    assert isinstance(first, Continue)
+    return ex.step(attacker_final(first.data, client, salted))
+
+
+def test_a_7_hash_alone_logs_in_only_with_scram_from_pbkdf2() -> None:
+    # The password file's $7$ hash is SCRAM's SaltedPassword: with it alone (no password) a
+    # client can compute a valid proof. So $7$ entries serve SCRAM only when asked for.
+    users = PasswordFile.parse(MOSQUITTO_FILE, "pw")
+    salted = users.users["alice"].digest
+    refused = login_with_hash(ScramSha512(users), "alice", salted)
+    assert isinstance(refused, Failure)
+    assert "does not serve SCRAM-SHA-512" in refused.log
+    insecure = login_with_hash(ScramSha512(users, from_pbkdf2=True), "alice", salted)
+    assert isinstance(insecure, Success)
+
+
+def test_a_scram_entry_serves_scram_and_connect_passwords() -> None:
+    users = PasswordFile.parse(f"alice:{scram_entry('secret')}\n", "pw")
+    entry = users.users["alice"]
+    assert (entry.scheme, entry.iterations, len(entry.digest), len(entry.server_key)) == (
+        SCRAM_SHA512,
+        4096,
+        64,
+        64,
+    )
+    client = ScramClient("alice", "secret")
+    step = exchange(ScramSha512(users), client)
+    assert isinstance(step, Success)
+    client.verify(step.data)
+    assert users.verify("alice", b"secret")
+    assert not users.verify("alice", b"Secret")
+    assert isinstance(exchange(ScramSha512(users), client, password="Secret"), Failure)
+
+
+def test_reading_a_scram_entry_gives_no_login() -> None:
+    # Whoever reads the file has the salt, StoredKey and ServerKey; none of them, used as
+    # SaltedPassword or as ClientKey, makes a proof the server takes.
+    users = PasswordFile.parse(f"alice:{scram_entry('secret')}\n", "pw")
+    entry = users.users["alice"]
+    method = ScramSha512(users)
+    for guess in (entry.digest, entry.server_key):
+        assert isinstance(login_with_hash(method, "alice", guess), Failure)
+    client = ScramClient("alice", "x")
+    ex = method.exchange(client_id="c1", peer="p")
+    first = ex.step(client.first())
+    assert isinstance(first, Continue)
+    nonce = dict(a.split("=", 1) for a in first.data.decode().split(","))["r"]
+    without_proof = f"c=biws,r={nonce}"
+    auth = f"{client.client_first_bare},{first.data.decode()},{without_proof}".encode()
+    # StoredKey taken for ClientKey: the server hashes the recovered key and compares.
+    signature = hmac.digest(entry.digest, auth, "sha512")
+    proof = bytes(a ^ b for a, b in zip(entry.digest, signature, strict=True))
+    final = f"{without_proof},p={base64.b64encode(proof).decode()}".encode()
+    assert isinstance(ex.step(final), Failure)
+
+
+def test_hexmq_passwd_scram_writes_a_scram_entry(tmp_path: Path) -> None:
+    path = tmp_path / "passwd"
+    assert passwd_main([str(path), "alice", "a-pw"]) == 0
+    assert passwd_main(["--scram", str(path), "bob", "b-pw"]) == 0
+    text = path.read_text()
+    assert "alice:$7$101$" in text
+    assert "bob:SCRAM-SHA-512$4096:" in text
+    users = PasswordFile.parse(text, str(path))
+    assert users.verify("alice", b"a-pw")
+    assert users.verify("bob", b"b-pw")
+    method = ScramSha512(users)
+    assert isinstance(exchange(method, ScramClient("bob", "b-pw")), Success)
+    assert isinstance(exchange(method, ScramClient("alice", "a-pw")), Failure)
+
+
+def test_a_bad_scram_entry_is_refused_naming_it() -> None:
+    with pytest.raises(ValueError, match="StoredKey and ServerKey"):
+        PasswordFile.parse("alice:SCRAM-SHA-512$4096:c2FsdA==$YQ==:Yg==\n", "pw")
+    with pytest.raises(ValueError, match="SCRAM-SHA-512\\$ITERATIONS"):
+        PasswordFile.parse("alice:SCRAM-SHA-512$4096\n", "pw")

@@ -63,6 +63,9 @@ def handle_disconnect(s: SessionState, packet: Disconnect, now: float, wall_ms: 
         )
         return
     with_will = packet.reason_code == RC.DISCONNECT_WITH_WILL_MESSAGE
+    if expiry is not None and expiry > s.config.max_session_expiry:
+        s.edge.stats.limited["session_expiry"] += 1
+        expiry = s.config.max_session_expiry
     s.close_session(graceful=True, expiry=expiry if v5 else None, send_will=with_will)
     s.state = State.CLOSED
     s.emit(Close(packet.reason_code, "the client disconnected"))

@@ -73,10 +73,12 @@ def handle_connect(s: SessionState, packet: Connect, now: float, wall_ms: int) -
             f"keep alive {packet.keepalive}s is over the maximum of {limit}s (0: none)",
         )
         return
-    will_refusal = packet.will and s.config.topic_limits.refusal(packet.will.topic)
-    if will_refusal:
-        refuse_connect(s, RC.TOPIC_NAME_INVALID, f"will {will_refusal}")
-        return
+    if packet.will is not None:
+        over, will_refusal = s.config.topic_limits.which(packet.will.topic)
+        if will_refusal is not None:
+            edge.stats.limited[over] += 1
+            refuse_connect(s, RC.TOPIC_NAME_INVALID, f"will {will_refusal}")
+            return
     p = edge.router.session_partition(client_id)
     if not edge.partition_open(p):
         # The session's partition cannot take its OpenSession now (no master in the view,
@@ -171,19 +173,56 @@ def auth_step(s: SessionState, step: Step, wall_ms: int) -> None:
 def open_session(s: SessionState, packet: Connect, username: str | None, wall_ms: int) -> None:
     """The client is authenticated as `username`: open (or take over) its session."""
     edge = s.edge
+    access = edge.access
+    config = s.config
+    rules = access.client_ids
+    if rules.active:
+        # Bound to the user before anything is keyed by it (issue 25: one user must not
+        # resume another's session).
+        bound, why = rules.client_id(s.client_id, username)
+        if bound is None:
+            edge.stats.limited["client_id"] += 1
+            if username is None and rules.use_username:
+                refuse_connect(s, RC.NOT_AUTHORIZED, why)
+            else:
+                refuse_connect(s, RC.CLIENT_IDENTIFIER_NOT_VALID, why)
+            return
+        if bound != s.client_id:
+            s.client_id = bound
+            if s.assigned_id is not None:
+                s.assigned_id = bound  # an empty id gets the user's, and is told so
     client_id = s.client_id
     props = packet.properties
-    if edge.access.acl is not None:
-        s.acl = edge.access.acl.for_client(client_id, username)
+    will = packet.will
+    if will is not None:
+        # A will is a PUBLISH of its client: $SYS/ and the ACL's write rule apply now, and
+        # again when it is published (services/edge/handoff.py).
+        denied = access.may_publish_will(client_id, username, will.topic)
+        if denied is not None:
+            edge.stats.limited["will_acl"] += 1
+            refuse_connect(s, RC.NOT_AUTHORIZED, f"will topic {will.topic!r}: {denied}")
+            return
+    s.acl = access.client_acl(client_id, username)
     if s.version == V5:
-        expiry = props.session_expiry_interval or 0
-        s.receive_maximum = props.receive_maximum or 65535
+        asked = props.session_expiry_interval or 0
+        receive_maximum = props.receive_maximum or 65535
+        if receive_maximum > config.max_inflight:
+            # MQTT 5.0 lets the server send fewer than the client's Receive Maximum (counted
+            # when the client announced one: most leave it out, meaning 65535).
+            if props.receive_maximum is not None:
+                edge.stats.limited["inflight"] += 1
+            receive_maximum = config.max_inflight
+        s.receive_maximum = receive_maximum
         s.out_aliases = outbound_aliases(
-            props.topic_alias_maximum, s.config.max_outbound_topic_aliases
+            props.topic_alias_maximum, config.max_outbound_topic_aliases
         )
     else:
-        expiry = 0 if packet.clean_start else NEVER_EXPIRES
-        s.receive_maximum = s.config.max_inflight_v311
+        asked = 0 if packet.clean_start else NEVER_EXPIRES
+        s.receive_maximum = config.max_inflight_v311
+    expiry = min(asked, config.max_session_expiry)
+    if expiry != asked:
+        edge.stats.limited["session_expiry"] += 1
+        s.granted_expiry = expiry  # 5.0: told in CONNACK (3.2.2.3.2)
     s.connect_expiry = expiry
     p = s.partition = edge.router.session_partition(client_id)
     open_cmd = pb.OpenSession(
@@ -195,7 +234,6 @@ def open_session(s: SessionState, packet: Connect, username: str | None, wall_ms
         receive_maximum=s.receive_maximum,
         maximum_packet_size=props.maximum_packet_size or 0,
     )
-    will = packet.will
     if will is not None:
         fill_message(
             open_cmd.will.message,
@@ -208,6 +246,10 @@ def open_session(s: SessionState, packet: Connect, username: str | None, wall_ms
             wall_ms,
         )
         open_cmd.will.delay_interval_s = will.properties.will_delay_interval or 0
+        # Its owner, for the ACL check when it is published (the ACL may change meanwhile).
+        open_cmd.will.owner_recorded = True
+        if username is not None:
+            open_cmd.will.username = username
     if edge.tracer.enabled:
         s.session_span = edge.tracer.start_connect(client_id, s.peer)
     s.state = State.CONNECTING
@@ -250,6 +292,7 @@ def session_opened(s: SessionState, result: pb.Result, route: Route | None) -> N
             authentication_method=auth.name if auth is not None else None,
             authentication_data=s.final_auth_data,
             assigned_client_identifier=s.assigned_id,
+            session_expiry_interval=s.granted_expiry,
             server_keep_alive=s.keepalive.server_keep_alive,
             receive_maximum=config.receive_maximum,
             topic_alias_maximum=config.topic_alias_maximum,

@@ -15,7 +15,7 @@ from hexmq.mqtt import PubAck, Publish, PubRec
 from services.edge.session.actions import AwaitIndex, PublishCommand
 from services.edge.session.handle_qos2 import publish_qos2
 from services.edge.session.receive_maximum import count_in, uncount_in
-from services.edge.session.refusals import refuse_publish
+from services.edge.session.refusals import refuse_publish, refuse_retain, watch_retained
 from services.edge.session.state import CONNECTED, OK, RC, V5, SessionState, State
 from services.edge.tickets import fan_in, refused_by_hold
 from services.edge.topic_alias import InboundTopicAliases
@@ -121,6 +121,8 @@ def route_publish(
     if retained is not None:
         router.routed_retained(commands[0][1].publish.message)
 
+    not_retained: list[str] = []
+
     def stored(failure: pb.Result | None) -> None:
         uncount_in(s, size)
         if s.state is not CONNECTED:
@@ -129,6 +131,9 @@ def route_publish(
             return
         if failure is not None:
             refuse_publish(s, pid, failure.message, span, quiet=refused_by_hold(failure))
+        elif not_retained and s.version == V5:
+            # Delivered, but over the cluster's retained cap: 0x97, nothing else differs.
+            refuse_retain(s, pid, not_retained[0], span, qos=1)
         else:
             s.send(PubAck(pid))
             if span is not None:
@@ -136,7 +141,7 @@ def route_publish(
 
     if span is not None:
         tracer.stamp(span, commands)
-    answered = fan_in(len(commands), stored)
+    answered = watch_retained(fan_in(len(commands), stored), not_retained, retained)
     for node, cmd in commands:
         s.emit(PublishCommand(s.ask(answered), node, cmd))
 
@@ -148,7 +153,8 @@ def publish_refusal(s: SessionState, topic: str) -> tuple[int, str] | None:
         return RC.NOT_AUTHORIZED, "only the broker publishes under $SYS/"
     if s.acl is not None and not s.acl.may_publish(topic):
         return RC.NOT_AUTHORIZED, "the ACL denies publishing to this topic"
-    why = s.config.topic_limits.refusal(topic)
+    limit, why = s.config.topic_limits.which(topic)
     if why is not None:
+        s.edge.stats.limited[limit] += 1
         return RC.TOPIC_NAME_INVALID, why
     return None

@@ -18,7 +18,7 @@ from services.edge.qos2_origins import RoutedOrigin, carry_origin, fault_stall
 from services.edge.session.actions import ForgetOrigins, PublishCommand
 from services.edge.session.inbound import Qos2Claims, Unrecorded
 from services.edge.session.receive_maximum import count_in, uncount_in
-from services.edge.session.refusals import refuse_publish
+from services.edge.session.refusals import refuse_publish, watch_retained
 from services.edge.session.state import GONE, OK, RC, UNAVAILABLE, V5, SessionState, State
 from services.edge.tickets import fan_in, refused_by_hold
 from services.edge.translate import publish_commands
@@ -112,17 +112,26 @@ def route_qos2(
     if retained is not None:
         router.routed_retained(commands[0][1].publish.message)
     routed = carry_origin(origin, commands)
+    not_retained: list[str] = []
 
     def stored(failure: pb.Result | None) -> None:
         if failure is not None:
             quiet = refused_by_hold(failure)
             record_qos2(s, pid, size, failure.message, RC.SUCCESS, span, routed, quiet=quiet)
+        elif not_retained and s.version == V5:
+            # Its subscribers have it, but it was not retained (the cluster's retained cap):
+            # PUBREC 0x97, which ends the exchange, so the claim is dropped as for a failure
+            # (the packet id is a new message after it, MQTT-4.3.3-9).
+            s.edge.stats.rejected["publish", RC.QUOTA_EXCEEDED] += 1
+            record_qos2(
+                s, pid, size, not_retained[0], RC.SUCCESS, span, routed, code=RC.QUOTA_EXCEEDED
+            )
         else:
             record_qos2(s, pid, size, None, RC.SUCCESS, span, routed)
 
     if span is not None:
         s.edge.tracer.stamp(span, commands)
-    answered = fan_in(len(commands), stored)
+    answered = watch_retained(fan_in(len(commands), stored), not_retained, retained)
     for node, cmd in fault_stall(s.config.fault_stall_qos2_routing, packet, commands):
         s.emit(PublishCommand(s.ask(answered), node, cmd))
 
@@ -137,6 +146,7 @@ def record_qos2(
     routed: RoutedOrigin | None = None,
     *,
     quiet: bool = False,
+    code: int = RC.UNSPECIFIED_ERROR,
 ) -> None:
     """Tell the session's partition how the routing ended; PUBREC once it is recorded.
     Once the claim is settled (routed, or dropped) its targets forget its origin id.
@@ -159,7 +169,9 @@ def record_qos2(
                 # Not stored everywhere: refused. If the drop of the claim was not
                 # confirmed, no PUBREC 0x80 (which would free the id while the claim and
                 # its origin id may stand): the connection closes and the client resends.
-                refuse_publish(s, pid, failure, span, qos=2, close=not dropped, quiet=quiet)
+                refuse_publish(
+                    s, pid, failure, span, qos=2, close=not dropped, quiet=quiet, code=code
+                )
             elif span is not None:
                 tracer.finish(span, error=failure)
             return

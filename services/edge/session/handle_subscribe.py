@@ -36,7 +36,9 @@ def handle_subscribe(s: SessionState, packet: Subscribe, now: float, wall_ms: in
         # A shared subscription is limited and authorized by its inner filter, as
         # mosquitto authorizes it.
         inner = split_shared(sub.topic_filter)[1]
-        if s.config.topic_limits.refusal(inner) is not None:
+        limit, why = s.config.topic_limits.which(inner)
+        if why is not None:
+            edge.stats.limited[limit] += 1
             edge.stats.rejected["subscribe", RC.TOPIC_FILTER_INVALID] += 1
             codes.append(RC.TOPIC_FILTER_INVALID if v5 else FAILURE_V311)
             continue
@@ -84,8 +86,16 @@ def handle_subscribe(s: SessionState, packet: Subscribe, now: float, wall_ms: in
                 router.pending.end_watch(watch)
             return
         # A failure is 0x80 in both versions (5.0: Unspecified error; 3.1.1: Failure).
-        granted = iter(result.reason_codes if granted_ok else [FAILURE_V311] * len(specs))
-        final = [code if code is not None else next(granted) for code in codes]
+        granted = list(result.reason_codes) if granted_ok else [FAILURE_V311] * len(specs)
+        for i, code in enumerate(granted):
+            if code >= FAILURE_V311 and granted_ok:
+                # The partition's own refusal (0x97: over --max-subscriptions); 3.1.1 has
+                # only Failure.
+                edge.stats.rejected["subscribe", code] += 1
+                if not v5:
+                    granted[i] = FAILURE_V311
+        answers = iter(granted)
+        final = [code if code is not None else next(answers) for code in codes]
         s.send(SubAck(packet.packet_id, tuple(final)))
         if watch is None:
             return

@@ -103,6 +103,7 @@ class SessionState:
         "deliver_spans",
         "edge",
         "final_auth_data",
+        "granted_expiry",
         "in_aliases",
         "inbound",
         "keepalive",
@@ -153,6 +154,8 @@ class SessionState:
         self.problem_information = True
         # The Session Expiry Interval the client connected with (5.0).
         self.connect_expiry = 0
+        # A 5.0 client's Session Expiry Interval lowered to --max-session-expiry (CONNACK).
+        self.granted_expiry: int | None = None
         # The client's Receive Maximum (3.1.1: --max-inflight-v311), and its Maximum Packet
         # Size (0: no limit).
         self.receive_maximum = 0

@@ -266,7 +266,15 @@ class Will(_message.Message):
 
     MESSAGE_FIELD_NUMBER: _builtins.int
     DELAY_INTERVAL_S_FIELD_NUMBER: _builtins.int
+    OWNER_RECORDED_FIELD_NUMBER: _builtins.int
+    USERNAME_FIELD_NUMBER: _builtins.int
     delay_interval_s: _builtins.int
+    owner_recorded: _builtins.bool
+    """Who set it: the edge that publishes the will checks the ACL for this user name (absent: an
+    anonymous client) as it is then (docs/operations.md, "Wills and the ACL"). False in a will
+    set through an edge of an earlier release: not checked again.
+    """
+    username: _builtins.str
     @_builtins.property
     def message(self) -> _common_pb2.Message: ...
     def __init__(
@@ -274,12 +282,16 @@ class Will(_message.Message):
         *,
         message: _common_pb2.Message | None = ...,
         delay_interval_s: _builtins.int = ...,
+        owner_recorded: _builtins.bool = ...,
+        username: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_username", b"_username", "message", b"message", "username", b"username"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delay_interval_s", b"delay_interval_s", "message", b"message"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_username", b"_username", "delay_interval_s", b"delay_interval_s", "message", b"message", "owner_recorded", b"owner_recorded", "username", b"username"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__username: _TypeAlias = _typing.Literal["username"]  # noqa: Y015
+    _WhichOneofArgType__username: _TypeAlias = _typing.Literal["_username", b"_username"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__username) -> _WhichOneofReturnType__username | None: ...
 
 Global___Will: _TypeAlias = Will  # noqa: Y015
 
@@ -1145,6 +1157,7 @@ class Result(_message.Message):
     CURRENT_EPOCH_FIELD_NUMBER: _builtins.int
     QOS2_ORIGIN_FIELD_NUMBER: _builtins.int
     NODE_STATS_FIELD_NUMBER: _builtins.int
+    RETAINED_REFUSED_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     status: Global___StatusCode.ValueType
     message: _builtins.str
@@ -1159,6 +1172,11 @@ class Result(_message.Message):
     qos2_origin: _builtins.bytes
     """Qos2Receive NEW: the claim's origin id, unique cluster-wide and the same for every attempt
     that takes the claim over; the edge sends it with the routed publish (Publish.qos2_origin).
+    """
+    retained_refused: _builtins.bool
+    """Publish: stored for its subscribers, but not as the topic's retained message (the
+    cluster's retained messages are at --max-retained-messages or --max-retained-bytes);
+    `message` says which. The edge answers a 5.0 publisher 0x97 Quota exceeded.
     """
     @_builtins.property
     def reason_codes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
@@ -1193,10 +1211,11 @@ class Result(_message.Message):
         current_epoch: _builtins.int = ...,
         qos2_origin: _builtins.bytes = ...,
         node_stats: Global___NodeStats | None = ...,
+        retained_refused: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["node_stats", b"node_stats"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["current_epoch", b"current_epoch", "current_master", b"current_master", "existed", b"existed", "message", b"message", "node_stats", b"node_stats", "qos2_origin", b"qos2_origin", "qos2_state", b"qos2_state", "reason_codes", b"reason_codes", "request_id", b"request_id", "retained", b"retained", "session_present", b"session_present", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["current_epoch", b"current_epoch", "current_master", b"current_master", "existed", b"existed", "message", b"message", "node_stats", b"node_stats", "qos2_origin", b"qos2_origin", "qos2_state", b"qos2_state", "reason_codes", b"reason_codes", "request_id", b"request_id", "retained", b"retained", "retained_refused", b"retained_refused", "session_present", b"session_present", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1322,8 +1341,13 @@ class PublishWill(_message.Message):
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     WILL_ID_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
+    OWNER_RECORDED_FIELD_NUMBER: _builtins.int
+    USERNAME_FIELD_NUMBER: _builtins.int
     client_id: _builtins.str
     will_id: _builtins.int
+    owner_recorded: _builtins.bool
+    """The will's owner (Will.owner_recorded, Will.username), for the ACL check at publication."""
+    username: _builtins.str
     @_builtins.property
     def message(self) -> _common_pb2.Message: ...
     def __init__(
@@ -1332,12 +1356,16 @@ class PublishWill(_message.Message):
         client_id: _builtins.str = ...,
         will_id: _builtins.int = ...,
         message: _common_pb2.Message | None = ...,
+        owner_recorded: _builtins.bool = ...,
+        username: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_username", b"_username", "message", b"message", "username", b"username"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "message", b"message", "will_id", b"will_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_username", b"_username", "client_id", b"client_id", "message", b"message", "owner_recorded", b"owner_recorded", "username", b"username", "will_id", b"will_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__username: _TypeAlias = _typing.Literal["username"]  # noqa: Y015
+    _WhichOneofArgType__username: _TypeAlias = _typing.Literal["_username", b"_username"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__username) -> _WhichOneofReturnType__username | None: ...
 
 Global___PublishWill: _TypeAlias = PublishWill  # noqa: Y015
 
