@@ -131,6 +131,9 @@ class ClientConnection(asyncio.Protocol):
         self.carry_out(actions)
         return done
 
+    def master_unreachable(self, why: str) -> None:
+        self.carry_out(self.session.master_unreachable(why))
+
     def abort(self) -> None:
         if self.transport is not None:
             self.transport.abort()

@@ -167,6 +167,10 @@ class Dispatcher:
     def route(self, p: int) -> Route | None:
         return self.core.route(p)
 
+    def why(self, p: int) -> str:
+        """Why partition p cannot take commands now (its master unreachable, or moving)."""
+        return self.core.why(p, self.clock())
+
     @property
     def held(self) -> int:
         return self.core.held

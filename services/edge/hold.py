@@ -83,6 +83,20 @@ class PartitionCommands:
     def next_command_id(self) -> int:
         return next(self._command_ids)
 
+    def unsettled(self) -> set[int]:
+        """The partitions whose live connections may wait for their master (services/edge/
+        unreachable.py): no route, something held, a re-attach or answers from an earlier
+        route due, or an epoch newer than the view's to wait for. A connection whose session
+        is not attached at its partition's route has a re-attach held or in flight, so its
+        partition is among these; the others' connections need not be looked at."""
+        routes = self._routes
+        found = set()
+        for p, st in enumerate(self._parts):
+            route = routes[p]
+            if route is None or st.held or st.attaching or st.stale or st.min_epoch > route.epoch:
+                found.add(p)
+        return found
+
     @property
     def waiting(self) -> bool:
         """Something waits for time to pass (a bound, a retry pause): tick() has work."""
@@ -407,6 +421,10 @@ class PartitionCommands:
             return
         p = ticket.partitions[0]
         self._parts[p].mark(result, sent, self.table.epochs[p], self._routes[p], now)
+
+    def why(self, p: int, now: float) -> str:
+        """Why partition p holds its commands (or its sessions' re-attaches), for the log."""
+        return self._why(p, now)
 
     def _why(self, p: int, now: float) -> str:
         """Why partition p holds its commands, for refusals and the log."""

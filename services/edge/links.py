@@ -26,10 +26,10 @@ import grpc
 from hexmq import telemetry
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
-from hexmq.grpc_options import LINK_OPTIONS
+from hexmq.grpc_options import LINK_OPTIONS, RECONNECT
 from hexmq.pacing import FlushPacer, lazy_linger, wait_for_company
 from hexmq.service import cancel_and_wait
-from hexmq.streams import Backoff, keep_streaming
+from hexmq.streams import Backoff, Dial, keep_streaming
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +46,9 @@ EXPENDABLE_LIMIT = 4096
 
 GRPC_OPTIONS = [
     *LINK_OPTIONS,
-    # Reconnect fast after a partition restart: the edge holds work until the link is back.
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
+    # Reconnect fast after a partition restart or a heal: the edge holds work until the link
+    # is back (hexmq/grpc_options.py, RECONNECT).
+    *RECONNECT,
 ]
 
 
@@ -85,9 +85,12 @@ class PartitionLink:
         target: str,
         hello: pb.Hello,
         listener: LinkListener,
+        dial: Dial,
     ) -> None:
         self.node_id = node_id
         self.target = target
+        # Each attempt's channel (TLS or plain text as the node serves, hexmq.trust.grpc_tls).
+        self._dial = dial
         self._hello = hello
         self._listener = listener
         self._next_id = 1
@@ -258,9 +261,7 @@ class PartitionLink:
                 yield frame
 
     async def _run(self) -> None:
-        await keep_streaming(
-            self.target, GRPC_OPTIONS, self._stream, refused=self._refused, closed=self._fail
-        )
+        await keep_streaming(self._dial, self._stream, refused=self._refused, closed=self._fail)
 
     async def _stream(self, channel: grpc.aio.Channel, backoff: Backoff) -> str:
         """One stream: open, hello (the first frame of `_frames`), and results and events until

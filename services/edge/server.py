@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import itertools
 import logging
 import ssl
@@ -10,11 +12,16 @@ import time
 import uuid
 from collections.abc import Callable
 
+import grpc
+
 from hexmq import telemetry
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.grpc_options import CLUSTER_CHANNEL_OPTIONS
 from hexmq.hashring import partition_of
 from hexmq.node_protocol import THIS_RELEASE
+from hexmq.trust.grpc_tls import ClusterTLS
+from hexmq.trust.identity import MEMBERSHIP, PARTITION, Identity
 from services.edge.access import AccessControl
 from services.edge.config import EdgeConfig
 from services.edge.connection import ClientConnection, State
@@ -22,7 +29,7 @@ from services.edge.deadlines import LoopDeadlines
 from services.edge.dispatch import Dispatcher
 from services.edge.handoff import hand_off_shared, publish_will
 from services.edge.limits import ConnectionLimit, ConnectionRate, connection_ceiling
-from services.edge.links import PartitionLink
+from services.edge.links import GRPC_OPTIONS, PartitionLink
 from services.edge.listeners import start_listeners
 from services.edge.qos2_origins import OriginForgets
 from services.edge.router import Router
@@ -30,6 +37,7 @@ from services.edge.stats import EdgeStats
 from services.edge.systopics import SysTopics
 from services.edge.tickets import Route
 from services.edge.tracing import EdgeTracer
+from services.edge.unreachable import SWEEP_S, UnreachableMasters
 from services.membership.changes import has_left
 from services.membership.client import ViewWatcher
 
@@ -49,6 +57,7 @@ class Edge:
         *,
         access: AccessControl | None = None,
         tls: ssl.SSLContext | None = None,
+        cluster_tls: ClusterTLS,
     ) -> None:
         if (config.tls_listen or config.wss_listen) and tls is None:
             raise ValueError("--tls-listen and --wss-listen need --tls-cert and --tls-key")
@@ -59,10 +68,17 @@ class Edge:
             ConnectionRate(config.max_connection_rate) if config.max_connection_rate else None
         )
         self._tls = tls
+        # The cluster's links (to partition services and the node's agent), not MQTT's TLS.
+        self._cluster_tls = cluster_tls
         self.tracer = EdgeTracer(tracing or telemetry.Tracing.disabled(), config.node_id)
         self.router = Router()
         self.dispatcher = Dispatcher(self.router.links, config.failover_hold)
         self.router.partition_open = self.dispatcher.open
+        # Live connections waiting for their session's master, ended past the bound.
+        self.unreachable: UnreachableMasters[str] = UnreachableMasters(
+            config.unreachable_disconnect
+        )
+        self._sweeper: asyncio.TimerHandle | None = None
         self.connections: dict[str, ClientConnection] = {}
         # Every connection's timer (CONNECT timeout, keepalive), on one loop timer.
         self.deadlines: LoopDeadlines[ClientConnection] = LoopDeadlines(ClientConnection._tick)
@@ -70,7 +86,20 @@ class Edge:
         self._sys_task: asyncio.Task[None] | None = None
         self.incarnation = time.time_ns()
         self._counter = itertools.count(1)
-        self._watcher = ViewWatcher(config.membership, self._on_view)
+        self._watcher = ViewWatcher(
+            config.membership,
+            self._on_view,
+            dial=functools.partial(
+                cluster_tls.channel,
+                config.membership,
+                # Any node's membership agent (an edge may be deployed on its own and
+                # pointed at another node's): its role, not its node, is what must match.
+                peer=MEMBERSHIP,
+                # Pings: a watch only receives, and would not notice a dead connection.
+                options=CLUSTER_CHANNEL_OPTIONS,
+            ),
+            node_id=config.node_id,
+        )
         self._servers: list[asyncio.Server] = []
         # Inbound QoS 2: origin ids whose claims are settled, for their targets to forget.
         self.qos2_forgets = OriginForgets(self.dispatcher, _call_soon)
@@ -128,6 +157,7 @@ class Edge:
         async with asyncio.timeout(startup_timeout):
             await self._watcher.wait_ready()
         self._servers = await start_listeners(self, self._tls)
+        self._sweeper = asyncio.get_running_loop().call_later(SWEEP_S, self.sweep)
         if self.config.sys_interval > 0:
             self._sys_task = asyncio.create_task(
                 SysTopics(self, self.config.sys_interval).run(), name="sys-topics"
@@ -161,6 +191,9 @@ class Edge:
             )
         for conn in list(self.connections.values()):
             conn.abort()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         self.deadlines.close()
         self.dispatcher.stop()
         for link in self.router.links.values():
@@ -215,7 +248,7 @@ class Edge:
         return sum(1 for c in self.connections.values() if c.session.state is State.CONNECTED)
 
     def on_publish_will(self, will: pb.PublishWill) -> None:
-        publish_will(self.router, self.dispatcher, will)
+        publish_will(self.router, self.dispatcher, will, self.access, self.stats)
 
     def on_shared_handoff(self, handoff: pb.SharedHandoff) -> None:
         hand_off_shared(self.router, self.dispatcher, handoff)
@@ -237,7 +270,13 @@ class Edge:
         )
         for member in view.members:
             if member.node_id not in self.router.links:
-                link = PartitionLink(member.node_id, member.partition_addr, hello, self)
+                link = PartitionLink(
+                    member.node_id,
+                    member.partition_addr,
+                    hello,
+                    self,
+                    functools.partial(self._dial_partition, member.node_id, member.partition_addr),
+                )
                 self.router.links[member.node_id] = link
                 link.start()
         moved = self.dispatcher.set_view(view)
@@ -252,6 +291,74 @@ class Edge:
             len(moved),
             reattached,
         )
+
+    def _dial_partition(self, node: str, target: str) -> grpc.aio.Channel:
+        """A channel to node `node`'s partition service, with TLS as the current view says it
+        serves (PeerRefused when this edge may not dial it)."""
+        view = self.router.view
+        member = next((m for m in view.members if m.node_id == node), None) if view else None
+        return self._cluster_tls.channel(
+            target,
+            peer=Identity(PARTITION, node),
+            peer_tls=member.tls if member is not None else None,
+            options=GRPC_OPTIONS,
+        )
+
+    def sweep(self) -> None:
+        """Every SWEEP_S: end the live connections whose session waited past
+        --unreachable-disconnect for its master (services/edge/unreachable.py decides), and
+        show the waits and the links in the metrics."""
+        if self._sweeper is not None:
+            self._sweeper = asyncio.get_running_loop().call_later(SWEEP_S, self.sweep)
+        dispatcher = self.dispatcher
+        unsettled = dispatcher.core.unsettled()
+        waiting: dict[str, int] = {}
+        if unsettled:
+            for connection_id, conn in self.connections.items():
+                session = conn.session
+                if session.partition in unsettled and session.waits_for_master():
+                    waiting[connection_id] = session.partition
+        ended = self.unreachable.sweep(dispatcher.clock(), waiting)
+        metrics = telemetry.METRICS
+        metrics.sessions_waiting_for_master.set(len(waiting) - len(ended))
+        self._show_links(metrics)
+        if not ended:
+            return
+        partitions = sorted({p for _, p, _ in ended})
+        why = {p: dispatcher.why(p) for p in partitions}
+        log.warning(
+            "ending %d connections whose session's master stayed unreachable past %g s "
+            "(--unreachable-disconnect), so that they reconnect: partitions %s (%s)",
+            len(ended),
+            self.unreachable.bound,
+            ", ".join(map(str, partitions[:10])) + (", ..." if len(partitions) > 10 else ""),
+            why[partitions[0]],
+        )
+        metrics.unreachable_disconnects.inc(len(ended))
+        for connection_id, p, waited in ended:
+            gone = self.connections.get(connection_id)
+            if gone is not None:
+                gone.master_unreachable(
+                    f"partition {p} of this session had no reachable master for {waited:.0f} s: "
+                    f"{why[p]}; connect again"
+                )
+
+    def _show_links(self, metrics: telemetry.Metrics) -> None:
+        """hexmq_links_down{link="edge"}: 1 per link not ready to a node the cluster counts
+        on (a member, or a target member: one cut off or down is expected back); a node that
+        left for good has no series."""
+        view = self.router.view
+        expected = (
+            {m.node_id for m in view.members} | set(view.target_members)
+            if view is not None
+            else set()
+        )
+        for node, link in self.router.links.items():
+            if node in expected:
+                metrics.links_down.labels("edge", node).set(0 if link.ready else 1)
+            else:
+                with contextlib.suppress(KeyError):  # (a node that left: no series)
+                    metrics.links_down.remove("edge", node)
 
     def _reattach(self, moved: set[int]) -> int:
         """Re-attach the live connections whose session partition is among `moved` (another

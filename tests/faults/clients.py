@@ -6,8 +6,10 @@ a shared-subscription group of two QoS 2 members on different nodes ($share/g/f/
 writers of retained messages (one topic each, under r/<tag>/). A keeper thread moves a random
 subscriber to a random node every few seconds (a QoS 1 one sometimes by taking its session
 over without closing the old connection: G5), reconnects subscribers whose connection ended
-(their node was killed), and publishers reconnect on their own to a random node. Nodes that
-are down or paused are avoided; which they are is the runner's to say (`down`).
+(their node was killed), and publishers reconnect on their own to a random node. Only QoS 1
+subscribers move: the QoS 2 one of each node stays connected through every fault that spares
+its node (G9 judges it after each heal). Nodes that are down or paused are avoided; which
+they are is the runner's to say (`down`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tests.faults.cluster import NodeInfo
+from tests.faults.verdict import Arrivals
 from tests.support.workload import (
     ConnectionLog,
     Endpoint,
@@ -50,6 +53,21 @@ def on_topics(sub: Subscriber, prefix: str) -> TopicView:
         pairs = zip(sub.received, sub.topic_log, strict=True)
         kept = [r for r, topic in pairs if topic.startswith(prefix)]
     return TopicView(sub.client_id, kept)
+
+
+def arrivals(sub: Subscriber, prefix: str, t0: float) -> Arrivals:
+    """When a subscriber's deliveries on the topics under one prefix came (s after t0): the
+    first of each message, and every one (G9, tests/faults/verdict.py)."""
+    first: dict[str, float] = {}
+    times = []
+    with sub._lock:
+        for (payload, _dup, _qos), topic, at in zip(
+            sub.received, sub.topic_log, sub.received_at, strict=True
+        ):
+            if topic.startswith(prefix):
+                first.setdefault(payload, at - t0)
+                times.append(at - t0)
+    return Arrivals(sub.client_id, first, sorted(times))
 
 
 @dataclass
@@ -172,10 +190,17 @@ class RunClients:
             if time.monotonic() >= next_move:
                 next_move = time.monotonic() + self.rng.uniform(*MOVE_EVERY)
                 with self._rng_lock:
-                    sub = self.rng.choice(self.subscribers)
+                    sub = self.rng.choice(self.movers())
                     takeover = sub.qos == 1 and self.rng.random() < 0.5
                 if sub.connected() and sub.client_id not in self._busy:
                     self._spawn(sub, "takeover" if takeover else "move")
+
+    def movers(self) -> list[Subscriber]:
+        """The subscribers the keeper moves: the QoS 1 ones. The QoS 2 subscriber of each node
+        stays where it is (reconnected only when its connection ends): G9 judges it at every
+        heal, and a move within 20 s of one would end its connection before the verdict's
+        deadline (tests/faults/verdict.py, nothing_silent)."""
+        return [s for s in self.subscribers if s.qos == 1]
 
     def _spawn(self, sub: Subscriber, how: str) -> None:
         self._busy.add(sub.client_id)

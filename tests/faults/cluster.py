@@ -15,18 +15,19 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
-import redis
 
-from hexmq import clusterstate, procs
+from hexmq import clusterstate, localsecurity, procs
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.membership.v1 import membership_pb2_grpc as mpb_grpc
 from hexmq.api.partition.v1 import partition_pb2 as ppb
 from hexmq.api.partition.v1 import partition_pb2_grpc as ppb_grpc
+from hexmq.trust.identity import MEMBERSHIP, PARTITION, Identity
+from tests.support.trust import cluster_channel, node_redis
 
 HEXMQ = Path(sys.executable).with_name("hexmq")
 BASE_PORT = 21883  # the namespace is private: every port is free
@@ -48,6 +49,8 @@ class NodeInfo:
     redis_port: int
     partition_port: int
     membership_port: int
+    # service (edge, partition, membership) -> its Prometheus metrics port on `host`
+    metrics_ports: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, n: dict[str, Any]) -> NodeInfo:
@@ -60,6 +63,7 @@ class NodeInfo:
             n["redis_port"],
             n["partition_port"],
             n["membership_port"],
+            dict(n.get("metrics_ports") or {}),
         )
 
     @property
@@ -216,11 +220,19 @@ class FaultCluster:
 
     # --- what the cluster thinks --------------------------------------------------------
 
+    def agreement_request(self, path: str) -> urllib.request.Request:
+        """A request to the agreement server's HTTP API, with the cluster's ACL token when it
+        has one (`hexmq cluster up` makes DIR/consul.token; the embedded server denies
+        anonymous reads then)."""
+        token = self.dir / localsecurity.CONSUL_TOKEN_FILE
+        headers = {"X-Consul-Token": token.read_text().strip()} if token.exists() else {}
+        return urllib.request.Request(f"http://{self.agreement}{path}", headers=headers)
+
     def stored_view(self, timeout: float = 2.0) -> mpb.View | None:
         """The view as the agreement server holds it (None if it does not answer)."""
-        url = f"http://{self.agreement}/v1/kv/hexmq/{self.cluster_name}/view?raw"
+        request = self.agreement_request(f"/v1/kv/hexmq/{self.cluster_name}/view?raw")
         try:
-            with urllib.request.urlopen(url, timeout=timeout) as reply:
+            with urllib.request.urlopen(request, timeout=timeout) as reply:
                 return mpb.View.FromString(reply.read())
         except (urllib.error.URLError, OSError, ValueError):
             return None
@@ -230,7 +242,9 @@ class FaultCluster:
         if info is None:
             return None
         try:
-            with grpc.insecure_channel(f"{info.host}:{info.membership_port}") as channel:
+            with cluster_channel(
+                self.dir, f"{info.host}:{info.membership_port}", Identity(MEMBERSHIP, info.node_id)
+            ) as channel:
                 stub = mpb_grpc.MembershipServiceStub(channel)
                 view: mpb.View = stub.GetView(mpb.GetViewRequest(), timeout=timeout)
                 return view
@@ -253,7 +267,9 @@ class FaultCluster:
         if info is None:
             return None
         try:
-            with grpc.insecure_channel(f"{info.host}:{info.partition_port}") as channel:
+            with cluster_channel(
+                self.dir, f"{info.host}:{info.partition_port}", Identity(PARTITION, info.node_id)
+            ) as channel:
                 stub = ppb_grpc.PartitionServiceStub(channel)
                 reply: ppb.StatusReply = stub.Status(ppb.StatusRequest(), timeout=timeout)
                 return reply
@@ -274,7 +290,7 @@ class FaultCluster:
     def redis_dump(self, node: int, partition: int) -> dict[str, Any]:
         """Every key of a partition in a node's Redis: {key: hash}."""
         info = self.nodes[node]
-        client = redis.Redis(host=info.host, port=info.redis_port, socket_timeout=5)
+        client = node_redis(self.dir, node, info.redis_port, info.host, socket_timeout=5)
         try:
             return {
                 key.decode(): client.hgetall(key)

@@ -37,8 +37,16 @@ DURATIONS: dict[str, tuple[float, float]] = {
     "leave-rejoin": (6.0, 16.0),
     # a spare node joins (`hexmq cluster add`: partitions move onto it), then leaves
     "join-leave": (8.0, 20.0),
+    # issue 30: a node's own processes cut from one of its own services (its edge from its
+    # partition service, its edge and partition service from its agent, or both)
+    "intra-node": (4.0, 20.0),
+    # issue 30: plain `-s/-d` DROP rules on a node's address, one way or both, as an operator
+    # would write them: without the conntrack matching the per-node source NAT needs
+    "plain-cut": (4.0, 20.0),
 }
-NETWORK = frozenset({"isolate", "halves", "ring", "cut-agreement", "one-way"})
+NETWORK = frozenset(
+    {"isolate", "halves", "ring", "cut-agreement", "one-way", "intra-node", "plain-cut"}
+)
 KILLS = frozenset({"kill-master", "kill-follower", "kill-majority"})
 ELASTIC = frozenset({"leave-rejoin", "join-leave"})
 # The node numbers of a fault network (tests/faults/netns.py gives each a group id).
@@ -111,6 +119,13 @@ class Targets:
     one_way: list[tuple[int, int]] = field(default_factory=list)
     # The nodes on the minority side (G7: their clients must stay connected).
     minority: list[int] = field(default_factory=list)
+    # intra-node: the services of `nodes[0]` its own processes can no longer reach
+    # (OWN_SERVICES: "partition", its edge's links; "membership", its services' agent).
+    own: list[str] = field(default_factory=list)
+    # plain-cut: (from, to) pairs, each one rule `-s from -d to -j DROP` (AGREEMENT: the
+    # agreement server; CLIENTS: 127.0.0.1, where the clients are and where, without the
+    # source NAT, every node's connections come from).
+    plain: list[tuple[int, int]] = field(default_factory=list)
     note: str = ""
 
     def to_json(self) -> dict[str, Any]:
@@ -118,6 +133,13 @@ class Targets:
 
 
 AGREEMENT = 0
+# plain-cut: 127.0.0.1, as a peer in a rule.
+CLIENTS = -1
+# intra-node: which of a node's own services its own processes lose, and who uses them.
+OWN_SERVICES = {
+    "partition": "its edge -> its partition service",
+    "membership": "its edge and partition service -> its agent",
+}
 
 
 def targets(
@@ -184,6 +206,24 @@ def targets(
             )
         return Targets(
             nodes=[node], one_way=[(o, node) for o in others], note="cannot hear from the others"
+        )
+    if kind == "intra-node":
+        node = rng.choice(live)
+        own = rng.choice((["partition"], ["membership"], ["partition", "membership"]))
+        return Targets(nodes=[node], own=own, note="; ".join(OWN_SERVICES[s] for s in own) + " cut")
+    if kind == "plain-cut":
+        node = rng.choice(live)
+        how = rng.choice(("cannot send", "cannot hear", "both ways"))
+        clients = rng.random() < 0.5
+        peers = [*(x for x in live if x != node), AGREEMENT, *((CLIENTS,) if clients else ())]
+        plain = []
+        if how != "cannot hear":
+            plain += [(node, peer) for peer in peers]
+        if how != "cannot send":
+            plain += [(peer, node) for peer in peers]
+        who = "the other nodes, the agreement server" + (" and 127.0.0.1" if clients else "")
+        return Targets(
+            nodes=[node], plain=plain, minority=[node], note=f"{how}: plain rules with {who}"
         )
     if kind == "agreement-restart":
         return Targets()

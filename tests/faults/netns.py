@@ -170,6 +170,22 @@ class Network:
             )
         self.cuts.add((src, dst))
 
+    def cut_own(self, addr: str, port: int) -> None:
+        """The processes of the node at `addr` can no longer reach its own service on `port`
+        (issue 30: its edge from its partition service, its services from its agent); other
+        nodes and the clients still can."""
+        iptables(*own_cut_rule(addr, port))
+        self.cuts.add((addr, f"{addr}:{port}"))
+
+    def plain_cut(
+        self, pairs: Iterable[tuple[str, str]], keep: Iterable[tuple[str, int]] = ()
+    ) -> None:
+        """Plain `-s A -d B -j DROP` rules, after rules that keep each (address, port) of
+        `keep` (a node's Redis) reachable whatever they say."""
+        for rule in plain_cut_rules(pairs, keep):
+            iptables(*rule)
+        self.cuts |= set(pairs)
+
     def cut_both(self, a: str, b: str) -> None:
         self.cut(a, b)
         self.cut(b, a)
@@ -201,6 +217,50 @@ class Network:
             check=False,
         )
         return [*done.stdout.splitlines(), *nat.stdout.splitlines()]
+
+
+def own_cut_rule(addr: str, port: int) -> list[str]:
+    """iptables arguments that drop every packet of a connection the node at `addr` opened to
+    its own `port`. Under the per-node source NAT its reply tuple runs from addr:port to addr
+    (the NAT gave it the node's address); a client's (127.0.0.1) or another node's has
+    another reply destination. `--ctreplsrcport` needs the protocol."""
+    return [
+        *("-A", "INPUT", "-p", "tcp", "-m", "conntrack"),
+        *("--ctreplsrc", addr, "--ctrepldst", addr, "--ctreplsrcport", str(port)),
+        *("-j", "DROP", "-m", "comment", "--comment", f"{COMMENT} own {addr}:{port}"),
+    ]
+
+
+def plain_cut_rules(
+    pairs: Iterable[tuple[str, str]], keep: Iterable[tuple[str, int]] = ()
+) -> list[list[str]]:
+    """iptables arguments of a plain cut: `-s src -d dst -j DROP` per pair, as an operator
+    would write them, after an ACCEPT of each kept (address, port) both ways (inserted first).
+
+    Under the per-node source NAT they cut less than they say, and asymmetrically: a packet a
+    node sends on a connection it opened carries its address, but the replies of its servers
+    reach INPUT translated back to 127.0.0.1 (and a client's packets come from 127.0.0.1). So
+    `-s A -d B` stops the connections A opens to B, not B's to A; `-s A -d 127.0.0.1` stops
+    every reply of A's servers (to the clients, to the other nodes and to A's own processes:
+    the cut a plain rule makes on a machine without the NAT, where every node's connections
+    come from 127.0.0.1); `-s 127.0.0.1 -d A` stops the clients' packets to A. Which is why a
+    node's Redis is kept: its partition service talks to it through the same address."""
+    rules = [
+        [
+            *("-I", "INPUT", "1", "-p", "tcp", *match, "-j", "ACCEPT"),
+            *("-m", "comment", "--comment", f"{COMMENT} keep {addr}:{port}"),
+        ]
+        for addr, port in keep
+        for match in (("-d", addr, "--dport", str(port)), ("-s", addr, "--sport", str(port)))
+    ]
+    rules += [
+        [
+            *("-A", "INPUT", "-s", src, "-d", dst, "-j", "DROP"),
+            *("-m", "comment", "--comment", f"{COMMENT} plain {src}->{dst}"),
+        ]
+        for src, dst in pairs
+    ]
+    return rules
 
 
 def ring(nodes: Sequence[str]) -> list[tuple[str, str]]:

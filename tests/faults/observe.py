@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hexmq import linkstatus
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as ppb
 from services.membership.plan import failover_records
@@ -105,6 +106,9 @@ def view_change(old: mpb.View | None, new: mpb.View) -> dict[str, Any]:
         "members": sorted(after),
         "lost": sorted(before - after),
         "added": sorted(after - before) if old else [],
+        # Per partition, the master an edge routes it to by this view ("": none, its first
+        # replica is no member): what the verdict's reachability of masters starts from.
+        "masters": [view_master(pa, after) for pa in new.partitions],
         "moves": [
             {
                 "partition": r.partition,
@@ -116,6 +120,12 @@ def view_change(old: mpb.View | None, new: mpb.View) -> dict[str, Any]:
             for r in records
         ],
     }
+
+
+def view_master(pa: mpb.PartitionAssignment, members: set[str]) -> str:
+    """The master of a partition by the view, as an edge's route table takes it (its first
+    replica, when that is a member; services/edge/route_table.py), else ""."""
+    return pa.replicas[0] if pa.replicas and pa.replicas[0] in members else ""
 
 
 class ViewRecorder:
@@ -143,10 +153,11 @@ class ViewRecorder:
 
     def _run(self) -> None:
         index = 0
-        url = f"http://{self.cluster.agreement}/v1/kv/hexmq/{self.cluster.cluster_name}/view"
+        path = f"/v1/kv/hexmq/{self.cluster.cluster_name}/view"
         while not self._stop.is_set():
+            request = self.cluster.agreement_request(f"{path}?raw&index={index}&wait=2s")
             try:
-                with urllib.request.urlopen(f"{url}?raw&index={index}&wait=2s", timeout=5) as r:
+                with urllib.request.urlopen(request, timeout=5) as r:
                     index = int(r.headers.get("X-Consul-Index", index))
                     view = mpb.View.FromString(r.read())
             except (urllib.error.URLError, OSError, ValueError):
@@ -165,6 +176,147 @@ class ViewRecorder:
         change["at"] = round(time.monotonic() - self.t0, 3)
         self.changes.append(change)
         self._last = view
+
+
+# The metrics the link watch reads (hexmq/linkstatus.py parses them).
+LINK_METRICS = (
+    "hexmq_links_down",
+    "hexmq_sessions_waiting_for_master",
+    "hexmq_unreachable_disconnects_total",
+)
+
+
+def read_links(host: str, ports: dict[str, int], timeout: float) -> dict[str, Any]:
+    """One node's links as its services' metrics show them: `down` ("<service> <link>
+    <peer>" per link down), `waiting` (the edge's live connections waiting for a master),
+    `ended` (connections its edge ended past --unreachable-disconnect), `unanswered`
+    (services whose metrics did not answer). Only the lines of LINK_METRICS are parsed."""
+    found: dict[str, Any] = {"down": [], "waiting": 0, "ended": 0, "unanswered": []}
+    for service, port in sorted(ports.items()):
+        try:
+            with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=timeout) as r:
+                text = r.read().decode()
+        except (urllib.error.URLError, OSError, ValueError):
+            found["unanswered"].append(service)
+            continue
+        kept = "\n".join(line for line in text.splitlines() if line.startswith(LINK_METRICS))
+        links = linkstatus.parse(kept + "\n")
+        found["down"] += [f"{service} {d['link']} {d['peer']}" for d in links["down"]]
+        if service == "edge":
+            found["waiting"] = links.get("sessions_waiting_for_master", 0)
+            found["ended"] = links.get("unreachable_disconnects", 0)
+    found["down"].sort()
+    return found
+
+
+class LinkWatch:
+    """G9: a link that is down shows in the metrics within seconds, and every link is up
+    again soon after the heal. Every `interval` s each node's services say which of their
+    cluster links are down (`hexmq_links_down`) and how many of the edge's connections wait
+    for a master; each change per node is recorded (`changes`, s after t0). After the final
+    heal (`final_heal`), it polls faster and notes when every node first showed no link down
+    (`links_clear_at`) and no connection waiting (`waiting_clear_at`)."""
+
+    def __init__(self, cluster: FaultCluster, interval: float = 1.0) -> None:
+        self.cluster = cluster
+        self.interval = interval
+        self.changes: list[dict[str, Any]] = []
+        self.links_clear_at: float | None = None
+        self.waiting_clear_at: float | None = None
+        # After the links first cleared: per "<node> <service> <link> <peer>", the looks at
+        # which it was down again (a link that flaps, or breaks again, after the heal).
+        self.down_again: dict[str, int] = {}
+        self.healed_at: float | None = None
+        self._last: dict[int, tuple[Any, ...]] = {}
+        self._latest: dict[int, dict[str, Any]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="link-watch", daemon=True)
+        self._pool = ThreadPoolExecutor(max_workers=max(len(cluster.nodes), 1) + 1)
+        self.t0 = time.monotonic()
+
+    def start(self, t0: float) -> None:
+        self.t0 = t0
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(10)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def final_heal(self, at: float) -> None:
+        """Everything was healed at `at` (s after t0): from now on, watch for the clear."""
+        self.healed_at = at
+
+    def _poll(self, node: int) -> dict[str, Any] | None:
+        info = self.cluster.nodes.get(node)
+        if info is None or not info.metrics_ports:
+            return None
+        return read_links(info.host, info.metrics_ports, timeout=1.0)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            nodes = list(self.cluster.nodes)
+            futures = {n: self._pool.submit(self._poll, n) for n in nodes}
+            now = started - self.t0
+            seen: dict[int, dict[str, Any]] = {}
+            for node, f in futures.items():
+                try:
+                    links = f.result(timeout=5)
+                except Exception:  # a node that does not answer is simply not seen
+                    links = None
+                if links is not None:
+                    seen[node] = links
+                    self._record(node, links, now)
+            self._latest = seen
+            healed = self.healed_at
+            if healed is not None and now >= healed:
+                self.seen_after_heal(now, len(nodes), seen)
+            pause = 0.5 if healed is not None else self.interval
+            self._stop.wait(max(0.0, pause - (time.monotonic() - started)))
+
+    def seen_after_heal(self, now: float, nodes: int, seen: dict[int, dict[str, Any]]) -> None:
+        """One poll after the final heal: the first at which every node's services all
+        answered and showed no link down (no connection waiting) is when the links (the
+        waits) cleared."""
+        if self.links_clear_at is not None:
+            for node, links in seen.items():
+                for link in links["down"]:
+                    key = f"n{node} {link}"
+                    self.down_again[key] = self.down_again.get(key, 0) + 1
+        if len(seen) < nodes or any(s["unanswered"] for s in seen.values()):
+            return
+        if self.links_clear_at is None and not any(s["down"] for s in seen.values()):
+            self.links_clear_at = now
+        if self.waiting_clear_at is None and not any(s["waiting"] for s in seen.values()):
+            self.waiting_clear_at = now
+
+    def _record(self, node: int, links: dict[str, Any], now: float) -> None:
+        key = (tuple(links["down"]), links["waiting"], tuple(links["unanswered"]))
+        if self._last.get(node) == key:
+            return
+        self._last[node] = key
+        self.changes.append({"at": round(now, 2), "node": f"n{node}", **links})
+
+    def latest(self) -> dict[str, Any]:
+        """What each node showed at the last poll."""
+        return {f"n{n}": links for n, links in sorted(self._latest.items())}
+
+    def to_json(self) -> dict[str, Any]:
+        healed = self.healed_at
+
+        def after(at: float | None) -> float | None:
+            return None if at is None or healed is None else round(at - healed, 2)
+
+        return {
+            "healed_at": healed,
+            "links_clear_s": after(self.links_clear_at),
+            "waiting_clear_s": after(self.waiting_clear_at),
+            "down_again": dict(sorted(self.down_again.items())),
+            "last": self.latest(),
+            "changes": self.changes,
+        }
 
 
 @dataclass

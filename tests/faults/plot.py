@@ -30,7 +30,7 @@ FAULT_COLORS = {
 def fault_family(kind: str) -> str:
     if kind.startswith("kill"):
         return "kill"
-    if kind in ("isolate", "halves", "ring", "cut-agreement", "one-way"):
+    if kind in ("isolate", "halves", "ring", "cut-agreement", "one-way", "intra-node", "plain-cut"):
         return "network"
     return {"pause": "pause", "agreement-restart": "agreement", "redis-kill": "redis"}.get(
         kind, "clock"

@@ -19,20 +19,26 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hexmq.hashring import partition_of
 from tests.faults import clock, nemesis, netns, plot
-from tests.faults.clients import RunClients, on_topics, read_retained
+from tests.faults.clients import RunClients, arrivals, on_topics, read_retained
 from tests.faults.cluster import AGREEMENT_ADDRESS, FaultCluster, node_address
 from tests.faults.observe import (
     EpochWatch,
+    LinkWatch,
     ViewRecorder,
     divergence,
     handed_over,
     wait_converged,
 )
-from tests.faults.verdict import judge
+from tests.faults.verdict import Reachability, judge, nothing_silent
 from tests.support.checker import ack_stats, check, check_shared, retained_check
+from tests.support.workload import DEEP_QUEUES
 
 FAILOVER_HOLD_S = 10.0  # the edge's default --failover-hold
+# The edge's default --unreachable-disconnect (3 x --failover-hold, at least 30 s): a live
+# connection whose session's master stays unreachable that long is ended (issue 30).
+UNREACHABLE_DISCONNECT_S = 30.0
 
 
 @dataclass
@@ -111,7 +117,16 @@ class Run:
         return netns.node_wrapper()
 
     def _address(self, node: int) -> str:
+        if node == nemesis.CLIENTS:
+            return netns.CLIENT_ADDR
         return AGREEMENT_ADDRESS if node == nemesis.AGREEMENT else node_address(node)
+
+    @staticmethod
+    def _cuts_clients(targets: nemesis.Targets) -> list[int]:
+        """The nodes a plain cut separates from 127.0.0.1 (the clients avoid them meanwhile)."""
+        if not any(nemesis.CLIENTS in pair for pair in targets.plain):
+            return []
+        return list(targets.nodes)
 
     # --- faults -------------------------------------------------------------------------
 
@@ -130,6 +145,18 @@ class Run:
                 self.network.partition([[self._address(n) for n in g] for g in t.groups])
             for a, b in t.one_way:
                 self.network.cut(self._address(a), self._address(b))
+            for node in t.nodes if t.own else ():
+                info = self.cluster.nodes[node]
+                ports = {"partition": info.partition_port, "membership": info.membership_port}
+                for service in t.own:
+                    self.network.cut_own(info.host, ports[service])
+            if t.plain:
+                clients.down |= set(self._cuts_clients(t))
+                kept = [
+                    (self.cluster.nodes[n].host, self.cluster.nodes[n].redis_port) for n in t.nodes
+                ]
+                pairs = [(self._address(a), self._address(b)) for a, b in t.plain]
+                self.network.plain_cut(pairs, keep=kept)
         elif kind == "agreement-restart":
             pid = self.cluster.kill_agreement()
             record.notes.append(f"agreement server pid {pid} killed")
@@ -166,6 +193,7 @@ class Run:
             clients.down -= set(t.nodes)
         elif kind in nemesis.NETWORK:
             self.network.heal()
+            clients.down -= set(self._cuts_clients(t))
         elif kind == "agreement-restart":
             why = self.cluster.start(1)
             if why:
@@ -217,7 +245,7 @@ class Run:
                 "minority": sorted(minority),
                 "majority": sorted(set(self.cluster.nodes) - minority),
             }
-        if record.fault.kind in ("cut-agreement", "one-way"):
+        if record.fault.kind in ("cut-agreement", "one-way", "intra-node", "plain-cut"):
             return {
                 "cut": list(t.nodes),
                 "others": sorted(set(self.cluster.nodes) - set(t.nodes)),
@@ -271,11 +299,18 @@ class Run:
         trace_dir = self.dir / "traces" if config.trace else None
         started = time.monotonic()
         self.cluster.up(
-            rf=config.rf, partitions=config.partitions, wrapper=wrapper, trace_dir=trace_dir
+            rf=config.rf,
+            partitions=config.partitions,
+            wrapper=wrapper,
+            trace_dir=trace_dir,
+            # A subscriber cut off for a 20 s split misses more than the default 1,000
+            # queued messages a session may hold; G1 wants every one.
+            service_args=[DEEP_QUEUES],
         )
         up_s = time.monotonic() - started
         watch = EpochWatch(self.cluster)
         views = ViewRecorder(self.cluster)
+        links = LinkWatch(self.cluster)
         tag = f"{config.seed:x}"
         clients = RunClients(tag, list(self.cluster.nodes.values()), config.seed, FAILOVER_HOLD_S)
         result: dict[str, Any] = {}
@@ -286,19 +321,23 @@ class Run:
             t0_wall_ns = time.time_ns() - int((time.monotonic() - self.t0) * 1e9)
             watch.start(self.t0)
             views.start(self.t0)
+            links.start(self.t0)
             self._play(faults, clients)
             self._sleep_until(max(config.length, self._now()) + 3.0)
             heal_notes = self._heal_everything()
             healed_at = self._now()
+            links.final_heal(healed_at)
             convergence = wait_converged(self.cluster, config.rf, timeout=120)
             clients.stop_moving()
             unreconnected = clients.reconnect_all()
             clients.stop_publishers()
             stopped_at = self._now()
             drain_s = clients.drain(timeout=30)
+            drained_at = self._now()
             clients.probe_split_subscriptions()
             watch.stop()
             views.stop()
+            links.stop()
             view = self.cluster.stored_view()
             diverged = divergence(self.cluster, view) if view is not None else None
             retained = retained_check(
@@ -310,6 +349,24 @@ class Run:
                 clients.publishers, "g", [on_topics(m, prefix) for m in clients.group]
             )
             acks = ack_stats(clients.publishers, start=0.0 + self.t0, end=stopped_at + self.t0)
+            faults_json = [r.to_json() for r in self.records]
+            silence = nothing_silent(
+                [
+                    *((f"fault {r.fault.index} ({r.fault.kind})", r.end) for r in self.records),
+                    ("final heal", healed_at),
+                ],
+                [arrivals(s, prefix, self.t0) for s in clients.subscribers],
+                clients.log.snapshot(),
+                [
+                    (at - self.t0, p.payload(n))
+                    for p in clients.publishers
+                    for n, at in list(p.acked.items())
+                ],
+                Reachability(faults_json, views.changes),
+                partition_of=lambda cid: partition_of(cid, config.partitions),
+                t0=self.t0,
+                end=drained_at,
+            )
             end = self._now()
             result = {
                 "name": config.name,
@@ -329,9 +386,10 @@ class Run:
                     "converged_s": round(convergence.seconds, 1),
                     "publishers_stopped_at": round(stopped_at, 1),
                     "drain_s": round(drain_s, 1),
+                    "drained_at": round(drained_at, 1),
                     "end": round(end, 1),
                 },
-                "faults": [r.to_json() for r in self.records],
+                "faults": faults_json,
                 "heal_notes": heal_notes,
                 "convergence": asdict(convergence),
                 "unreconnected": unreconnected,
@@ -368,9 +426,20 @@ class Run:
                 "split_subscriptions": [asdict(r) for r in clients.split_subscriptions],
                 "moves": clients.moves,
                 "connections": [c.to_json(self.t0) for c in clients.log.snapshot()],
+                "silence": silence,
+                "links": links.to_json(),
             }
+            versions = {s.client_id: s.version for s in [*clients.subscribers, *clients.group]}
+            for pub in [*clients.publishers, *clients.retained.values()]:
+                versions[pub.client_id] = pub.version
             result["verdict"] = judge(
-                result, clients.log.snapshot(), clients.publishers, self.t0, FAILOVER_HOLD_S
+                result,
+                clients.log.snapshot(),
+                clients.publishers,
+                self.t0,
+                FAILOVER_HOLD_S,
+                versions=versions,
+                unreachable_s=UNREACHABLE_DISCONNECT_S,
             )
             kinds = ", ".join(sorted({r.fault.kind for r in self.records}))
             plot.draw(
@@ -410,6 +479,7 @@ class Run:
         finally:
             watch.stop()
             views.stop()
+            links.stop()
             clients.stop_moving()
             clients.stop_publishers()
             clients.close()

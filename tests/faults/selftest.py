@@ -2,7 +2,11 @@
 smoke test in `make test`): two echo servers as nodes 1 and 2 on their own addresses, each
 under its node's group id; a connection between them carries the true addresses (NAT by
 group id), a one-way cut 1 -> 2 stops traffic both ways a connection needs, the clients'
-127.0.0.1 is never cut, and the heal restores everything. Runs inside the namespace."""
+127.0.0.1 is never cut, and the heal restores everything. Then issue 30's cuts: node 1's own
+processes cut from its own server while node 2 and the clients reach it (`intra-node`), and
+plain rules (`plain-cut`): `-s n1 -d n2` stops what n1 opens to n2 but not what n2 opens to
+n1; `-s n1 -d 127.0.0.1` stops every reply of n1's servers (to n2, to n1 itself, to the
+clients) but those of the port it keeps (its Redis). Runs inside the namespace."""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ from tests.faults import netns
 SERVER = """
 import socket, sys, threading
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], 7000)); s.listen()
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen()
 def serve(c, peer):
     with c:
         while data := c.recv(100):
@@ -29,7 +33,8 @@ while True:
 CLIENT = """
 import socket, sys
 try:
-    with socket.create_connection((sys.argv[1], 7000), timeout=float(sys.argv[2])) as c:
+    address = (sys.argv[1], int(sys.argv[3]))
+    with socket.create_connection(address, timeout=float(sys.argv[2])) as c:
         c.sendall(b"?"); print(c.recv(100).decode())
 except OSError:
     print("timeout")
@@ -40,11 +45,11 @@ def _as_node(node: int) -> list[str]:
     return ["setpriv", "--regid", str(netns.node_gid(node)), "--clear-groups", "--"]
 
 
-def ask(dst: str, as_node: int | None, timeout: float = 1.0) -> str:
+def ask(dst: str, as_node: int | None, timeout: float = 1.0, port: int = 7000) -> str:
     """The peer address `dst`'s server sees, asked from node `as_node` (None: a client)."""
     argv = [*(_as_node(as_node) if as_node else []), sys.executable, "-c", CLIENT, dst]
     done = subprocess.run(
-        [*argv, str(timeout)], capture_output=True, text=True, timeout=30, check=False
+        [*argv, str(timeout), str(port)], capture_output=True, text=True, timeout=30, check=False
     )
     return done.stdout.strip() or done.stderr.strip()
 
@@ -54,16 +59,18 @@ def selftest() -> int:
     addrs = {1: "127.0.0.11", 2: "127.0.0.12"}
     network = netns.Network(addrs, "127.0.0.10")
     network.install()
+    # Node 1 also serves on 7001: the port a plain cut keeps (as it keeps a node's Redis).
+    listening = [(1, addrs[1], 7000), (2, addrs[2], 7000), (1, addrs[1], 7001)]
     servers = [
-        subprocess.Popen([*_as_node(n), sys.executable, "-c", SERVER, addr])
-        for n, addr in addrs.items()
+        subprocess.Popen([*_as_node(n), sys.executable, "-c", SERVER, addr, str(port)])
+        for n, addr, port in listening
     ]
     try:
-        for addr in addrs.values():
+        for _n, addr, port in listening:
             deadline = time.monotonic() + 10
             while True:
                 try:
-                    socket.create_connection((addr, 7000), timeout=1).close()
+                    socket.create_connection((addr, port), timeout=1).close()
                     break
                 except OSError:
                     if time.monotonic() > deadline:
@@ -90,6 +97,7 @@ def selftest() -> int:
         }
         network.heal()
         healed = {"n1->n2": ask(addrs[2], 1), "n2->n1": ask(addrs[1], 2)}
+        issue30, expected30 = _issue30_cuts(network, addrs)
     finally:
         for server in servers:
             server.kill()
@@ -99,6 +107,7 @@ def selftest() -> int:
         ("before the cut", seen, expected),
         ("during the cut", cut, expected_cut),
         ("after the heal", healed, {"n1->n2": addrs[1], "n2->n1": addrs[2]}),
+        *((f"issue 30, {what}", issue30[what], expected30[what]) for what in expected30),
     ):
         if got != want:
             problems.append(f"{what}: {got}, expected {want}")
@@ -106,4 +115,47 @@ def selftest() -> int:
         print(f"selftest: {problem}", file=sys.stderr)
     if not problems:
         print("selftest: NAT by group id, one-way cut and heal work")
+        print("selftest: a node's own cut, plain cuts and a kept port work")
     return 1 if problems else 0
+
+
+def _issue30_cuts(
+    network: netns.Network, addrs: dict[int, str]
+) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, str]]]:
+    """Issue 30's cuts for real, each healed after: what was seen, what must be."""
+    seen: dict[str, dict[str, str]] = {}
+    network.cut_own(addrs[1], 7000)
+    seen["n1 cut from its own server"] = {
+        "n1->n1": ask(addrs[1], 1),
+        "n2->n1": ask(addrs[1], 2),
+        "client->n1": ask(addrs[1], None),
+    }
+    network.heal()
+    network.plain_cut([(addrs[1], addrs[2])])
+    seen["plain -s n1 -d n2"] = {"n1->n2": ask(addrs[2], 1), "n2->n1": ask(addrs[1], 2)}
+    network.heal()
+    network.plain_cut([(addrs[1], netns.CLIENT_ADDR)], keep=[(addrs[1], 7001)])
+    seen["plain -s n1 -d 127.0.0.1, 7001 kept"] = {
+        "n1->n1": ask(addrs[1], 1),
+        "n2->n1": ask(addrs[1], 2),
+        "client->n1": ask(addrs[1], None),
+        "n1->n2": ask(addrs[2], 1),
+        "n1->n1:7001": ask(addrs[1], 1, port=7001),
+    }
+    network.heal()
+    expected = {
+        "n1 cut from its own server": {
+            "n1->n1": "timeout",
+            "n2->n1": addrs[2],
+            "client->n1": netns.CLIENT_ADDR,
+        },
+        "plain -s n1 -d n2": {"n1->n2": "timeout", "n2->n1": addrs[2]},
+        "plain -s n1 -d 127.0.0.1, 7001 kept": {
+            "n1->n1": "timeout",
+            "n2->n1": "timeout",
+            "client->n1": "timeout",
+            "n1->n2": addrs[1],
+            "n1->n1:7001": addrs[1],
+        },
+    }
+    return seen, expected

@@ -32,7 +32,7 @@ class RunSpec:
 
 
 # The fixed set: every nemesis at least once (tests/faults/test_nemesis.py checks that the
-# seeds' schedules cover them), in five runs of a few minutes together. The traced one is
+# seeds' schedules cover them), in six runs of a few minutes together. The traced one is
 # also checked against the Spark job's audit (tests/faults/crosscheck.py): no kills there, so
 # no span is lost with a killed process.
 FIXED = (
@@ -57,6 +57,9 @@ FIXED = (
         length=40.0,
     ),
     RunSpec("joins-and-leaves", 1505, kinds=("leave-rejoin", "join-leave"), length=40.0),
+    # Issue 30: a node's own services cut from each other, and plain rules (one of them cuts
+    # a node from everything, 127.0.0.1 included, for 19.8 s: the issue's scenario).
+    RunSpec("own-and-plain-cuts", 1635, kinds=("intra-node", "plain-cut"), length=40.0),
 )
 
 

@@ -11,6 +11,7 @@ def test_the_namespace_gives_nodes_their_addresses_and_cuts_them(namespace: None
     done = faults_command(["selftest"], timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "NAT by group id, one-way cut and heal work" in done.stdout
+    assert "a node's own cut, plain cuts and a kept port work" in done.stdout
 
 
 def test_a_run_outside_the_namespace_says_why_it_cannot_start(monkeypatch) -> None:

@@ -134,3 +134,92 @@ def test_the_fixed_set_covers_every_nemesis() -> None:
         kinds = nemesis.kinds_for(spec.nodes, spec.kinds)
         played |= {f.kind for f in schedule(spec.seed, kinds, spec.length)}
     assert played == set(nemesis.DURATIONS)
+
+
+# ----- issue 30: a node's own services cut from each other, and plain rules ------------------
+
+
+def test_intra_node_cuts_one_node_from_its_own_partition_service_or_agent_or_both() -> None:
+    seen = set()
+    for pick in range(40):
+        cut = targets(fault("intra-node", pick), [1, 2, 3], TABLE)
+        (node,) = cut.nodes
+        assert node in (1, 2, 3)
+        assert cut.own in (["partition"], ["membership"], ["partition", "membership"])
+        assert (cut.groups, cut.one_way, cut.plain) == ([], [], [])
+        seen.add(tuple(cut.own))
+    assert len(seen) == 3
+    both = next(
+        targets(fault("intra-node", p), [1, 2, 3], TABLE)
+        for p in range(40)
+        if len(targets(fault("intra-node", p), [1, 2, 3], TABLE).own) == 2
+    )
+    assert both.note == (
+        "its edge -> its partition service; its edge and partition service -> its agent cut"
+    )
+
+
+def test_plain_cuts_go_one_way_or_both_between_a_node_and_every_peer() -> None:
+    kinds = set()
+    for pick in range(60):
+        cut = targets(fault("plain-cut", pick), [1, 2, 3], TABLE)
+        (node,) = cut.nodes
+        assert cut.minority == [node]
+        others = {1, 2, 3} - {node}
+        clients = any(nemesis.CLIENTS in pair for pair in cut.plain)
+        peers = {*others, AGREEMENT, *((nemesis.CLIENTS,) if clients else ())}
+        send = {(node, p) for p in peers}
+        hear = {(p, node) for p in peers}
+        how = cut.note.split(":")[0]
+        assert (
+            set(cut.plain)
+            == {
+                "cannot send": send,
+                "cannot hear": hear,
+                "both ways": send | hear,
+            }[how]
+        ), cut
+        assert ("127.0.0.1" in cut.note) == clients
+        kinds.add((how, clients))
+    assert len(kinds) == 6  # three directions, with and without 127.0.0.1
+
+
+def test_an_own_cut_is_one_conntrack_rule_on_the_reply_tuple() -> None:
+    assert netns.own_cut_rule("127.0.0.13", 22886) == [
+        *("-A", "INPUT", "-p", "tcp", "-m", "conntrack"),
+        *("--ctreplsrc", "127.0.0.13", "--ctrepldst", "127.0.0.13"),
+        *("--ctreplsrcport", "22886", "-j", "DROP"),
+        *("-m", "comment", "--comment", "hexmq-faults own 127.0.0.13:22886"),
+    ]
+
+
+def test_plain_rules_come_after_the_kept_ports() -> None:
+    rules = netns.plain_cut_rules(
+        [("127.0.0.13", "127.0.0.11"), ("127.0.0.1", "127.0.0.13")],
+        keep=[("127.0.0.13", 21903)],
+    )
+    assert rules == [
+        [
+            *("-I", "INPUT", "1", "-p", "tcp", "-d", "127.0.0.13", "--dport", "21903"),
+            *("-j", "ACCEPT", "-m", "comment", "--comment", "hexmq-faults keep 127.0.0.13:21903"),
+        ],
+        [
+            *("-I", "INPUT", "1", "-p", "tcp", "-s", "127.0.0.13", "--sport", "21903"),
+            *("-j", "ACCEPT", "-m", "comment", "--comment", "hexmq-faults keep 127.0.0.13:21903"),
+        ],
+        [
+            *("-A", "INPUT", "-s", "127.0.0.13", "-d", "127.0.0.11", "-j", "DROP"),
+            *("-m", "comment", "--comment", "hexmq-faults plain 127.0.0.13->127.0.0.11"),
+        ],
+        [
+            *("-A", "INPUT", "-s", "127.0.0.1", "-d", "127.0.0.13", "-j", "DROP"),
+            *("-m", "comment", "--comment", "hexmq-faults plain 127.0.0.1->127.0.0.13"),
+        ],
+    ]
+
+
+def test_the_random_campaign_draws_the_new_nemeses() -> None:
+    for nodes in (3, 5):
+        assert {"intra-node", "plain-cut"} <= set(nemesis.kinds_for(nodes))
+    drawn = {f.kind for seed in range(3000, 3100) for f in schedule(seed, nemesis.kinds_for(3), 45)}
+    assert {"intra-node", "plain-cut"} <= drawn

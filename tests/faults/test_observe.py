@@ -3,9 +3,20 @@ followers (tests/faults/observe.py)."""
 
 from __future__ import annotations
 
+import http.server
+import socket
+import threading
+from typing import Any
+
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as ppb
-from tests.faults.observe import _differences, _partitions_problem
+from tests.faults.observe import (
+    LinkWatch,
+    _differences,
+    _partitions_problem,
+    read_links,
+    view_change,
+)
 
 
 def meta(epoch: int, seq: int, history: bytes) -> dict[bytes, bytes]:
@@ -129,3 +140,85 @@ def test_mastering_what_the_view_does_not_say_or_not_answering_is_no_convergence
         "n3 masters p4 at 8 (view: n2)"
     )
     assert _partitions_problem(view, {1: status(1, calm)}, {}) == ("", {(3, 5, "n1"): 10})
+
+
+# ----- G9: the link watch, the masters of each view -------------------------------------------
+
+METRICS = """# HELP hexmq_links_down 1 per cluster link down
+# TYPE hexmq_links_down gauge
+hexmq_links_down{link="edge",peer="n3"} 1.0
+hexmq_links_down{link="edge",peer="n2"} 0.0
+hexmq_links_down{link="membership",peer="n1"} 1.0
+# TYPE hexmq_sessions_waiting_for_master gauge
+hexmq_sessions_waiting_for_master 4.0
+# TYPE hexmq_unreachable_disconnects_total counter
+hexmq_unreachable_disconnects_total 2.0
+# TYPE hexmq_edge_connections gauge
+hexmq_edge_connections 12.0
+"""
+
+
+def test_read_links_keeps_the_link_lines_of_each_service() -> None:
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = METRICS.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        with socket.socket() as closed:  # a port nobody serves
+            closed.bind(("127.0.0.1", 0))
+            nobody = closed.getsockname()[1]
+        links = read_links("127.0.0.1", {"edge": port, "membership": nobody}, timeout=2.0)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert links == {
+        "down": ["edge edge n3", "edge membership n1"],
+        "waiting": 4,
+        "ended": 2,
+        "unanswered": ["membership"],
+    }
+
+
+def test_the_link_watch_notes_when_everything_cleared_and_what_broke_again() -> None:
+    watch = LinkWatch.__new__(LinkWatch)
+    watch.links_clear_at = watch.waiting_clear_at = None
+    watch.down_again = {}
+
+    def look(**nodes: list[str]) -> dict[int, dict[str, Any]]:
+        return {
+            int(n[1:]): {"down": down, "waiting": 0, "unanswered": []} for n, down in nodes.items()
+        }
+
+    watch.seen_after_heal(60.0, 3, look(n1=[], n2=["edge edge n3"], n3=[]))
+    watch.seen_after_heal(60.5, 3, look(n1=[], n2=[]))  # n3 did not answer
+    assert watch.links_clear_at is None
+    assert watch.waiting_clear_at == 60.0
+    watch.seen_after_heal(61.0, 3, look(n1=[], n2=[], n3=[]))
+    assert watch.links_clear_at == 61.0
+    watch.seen_after_heal(61.5, 3, look(n1=[], n2=[], n3=["partition replication n1"]))
+    watch.seen_after_heal(62.0, 3, look(n1=[], n2=[], n3=["partition replication n1"]))
+    assert watch.down_again == {"n3 partition replication n1": 2}
+
+
+def test_a_view_change_records_the_master_an_edge_routes_each_partition_to() -> None:
+    table = [
+        mpb.PartitionAssignment(partition=0, epoch=1, replicas=["n2", "n1"]),
+        mpb.PartitionAssignment(partition=1, epoch=1, replicas=["n3", "n1"]),  # n3 is gone
+        mpb.PartitionAssignment(partition=2, epoch=1, replicas=["n1", "n2"]),
+    ]
+    old = mpb.View(
+        epoch=1, members=[mpb.Member(node_id=n) for n in ("n1", "n2", "n3")], partitions=table
+    )
+    new = mpb.View(epoch=2, members=[mpb.Member(node_id=n) for n in ("n1", "n2")], partitions=table)
+    assert view_change(None, old)["masters"] == ["n2", "n3", "n1"]
+    assert view_change(old, new)["masters"] == ["n2", "", "n1"]

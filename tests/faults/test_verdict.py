@@ -6,8 +6,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hexmq.hashring import partition_of
 from tests.faults.observe import handed_over
-from tests.faults.verdict import disconnects, judge, majority_served, node_of
+from tests.faults.verdict import (
+    Arrivals,
+    Reachability,
+    disconnects,
+    judge,
+    links_problems,
+    links_unshown,
+    majority_served,
+    node_of,
+    nothing_silent,
+    plain_blocks,
+)
 from tests.support.workload import Connection, Publisher
 
 N1, N2, N3 = "127.0.0.11", "127.0.0.12", "127.0.0.13"
@@ -37,6 +49,8 @@ def fault(
             "groups": targets.get("groups", []),
             "one_way": targets.get("one_way", []),
             "minority": targets.get("minority", []),
+            "own": targets.get("own", []),
+            "plain": targets.get("plain", []),
         },
     }
 
@@ -238,3 +252,261 @@ def test_the_majority_side_must_serve_in_a_long_split() -> None:
     assert majority_served(cut_off, [pub], 0.0) == []
     with_majority = [fault(0, "halves", 10.0, 30.0, [2], groups=[[2], [1, 3, 0]], minority=[2])]
     assert len(majority_served(with_majority, [pub], 0.0)) == 1
+
+
+# ----- G9: nothing silent, the unreachable-disconnects, the links after the final heal -------
+
+# Every view names n3 master of partition 0, n1 of partition 1 (32 partitions).
+MASTERS = ["n3", "n1", *(["n2"] * 30)]
+
+
+def views(*changes: tuple[float, list[str]]) -> list[dict[str, Any]]:
+    return [{"at": at, "masters": masters} for at, masters in changes]
+
+
+def test_a_master_is_unreachable_while_a_fault_cuts_it_off_and_for_a_while_after() -> None:
+    faults = [
+        fault(0, "isolate", 10.0, 20.0, [3], groups=[[3], [1, 2, 0]], minority=[3]),
+        fault(1, "kill-majority", 40.0, 50.0, [1, 3]),
+    ]
+    reach = Reachability(faults, views((0.0, MASTERS)))
+    assert reach.why_not(1, 0, 5.0) == ""
+    assert reach.why_not(1, 0, 12.0) == "n1 cut from its master n3: fault 0 (isolate)"
+    assert reach.why_not(3, 0, 12.0) == ""  # n3's own edge reaches n3
+    assert reach.why_not(1, 0, 29.0) != ""  # links back within 10 s of the heal
+    assert reach.why_not(1, 0, 31.0) == ""
+    assert reach.why_not(2, 1, 45.0) == "its master n1 down: fault 1 (kill-majority)"
+    assert reach.why_not(2, 5, 45.0) == ""  # n2 masters it
+    # A view without a master for the partition, and one that moved it while n3 could not see.
+    moved = views((0.0, MASTERS), (11.0, ["n1", "", *MASTERS[2:]]))
+    reach = Reachability(faults, moved)
+    assert reach.why_not(2, 1, 12.0) == "the view names no master"
+    assert reach.why_not(3, 0, 12.0) == "n3 cut from its master n1: fault 0 (isolate)"
+    blind = [fault(0, "cut-agreement", 10.0, 20.0, [3], one_way=[(3, 0), (0, 3)])]
+    reach = Reachability(blind, moved)
+    assert reach.why_not(3, 0, 12.0) == (
+        "n3 cut from the view that made n1 its master: fault 0 (cut-agreement)"
+    )
+    assert reach.why_not(2, 0, 12.0) == ""
+    # Without recorded masters nothing can be told: reachable.
+    assert Reachability(faults, [{"at": 0.0}]).why_not(1, 0, 12.0) == ""
+
+
+def test_own_cuts_and_plain_rules_in_the_reachability_of_masters() -> None:
+    own = [fault(0, "intra-node", 10.0, 20.0, [3], own=["partition"])]
+    reach = Reachability(own, views((0.0, MASTERS)))
+    assert reach.why_not(3, 0, 15.0) == (
+        "n3's edge cut from its own partition service: fault 0 (intra-node)"
+    )
+    assert reach.why_not(1, 0, 15.0) == ""
+    # n3 cannot hear (nodes only): others cannot reach n3's servers, n3 reaches theirs.
+    hear = [fault(0, "plain-cut", 10.0, 20.0, [3], plain=[(1, 3), (2, 3), (0, 3)])]
+    reach = Reachability(hear, views((0.0, MASTERS)))
+    assert (
+        reach.why_not(1, 0, 15.0) == "plain rules between n1 and its master n3: fault 0 (plain-cut)"
+    )
+    assert reach.why_not(3, 1, 15.0) == ""
+    assert reach.why_not(3, 0, 15.0) == ""
+    # n3 cannot send, 127.0.0.1 included: nobody reaches n3's servers, n3 itself neither.
+    send = [fault(0, "plain-cut", 10.0, 20.0, [3], plain=[(3, 1), (3, 2), (3, 0), (3, -1)])]
+    reach = Reachability(send, views((0.0, MASTERS)))
+    assert reach.why_not(3, 0, 15.0) != ""
+    assert reach.why_not(1, 0, 15.0) != ""
+    assert reach.why_not(3, 1, 15.0) != ""
+    assert reach.why_not(1, 1, 15.0) == ""
+
+
+def test_plain_rules_stop_what_a_node_opens_and_its_servers_replies() -> None:
+    assert plain_blocks({(1, 2)}, 1, 2)
+    assert not plain_blocks({(1, 2)}, 2, 1)  # n2's connections to n1 carry on
+    assert plain_blocks({(1, -1)}, 2, 1)  # n1's replies to n2 reach INPUT as to 127.0.0.1
+    assert plain_blocks({(1, -1)}, 1, 1)
+    assert not plain_blocks({(-1, 1)}, 2, 1)  # only the clients' packets to n1 stop
+
+
+def server_busy(client: str, host: str, started: float, ended: float, p: int) -> Connection:
+    c = conn(client, host, started, ended, "server")
+    c.code = 0x89
+    c.reason = (
+        f"DISCONNECT Server busy: partition {p} of this session had no reachable master for "
+        "30 s: the link to its master n3 is down; connect again"
+    )
+    return c
+
+
+def test_an_unreachable_disconnect_is_accepted_only_after_the_bound_without_a_master() -> None:
+    # kill-majority on 3 nodes whose restart took 60 s: n2's clients of n3's partitions wait.
+    faults = [fault(0, "kill-majority", 10.0, 70.0, [1, 3])]
+    result = clean_result(faults=faults, views={"changes": views((0.0, MASTERS))})
+    busy = server_busy("s2-x-n2", N2, 1.0, 41.5, 0)
+    verdict = judge(result, [busy], [], 0.0, 10.0)
+    assert verdict["ok"], verdict
+    (end,) = verdict["unreachable_disconnects"]
+    assert end["accepted"]
+    assert end["unreachable_s"] >= 31.0
+    assert end["why"] == "its master n3 down: fault 0 (kill-majority)"
+    assert verdict["warnings"] == [
+        "1 connection(s) ended past --unreachable-disconnect (30 s): accepted, their session's "
+        "partition had no master reachable from their node for that long (G9)"
+    ]
+    # Ended 15 s into it: its master had not been unreachable for 30 s.
+    early = server_busy("s2-x-n2", N2, 1.0, 25.0, 0)
+    verdict = judge(result, [early], [], 0.0, 10.0)
+    assert verdict["failures"] == [
+        "1 client(s) disconnected unexpectedly",
+        "1 connection(s) ended as if their master were unreachable for 30 s, though it was "
+        "reachable from their node for part of that time (G9)",
+    ]
+    assert verdict["unexpected_disconnects"][0]["unreachable_s"] == 15.0
+    # A 3.1.1 client is closed without a word: accepted on the same grounds, by its client id.
+    quiet = conn("s1-x-n2", N2, 1.0, 41.5, "server")
+    p = partition_of("s1-x-n2", 32)
+    ok = judge(
+        clean_result(faults=faults, views={"changes": views((0.0, ["n3"] * 32))}),
+        [quiet],
+        [],
+        0.0,
+        10.0,
+        versions={"s1-x-n2": 4},
+    )
+    assert ok["ok"], ok
+    assert ok["unreachable_disconnects"][0]["partition"] == p
+    # ... and a 3.1.1 close the model does not explain is left to the other rules.
+    assert judge(
+        result, [conn("s1-x-n2", N2, 1.0, 5.0, "server")], [], 0.0, 10.0, versions={"s1-x-n2": 4}
+    )["failures"] == ["1 client(s) disconnected unexpectedly"]
+
+
+def arrivals_of(client: str, got: dict[str, float]) -> Arrivals:
+    return Arrivals(client, dict(got), sorted(got.values()))
+
+
+def silence_of(
+    subscribers: list[Arrivals],
+    connections: list[Connection],
+    acked: list[tuple[float, str]],
+    faults: list[dict[str, Any]],
+    heals: list[tuple[str, float]] | None = None,
+    end: float = 200.0,
+) -> dict[str, Any]:
+    return nothing_silent(
+        heals if heals is not None else [(f"fault {f['index']}", f["end"]) for f in faults],
+        subscribers,
+        connections,
+        acked,
+        Reachability(faults, views((0.0, MASTERS))),
+        partition_of=lambda cid: 0,  # every session in partition 0, mastered by n3
+        t0=0.0,
+        end=end,
+    )
+
+
+SPLIT = [fault(0, "isolate", 10.0, 30.0, [3], groups=[[3], [1, 2, 0]], minority=[3])]
+# Published through n1 before, during and after the split, acknowledged at once.
+ACKED = [(t, f"p:{i}") for i, t in enumerate([5.0, 12.0, 20.0, 29.0, 35.0], start=1)]
+
+
+def test_a_subscriber_connected_through_a_heal_that_receives_nothing_after_it_is_silent() -> None:
+    # The issue: on n1, its session mastered by n3 (cut off), it got p:1 and then nothing.
+    stuck = arrivals_of("s", {"p:1": 5.1})
+    found = silence_of([stuck], [conn("s", N1, 1.0, None)], ACKED, SPLIT)
+    (silent,) = found["silent"]
+    # Its deadline: 20 s after the heal at 30 (no later fault on its path).
+    assert (silent["client_id"], silent["heal"], silent["deadline"]) == ("s", "fault 0", 50.0)
+    assert (silent["owed"], silent["missing"], silent["received_in_between"]) == (3, 3, 0)
+    assert silent["examples"] == ["p:2", "p:3", "p:4"]
+    result = clean_result(faults=SPLIT, silence=found)
+    assert judge(result, [], [], 0.0, 10.0)["failures"] == [
+        "1 time(s) a subscriber stayed connected through a heal and was still missing messages "
+        "acknowledged before it 20 s later (G9: nothing silent): s"
+    ]
+
+
+def test_a_subscriber_that_catches_up_in_time_or_was_disconnected_is_not_silent() -> None:
+    caught_up = arrivals_of("a", {"p:1": 5.1, "p:2": 41.0, "p:3": 41.1, "p:4": 41.2})
+    # Ended by the server (0x89) before its deadline: it reconnects and gets them there.
+    ended = arrivals_of("b", {"p:1": 5.1, "p:2": 70.0, "p:3": 70.0, "p:4": 70.0})
+    # Moved by the run (a client close) before its deadline: not judged for this heal.
+    moved = arrivals_of("c", {"p:1": 5.1})
+    # Taken over by the run (3.1.1: the server just closes the old connection).
+    taken = arrivals_of("d", {"p:1": 5.1})
+    connections = [
+        conn("a", N1, 1.0, None),
+        server_busy("b", N1, 1.0, 45.0, 0),
+        conn("b", N2, 46.0, None),
+        conn("c", N1, 1.0, 45.0, "client"),
+        conn("c", N2, 45.5, None),
+        conn("d", N1, 1.0, 40.0, "server"),
+        conn("d", N3, 40.0, None, purpose="takeover"),
+    ]
+    found = silence_of([caught_up, ended, moved, taken], connections, ACKED, SPLIT)
+    assert found["silent"] == []
+    assert (found["judged"], found["caught_up"], found["disconnected"], found["moved"]) == (
+        1,
+        1,
+        1,
+        2,
+    )
+    # The records end 5 s after the heal: caught up by then, or not judged.
+    early = silence_of([caught_up, moved], connections, ACKED, SPLIT, end=42.0)
+    assert (early["judged"], early["caught_up"], early["silent"]) == (1, 1, [])
+    assert found["longest_catch_up"] == {"seconds": 11.2, "client_id": "a", "heal": "fault 0"}
+
+
+def test_a_later_fault_on_the_subscribers_path_stops_its_clock() -> None:
+    # The split heals at 30; its master n3 is paused 45-55.
+    faults = [*SPLIT, fault(1, "pause", 45.0, 55.0, [3])]
+    late = arrivals_of("s", {"p:1": 5.1, **dict.fromkeys(["p:2", "p:3", "p:4", "p:5"], 59.0)})
+    found = silence_of([late], [conn("s", N1, 1.0, None)], ACKED, faults)
+    # 30-45 and 55-60 reachable: the deadline of the split's heal is 60, the pause's 75.
+    assert found["silent"] == []
+    assert (found["judged"], found["caught_up"]) == (2, 2)
+    # A later fault off its path (n2's own services) does not stop the clock.
+    elsewhere = [*SPLIT, fault(1, "intra-node", 45.0, 55.0, [2], own=["partition"])]
+    found = silence_of([late], [conn("s", N1, 1.0, None)], ACKED, elsewhere)
+    assert [(s["heal"], s["deadline"], s["arrived_later"]) for s in found["silent"]] == [
+        ("fault 0", 50.0, 3)
+    ]
+
+
+def test_the_links_must_be_up_soon_after_the_final_heal() -> None:
+    up = {"links_clear_s": 4.5, "waiting_clear_s": 6.0, "last": {}}
+    assert links_problems(up) == []
+    assert links_problems(None) == []
+    down = {
+        "links_clear_s": None,
+        "waiting_clear_s": 30.5,
+        "last": {"n1": {"down": ["edge edge n3"], "unanswered": []}, "n2": {"down": []}},
+    }
+    flapping = {**up, "down_again": {"n3 partition replication n1": 37, "n2 edge edge n3": 2}}
+    assert links_problems(flapping) == [
+        "links down again after they were all up after the final heal: n3 partition "
+        "replication n1 (37 looks) (G9)"
+    ]
+    assert links_problems(down) == [
+        "links not all up 10 s after the final heal (never; at the last look: "
+        "{'n1': ['edge edge n3']}) (G9)",
+        "connections still waiting for a master 20 s after the final heal (only 30.5 s) (G9)",
+    ]
+
+
+def test_an_overlap_across_a_plain_cut_or_an_own_cut_is_excused() -> None:
+    plain = [fault(0, "plain-cut", 10.0, 20.0, [2], plain=[(2, -1), (-1, 2)])]
+    across = [conn("s", N2, 1.0, 21.0, "takeover"), conn("s", N1, 12.0, None, purpose="takeover")]
+    verdict = judge(clean_result(faults=plain), across, [], 0.0, 10.0)
+    assert verdict["ok"], verdict
+    assert verdict["g5_overlaps"][0]["excused"] == "n2 cut by plain rules, fault 0"
+
+
+def test_a_long_cut_should_show_a_link_down_within_seconds() -> None:
+    split = fault(0, "isolate", 10.0, 30.0, [3], groups=[[3], [1, 2, 0]], minority=[3])
+    short = fault(1, "one-way", 40.0, 50.0, [2], one_way=[(2, 1), (2, 3)])
+    shown = {"changes": [{"at": 22.0, "node": "n1", "down": ["edge edge n3"]}]}
+    assert links_unshown([split, short], shown) == []
+    late = {"changes": [{"at": 27.0, "node": "n1", "down": ["edge edge n3"]}]}
+    assert links_unshown([split, short], late) == [
+        "fault 0 (isolate): no link shown down within 16 s (G9)"
+    ]
+    at_the_node = {"changes": [{"at": 20.0, "node": "n3", "down": ["partition membership n3"]}]}
+    assert links_unshown([split], at_the_node) == []
+    assert links_unshown([split], None) == []

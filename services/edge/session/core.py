@@ -236,6 +236,35 @@ class Session(SessionState):
         done = reattach_session(self)
         return done, self.take()
 
+    def waits_for_master(self) -> bool:
+        """Connected, and the session not attached at its partition's master as the edge
+        routes it now: no route (its master is not in the view, or its link is down), or
+        another one than it is attached at (its re-attach is held or unanswered). Such a
+        connection gets nothing meanwhile (services/edge/unreachable.py)."""
+        p = self.partition
+        if self.state is not State.CONNECTED or p is None:
+            return False
+        route = self.edge.partition_route(p)
+        return route is None or route != self.attached
+
+    def master_unreachable(self, why: str) -> list[Action]:
+        """The session waited past --unreachable-disconnect for a master it could not reach
+        (`why` says how long and why): end the connection, so that the client connects again,
+        through this node or another, and gets its queue there. 5.0: DISCONNECT 0x89 Server
+        busy with `why` as the Reason String (0x88 Server unavailable is a CONNACK code only);
+        3.1.1: a close. A lost connection to its session: the Will follows its delay, unless
+        the client is back first. The edge logs one line per sweep, not one per connection."""
+        if self.state is not State.CONNECTED:
+            return self.take()
+        log.debug("closing %s (%s): %s", self.peer, self.client_id, why)
+        self.close_session(graceful=False)
+        if self.version == V5:
+            busy = RC.SERVER_BUSY
+            self.send(Disconnect(busy, self.reason(lambda p: Disconnect(busy, p), why)))
+        self.state = State.CLOSED
+        self.emit(Close(RC.SERVER_BUSY, why))
+        return self.take()
+
     def _awaited(self, token: int) -> Callable[..., None] | None:
         """What waits for `token`'s answer (taken), or None."""
         waiting = self.waiting
