@@ -11,6 +11,11 @@ A cluster is started by the real `hexmq cluster up` of this venv and stopped by
 process of that cluster is still running. `hexmq_cluster_module` is the same factory shared
 by the tests of a module (down after its last test). `pick_base_port(nodes)` gives a free
 port range for tests that run `hexmq cluster` themselves.
+
+The time bounds of tests that start clusters follow how long starts take on this machine
+(tests/support/start_bounds.py): every start here is timed, its `--timeout` and the pytest
+timeout of every test using these fixtures are scaled by the pace that shows, and a start does
+not count against the timeout of the test waiting for it.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +36,7 @@ from typing import Any
 import pytest
 
 from hexmq import clusterstate, procs
+from tests.support import start_bounds
 
 HEXMQ = Path(sys.executable).with_name("hexmq")
 
@@ -93,6 +99,24 @@ def cluster_prerequisites() -> None:
         pytest.fail("cluster tests cannot run: " + "; ".join(missing), pytrace=False)
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, object, object]:
+    """A test that starts clusters (or uses the Spark JVM) gets its timeout times the pace of
+    this machine's starts (tests/support/start_bounds.py), set before pytest-timeout reads it."""
+    pace = start_bounds.pace()
+    timeout = start_bounds.configured_timeout(item)
+    starts = {"cluster_prerequisites", "spark"} & set(getattr(item, "fixturenames", ()))
+    if starts and pace > 1 and timeout:
+        marker = item.get_closest_marker("timeout")
+        options = {k: v for k, v in marker.kwargs.items() if k != "timeout"} if marker else {}
+        if marker is not None and len(marker.args) > 1:
+            options["method"] = marker.args[1]
+        item.add_marker(pytest.mark.timeout(timeout * pace, **options), append=False)
+    return (yield)
+
+
 def running_processes(cluster_dir: Path) -> list[int]:
     """Pids of processes of the cluster in cluster_dir that still run: those recorded in its
     cluster.json, and any process carrying its environment marker (one spawned but never
@@ -119,9 +143,25 @@ class HexmqCluster:
     def cli(
         self, *args: str, check: bool = True, timeout: float = 120
     ) -> subprocess.CompletedProcess[str]:
-        """Run `hexmq cluster ACTION ... --dir DIR`; fail the test if it fails and check."""
+        """Run `hexmq cluster ACTION ... --dir DIR`; fail the test if it fails and check.
+        `start` and `add` start a node: they are timed and bounded as starts
+        (tests/support/start_bounds.py; compared with an `up` of the whole cluster, as they
+        wait until every node serves sessions of every other); `timeout` bounds the other
+        actions, times the pace."""
         argv = [str(HEXMQ), "cluster", *args, "--dir", str(self.dir)]
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        if args[0] in ("start", "add"):
+            if "--timeout" not in args:
+                argv += ["--timeout", f"{start_bounds.step_timeout():g}"]
+            nodes = len(self.nodes) + (args[0] == "add")
+            result = start_bounds.run_start(argv, nodes, at_least=start_bounds.scaled(timeout))
+        else:
+            result = subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                timeout=start_bounds.scaled(timeout),
+                check=False,
+            )
         self.cli_log.append(f"$ {' '.join(argv)}  -> {result.returncode}\n{result.stderr}")
         if check and result.returncode != 0:
             pytest.fail(
@@ -175,8 +215,16 @@ class HexmqCluster:
 
 
 def run_up(
-    cluster_dir: Path, nodes: int, base_port: int, extra: Sequence[str] = (), timeout: float = 30
+    cluster_dir: Path,
+    nodes: int,
+    base_port: int,
+    extra: Sequence[str] = (),
+    timeout: float | None = None,
 ) -> subprocess.CompletedProcess[str]:
+    """`hexmq cluster up`, timed as a start; `timeout`: its --timeout (default
+    `start_bounds.step_timeout()`)."""
+    if timeout is None:
+        timeout = start_bounds.step_timeout()
     argv = [
         str(HEXMQ),
         "cluster",
@@ -184,11 +232,10 @@ def run_up(
         *("--nodes", str(nodes)),
         *("--dir", str(cluster_dir)),
         *("--base-port", str(base_port)),
-        *("--timeout", str(timeout)),
+        *("--timeout", f"{timeout:g}"),
         *extra,
     ]
-    # The bound on top of --timeout covers four startup steps plus the MQTT wait.
-    return subprocess.run(argv, capture_output=True, text=True, timeout=6 * timeout, check=False)
+    return start_bounds.run_start(argv, nodes)
 
 
 @contextlib.contextmanager
@@ -199,7 +246,7 @@ def _cluster_factory(base_dir: Path) -> Iterator[Callable[..., HexmqCluster]]:
         nodes: int = 1,
         *,
         partitions: int | None = None,
-        timeout: float = 30,
+        timeout: float | None = None,
         extra: Sequence[str] = (),
     ) -> HexmqCluster:
         cluster_dir = base_dir / f"cluster{len(made) + 1}"
@@ -259,9 +306,10 @@ def _tear_down(clusters: Sequence[HexmqCluster]) -> None:
 def hexmq_cluster(
     tmp_path: Path, cluster_prerequisites: None
 ) -> Iterator[Callable[..., HexmqCluster]]:
-    """Factory: `hexmq_cluster(nodes=1, partitions=None, timeout=30, extra=())` starts a
-    cluster in a fresh directory under tmp_path and returns a `HexmqCluster`; every cluster
-    it made is brought down when the test ends."""
+    """Factory: `hexmq_cluster(nodes=1, partitions=None, timeout=None, extra=())` starts a
+    cluster in a fresh directory under tmp_path and returns a `HexmqCluster` (`timeout`: the
+    --timeout of `up`, default `start_bounds.step_timeout()`); every cluster it made is brought
+    down when the test ends."""
     with _cluster_factory(tmp_path) as make:
         yield make
 

@@ -14,6 +14,7 @@ import pytest
 from hexmq import procs
 from tests.conftest import HEXMQ
 from tests.support.agent_cluster import AgentCluster, Node, end, free_ports, spawn, wait_until
+from tests.support.start_bounds import step_timeout
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +27,7 @@ def consul_dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     argv = [str(HEXMQ), "consul-dev", "--listen", addr, "--data-dir", str(base / "data")]
     server = spawn(argv, base / "consul.log")
     try:
-        wait_until("consul-dev serving", lambda: procs.tcp_accepts(port), 15)
+        wait_until("consul-dev serving", lambda: procs.tcp_accepts(port), step_timeout())
         yield addr
     finally:
         end(server)

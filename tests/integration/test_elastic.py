@@ -31,7 +31,14 @@ from tests.support.cluster_watch import (
 )
 from tests.support.eventually import eventually_sync as wait_for
 from tests.support.unique import uid
-from tests.support.workload import Publisher, Subscriber, check, close_client, open_client
+from tests.support.workload import (
+    DEEP_QUEUES,
+    Publisher,
+    Subscriber,
+    check,
+    close_client,
+    open_client,
+)
 
 PARTITIONS = 32
 USE_ANOTHER_SERVER = 0x9C
@@ -77,7 +84,7 @@ def test_a_node_joins_and_another_leaves_under_traffic_losing_nothing(hexmq_clus
     MQTT 5.0 clients get DISCONNECT 0x9C naming another node, its partitions are handed over,
     never failed over, and no acknowledged message is lost, duplicated at QoS 2 or
     reordered; mastership stays within 1.25x of the fair share throughout."""
-    cluster = hexmq_cluster(nodes=3, partitions=PARTITIONS, extra=["--rf", "2"])
+    cluster = hexmq_cluster(nodes=3, partitions=PARTITIONS, extra=["--rf", "2", DEEP_QUEUES])
     tag = uid()
     pubs, subs = start_workload(cluster, [1, 2, 3], tag)
     watch = DisconnectWatch(f"dw-{tag}", cluster.mqtt_port(2))
@@ -101,9 +108,18 @@ def test_a_node_joins_and_another_leaves_under_traffic_losing_nothing(hexmq_clus
     assert watch.reference is not None
     assert port_of(watch.reference) in others, watch.reference
     wait_for(lambda: rebalanced(cluster), 30, "the leave's rebalance finished")
+    moved = time.monotonic()
     assert_balanced(cluster, 3, PARTITIONS)
     # n2's partitions moved by handover only: no failover names it.
     assert not failovers_from(cluster, "n2")
+    # Publishing on the other nodes goes on after the join and the leave (how many
+    # acknowledgements it made meanwhile is the machine's speed, not the cluster's).
+    staying = [p for p in pubs if p.port != cluster.mqtt_port(2)]
+    wait_for(
+        lambda: all(max(list(p.acked.values()), default=0) > moved for p in staying),
+        60,
+        "acknowledgements on the other nodes after the leave",
+    )
     time.sleep(1)
     stop_workload(pubs)
     for s in subs:
@@ -116,7 +132,6 @@ def test_a_node_joins_and_another_leaves_under_traffic_losing_nothing(hexmq_clus
         if p.port != cluster.mqtt_port(2):
             assert not p.refused, (p.client_id, p.refused)
             assert not p.unanswered, (p.client_id, p.unanswered)
-            assert len(p.acked) > 50, (p.client_id, len(p.acked))
     watch.close()
     for s in subs:
         s.close()
@@ -129,7 +144,7 @@ def test_sigterm_to_every_service_of_a_node_is_a_leave_not_a_failover(
     """An orchestrator stops a node by SIGTERM to all its services at once: the node leaves
     (its master roles handed over, RF restored on the others) before they exit, so the view
     drops it without a failover, and QoS 1 publishers on the other nodes are never refused."""
-    cluster = hexmq_cluster(nodes=3, partitions=PARTITIONS, extra=["--rf", "2"])
+    cluster = hexmq_cluster(nodes=3, partitions=PARTITIONS, extra=["--rf", "2", DEEP_QUEUES])
     tag = uid()
     pubs = [
         Publisher(f"p-{tag}-n{i}", cluster.mqtt_port(i), f"t/{tag}/n{i}", qos=1) for i in (1, 2)
@@ -153,8 +168,15 @@ def test_sigterm_to_every_service_of_a_node_is_a_leave_not_a_failover(
     assert "n3" not in members(cluster)
     assert not failovers_from(cluster, "n3")
     wait_for(lambda: rebalanced(cluster), 30, "RF restored on nodes 1 and 2")
+    restored = time.monotonic()
     log = (cluster.dir / "node3" / "membership.log").read_text()
     assert "left the cluster" in log, log[-2000:]
+    # Publishing goes on after node 3 left (not a count: that is the machine's speed).
+    wait_for(
+        lambda: all(max(list(p.acked.values()), default=0) > restored for p in pubs),
+        60,
+        "acknowledgements after node 3 left",
+    )
     time.sleep(0.5)
     stop_workload(pubs)
     assert subs[1].move(cluster.mqtt_port(1)), "the session of node 3's subscriber was lost"
@@ -163,6 +185,5 @@ def test_sigterm_to_every_service_of_a_node_is_a_leave_not_a_failover(
     for p in pubs:
         assert not p.refused, (p.client_id, p.refused)
         assert not p.unanswered, (p.client_id, p.unanswered)
-        assert len(p.acked) > 20, (p.client_id, len(p.acked))
     for s in subs:
         s.close()

@@ -18,6 +18,7 @@ from tests.support.cluster_watch import drain, masters_of, members, start_worklo
 from tests.support.eventually import eventually_sync as wait_for
 from tests.support.unique import uid
 from tests.support.workload import (
+    DEEP_QUEUES,
     Subscriber,
     check,
     close_client,
@@ -35,7 +36,7 @@ def test_two_of_three_nodes_killed_lose_nothing_acknowledged(hexmq_cluster: Any)
     order per publisher (G2); the subscribers of the dead nodes resume their sessions on the
     survivor with session present (G4); the retained message set before is still there (G6);
     a will of a client of a dead node is published, one of a client of the survivor is not."""
-    cluster = hexmq_cluster(nodes=3, partitions=PARTITIONS, extra=["--rf", "3"])
+    cluster = hexmq_cluster(nodes=3, partitions=PARTITIONS, extra=["--rf", "3", DEEP_QUEUES])
     tag = uid()
     survivor = cluster.mqtt_port(3)
     retained = open_client(f"r-{tag}", cluster.mqtt_port(1))
@@ -56,6 +57,16 @@ def test_two_of_three_nodes_killed_lose_nothing_acknowledged(hexmq_cluster: Any)
     time.sleep(2)
     cluster.kill(2)
     wait_for(lambda: "n2" not in members(cluster), 10, "n2 removed from the view")
+    both_gone = time.monotonic()
+    on_survivor = [p for p in pubs if p.port == survivor]
+    # Publishing through the survivor goes on after both kills. (How many acknowledgements
+    # a few seconds hold is the machine's speed: make test here once saw 98 where 100 were
+    # asked for.)
+    wait_for(
+        lambda: all(max(list(p.acked.values()), default=0) > both_gone for p in on_survivor),
+        60,
+        "acknowledgements through the survivor after both kills",
+    )
     time.sleep(3)
     for p in pubs:
         p.stop()
@@ -66,11 +77,9 @@ def test_two_of_three_nodes_killed_lose_nothing_acknowledged(hexmq_cluster: Any)
     report = check(pubs, subs)
     report.assert_clean()
     report.assert_once_while_connected(subs)
-    on_survivor = [p for p in pubs if p.port == survivor]
     for p in on_survivor:
         assert not p.refused, (p.client_id, p.refused)
         assert not p.unanswered, (p.client_id, p.unanswered)
-        assert len(p.acked) > 100, (p.client_id, len(p.acked))
     # G6: the retained message is kept; only the dead node's client's will went out.
     late = Subscriber(f"late-{tag}", survivor, f"keep/{tag}", qos=1)
     late.connect()
@@ -95,7 +104,7 @@ def test_rf2_one_node_killed_and_restarted_gets_its_roles_back_once_in_sync(
     the restarted node joins the view, catches up, and masters its partitions again (by
     handover, once in sync); a client id connected through node 3 after the failover can be
     taken over through node 1 (one live connection per client id, G5)."""
-    cluster = hexmq_cluster(nodes=3, partitions=PARTITIONS, extra=["--rf", "2"])
+    cluster = hexmq_cluster(nodes=3, partitions=PARTITIONS, extra=["--rf", "2", DEEP_QUEUES])
     tag = uid()
     before = masters_of(cluster)
     pubs, subs = start_workload(cluster, [1, 2, 3], tag)
@@ -140,7 +149,7 @@ def test_a_paused_node_is_removed_fenced_and_rejoins(hexmq_cluster: Any) -> None
     is paused (traffic through nodes 1 and 3 goes on); when it continues it finds itself out of
     the view (fenced), rejoins as a follower, catches up and masters its partitions again.
     Nothing acknowledged is lost."""
-    cluster = hexmq_cluster(nodes=3, partitions=PARTITIONS, extra=["--rf", "3"])
+    cluster = hexmq_cluster(nodes=3, partitions=PARTITIONS, extra=["--rf", "3", DEEP_QUEUES])
     tag = uid()
     before = masters_of(cluster)
     pubs, subs = start_workload(cluster, [1, 3], tag)
@@ -177,7 +186,9 @@ def test_a_node_whose_redis_hangs_stops_and_its_partitions_fail_over(hexmq_clust
     node 1 takes over its partitions and the publishers of node 1 see a delay, never an
     error."""
     cluster = hexmq_cluster(
-        nodes=2, partitions=PARTITIONS, extra=["--rf", "2", "--partition-arg=--redis-timeout=0.5"]
+        nodes=2,
+        partitions=PARTITIONS,
+        extra=["--rf", "2", "--partition-arg=--redis-timeout=0.5", DEEP_QUEUES],
     )
     tag = uid()
     pubs, subs = start_workload(cluster, [1], tag)
