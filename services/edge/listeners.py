@@ -15,6 +15,7 @@ import ssl
 from collections.abc import Callable
 from pathlib import Path
 
+from hexmq import tls_server
 from services.edge.connection import ClientConnection, ConnectionHost
 from services.edge.proxied import ProxiedConnection
 from services.edge.websocket import WebSocketConnection
@@ -32,38 +33,7 @@ def tls_context(
     cert: Path, key: Path, ca: Path | None = None, require_client_cert: bool = False
 ) -> ssl.SSLContext:
     """A server TLS context (TLS 1.2 or newer); ValueError naming the file that cannot be used."""
-    for what, path in (("--tls-cert", cert), ("--tls-key", key), ("--tls-ca", ca)):
-        if path is not None:
-            try:
-                path.read_bytes()
-            except OSError as exc:
-                raise ValueError(f"cannot read {what} {path}: {exc.strerror}") from None
-    # Not create_default_context(): it would also trust the system's CAs for client certificates.
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    try:
-        # The certificate on its own first, so that an error names the right file.
-        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_verify_locations(cafile=cert)
-    except ssl.SSLError as exc:
-        raise ValueError(f"--tls-cert {cert} holds no usable PEM certificate: {exc}") from None
-    try:
-        ctx.load_cert_chain(cert, key)
-    except ssl.SSLError as exc:
-        why = (
-            "does not match the certificate"
-            if exc.reason == "KEY_VALUES_MISMATCH"
-            else "holds no usable PEM private key (or needs a password)"
-        )
-        raise ValueError(f"--tls-key {key} {why} ({cert}): {exc}") from None
-    if ca is not None:
-        try:
-            ctx.load_verify_locations(cafile=ca)
-        except ssl.SSLError as exc:
-            raise ValueError(f"--tls-ca {ca} holds no usable PEM certificate: {exc}") from None
-        ctx.verify_mode = ssl.CERT_REQUIRED if require_client_cert else ssl.CERT_OPTIONAL
-    elif require_client_cert:
-        raise ValueError("--tls-require-client-cert needs --tls-ca (the CA that signs them)")
-    return ctx
+    return tls_server.server_context(cert, key, ca, require_client_cert)
 
 
 async def start_listeners(edge: ConnectionHost, tls: ssl.SSLContext | None) -> list[asyncio.Server]:
