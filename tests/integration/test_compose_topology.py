@@ -35,6 +35,7 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
 from hexmq.node_protocol import THIS_RELEASE
 from hexmq.trust.identity import OPERATOR, Identity
+from tests.support import start_bounds
 from tests.support.compose_local import LocalTopology, load_local_topology
 from tests.support.compose_run import LocalCompose
 from tests.support.eventually import eventually_sync as wait_for
@@ -116,8 +117,12 @@ def running_topology(workdir: Path, interpolation: dict[str, str]) -> Iterator[R
     run: Running | None = None
     try:
         with LocalCompose(topo, COMPOSE, workdir) as compose:
-            compose.up(["haproxy"], timeout=40)
-            compose.wait_healthy(edges, timeout=20)  # the file's healthcheck: /readyz
+            # A start of the whole topology (a secrets job, Consul, three nodes, HAProxy): its
+            # bounds follow the machine's pace (tests/support/start_bounds.py; a clean clone
+            # under CI once took more than 40 s).
+            with start_bounds.outside_test_timeout(start_bounds.scaled(240)):
+                compose.up(["haproxy"], timeout=start_bounds.scaled(120))
+                compose.wait_healthy(edges, timeout=start_bounds.scaled(60))
             run = Running(topo, compose, collector, 0.0)
             wait_for(
                 lambda: set(run.servers().values()) == {"UP"},
@@ -323,9 +328,10 @@ def test_the_compose_topology_refuses_what_has_no_certificate_password_or_token(
     workdir = tmp_path / "compose"
     topo = load_local_topology(COMPOSE, {}, volumes=volumes(workdir))
     with LocalCompose(topo, COMPOSE, workdir) as compose:
-        compose.up(["haproxy"], timeout=40)
         partitions = [s.name for s in topo.with_alias("partitions")]
-        compose.wait_healthy(partitions, timeout=20)
+        with start_bounds.outside_test_timeout(start_bounds.scaled(240)):
+            compose.up(["haproxy"], timeout=start_bounds.scaled(120))
+            compose.wait_healthy(partitions, timeout=start_bounds.scaled(60))
         secrets = secrets_dir(topo)
         assert compose.completed("secrets")
 

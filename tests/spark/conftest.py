@@ -136,7 +136,14 @@ def spark_shared(pytestconfig: pytest.Config) -> Iterator[SharedSession]:
 @pytest.fixture
 def spark(spark_shared: SharedSession, request: pytest.FixtureRequest) -> Iterator[SparkSession]:
     """The shared session, checked for this test (and replaced if it no longer works)."""
-    session = spark_shared.usable()
+    with warnings.catch_warnings():
+        # Starting a session imports much of pyspark, and the collections on the way find
+        # sockets that are not this test's: py4j's to a JVM an earlier test's session ran in,
+        # or any earlier test's. make test failed this setup twice on one ("unclosed socket",
+        # at the import of pyspark_connect), attributed to whichever Spark test came first.
+        warnings.simplefilter("ignore", ResourceWarning)
+        session = spark_shared.usable()
+        gc.collect()
     # The test's time left: pytest-timeout's alarm (else the timeout it will set, func_only).
     left = signal.getitimer(signal.ITIMER_REAL)[0] or start_bounds.configured_timeout(request.node)
     if not left:
