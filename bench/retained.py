@@ -29,12 +29,11 @@ import sys
 import time
 from typing import Any
 
-from bench.attacks import Client
+from bench.attacks import store_retained, subscribe_cost
 from bench.brokers import Hexmq
 from bench.report import RESULTS_DIR, machine_facts, result_stem
-from bench.stats import CLOCK_TICKS, process_ticks
+from bench.stats import process_ticks
 from hexmq.api.common.v1.common_pb2 import Message
-from hexmq.mqtt import Publish
 from hexmq.topics import topic_matches
 from services.partition.retained import RetainedMessages
 
@@ -116,51 +115,18 @@ def in_process(sizes: tuple[int, ...]) -> list[dict[str, Any]]:
     return rows
 
 
-async def _store(port: int, first: int, last: int) -> None:
-    pub, _ = await Client.connect(port, f"retained-store-{first}")
-    for i in range(first, last):
-        pub.writer.write(pub.codec.send(Publish(f"ret/{i // 10}/{i % 10}", b"r" * 32, retain=True)))
-        if i % 256 == 255:
-            await pub.writer.drain()
-            await asyncio.sleep(0.01)
-    await pub.writer.drain()
-    await pub.close()
-    await asyncio.sleep(3)
-
-
-async def _cost(broker: Hexmq, stored: int, rounds: int = 40) -> dict[str, Any]:
-    partition = broker.node_pids[0]["partition"]
-    client, _ = await Client.connect(broker.ports[0], f"retained-sub-{stored}")
-    before = process_ticks(partition) or 0
-    t0 = time.monotonic()
-    got = 0
-    for r in range(rounds):
-        await client.subscribe([f"ret/{(r * 37) % (stored // 10)}/+"], qos=0)
-        matched = 0
-        while matched < 10:
-            packet = await client.recv(10)
-            if isinstance(packet, Publish):
-                matched += 1
-        got += matched
-    elapsed = time.monotonic() - t0
-    ticks = (process_ticks(partition) or 0) - before
-    await client.close()
-    return {
-        "stored": stored,
-        "subscribes": rounds,
-        "retained_received": got,
-        "partition_cpu_ms_per_subscribe": round(ticks / CLOCK_TICKS * 1000 / rounds, 1),
-        "wall_ms_per_subscribe": round(elapsed * 1000 / rounds, 1),
-    }
-
-
 async def _on_cluster(broker: Hexmq, sizes: tuple[int, ...]) -> list[dict[str, Any]]:
+    partition = broker.node_pids[0]["partition"]
+
+    def cpu() -> int:
+        return process_ticks(partition) or 0
+
     rows = []
     stored = 0
     for n in sizes:
-        await _store(broker.ports[0], stored, n)
+        await store_retained(broker.ports[0], stored, n, payload=32, pause_s=0.01, settle_s=3)
         stored = n
-        row = await _cost(broker, n)
+        row = await subscribe_cost(broker.ports[0], n, cpu, wait_s=10, strict=True)
         print(f"bench.retained: node: {row}", file=sys.stderr, flush=True)
         rows.append(row)
     return rows
