@@ -29,9 +29,10 @@ ROLES: Final = (EDGE, PARTITION, MEMBERSHIP, OPERATOR)
 NODE_ROLES: Final = (EDGE, PARTITION, MEMBERSHIP)
 
 DEFAULT_TRUST_DOMAIN: Final = "hexmq"
-# Node ids as the membership agent takes them (services/membership/records.py), operator
-# names alike; a trust domain as SPIFFE allows it (lower case letters, digits, '.', '-', '_').
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+# Node ids (the membership agent checks them with this too: services/membership/records.py),
+# operator names alike; a trust domain as SPIFFE allows it (lower case letters, digits, '.',
+# '-', '_').
+NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 _TRUST_DOMAIN = re.compile(r"[a-z0-9][a-z0-9._-]{0,254}")
 
 
@@ -56,7 +57,7 @@ class Identity:
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise IdentityError(f"a role is one of {', '.join(ROLES)}, got {self.role!r}")
-        if not _NAME.fullmatch(self.node):
+        if not NODE_ID.fullmatch(self.node):
             raise IdentityError(
                 f"a node id or operator name is 1-63 letters, digits, '_', '.' or '-', "
                 f"got {self.node!r}"

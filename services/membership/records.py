@@ -15,12 +15,12 @@ from typing import Any, Final, TypeGuard
 
 from hexmq.netaddr import parse_hostport
 from hexmq.node_protocol import THIS_RELEASE, ProtocolError, Support
+from hexmq.trust.identity import NODE_ID
 from services.membership.plan import Registration
 
 SERVICE_NAME: Final = "hexmq"
 SUSPICION_KINDS: Final = frozenset({"refused", "silent"})
 _CLUSTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
-_NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 
 class RecordError(ValueError):
@@ -37,7 +37,7 @@ def check_cluster_name(name: str) -> str:
 
 
 def check_node_id(node_id: str) -> str:
-    if not _NODE_ID.fullmatch(node_id):
+    if not NODE_ID.fullmatch(node_id):
         raise ValueError(
             f"--node-id must be 1-63 letters, digits, '_', '.' or '-', got {node_id!r}"
         )
@@ -77,7 +77,7 @@ class ClusterKeys:
         if not key.startswith(prefix):
             return None
         node = key[len(prefix) :]
-        return node if _NODE_ID.fullmatch(node) else None
+        return node if NODE_ID.fullmatch(node) else None
 
 
 @dataclass(frozen=True, slots=True)
