@@ -68,6 +68,7 @@ def reap(pid: int) -> None:
 
 
 def describe_exit(pid: int) -> str:
+    reap(pid)  # a no-op unless it is our child and has exited since it was last looked at
     status = _exit_statuses.get(pid)
     if status is None:
         return "exited"
@@ -80,6 +81,10 @@ def is_running(ident: ProcessIdentity) -> bool:
     """True while that very process exists and has not exited (a zombie counts as gone)."""
     reap(ident.pid)
     fields = _stat_fields(ident.pid)
+    if fields is not None and fields[0] == "Z":
+        # It exited between the reap above and the read of its state: reap it now, so that
+        # describe_exit can name its exit status.
+        reap(ident.pid)
     if fields is None or fields[0] in ("Z", "X", "x"):
         return False
     return int(fields[19]) == ident.start_ticks and boot_id() == ident.boot_id

@@ -522,6 +522,42 @@ def test_terminate_stops_and_reports_the_exit(sleeper: procs.ProcessIdentity) ->
     assert not procs.send_signal(sleeper, signal.SIGTERM)
 
 
+def _exited_child(tmp_path: Path, code: int) -> procs.ProcessIdentity:
+    """A child that has exited with `code` and is a zombie nobody has reaped yet."""
+    ident = procs.spawn(["/bin/sh", "-c", f"exit {code}"], tmp_path / "exit.log", os.environ)
+    stat = Path(f"/proc/{ident.pid}/stat")
+    deadline = time.monotonic() + 10
+    while stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.monotonic() < deadline, "the child did not exit"
+        time.sleep(0.01)
+    return ident
+
+
+def test_the_exit_code_is_named_even_if_nothing_looked_before(tmp_path: Path) -> None:
+    ident = _exited_child(tmp_path, 3)
+    assert procs.describe_exit(ident.pid) == "exited with code 3"
+    assert not procs.is_running(ident)
+
+
+def test_a_child_that_exits_while_it_is_looked_at_keeps_its_exit_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # CI saw "node 2 redis ... exited during startup" without the code: the child exited after
+    # is_running's reap and before its read of /proc, so nothing collected the status.
+    ident = _exited_child(tmp_path, 3)
+    real_reap, calls = procs.reap, []
+
+    def reap_that_comes_too_early(pid: int) -> None:
+        calls.append(pid)
+        if len(calls) > 1:  # the first one ran while the child was still running
+            real_reap(pid)
+
+    monkeypatch.setattr(procs, "reap", reap_that_comes_too_early)
+    assert not procs.is_running(ident)
+    monkeypatch.setattr(procs, "reap", lambda pid: None)  # only what is_running collected
+    assert procs.describe_exit(ident.pid) == "exited with code 3"
+
+
 def test_terminate_escalates_to_sigkill(tmp_path: Path) -> None:
     script = "trap '' TERM; echo ready; while :; do sleep 0.1; done"
     log = tmp_path / "stubborn.log"
