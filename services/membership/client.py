@@ -26,7 +26,7 @@ from hexmq.api.membership.v1 import membership_pb2 as pb
 from hexmq.api.membership.v1 import membership_pb2_grpc as pb_grpc
 from hexmq.node_protocol import Support
 from hexmq.service import cancel_and_wait
-from hexmq.streams import CONNECT_TIMEOUT, Dial
+from hexmq.streams import CONNECT_TIMEOUT, Dial, channel_ready, stop_if_cancelled
 from hexmq.trust.grpc_tls import PeerRefused
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class ViewWatcher:
             try:
                 async with self._dial() as channel:
                     # Connected first (a watch may bring nothing for long): the metric says so.
-                    await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT)
+                    await channel_ready(channel)
                     self._show(down=False)
                     stub = pb_grpc.MembershipServiceStub(channel)
                     after = self.view.epoch if self.view is not None else 0
@@ -119,6 +119,7 @@ class ViewWatcher:
                     self.view.epoch if self.view else None,
                 )
             self._show(down=True)
+            stop_if_cancelled()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, _MAX_BACKOFF_S)
 

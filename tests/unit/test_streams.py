@@ -113,3 +113,72 @@ async def test_a_peer_that_is_not_there_is_not_reachable(
             closed=stop_after_one,
         )
     assert closed == ["not reachable"]
+
+
+class _ReadyOnCue:
+    """A channel that gets ready when the test says so, and a stream on it that never ends."""
+
+    def __init__(self) -> None:
+        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.streams = 0
+
+    async def __aenter__(self) -> _ReadyOnCue:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    async def channel_ready(self) -> None:
+        await self.ready
+
+    async def run(self, channel: Any, backoff: Backoff) -> str:
+        self.streams += 1
+        await asyncio.Event().wait()
+        return "stream ended"
+
+
+async def _started(channel: _ReadyOnCue, run: Any) -> asyncio.Task[None]:
+    task = asyncio.create_task(
+        keep_streaming(lambda: channel, run, refused=lambda *_: None, closed=lambda _: None)
+    )
+    for _ in range(5):  # into the wait for the channel
+        await asyncio.sleep(0)
+    return task
+
+
+async def test_a_stop_that_comes_as_the_channel_gets_ready_ends_the_loop() -> None:
+    # Seed 4002 of the fault campaign: the replication link its driver had stopped (its master
+    # had left) opened its stream all the same and kept it, and reconnected ever after, since
+    # asyncio.wait_for (Python 3.11) returns the result and drops the cancellation when both
+    # come in the same turn of the loop.
+    channel = _ReadyOnCue()
+    task = await _started(channel, channel.run)
+    channel.ready.set_result(None)
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=5)
+    assert task in done
+    assert task.cancelled()
+    assert channel.streams == 0
+
+
+async def test_a_stop_that_the_stream_swallows_still_ends_the_loop() -> None:
+    channel = _ReadyOnCue()
+    channel.ready.set_result(None)
+    swallowed = 0
+
+    async def run_that_swallows(ch: Any, backoff: Backoff) -> str:
+        nonlocal swallowed
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            swallowed += 1  # as a library might: the stream just "ended"
+            if swallowed > 1:
+                raise  # (only once: a loop that goes on must not outlive the test)
+        return "stream ended"
+
+    task = await _started(channel, run_that_swallows)
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=5)
+    assert task in done
+    assert task.cancelled()
+    assert swallowed == 1
