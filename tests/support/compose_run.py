@@ -2,7 +2,9 @@
 `docker compose up` runs compose.yaml: a service starts once every `depends_on` condition of
 it holds (service_started: its dependency runs; service_healthy: the dependency's healthcheck
 passes; service_completed_successfully: the dependency, a one-shot, exited 0), independent
-services start side by side, and `kill` is `docker compose kill`.
+services start side by side, a service that exits by itself is started again as its `restart`
+policy says (Docker's waits; a test names it after MAX_RESTARTS), and `kill` is `docker
+compose kill` (a killed service stays down, as Docker leaves a container it was told to kill).
 
     topo = load_local_topology(COMPOSE, volumes=tmp_path / "volumes")
     with LocalCompose(topo, COMPOSE, tmp_path) as compose:
@@ -75,6 +77,10 @@ COMPLETED = "service_completed_successfully"
 CONDITIONS = (STARTED, HEALTHY, COMPLETED)
 # Users a compose `user:` names that are root.
 _ROOT_USERS = frozenset({"0", "0:0", "root", "root:root"})
+# Restart policies as Docker follows them: the first restart after 100 ms, each next one
+# after twice the wait; past MAX_RESTARTS a test fails, naming the exits.
+RESTART_FIRST_DELAY = 0.1
+MAX_RESTARTS = 3
 # The variable every process started here carries, so that a leftover can be found by it.
 MARKER = "COMPOSE_LOCAL_RUN_DIR"
 
@@ -94,6 +100,10 @@ class _Running:
     log: Path
     healthy: bool = False
     last_check: float = 0.0
+    # Its exits so far that its restart policy restarted it after (codes), and when the
+    # pending restart is due (monotonic seconds; 0: none pending).
+    exits: list[int] = field(default_factory=list)
+    restart_at: float = 0.0
 
 
 @dataclass
@@ -294,7 +304,7 @@ class LocalCompose:
             ]
         return argv
 
-    def _start(self, svc: LocalService) -> None:
+    def _start(self, svc: LocalService, exits: Sequence[int] = ()) -> None:
         log = self.workdir / f"{svc.name}.log"
         for mount in svc.mounts:
             if mount.named:
@@ -319,7 +329,7 @@ class LocalCompose:
             proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env, cwd=self.workdir
             )
-        self.running[svc.name] = _Running(proc, log)
+        self.running[svc.name] = _Running(proc, log, exits=list(exits))
 
     def _base_env(self) -> dict[str, str]:
         return {"PATH": os.environ.get("PATH", os.defpath), MARKER: str(self.workdir)}
@@ -336,12 +346,33 @@ class LocalCompose:
     # --- while it runs ----------------------------------------------------------------------
 
     def check_alive(self) -> None:
-        """AssertionError naming any started process that has exited (and its log's end)."""
-        for name, run in self.running.items():
+        """Restart a service that exited as its restart policy says Docker would, after
+        Docker's wait (RESTART_FIRST_DELAY, doubling); AssertionError naming one that exited
+        and may not be restarted, or exited more than MAX_RESTARTS times (and its log's end).
+        A partition service whose agent was not serving within its --startup-timeout exits 1
+        (a loaded machine: the 30 s passed while nine services started on two cores), and
+        `restart: unless-stopped` has Docker start it again: so here too."""
+        now = time.monotonic()
+        for name, run in list(self.running.items()):
             code = run.proc.poll()
-            if code is not None and name not in self._killed and not self.completed(name):
+            if code is None or name in self._killed or self.completed(name):
+                continue
+            if run.restart_at:
+                if now >= run.restart_at:
+                    self._start(self.topology.services[name], exits=[*run.exits, code])
+                continue
+            if not self._restarts(name, code) or len(run.exits) >= MAX_RESTARTS:
                 tail = "\n".join(procs.log_tail(run.log))
-                raise AssertionError(f"{name} exited with {code}; its log ends:\n{tail}")
+                before = f" (and before: {run.exits})" if run.exits else ""
+                raise AssertionError(f"{name} exited with {code}{before}; its log ends:\n{tail}")
+            run.restart_at = now + RESTART_FIRST_DELAY * 2 ** len(run.exits)
+
+    def _restarts(self, name: str, code: int) -> bool:
+        """Whether Docker restarts the service after it exited with `code` by itself."""
+        policy = str(self._spec[name].get("restart", "no"))
+        return policy in ("always", "unless-stopped") or (
+            policy.startswith("on-failure") and code != 0
+        )
 
     def kill(self, names: Sequence[str]) -> None:
         """SIGKILL the services and wait until they are gone (`docker compose kill`)."""

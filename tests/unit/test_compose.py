@@ -13,7 +13,10 @@ import re
 import shutil
 import subprocess
 import textwrap
+import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -34,8 +37,10 @@ from tests.support.compose_run import (
     COMPLETED,
     HEALTHY,
     MARKER,
+    MAX_RESTARTS,
     STARTED,
     LocalCompose,
+    _Running,
     depends_on_conditions,
 )
 from tests.support.options import service_parser
@@ -338,6 +343,54 @@ def test_a_service_without_a_local_stand_in_is_refused_before_anything_starts(
     with pytest.raises(ComposeError, match=r"service jaeger \(cr.jaegertracing.io/\S+\) has no"):
         compose.up(["jaeger"], timeout=1)
     assert compose.running == {}
+
+
+def _exited(tmp_path: Path, code: int) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(["/bin/sh", "-c", f"exit {code}"])
+    proc.wait(10)
+    return proc
+
+
+def _check_for(compose: LocalCompose, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        compose.check_alive()
+        time.sleep(0.02)
+
+
+def test_a_service_that_exits_is_restarted_as_its_policy_says_then_named(
+    topology: LocalTopology, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # partition-1 has `restart: unless-stopped`: Docker starts it again after 100 ms, then
+    # 200, 400; a test gives up after MAX_RESTARTS and names every exit.
+    compose = LocalCompose(topology, COMPOSE, tmp_path)
+    started: list[list[int]] = []
+
+    def start(svc: Any, exits: Sequence[int] = ()) -> None:
+        started.append(list(exits))
+        compose.running[svc.name] = _Running(_exited(tmp_path, 1), log, exits=list(exits))
+
+    monkeypatch.setattr(compose, "_start", start)
+    log = tmp_path / "partition-1.log"
+    log.write_text("no view from membership within 30s\n")
+    compose.running["partition-1"] = _Running(_exited(tmp_path, 1), log)
+    with pytest.raises(AssertionError) as gave_up:
+        _check_for(compose, seconds=10)
+    assert MAX_RESTARTS == 3
+    assert started == [[1], [1, 1], [1, 1, 1]]
+    assert "partition-1 exited with 1 (and before: [1, 1, 1])" in str(gave_up.value)
+    assert "no view from membership" in str(gave_up.value)
+
+
+def test_a_service_without_a_restart_policy_that_fails_is_named_at_once(
+    topology: LocalTopology, tmp_path: Path
+) -> None:
+    compose = LocalCompose(topology, COMPOSE, tmp_path)
+    log = tmp_path / "secrets.log"
+    log.write_text("cannot write the CA\n")
+    compose.running["secrets"] = _Running(_exited(tmp_path, 2), log)
+    with pytest.raises(AssertionError, match=r"secrets exited with 2; its log ends:\n.*CA"):
+        compose.check_alive()
 
 
 def test_a_hexmq_service_gets_the_files_environment_and_not_the_shells(
