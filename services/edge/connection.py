@@ -32,6 +32,10 @@ if TYPE_CHECKING:
 
 __all__ = ["ClientConnection", "ConnectionHost", "State"]
 
+# How long a connection closed with a reason reads on, discarding, for its client's end of
+# stream (ClientConnection._linger).
+LINGER_S = 2.0
+
 
 class ConnectionHost(EdgeServices, Protocol):
     """What a connection's adapter uses of its edge (services/edge/server.py, Edge)."""
@@ -58,6 +62,7 @@ class ClientConnection(asyncio.Protocol):
     __slots__ = (
         "_attach",
         "_deadline",
+        "_lingering",
         "_opening",
         "_out",
         "_paused",
@@ -79,6 +84,8 @@ class ClientConnection(asyncio.Protocol):
         self.queued = False  # among the edge's connections to flush after a frame
         self._attach: Ticket | None = None  # the AttachSession on its way
         self._opening: _Opening | None = None  # the OpenSession on its way
+        # Closed with a reason and discarding input until it ends (_linger): its bound.
+        self._lingering: asyncio.TimerHandle | None = None
 
     # ----- asyncio.Protocol, and what the edge calls ----------------------------------------
 
@@ -99,11 +106,15 @@ class ClientConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.edge.stats.bytes_in += len(data)
+        if self._lingering is not None:
+            return  # closed with a reason: read only to be discarded (_linger)
         now = asyncio.get_running_loop().time()
         self.carry_out(self.session.receive(data, now, int(time.time() * 1000)))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._set_timer(None)
+        if self._lingering is not None:
+            self._lingering.cancel()
         self.carry_out(self.session.lost())
         self.edge.connection_gone(self)
 
@@ -171,7 +182,7 @@ class ClientConnection(asyncio.Protocol):
         self.queued = False
         out, self._out = self._out, None
         transport = self.transport
-        if out and transport is not None and not transport.is_closing():
+        if out and transport is not None and not transport.is_closing() and not self._lingering:
             data = out[0] if len(out) == 1 else b"".join(out)
             self.edge.stats.bytes_out += len(data)
             transport.write(data)
@@ -258,6 +269,8 @@ class ClientConnection(asyncio.Protocol):
         retained.gather(links, a.filters, lambda m: self.carry_out(session.gathered(token, m)))
 
     def _pause(self, why: int) -> None:
+        if self._lingering is not None:
+            return  # (what a lingering connection reads is discarded: it reads on)
         if not self._paused and self.transport is not None:
             self.transport.pause_reading()
         self._paused |= why
@@ -284,8 +297,31 @@ class ClientConnection(asyncio.Protocol):
 
     def _close(self, a: act.Close) -> None:
         self.flush()
-        if self.transport is not None:
-            self.transport.close()
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if a.linger and self._lingering is None:
+            self._linger(transport)
+        else:
+            transport.close()
+
+    def _linger(self, transport: asyncio.Transport) -> None:
+        """After a DISCONNECT with a reason: stop taking requests but let the DISCONNECT
+        reach the client. Closing a socket with unread input resets the connection, and a
+        client still sending (publishes past our Receive Maximum, say) then loses the
+        DISCONNECT to the reset, or its next write fails. So: shut down our side once the
+        DISCONNECT is written (the client reads it, then end of stream), read and discard
+        what the client still sends until its end of stream or LINGER_S, then close."""
+        loop = asyncio.get_running_loop()
+        self._lingering = loop.call_later(LINGER_S, transport.close)
+        try:
+            if transport.can_write_eof():
+                transport.write_eof()  # (after what is buffered; TLS cannot: it waits for EOF)
+        except NotImplementedError:  # (WebSocket: its close handshake ends it instead)
+            transport.close()
+            return
+        self._paused = 0  # (reading resumes whatever paused it: the input is discarded)
+        transport.resume_reading()
 
 
 class _Opening:

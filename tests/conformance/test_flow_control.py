@@ -5,7 +5,21 @@ must keep to (0x93), QoS 2 counting until PUBCOMP, and the client's window the s
 
 from __future__ import annotations
 
-from hexmq.mqtt import ConnAck, Disconnect, PubAck, PubComp, Publish, PubRec, PubRel, Subscription
+import asyncio
+
+import pytest
+
+from hexmq.mqtt import (
+    ConnAck,
+    Disconnect,
+    PingReq,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    Subscription,
+)
 from tests.support.rawclient import RawClient
 from tests.support.unique import uid
 from tests.support.v5client import connect, nothing_within, publish, subscribe
@@ -85,3 +99,35 @@ async def test_mqtt_3_3_4_9_deliveries_stay_within_the_clients_receive_maximum(t
             assert packet.packet_id is not None
             await sub.send(PubAck(packet.packet_id))
     assert [p.payload for p in got] == [f"{i}".encode() for i in range(10)]
+
+
+async def test_mqtt_3_14_4_2_the_0x93_disconnect_reaches_a_client_still_sending(
+    limits_node,
+) -> None:
+    """MQTT-3.14.4-2: after its DISCONNECT the server closes, and the DISCONNECT arrives.
+
+    Paho's test_flow_control2: Receive Maximum + 1 QoS 2 PUBLISHes without PUBREL, the client
+    still sending as the DISCONNECT 0x93 comes (MQTT-3.3.4-7). The server stops reading
+    requests but lets the DISCONNECT reach the client: it ends its side after it and discards
+    what the client still sends, instead of closing with unread input, which resets the
+    connection (the client's writes fail, or the DISCONNECT is lost, before it is read).
+    """
+    port = limits_node.mqtt_port(1)
+    topic = f"rm2/{uid()}"
+    pub, _ = await RawClient.connect(port, f"pub-{uid()}", version=5)
+    burst = b"".join(pub.codec.send(Publish(topic, b"x", qos=2, packet_id=i)) for i in range(1, 7))
+    ping = pub.codec.send(PingReq())
+    loop = asyncio.get_running_loop()
+    try:
+        await pub.send_bytes(burst)
+        until = loop.time() + 0.5
+        while loop.time() < until:  # a client that has not read anything yet, still sending
+            await pub.send_bytes(ping * 16)
+            await asyncio.sleep(0.02)
+        seen = await pub.wait_closed()
+    except ConnectionError as exc:
+        pytest.fail(f"the connection was reset before the DISCONNECT was read: {exc!r}")
+    await pub.close()
+    assert seen, "nothing came before the end of the stream"
+    assert (type(seen[-1]), seen[-1].reason_code) == (Disconnect, 0x93)
+    assert all(isinstance(p, PubRec) for p in seen[:-1])

@@ -105,3 +105,24 @@ async def test_mqtt_3_14_2_3_disconnect_reason_string_left_out_over_the_clients_
         assert disconnect.properties.reason_string is None
     assert await client.recv() is None
     await client.close()
+
+
+@pytest.mark.parametrize("maximum", [2, 17])
+async def test_mqtt_3_1_2_24_a_connack_over_the_clients_maximum_is_not_sent(
+    port: int, maximum: int
+) -> None:
+    """MQTT-3.1.2-24: a CONNACK larger than the client's Maximum Packet Size is not sent.
+
+    The CONNACK that accepts a client has no Reason String or User Property to leave out (18
+    bytes with hexmq's properties): over a smaller maximum the connection is closed with
+    nothing sent, no DISCONNECT either (none may come before CONNACK).
+    """
+    client, answer = await open5(port, maximum)
+    assert answer is None
+    await client.close()
+    # A maximum of 18 takes it.
+    client, connack = await open5(port, 18)
+    assert isinstance(connack, ConnAck)
+    assert connack.reason_code == 0
+    assert len(encode(connack, 5)) <= 18
+    await client.close()

@@ -281,7 +281,9 @@ def test_a_5_0_client_over_our_receive_maximum_is_disconnected_with_0x93() -> No
     (disconnect,) = client.packets(over)
     assert disconnect.reason_code == RC.RECEIVE_MAXIMUM_EXCEEDED
     assert disconnect.properties.reason_string == "more than 2 unacknowledged QoS 1/2 publishes"
-    assert over[-1] == act.Close(RC.RECEIVE_MAXIMUM_EXCEEDED, disconnect.properties.reason_string)
+    assert over[-1] == act.Close(
+        RC.RECEIVE_MAXIMUM_EXCEEDED, disconnect.properties.reason_string, linger=True
+    )
 
 
 def test_a_qos2_publish_counts_against_receive_maximum_until_pubcomp() -> None:
@@ -599,7 +601,7 @@ def test_a_takeover_kicks_with_0x8e_and_the_next_connection_resumes_the_session(
     (disconnect,) = first.packets(kicked)
     assert disconnect.reason_code == RC.SESSION_TAKEN_OVER
     assert commands(kicked) == []  # the session is the new connection's now
-    assert kicked[-1] == act.Close(RC.SESSION_TAKEN_OVER, "")
+    assert kicked[-1] == act.Close(RC.SESSION_TAKEN_OVER, "", linger=True)
     assert first.session.kick(RC.SESSION_TAKEN_OVER) == []  # once
 
     second = Driver(edge)

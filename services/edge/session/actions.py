@@ -139,10 +139,14 @@ class SetTimer:
 @dataclass(slots=True)
 class Close:
     """Close the socket once what was written before is sent (`reason_code`: the MQTT reason,
-    0 for a normal close; `why`: what the log says)."""
+    0 for a normal close; `why`: what the log says). `linger`: a DISCONNECT with a reason was
+    the last packet written, and must reach a client that may still be sending: the adapter
+    half-closes after it, reads and discards what comes for a bounded time, then closes
+    (closing with unread input would reset the connection and lose the DISCONNECT)."""
 
     reason_code: int = 0
     why: str = ""
+    linger: bool = False
 
 
 Action = (

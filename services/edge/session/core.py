@@ -196,28 +196,28 @@ class Session(SessionState):
         tracer = self.edge.tracer
         if tracer.enabled:
             tracer.takeover(self.client_id, reason_code)
-        self.state = State.CLOSED
-        if self.version == V5:
-            why = (
-                "another connection with this client id took the session over"
-                if reason_code == RC.SESSION_TAKEN_OVER
-                else reason_name(reason_code)
-            )
-            props = self.reason(lambda p: Disconnect(reason_code, p), why)
-            self.send(Disconnect(reason_code, props))
-        self.close(None, reason_code=reason_code)
+        # (No CloseSession: the session is another connection's now.)
+        self.withdraw_open()
+        why = (
+            "another connection with this client id took the session over"
+            if reason_code == RC.SESSION_TAKEN_OVER
+            else reason_name(reason_code)
+        )
+        self.disconnect(reason_code, why, why="")
         return self.take()
 
     def shutdown(self, reference: str | None = None) -> list[Action]:
         """The edge is stopping: tell a 5.0 client (0x8B, or 0x9C Use another server with
         `reference` as the Server Reference, MQTT 5.0 section 4.11) and close."""
-        if self.state is State.CONNECTED and self.version == V5:
-            if reference:
-                packet = Disconnect(RC.USE_ANOTHER_SERVER, Properties(server_reference=reference))
-            else:
-                packet = Disconnect(RC.SERVER_SHUTTING_DOWN)
-            self.send(packet)
-        self.close(None, reason_code=RC.SERVER_SHUTTING_DOWN)
+        if self.state is not State.CONNECTED:
+            self.close(None, reason_code=RC.SERVER_SHUTTING_DOWN)
+            return self.take()
+        self.close_session(graceful=False)
+        if reference:
+            base = Properties(server_reference=reference)
+            self.disconnect(RC.USE_ANOTHER_SERVER, None, base=base)
+        else:
+            self.disconnect(RC.SERVER_SHUTTING_DOWN, None)
         return self.take()
 
     def lost(self) -> list[Action]:
@@ -258,11 +258,7 @@ class Session(SessionState):
             return self.take()
         log.debug("closing %s (%s): %s", self.peer, self.client_id, why)
         self.close_session(graceful=False)
-        if self.version == V5:
-            busy = RC.SERVER_BUSY
-            self.send(Disconnect(busy, self.reason(lambda p: Disconnect(busy, p), why)))
-        self.state = State.CLOSED
-        self.emit(Close(RC.SERVER_BUSY, why))
+        self.disconnect(RC.SERVER_BUSY, why)
         return self.take()
 
     def _awaited(self, token: int) -> Callable[..., None] | None:

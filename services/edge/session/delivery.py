@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 
 from hexmq.api.partition.v1 import partition_pb2 as pb
-from hexmq.mqtt import NO_PROPERTIES, Disconnect, Publish, PubRel
+from hexmq.mqtt import NO_PROPERTIES, Publish, PubRel
 from services.edge.session.actions import Acknowledge, Attach
 from services.edge.session.handle_qos2 import record_qos2
 from services.edge.session.outbound import PUBLISHED, PUBLISHED_QOS2, Outbound
@@ -217,10 +217,8 @@ def attached(s: SessionState, carried: list[int], result: pb.Result, route: Rout
         pb.StatusCode.Name(result.status),
         result.message,
     )
-    s.state = State.CLOSED
     reason = RC.UNSPECIFIED_ERROR
-    if s.version == V5:
-        if result.status == pb.StatusCode.STATUS_CODE_TAKEN_OVER:
-            reason = RC.SESSION_TAKEN_OVER
-        s.send(Disconnect(reason))
-    s.close(None, reason_code=reason)
+    if s.version == V5 and result.status == pb.StatusCode.STATUS_CODE_TAKEN_OVER:
+        reason = RC.SESSION_TAKEN_OVER
+    # (No CloseSession: the session is not this connection's any more.)
+    s.disconnect(reason, None)

@@ -301,7 +301,13 @@ def session_opened(s: SessionState, result: pb.Result, route: Route | None) -> N
             maximum_packet_size=config.max_packet_size,
         )
     s.final_auth_data = None
-    s.send(ConnAck(result.session_present, RC.SUCCESS, props))
+    if not s.send(ConnAck(result.session_present, RC.SUCCESS, props)):
+        # Over the client's Maximum Packet Size (it has no Reason String or User Property
+        # to leave out): never sent (MQTT-3.1.2-24), and the client cannot be connected
+        # without it; nor told so (no DISCONNECT before CONNACK). The session stays, as
+        # for a connection lost.
+        s.close(f"the CONNACK is over the client's Maximum Packet Size of {s.client_max_packet}")
+        return
     s.emit(SetTimer(s.keepalive.first_deadline()))
     s.resume(Pause.CONNECT)
     p = s.partition

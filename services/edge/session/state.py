@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.mqtt import (
     NO_PROPERTIES,
+    ConnAck,
     Connect,
     Disconnect,
     MQTTConnection,
@@ -198,13 +199,28 @@ class SessionState:
         else:
             out.append(data)
 
-    def send(self, packet: Packet) -> None:
+    def send(self, packet: Packet) -> bool:
+        """Write `packet`; False when it was not, being over the client's Maximum Packet Size
+        (MQTT-3.1.2-24: never sent; its optional parts, the Reason String, were left out
+        before, by `reason`). A CONNACK or DISCONNECT over it is left to its caller, which
+        closes anyway; any other packet ends the connection here (DISCONNECT 0x95 Packet too
+        large, itself only if it fits)."""
         data = self.codec.send(packet)
+        limit = self.client_max_packet
+        if limit and len(data) > limit:
+            if not isinstance(packet, ConnAck | Disconnect):
+                self.fail(
+                    RC.PACKET_TOO_LARGE,
+                    f"a {type(packet).__name__} of {len(data)} bytes is over the client's "
+                    f"Maximum Packet Size of {limit}",
+                )
+            return False
         out = self.out
         if out is None:
             self.out = [data]
         else:
             out.append(data)
+        return True
 
     def emit(self, action: Action) -> None:
         if self.out:
@@ -339,13 +355,40 @@ class SessionState:
             reason,
             why,
         )
-        if self.state is State.CONNECTED:
+        connected = self.state is State.CONNECTED
+        if connected:
             self.close_session(graceful=False)
-            if self.version == V5:
-                self.send(Disconnect(reason, self.reason(lambda p: Disconnect(reason, p), why)))
         self.withdraw_open()
+        if connected:
+            self.disconnect(reason, why)
+        else:  # (before its CONNACK a client gets no DISCONNECT: a close)
+            self.state = State.CLOSED
+            self.emit(Close(reason, why))
+
+    def disconnect(
+        self,
+        reason: int,
+        reason_string: str | None,
+        *,
+        base: Properties = NO_PROPERTIES,
+        why: str | None = None,
+    ) -> None:
+        """End a connected client's connection with `reason`: the one way every DISCONNECT
+        the server sends goes (the caller has settled the session). 5.0: DISCONNECT with
+        `base` and `reason_string` as its Reason String where it fits (MQTT-3.14.2-3), or no
+        DISCONNECT if even that is over the client's Maximum Packet Size (MQTT-3.1.2-24);
+        then a Close that lingers (Close.linger), so that the DISCONNECT reaches a client still
+        sending instead of being lost to a reset. 3.1.1, which has no server DISCONNECT: a
+        close. `why`: what the log says (the Reason String unless given)."""
+        sent = False
+        if self.version == V5:
+            props = base
+            if reason_string is not None:
+                props = self.reason(lambda p: Disconnect(reason, p), reason_string, base=base)
+            sent = self.send(Disconnect(reason, props))
         self.state = State.CLOSED
-        self.emit(Close(reason, why))
+        logged = (reason_string or "") if why is None else why
+        self.emit(Close(reason, logged, linger=sent))
 
     def close(self, why: str | None, *, quiet: bool = False, reason_code: int = 0) -> None:
         """Close the connection; `why` is logged (at DEBUG when `quiet`: a refusal of a command
