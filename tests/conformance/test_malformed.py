@@ -5,7 +5,19 @@ from __future__ import annotations
 
 import pytest
 
-from hexmq.mqtt import ConnAck, Connect, Disconnect, Publish, encode
+from hexmq.mqtt import (
+    ConnAck,
+    Connect,
+    Disconnect,
+    PingReq,
+    PingResp,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    encode,
+)
 from tests.support.rawclient import RawClient
 from tests.support.unique import uid
 from tests.unit.mqtt.vectors import CONNECT_BYTES, MALFORMED
@@ -138,3 +150,80 @@ async def test_mqtt_3_1_0_2_a_second_connect_is_a_protocol_error(node) -> None:
     await client.send(Connect(client_id=f"again-{uid()}"))
     assert await client.wait_closed() == []
     await client.close()
+
+
+# An acknowledgement the subscriber sends for a delivery of the given QoS, and what comes
+# before it: PUBREC (to get our PUBREL) for the one answering a PUBREL.
+WRONG_ACKS = {
+    "pubrec for qos 1": (1, False, PubRec),
+    "pubcomp for qos 1": (1, False, PubComp),
+    "puback for qos 2": (2, False, PubAck),
+    "pubcomp before pubrel": (2, False, PubComp),
+    "puback for a pubrel": (2, True, PubAck),
+}
+
+
+@pytest.mark.parametrize("version", [4, 5])
+@pytest.mark.parametrize("case", WRONG_ACKS)
+async def test_mqtt_4_13_1_1_an_acknowledgement_of_the_wrong_kind_is_a_protocol_error(
+    node, case: str, version: int
+) -> None:
+    """MQTT-4.13.1-1: an acknowledgement of the wrong kind for a delivery is a Protocol Error.
+
+    A QoS 1 delivery is answered with PUBACK (MQTT-4.3.2-4), a QoS 2 one with PUBREC
+    (MQTT-4.3.3-8), our PUBREL with PUBCOMP (MQTT-4.3.3-11): anything else for an id in flight
+    ends the connection, 5.0 with DISCONNECT 0x82 (3.1.1: MQTT-4.8.0-1, a close); the next
+    PINGREQ is not answered. Others go on.
+    """
+    qos, released, ack = WRONG_ACKS[case]
+    port = node.mqtt_port(1)
+    topic = f"ack/{uid()}"
+    sub, _ = await RawClient.connect(port, f"ack-{uid()}", version=version)
+    await sub.subscribe(topic, qos=2)
+    pub, _ = await RawClient.connect(port, f"pub-{uid()}", version=version)
+    await pub.send(Publish(topic, b"m", qos=qos, packet_id=1))
+    await pub.expect(PubAck if qos == 1 else PubRec)
+    delivery = await sub.expect(Publish)
+    assert delivery.qos == qos
+    pid = delivery.packet_id
+    assert pid is not None
+    if released:
+        await sub.send(PubRec(pid))
+        assert (await sub.expect(PubRel)).packet_id == pid
+    await sub.send(ack(pid))
+    await sub.send(PingReq())
+    seen = await sub.wait_closed()
+    if version == 5:
+        assert [(type(p), p.reason_code) for p in seen] == [(Disconnect, 0x82)]
+    else:
+        assert seen == []
+    await sub.close()
+    await pub.send(PingReq())  # the publisher's connection goes on
+    await pub.expect(PingResp)
+    await pub.close()
+
+
+@pytest.mark.parametrize("version", [4, 5])
+async def test_mqtt_4_13_1_1_an_acknowledgement_for_nothing_in_flight_is_ignored(
+    node, version: int
+) -> None:
+    """MQTT-4.13.1-1: an acknowledgement for a packet id with nothing in flight is no error.
+
+    A late duplicate (after a reconnect or a resend) or one for an exchange already finished:
+    ignored, the connection goes on (also a PUBACK repeated after the delivery was acknowledged).
+    """
+    port = node.mqtt_port(1)
+    topic = f"ack/{uid()}"
+    sub, _ = await RawClient.connect(port, f"ack-{uid()}", version=version)
+    await sub.subscribe(topic, qos=1)
+    pub, _ = await RawClient.connect(port, f"pub-{uid()}", version=version)
+    await pub.publish(topic, b"m", qos=1)
+    delivery = await sub.expect(Publish)
+    assert delivery.packet_id is not None
+    await sub.send(PubAck(delivery.packet_id))
+    for late in (PubAck(delivery.packet_id), PubRec(4321), PubComp(4322), PubAck(4323)):
+        await sub.send(late)
+    await sub.send(PingReq())
+    await sub.expect(PingResp)
+    for client in (pub, sub):
+        await client.close()

@@ -79,6 +79,12 @@ class Outbound:
         window.bytes -= entry[2]
         return entry[0]
 
+    def phase(self, pid: int) -> Phase | None:
+        """What packet id `pid` awaits from the client, or None when nothing is in flight
+        with it."""
+        entry = self._inflight.get(pid)
+        return entry[1] if entry is not None else None
+
     def released(self, pid: int, message_id: int, size: int) -> None:
         """The partition recorded the PUBREC: PUBREL (again) until PUBCOMP."""
         self.sent(pid, message_id, RELEASED, size)
