@@ -79,3 +79,28 @@ async def test_mqtt_3_10_4_1_unsubscribe_stops_delivery(node, version: int) -> N
     assert first.payload == b"marker"
     for client in (pub, sub):
         await client.close()
+
+
+@pytest.mark.parametrize("version", [4, 5])
+async def test_s3_11_3_an_invalid_filter_gets_unsuback_0x8f(node, version: int) -> None:
+    """§3.11.3: UNSUBSCRIBE of a filter that is not a valid Topic Filter gets 0x8F.
+
+    Topic Filter invalid (as SUBACK answers such a filter), not 0x11 No subscription existed;
+    the other filters of the packet are answered as ever. 3.1.1's UNSUBACK has no codes: it is
+    answered, and the connection goes on (MQTT-3.10.4-5 (3.1.1)).
+    """
+    port = node.mqtt_port(1)
+    topic = f"u/{uid()}"
+    sub, _ = await RawClient.connect(port, f"unsub-{uid()}", version=version)
+    await sub.subscribe(topic, qos=1)
+    await sub.send(Unsubscribe(2, ("#/test/topic", topic, "a/#/b")))
+    unsuback = await sub.expect(UnsubAck)
+    assert unsuback.packet_id == 2
+    if version == 5:
+        assert unsuback.reason_codes == (0x8F, 0x00, 0x8F)
+    await sub.send(Unsubscribe(3, ("#/test/topic",)))
+    unsuback = await sub.expect(UnsubAck)
+    assert unsuback.packet_id == 3
+    if version == 5:
+        assert unsuback.reason_codes == (0x8F,)
+    await sub.close()

@@ -148,12 +148,32 @@ def send_retained(
 
 
 def handle_unsubscribe(s: SessionState, packet: Unsubscribe, now: float, wall_ms: int) -> None:
+    filters = packet.topic_filters
+    # 5.0: a filter that is not a valid Topic Filter (`#/a`, `a+`, a bad share name) gets
+    # 0x8F Topic Filter invalid, as SUBSCRIBE's does in SUBACK, and goes no further: no
+    # subscription can have it. 3.1.1's UNSUBACK has no codes; its text names no reaction to
+    # such a filter in UNSUBSCRIBE beyond the UNSUBACK owed even where nothing is deleted
+    # (3.1.1 MQTT-3.10.4-5). Its section 4.8 would allow a close, but a 3.1.1 SUBSCRIBE with
+    # such a filter is answered (0x80), not closed, so UNSUBSCRIBE keeps its UNSUBACK too.
+    codes: list[int | None] = []
+    if s.version == V5:
+        for topic_filter in filters:
+            try:
+                validate_topic_filter(topic_filter)
+            except MQTTError:
+                codes.append(RC.TOPIC_FILTER_INVALID)
+            else:
+                codes.append(None)
+        if None not in codes:  # every filter refused here: nothing goes to the partition
+            s.send(UnsubAck(packet.packet_id, tuple(c for c in codes if c is not None)))
+            return
+        filters = tuple(f for f, code in zip(filters, codes, strict=True) if code is None)
     # A shared group's partition whose member leaves is the group's last choice until the
     # answer (services/edge/pending_subscriptions.py).
     router = s.edge.router
     partition = s.partition
     assert partition is not None
-    leaving = router.unsubscribing(partition, list(packet.topic_filters))
+    leaving = router.unsubscribing(partition, list(filters))
 
     def on_result(result: pb.Result) -> None:
         router.unsubscribed(partition, leaving)
@@ -165,17 +185,18 @@ def handle_unsubscribe(s: SessionState, packet: Unsubscribe, now: float, wall_ms
                 return
             s.send(UnsubAck(packet.packet_id))
             return
-        codes = (
+        answers = iter(
             tuple(result.reason_codes)
             if result.status == OK
-            else (RC.UNSPECIFIED_ERROR,) * len(packet.topic_filters)
+            else (RC.UNSPECIFIED_ERROR,) * len(filters)
         )
-        s.send(UnsubAck(packet.packet_id, codes))
+        final = tuple(code if code is not None else next(answers) for code in codes)
+        s.send(UnsubAck(packet.packet_id, final))
 
     s.request(
         pb.EdgeCommand(
             unsubscribe=pb.Unsubscribe(
-                client_id=s.client_id, connection_id=s.connection_id, filters=packet.topic_filters
+                client_id=s.client_id, connection_id=s.connection_id, filters=filters
             )
         ),
         on_result,
