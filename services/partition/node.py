@@ -254,7 +254,18 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
             # Live on an edge that has not re-attached it to this new master yet.
             self._kick_orphan(session, reason_code=ReasonCode.SESSION_TAKEN_OVER)
             self._connection_lost(session, now)
-        if session is not None and req.clean_start and not again:
+        if (
+            session is not None
+            and not again
+            and (req.clean_start or _ends_with_connection(session))
+        ):
+            # Clean Start 1 discards the session [MQTT-3.1.2-4]; a session of Session Expiry 0
+            # (3.1.1: Clean Session 1) ended with the connection this one replaces [MQTT-3.1.2-6
+            # (3.1.1), 5.0 3.1.2.11.2], so the new one starts afresh: Session Present 0
+            # [MQTT-3.2.2-1]. The session ends, so its will goes out now, whatever its delay
+            # ("the Will Delay Interval has passed or the Session ends, whichever happens
+            # first", 5.0 3.1.3.2.2). A new connection "to this Session" cancels the will
+            # [MQTT-3.1.3-9]; these connections start another one.
             self._delete_session(session, now)
             session = None
         elif session is not None and session.record.will_due_at_ms:
@@ -484,6 +495,12 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         for session in expired:
             self._delete_session(session, now)
         return len(expired)
+
+
+def _ends_with_connection(session: Session) -> bool:
+    """Session Expiry 0: the session ends when its connection closes, so a connection that
+    takes it over (or comes while it waits only for its edge to re-attach it) finds none."""
+    return session.record.session_expiry_s == 0
 
 
 def _expired(session: Session, stamp: int) -> bool:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from hexmq.mqtt import ConnAck, Connect, Disconnect, Properties, PubAck, Publish
+from hexmq.mqtt import ConnAck, Connect, Disconnect, Properties, PubAck, Publish, Will
 from services.edge.passwd import set_password
 from tests.support.rawclient import RawClient
 from tests.support.unique import uid
@@ -150,3 +150,77 @@ async def test_s5_4_2_a_user_cannot_take_over_another_users_session(
     await back.send(PubAck(message.packet_id))
     await back.send(Disconnect())
     await back.close()
+
+
+# ----- takeovers and clean sessions (issue 29) --------------------------------------------------
+
+
+async def connect_with_will(
+    port: int, client_id: str, version: int, clean: bool, will: Will
+) -> tuple[RawClient, ConnAck]:
+    """3.1.1: Clean Session `clean`. 5.0: Clean Start `clean`, and a session that ends with its
+    connection (Session Expiry 0) when clean, else one kept 600 s."""
+    client = await RawClient.open(port, version)
+    props = Properties(session_expiry_interval=600) if version == 5 and not clean else Properties()
+    await client.send(
+        Connect(
+            client_id=client_id,
+            protocol_version=version,
+            clean_start=clean,
+            keepalive=60,
+            will=will,
+            properties=props,
+        )
+    )
+    connack = await client.expect(ConnAck)
+    assert connack.reason_code == 0
+    return client, connack
+
+
+@pytest.mark.parametrize("second_node", [1, 2], ids=["same-node", "other-node"])
+@pytest.mark.parametrize(("first_clean", "second_clean"), [(True, False), (False, True)])
+@pytest.mark.parametrize("version", [4, 5])
+async def test_mqtt_3_2_2_1_a_takeover_involving_a_clean_session_has_no_session_present(
+    trio_256, version: int, first_clean: bool, second_clean: bool, second_node: int
+) -> None:
+    """MQTT-3.2.2-1: a takeover where either CONNECT asks for a clean session answers Session
+    Present 0, and the new connection has none of the old session's subscriptions.
+
+    A clean session does not outlive its connection (MQTT-3.1.2-6 (3.1.1); 5.0 3.1.2.11.2:
+    Session Expiry 0 ends the session when the connection closes), and Clean Start 1 discards
+    the session (MQTT-3.1.2-4). The old session ends, so its will goes out at once, long before
+    its 5.0 Will Delay of 30 s: "the Will Delay Interval has passed or the Session ends,
+    whichever happens first" (5.0 3.1.3.2.2, MQTT-3.1.2-8); 3.1.1 has no delay (MQTT-3.1.2-8
+    (3.1.1)). The second connection goes through the same node or another one.
+    """
+    client_id, topic, will_topic = f"clean-{uid()}", f"ct/{uid()}", f"will/{uid()}"
+    watcher, _ = await RawClient.connect(trio_256.mqtt_port(3), f"w-{uid()}", version=5)
+    await watcher.subscribe(will_topic, qos=1)
+    delay = Properties(will_delay_interval=30) if version == 5 else Properties()
+    first, _ = await connect_with_will(
+        trio_256.mqtt_port(1),
+        client_id,
+        version,
+        first_clean,
+        Will(will_topic, b"old", qos=1, properties=delay),
+    )
+    await first.subscribe(topic, qos=1)
+    second, connack = await connect_with_will(
+        trio_256.mqtt_port(second_node),
+        client_id,
+        version,
+        second_clean,
+        Will(will_topic, b"new", qos=1),
+    )
+    assert connack.session_present is False
+    await first.wait_closed()
+    await first.close()
+    assert (await watcher.expect(Publish)).payload == b"old"
+    pub, _ = await RawClient.connect(trio_256.mqtt_port(3), f"pub-{uid()}", version=version)
+    await pub.publish(topic, b"for the old session only", qos=1)
+    with pytest.raises(TimeoutError):  # the old session's subscription did not live on
+        await second.recv(timeout=1.5)
+    with pytest.raises(TimeoutError):  # the will went out once
+        await watcher.recv(timeout=0.5)
+    for client in (pub, second, watcher):
+        await client.close()

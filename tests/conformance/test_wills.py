@@ -162,24 +162,55 @@ async def test_mqtt_3_1_3_9_a_reconnect_within_the_delay_cancels_the_will(trio) 
         await c.close()
 
 
-async def test_mqtt_3_1_2_8_a_takeover_publishes_the_old_connections_will(trio) -> None:
+@pytest.mark.parametrize("version", [4, 5])
+async def test_mqtt_3_1_2_8_a_takeover_publishes_the_old_connections_will(
+    trio, version: int
+) -> None:
     """MQTT-3.1.2-8: a takeover closes the old connection, so its Will is published.
 
-    Also MQTT-3.1.2-10 (then removed: published once).
+    A kept session taken over by a connection with Clean Session/Start 0, through another
+    node. 3.1.1: the network connection closes without a DISCONNECT from the client, so the
+    will is published (MQTT-3.1.2-8 (3.1.1), 3.1.2.5). 5.0: with Will Delay 0 it is due at
+    once as the connection closes (3.1.3.2.2); the new connection comes no sooner. Session
+    Present 1 (MQTT-3.2.2-3). Also MQTT-3.1.2-10 (then removed: published once).
     """
     topic = f"will/{uid()}"
     cid = f"taken-{uid()}"
     w = await watcher(trio.mqtt_port(3), topic)
-    first = await connect_with_will(trio.mqtt_port(1), cid, Will(topic, b"old"), expiry=60)
-    second, _ = await RawClient.connect(
+    first = await connect_with_will(
+        trio.mqtt_port(1), cid, Will(topic, b"old"), version=version, clean_start=False, expiry=60
+    )
+    second, connack = await RawClient.connect(
+        trio.mqtt_port(2),
+        cid,
+        version=version,
+        clean_start=False,
+        properties=Properties(session_expiry_interval=60) if version == 5 else Properties(),
+    )
+    assert connack.session_present is True
+    assert (await w.expect(Publish, timeout=10)).payload == b"old"
+    await nothing_within(w, 1.5)  # once
+    for c in (first, second, w):
+        await c.close()
+
+
+async def test_mqtt_3_1_3_9_a_takeover_within_the_will_delay_cancels_the_will(trio) -> None:
+    """MQTT-3.1.3-9: a takeover is a new connection to the session: within the Will Delay
+    Interval, the old connection's Will is not sent (5.0; through another node)."""
+    topic = f"will/{uid()}"
+    cid = f"kept-{uid()}"
+    w = await watcher(trio.mqtt_port(3), topic)
+    will = Will(topic, b"never", properties=Properties(will_delay_interval=2))
+    first = await connect_with_will(trio.mqtt_port(1), cid, will, clean_start=False, expiry=60)
+    second, connack = await RawClient.connect(
         trio.mqtt_port(2),
         cid,
         version=5,
         clean_start=False,
         properties=Properties(session_expiry_interval=60),
     )
-    assert (await w.expect(Publish, timeout=10)).payload == b"old"
-    await nothing_within(w, 1.5)  # once
+    assert connack.session_present is True
+    await nothing_within(w, 3.5)
     for c in (first, second, w):
         await c.close()
 

@@ -142,9 +142,7 @@ def connect(
         open_session=pb.OpenSession(
             client_id=cid,
             connection_id=conn,
-            session_expiry_s=600,
-            receive_maximum=10,
-            **options,
+            **{"session_expiry_s": 600, "receive_maximum": 10, **options},
         ),
     )
 

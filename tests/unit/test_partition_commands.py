@@ -90,6 +90,43 @@ def test_a_takeover_from_another_edge_kicks_the_old_connection_with_0x8e() -> No
     assert results[rid].session_present is True
 
 
+def test_a_takeover_of_a_session_that_ends_with_its_connection_finds_no_session() -> None:
+    # Session Expiry 0 (3.1.1: Clean Session 1): the session ends as the takeover closes its
+    # connection, so the new connection has none, even with Clean Start 0 (MQTT-3.2.2-1), and
+    # the old will goes out now, not after its delay: the session ended first (5.0 3.1.3.2.2).
+    node, commit = make_node()
+    old, new = Edge(node, "e1"), Edge(node, "e2")
+    will = pb.Will(message=Message(topic="w", payload=b"old"), delay_interval_s=30)
+    connect(old, "c", "e1.1", session_expiry_s=0, will=will)
+    commit.durable()
+    old.heard()
+    rid = connect(new, "c", "e2.1")
+    session = node.sessions["c"]
+    assert session.record.created_by == "e2.1"
+    assert HandOutWills() in commit.pending()
+    commit.durable()
+    results, _ = new.heard()
+    assert results[rid].session_present is False
+    wills = [e.publish_will for e in old.events() + new.events() if e.HasField("publish_will")]
+    assert [(w.client_id, w.message.payload) for w in wills] == [("c", b"old")]
+
+
+def test_a_takeover_of_a_kept_session_cancels_a_delayed_will() -> None:
+    # MQTT-3.1.3-9: a new connection to the session before the Will Delay has passed.
+    node, commit = make_node()
+    old, new = Edge(node, "e1"), Edge(node, "e2")
+    will = pb.Will(message=Message(topic="w", payload=b"old"), delay_interval_s=30)
+    connect(old, "c", "e1.1", will=will)
+    commit.durable()
+    old.heard()
+    rid = connect(new, "c", "e2.1")
+    commit.durable()
+    results, _ = new.heard()
+    assert results[rid].session_present is True
+    node.hand_out_wills(clock_of(new).now + 60_000)
+    assert [e for e in old.events() + new.events() if e.HasField("publish_will")] == []
+
+
 def test_a_qos1_publish_is_queued_durably_and_delivered_once_durable() -> None:
     node, commit = make_node()
     sub, pub = Edge(node, "e1"), Edge(node, "e2")
