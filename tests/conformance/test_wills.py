@@ -141,8 +141,12 @@ async def test_mqtt_3_1_2_8_will_delay_is_waited_for(trio) -> None:
     await w.close()
 
 
-async def test_mqtt_3_1_3_9_a_reconnect_within_the_delay_cancels_the_will(trio) -> None:
-    """MQTT-3.1.3-9: a new connection within the Will Delay Interval: the Will is not sent."""
+@pytest.mark.parametrize("node", [1, 3], ids=["same-node", "other-node"])
+async def test_mqtt_3_1_3_9_a_reconnect_within_the_delay_cancels_the_will(trio, node: int) -> None:
+    """MQTT-3.1.3-9: a new connection within the Will Delay Interval: the Will is not sent.
+
+    Clean Start 0 resumes the session, through the node of the lost connection or another.
+    """
     topic = f"will/{uid()}"
     cid = f"back-{uid()}"
     w = await watcher(trio.mqtt_port(2), topic)
@@ -150,7 +154,7 @@ async def test_mqtt_3_1_3_9_a_reconnect_within_the_delay_cancels_the_will(trio) 
     client = await connect_with_will(trio.mqtt_port(1), cid, will, expiry=60)
     await drop(client)
     again, connack = await RawClient.connect(
-        trio.mqtt_port(3),
+        trio.mqtt_port(node),
         cid,
         version=5,
         clean_start=False,
@@ -158,6 +162,36 @@ async def test_mqtt_3_1_3_9_a_reconnect_within_the_delay_cancels_the_will(trio) 
     )
     assert connack.session_present is True
     await nothing_within(w, 3.5)
+    for c in (again, w):
+        await c.close()
+
+
+async def test_s3_1_3_2_2_a_clean_start_reconnect_ends_the_session_and_sends_its_will(
+    trio,
+) -> None:
+    """§3.1.3.2.2: the Will waits for its delay "or the Session ends, whichever happens first".
+
+    A reconnect with Clean Start 1 within the delay discards the session (MQTT-3.1.2-4): it is
+    not a connection "to this Session" (MQTT-3.1.3-9), so the Will goes out then, long before
+    its 30 s delay, once (MQTT-3.1.2-10), and the new connection has Session Present 0.
+    """
+    topic = f"will/{uid()}"
+    cid = f"anew-{uid()}"
+    w = await watcher(trio.mqtt_port(2), topic)
+    will = Will(topic, b"session over", properties=Properties(will_delay_interval=30))
+    client = await connect_with_will(trio.mqtt_port(1), cid, will, clean_start=False, expiry=60)
+    await drop(client)
+    await nothing_within(w, 1.0)  # waiting for its delay
+    again, connack = await RawClient.connect(
+        trio.mqtt_port(3),
+        cid,
+        version=5,
+        clean_start=True,
+        properties=Properties(session_expiry_interval=60),
+    )
+    assert connack.session_present is False
+    assert (await w.expect(Publish)).payload == b"session over"
+    await nothing_within(w, 1.5)  # once
     for c in (again, w):
         await c.close()
 
