@@ -217,21 +217,26 @@ def _wait_mqtt(
         still = []
         for edge, master in pending:
             client_id = _client_id_mastered_by(master, table)
-            code = last[edge.node, master] = procs.mqtt_connack(
-                edge.ports.mqtt, client_id, host=edge.ports.host
-            )
-            if code not in SERVING_CODES:
-                still.append((edge, master))
+            answer = procs.mqtt_connect_answer(edge.ports.mqtt, client_id, host=edge.ports.host)
+            last[edge.node, master] = answer.code
+            if answer.code in SERVING_CODES:
+                continue
+            if answer.refused and _routes_the_view(edge, view.epoch):
+                # The edge turned the probe itself away, for a client limit (a --max-packet-size
+                # below the probe's CONNECT, say), not for want of its partitions: its /readyz
+                # says whether it routes every partition of this view (or a later one).
+                continue
+            still.append((edge, master))
         pending = still
         if pending and time.monotonic() >= deadline:
             edge, master = pending[0]
             code = last.get((edge.node, master))
-            answer = "no CONNACK" if code is None else f"CONNACK return code {code}"
+            said = "no CONNACK" if code is None else f"CONNACK return code {code}"
             log_path = edge.processes["edge"].log
             addr = edge.ports.addr(edge.ports.mqtt)
             raise StartFailure(
                 f"node {edge.node} does not accept MQTT clients whose session lives on {master} "
-                f"on {addr} after {timeout:g} s (last answer: {answer}; log: {log_path})",
+                f"on {addr} after {timeout:g} s (last answer: {said}; log: {log_path})",
                 log_path,
             )
         if pending:
@@ -239,6 +244,12 @@ def _wait_mqtt(
     for node in targets:
         addr = node.ports.addr(node.ports.mqtt)
         log.info("node %d: accepting MQTT connections on %s", node.node, addr)
+
+
+def _routes_the_view(edge: NodeState, epoch: int) -> bool:
+    """Whether the edge's /readyz says it routes every partition of view `epoch` or later."""
+    ready_at = procs.ready_view_epoch(edge.ports.metrics("edge"), host=edge.ports.host)
+    return ready_at is not None and ready_at >= epoch
 
 
 def _wait_admitted(

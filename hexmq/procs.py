@@ -303,6 +303,42 @@ def probe_client_id() -> str:
     return "hexmqprobe" + secrets.token_hex(6)
 
 
+@dataclass(frozen=True, slots=True)
+class ConnectAnswer:
+    """What an MQTT listener did with a probe's CONNECT: the CONNACK return code (None without
+    a valid CONNACK), and whether it closed the connection without one (`refused`: the edge
+    turned the probe away itself, for a client limit such as --max-packet-size, without asking
+    its partition; a held CONNECT times out instead)."""
+
+    code: int | None
+    refused: bool = False
+
+
+def mqtt_connect_answer(
+    port: int, client_id: str | None = None, timeout: float = 2.0, host: str = LOOPBACK
+) -> ConnectAnswer:
+    """CONNECT to host:port and read the answer (mqtt_connack)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            s.sendall(mqtt_connect_packet(client_id or probe_client_id()))
+            answer = b""
+            while len(answer) < 4:
+                chunk = s.recv(4 - len(answer))
+                if not chunk:
+                    return ConnectAnswer(None, refused=not answer)
+                answer += chunk
+            if answer[0] != 0x20 or answer[1] != 2:
+                return ConnectAnswer(None)
+            if answer[3] == 0:
+                with contextlib.suppress(OSError):
+                    s.sendall(MQTT_DISCONNECT)
+            return ConnectAnswer(answer[3])
+    except ConnectionResetError:
+        return ConnectAnswer(None, refused=True)
+    except OSError:
+        return ConnectAnswer(None)
+
+
 def mqtt_connack(
     port: int, client_id: str | None = None, timeout: float = 2.0, host: str = LOOPBACK
 ) -> int | None:
@@ -312,20 +348,23 @@ def mqtt_connack(
     reached its partition and membership services. Clean session, and by default a fresh
     client id, so the probe never takes over a real client's session.
     """
+    return mqtt_connect_answer(port, client_id, timeout, host).code
+
+
+def ready_view_epoch(port: int, timeout: float = 2.0, host: str = LOOPBACK) -> int | None:
+    """The view epoch an edge's /readyz (on its metrics port) reports itself ready at ("ready:
+    view N: routes all ..."), or None while it is not ready (services/edge/readiness.py)."""
+    import urllib.error
+    import urllib.request
+
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}/readyz"
     try:
-        with socket.create_connection((host, port), timeout=timeout) as s:
-            s.sendall(mqtt_connect_packet(client_id or probe_client_id()))
-            answer = b""
-            while len(answer) < 4:
-                chunk = s.recv(4 - len(answer))
-                if not chunk:
-                    return None
-                answer += chunk
-            if answer[0] != 0x20 or answer[1] != 2:
-                return None
-            if answer[3] == 0:
-                with contextlib.suppress(OSError):
-                    s.sendall(MQTT_DISCONNECT)
-            return answer[3]
-    except OSError:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            body = response.read(4096).decode(errors="replace")
+    except (urllib.error.URLError, OSError, ValueError):
+        return None  # (503 not ready is an HTTPError, a URLError)
+    words = body.split()
+    if words[:2] != ["ready:", "view"] or len(words) < 3:
         return None
+    epoch = words[2].rstrip(":")
+    return int(epoch) if epoch.isdigit() else None

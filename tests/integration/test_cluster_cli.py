@@ -595,3 +595,16 @@ async def test_up_with_a_password_file_needs_no_allow_anonymous(
     cluster.start(2)
     assert await login(cluster.mqtt_port(1), on_n2, "alice", "pw") == 0
     assert await login(cluster.mqtt_port(2), on_n1, "alice", "pw") == 0
+
+
+async def test_up_with_a_max_packet_size_below_the_probes_connect(
+    hexmq_cluster: ClusterFactory,
+) -> None:
+    """Issue 29 item 8: the readiness probe does not depend on client limits. Edges whose
+    --max-packet-size (30 bytes) refuses the probe's own 36-byte CONNECT still come up, two
+    nodes each routing to the other, and serve a client whose CONNECT fits."""
+    cluster = hexmq_cluster(nodes=2, extra=["--edge-arg=--max-packet-size=30"])
+    for node in (1, 2):
+        client, connack = await RawClient.connect(cluster.mqtt_port(node), "c", version=4)
+        assert connack.reason_code == 0
+        await client.close()

@@ -22,6 +22,8 @@ import pytest
 
 from hexmq import cli, clusterstate, localcluster, localmembers, procs
 from hexmq.clusterstate import NodePorts
+from hexmq.readiness import Readiness
+from hexmq.telemetry.metrics import start_metrics_server
 from tests.conftest import pick_base_port, running_processes
 
 # --- port scheme ----------------------------------------------------------------------------
@@ -640,6 +642,47 @@ def test_mqtt_connack_rejects_a_non_mqtt_answer() -> None:
     port, thread, _ = _one_shot_broker(b"HTTP/1.1 400 Bad Request\r\n\r\n")
     assert procs.mqtt_connack(port) is None
     thread.join(5)
+
+
+def test_a_connect_closed_without_connack_is_a_refusal_a_wrong_answer_is_not() -> None:
+    # An edge that turns the probe away itself (a client limit) closes without a CONNACK.
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def refuse() -> None:
+        with server:
+            conn, _ = server.accept()
+            with conn:
+                conn.recv(1024)
+
+    thread = threading.Thread(target=refuse, daemon=True)
+    thread.start()
+    assert procs.mqtt_connect_answer(server.getsockname()[1]) == procs.ConnectAnswer(
+        None, refused=True
+    )
+    thread.join(5)
+    port, thread, _ = _one_shot_broker(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+    assert procs.mqtt_connect_answer(port) == procs.ConnectAnswer(None, refused=False)
+    thread.join(5)
+
+
+@pytest.mark.parametrize(
+    ("ready", "reason", "epoch"),
+    [
+        (True, "view 12: routes all 256 partitions", 12),
+        (False, "view 12: 3 of 256 partitions have no master this edge can reach", None),
+        (False, "no view from membership yet", None),
+    ],
+)
+def test_ready_view_epoch_reads_an_edges_readyz(
+    ready: bool, reason: str, epoch: int | None
+) -> None:
+    server = start_metrics_server("127.0.0.1", 0, readiness=lambda: Readiness(ready, reason))
+    try:
+        assert procs.ready_view_epoch(server.port) == epoch
+    finally:
+        server.close()
 
 
 def test_mqtt_connack_against_mosquitto(tmp_path: Path) -> None:
