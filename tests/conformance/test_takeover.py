@@ -160,19 +160,10 @@ async def connect_with_will(
 ) -> tuple[RawClient, ConnAck]:
     """3.1.1: Clean Session `clean`. 5.0: Clean Start `clean`, and a session that ends with its
     connection (Session Expiry 0) when clean, else one kept 600 s."""
-    client = await RawClient.open(port, version)
     props = Properties(session_expiry_interval=600) if version == 5 and not clean else Properties()
-    await client.send(
-        Connect(
-            client_id=client_id,
-            protocol_version=version,
-            clean_start=clean,
-            keepalive=60,
-            will=will,
-            properties=props,
-        )
+    client, connack = await RawClient.connect(
+        port, client_id, version=version, clean_start=clean, properties=props, will=will
     )
-    connack = await client.expect(ConnAck)
     assert connack.reason_code == 0
     return client, connack
 

@@ -47,19 +47,10 @@ async def connect_with_will(
     clean_start: bool = True,
     expiry: int = 0,
 ) -> RawClient:
-    client = await RawClient.open(port, version)
     props = Properties(session_expiry_interval=expiry) if version == 5 and expiry else Properties()
-    await client.send(
-        Connect(
-            client_id=client_id,
-            protocol_version=version,
-            clean_start=clean_start,
-            keepalive=60,
-            will=will,
-            properties=props,
-        )
+    client, connack = await RawClient.connect(
+        port, client_id, version=version, clean_start=clean_start, properties=props, will=will
     )
-    connack = await client.expect(ConnAck)
     assert connack.reason_code == 0
     return client
 

@@ -20,6 +20,7 @@ from hexmq.mqtt import (
     SubAck,
     Subscribe,
     Subscription,
+    Will,
 )
 
 P = TypeVar("P")
@@ -55,6 +56,7 @@ class RawClient:
         clean_start: bool = True,
         keepalive: int = 60,
         properties: Properties = NO_PROPERTIES,
+        will: Will | None = None,
         timeout: float | None = None,
     ) -> tuple[RawClient, ConnAck]:
         client = await cls.open(port, version)
@@ -64,6 +66,7 @@ class RawClient:
                 protocol_version=version,
                 clean_start=clean_start,
                 keepalive=keepalive,
+                will=will,
                 properties=properties,
             )
         )
