@@ -32,8 +32,11 @@ def conn(
     ended: float | None,
     cause: str = "",
     purpose: str = "",
+    requested: float | None = None,
 ) -> Connection:
-    return Connection(client, host, 1883, started, ended, cause=cause, purpose=purpose)
+    return Connection(
+        client, host, 1883, started, ended, cause=cause, purpose=purpose, requested=requested
+    )
 
 
 def fault(
@@ -184,6 +187,22 @@ def test_disconnects_by_kill_leave_takeover_and_refusal_are_excused() -> None:
     # A node that leaves sends off only its own clients.
     elsewhere = [conn("s5", N2, 1.0, 63.0, "server")]
     assert [d["client_id"] for d in disconnects(elsewhere, faults, {}, 0.0, 10.0)] == ["s5"]
+
+
+def test_a_takeover_explains_a_close_that_came_while_its_connect_was_answered() -> None:
+    # Campaign seed 4024 (load 10-14): the old connection closed at 45.08, the takeover's
+    # CONNACK came at 46.21: its CONNECT had been sent before the close, so the close is the
+    # takeover's. A CONNECT sent only after a close does not explain it.
+    history = [
+        conn("s1", N3, 30.6, 45.08, "server"),
+        conn("s1", N1, 46.21, None, purpose="takeover", requested=44.9),
+        conn("s2", N3, 30.6, 45.08, "server"),
+        conn("s2", N1, 46.21, None, purpose="takeover", requested=45.2),
+        conn("s3", N3, 30.6, 45.08, "server"),  # a record without the CONNECT's time
+        conn("s3", N1, 46.21, None, purpose="takeover"),
+    ]
+    found = disconnects(history, [], {}, 0.0, 10.0)
+    assert [d["client_id"] for d in found] == ["s2", "s3"]
 
 
 def test_unexplained_disconnects_are_reported_and_split_ones_are_g7() -> None:

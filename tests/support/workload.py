@@ -77,6 +77,7 @@ class Connection:
     closing: bool = False  # the client is closing it: the end is the client's doing
     # "takeover": opened by Subscriber.take_over while the previous one was still open.
     purpose: str = ""
+    requested: float | None = None  # its CONNECT sent (None: not recorded)
 
     def to_json(self, t0: float) -> dict[str, Any]:
         return {
@@ -88,6 +89,7 @@ class Connection:
             "reason": self.reason,
             "code": self.code,
             "purpose": self.purpose,
+            "requested": None if self.requested is None else round(self.requested - t0, 3),
         }
 
 
@@ -98,8 +100,17 @@ class ConnectionLog:
         self._lock = threading.Lock()
         self._connections: list[Connection] = []
 
-    def opened(self, client_id: str, host: str, port: int, purpose: str = "") -> Connection:
-        conn = Connection(client_id, host, port, time.monotonic(), purpose=purpose)
+    def opened(
+        self,
+        client_id: str,
+        host: str,
+        port: int,
+        purpose: str = "",
+        requested: float | None = None,
+    ) -> Connection:
+        conn = Connection(
+            client_id, host, port, time.monotonic(), purpose=purpose, requested=requested
+        )
         with self._lock:
             self._connections.append(conn)
         return conn
@@ -188,13 +199,14 @@ def _connect(
     done = threading.Event()
     outcome: dict[str, Any] = {}
     host, port = endpoint
+    requested = time.monotonic()
 
     def on_connect(c: mqtt.Client, u: Any, flags: Any, rc: Any, props: Any = None) -> None:
         outcome["rc"] = rc
         outcome["present"] = bool(flags.session_present)
         accepted = not rc.is_failure if hasattr(rc, "is_failure") else rc == 0
         if accepted and log is not None:
-            c.workload_connection = log.opened(client_id_of(c), host, port, purpose)
+            c.workload_connection = log.opened(client_id_of(c), host, port, purpose, requested)
             c.workload_log = log
         done.set()
 
