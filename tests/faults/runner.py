@@ -31,7 +31,13 @@ from tests.faults.observe import (
     handed_over,
     wait_converged,
 )
-from tests.faults.verdict import Reachability, judge, nothing_silent
+from tests.faults.verdict import (
+    LINKS_CLEAR_S,
+    SILENT_BOUND_S,
+    Reachability,
+    judge,
+    nothing_silent,
+)
 from tests.support.checker import ack_stats, check, check_shared, retained_check
 from tests.support.workload import DEEP_QUEUES
 
@@ -335,6 +341,7 @@ class Run:
             drain_s = clients.drain(timeout=30)
             drained_at = self._now()
             clients.probe_split_subscriptions()
+            links.wait_clear(within=max(SILENT_BOUND_S, LINKS_CLEAR_S) + 1.0)
             watch.stop()
             views.stop()
             links.stop()

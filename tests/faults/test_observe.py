@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.server
 import socket
 import threading
+import time
 from typing import Any
 
 from hexmq.api.membership.v1 import membership_pb2 as mpb
@@ -208,6 +209,42 @@ def test_the_link_watch_notes_when_everything_cleared_and_what_broke_again() -> 
     watch.seen_after_heal(61.5, 3, look(n1=[], n2=[], n3=["partition replication n1"]))
     watch.seen_after_heal(62.0, 3, look(n1=[], n2=[], n3=["partition replication n1"]))
     assert watch.down_again == {"n3 partition replication n1": 2}
+
+
+def _watch_healed_at(healed: float) -> LinkWatch:
+    watch = LinkWatch.__new__(LinkWatch)
+    watch.t0 = time.monotonic() - healed  # healed just now
+    watch.healed_at = healed
+    watch.links_clear_at = watch.waiting_clear_at = None
+    watch._stop = threading.Event()
+    watch._thread = threading.Thread(target=watch._stop.wait)  # a watch that runs until stopped
+    watch._thread.start()
+    return watch
+
+
+def test_the_run_waits_for_the_waits_to_clear_before_it_stops_watching() -> None:
+    # Seed 4027: the run ended 6 s after the final heal, while a connection still waited for
+    # its master; the verdict's 20 s bound then read "never".
+    watch = _watch_healed_at(74.5)
+    watch.links_clear_at = 74.9
+
+    def clears_later() -> None:
+        time.sleep(0.5)
+        watch.waiting_clear_at = 75.0
+
+    threading.Thread(target=clears_later).start()
+    watch.wait_clear(within=30.0)
+    assert watch.waiting_clear_at == 75.0
+    watch._stop.set()
+
+
+def test_the_wait_for_the_clear_is_bounded() -> None:
+    watch = _watch_healed_at(74.5)
+    started = time.monotonic()
+    watch.wait_clear(within=0.5)
+    assert watch.waiting_clear_at is None
+    assert time.monotonic() - started >= 0.45
+    watch._stop.set()
 
 
 def test_a_view_change_records_the_master_an_edge_routes_each_partition_to() -> None:
