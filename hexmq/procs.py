@@ -16,6 +16,8 @@ import signal
 import socket
 import struct
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -354,9 +356,6 @@ def mqtt_connack(
 def ready_view_epoch(port: int, timeout: float = 2.0, host: str = LOOPBACK) -> int | None:
     """The view epoch an edge's /readyz (on its metrics port) reports itself ready at ("ready:
     view N: routes all ..."), or None while it is not ready (services/edge/readiness.py)."""
-    import urllib.error
-    import urllib.request
-
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}/readyz"
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
