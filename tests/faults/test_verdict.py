@@ -517,6 +517,27 @@ def test_an_overlap_across_a_plain_cut_or_an_own_cut_is_excused() -> None:
     assert verdict["g5_overlaps"][0]["excused"] == "n2 cut by plain rules, fault 0"
 
 
+def test_an_overlap_begun_as_a_cut_heals_is_excused_until_the_links_are_back() -> None:
+    # Seed 4047: n2's edge cut from its own services until 20 s; a takeover through n1 answered
+    # at 20.1 s, by a master that had no link to n2's edge to kick the old connection through;
+    # n2's edge closed it at 22 s, when its re-attach was answered "taken over".
+    own = [fault(0, "intra-node", 10.0, 20.0, [2], own=[2])]
+    healing = [conn("s", N2, 1.0, 22.0, "server"), conn("s", N1, 20.1, None, purpose="takeover")]
+    verdict = judge(clean_result(faults=own), healing, [], 0.0, 10.0)
+    assert verdict["ok"], verdict
+    assert verdict["g5_overlaps"][0]["excused"] == (
+        "n2 cut from its own services by fault 0 (begun 0.1 s after its heal, ended within 10 s)"
+    )
+    # Links are back within LINK_SLACK_S of the heal: an old connection still live after that,
+    # or a second connection begun after that, is a failure.
+    for late in (
+        [conn("s", N2, 1.0, 31.0, "server"), conn("s", N1, 20.1, None, purpose="takeover")],
+        [conn("s", N2, 1.0, 34.0, "server"), conn("s", N1, 30.5, None, purpose="takeover")],
+    ):
+        verdict = judge(clean_result(faults=own), late, [], 0.0, 10.0)
+        assert "1 client id(s) with two live connections (G5)" in verdict["failures"], late
+
+
 def test_a_long_cut_should_show_a_link_down_within_seconds() -> None:
     split = fault(0, "isolate", 10.0, 30.0, [3], groups=[[3], [1, 2, 0]], minority=[3])
     short = fault(1, "one-way", 40.0, 50.0, [2], one_way=[(2, 1), (2, 3)])

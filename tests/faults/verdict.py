@@ -117,17 +117,33 @@ def plain_blocks(pairs: set[tuple[int, int]], src: int, dst: int) -> bool:
     return (src, dst) in pairs or (dst, CLIENTS) in pairs
 
 
-def _excused_overlap(first: int, second: int, at: float, faults: Sequence[dict[str, Any]]) -> str:
+def _excused_overlap(
+    first: int, second: int, at: float, until: float, faults: Sequence[dict[str, Any]]
+) -> str:
+    """Why two live connections of one client id, on nodes `first` (the older) and `second`,
+    from `at` to `until` (seconds from t0), are no G5 failure ("" if they are one). A cut may
+    keep a master from the old connection's edge, so that nothing can close it: until the
+    heal, and after it until the links are back (G9: LINK_SLACK_S), when the edge re-attaches
+    the connection and is told it was taken over; the overlap must have ended by then."""
     for f in faults:
-        if not f["start"] <= at <= f["end"]:
+        relinked = f["end"] + (LINK_SLACK_S if f["kind"] in NETWORK_KINDS else 0.0)
+        if not f["start"] <= at <= relinked:
             continue
+        if at > f["end"]:
+            if until > relinked:
+                continue
+            after = (
+                f" (begun {at - f['end']:.1f} s after its heal, ended within {LINK_SLACK_S:g} s)"
+            )
+        else:
+            after = ""
         if f["kind"] in NETWORK_KINDS and frozenset((first, second)) in _cut_pairs(f):
-            return f"n{first} and n{second} cut apart by fault {f['index']} ({f['kind']})"
+            return f"n{first} and n{second} cut apart by fault {f['index']} ({f['kind']}){after}"
         hit = {first, second} & set(f["targets"]["nodes"])
         if f["kind"] == "plain-cut" and hit:
-            return f"n{min(hit)} cut by plain rules, fault {f['index']}"
+            return f"n{min(hit)} cut by plain rules, fault {f['index']}{after}"
         if f["kind"] == "intra-node" and hit:
-            return f"n{min(hit)} cut from its own services by fault {f['index']}"
+            return f"n{min(hit)} cut from its own services by fault {f['index']}{after}"
         if f["kind"] == "pause" and {first, second} & set(f["targets"]["nodes"]):
             return f"paused by fault {f['index']}"
     return ""
@@ -581,7 +597,7 @@ def judge(
     g5 = []
     for o in overlaps(connections, end=end, tolerance=TAKEOVER_TOLERANCE_S):
         at = o.start - t0
-        excuse = _excused_overlap(node_of(o.first), node_of(o.second), at, faults)
+        excuse = _excused_overlap(node_of(o.first), node_of(o.second), at, at + o.seconds, faults)
         g5.append(
             {
                 "client_id": o.client_id,
