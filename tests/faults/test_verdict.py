@@ -205,6 +205,23 @@ def test_a_takeover_explains_a_close_that_came_while_its_connect_was_answered() 
     assert [d["client_id"] for d in found] == ["s2", "s3"]
 
 
+def test_a_takeover_that_was_refused_still_explains_the_close_it_caused() -> None:
+    # Replay of seed 4041 at load 33: a takeover's CONNECT at 26.4 s took the session over
+    # (the old connection closed at 28.8 s) but never reached its client as accepted; the
+    # harness records only accepted connections, so the close is explained by the attempt
+    # (judge reads them from the run's moves). An attempt after the close explains nothing.
+    history = [conn("s1", N3, -0.2, 28.8, "server"), conn("s2", N3, -0.2, 28.8, "server")]
+    attempts = {"s1": [26.4], "s2": [29.0]}
+    found = disconnects(history, [], {}, 0.0, 10.0, takeover_attempts=attempts)
+    assert [d["client_id"] for d in found] == ["s2"]
+    moves = [
+        {"client_id": "s1", "how": "takeover", "at": 26.4, "session_present": None},
+        {"client_id": "s2", "how": "move", "at": 26.4, "session_present": None},
+    ]
+    verdict = judge(clean_result(moves=moves), history, [], 0.0, 10.0)
+    assert [d["client_id"] for d in verdict["unexpected_disconnects"]] == ["s2"]
+
+
 def test_unexplained_disconnects_are_reported_and_split_ones_are_g7() -> None:
     faults = [fault(0, "isolate", 10.0, 20.0, [2], groups=[[2], [1, 3, 0]], minority=[2])]
     history = [

@@ -174,9 +174,15 @@ def disconnects(
     hold: float,
     *,
     excused: Callable[[ConnectionRecord], bool] | None = None,
+    takeover_attempts: Mapping[str, Sequence[float]] | None = None,
 ) -> list[dict[str, Any]]:
     """Server-side ends of connections that no kill, takeover or refusal explains (nor
-    `excused`: the unreachable-disconnects the verdict accepts)."""
+    `excused`: the unreachable-disconnects the verdict accepts). `takeover_attempts`: per
+    client id, when (seconds from t0) a takeover's CONNECT went out, accepted or not: the
+    master may take the session over, and close the old connection, and the new one still
+    fail to reach its client (refused as its edge gave up holding it, or unanswered within
+    the client's timeout)."""
+    attempts = takeover_attempts or {}
     by_client: dict[str, list[ConnectionRecord]] = {}
     for c in connections:
         by_client.setdefault(c.client_id, []).append(c)
@@ -189,6 +195,8 @@ def disconnects(
         ended = c.ended - t0
         node = node_of(f"{c.host}:{c.port}")
         if any(takes_over(o, c, c.ended) for o in by_client[c.client_id]):
+            continue
+        if any(c.started - t0 <= a <= ended for a in attempts.get(c.client_id, ())):
             continue
         if any(
             f["kind"] in (*KILL_KINDS, *LEAVE_KINDS)
@@ -623,7 +631,19 @@ def judge(
         bound=unreachable_s,
     )
     accepted = {id(c) for c, e in ends if e["accepted"]}
-    dropped = disconnects(connections, faults, by_id, t0, hold, excused=lambda c: id(c) in accepted)
+    attempts: dict[str, list[float]] = {}
+    for move in result.get("moves", []):
+        if move["how"] == "takeover":
+            attempts.setdefault(move["client_id"], []).append(move["at"])
+    dropped = disconnects(
+        connections,
+        faults,
+        by_id,
+        t0,
+        hold,
+        excused=lambda c: id(c) in accepted,
+        takeover_attempts=attempts,
+    )
     rejected = {(e["client_id"], e["ended"]): e for _c, e in ends if not e["accepted"]}
     for d in dropped:
         if (d["client_id"], d["ended"]) in rejected:
