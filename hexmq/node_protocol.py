@@ -40,9 +40,15 @@ MAX_VERSION: Final = 2
 # would take such a chunk as empty, so a master sends it only while every member supports it.
 ZLIB_SNAPSHOTS: Final = "zlib-snapshots"
 
+# An edge confirms each Kick once it has closed the connection (EdgeCommand.kicked), and a
+# partition master holds the answer to the OpenSession that took a session over until then (G5:
+# the new connection gets its CONNACK only once the old one is closed). Per link: a master
+# waits only for an edge whose hello offers it (an older edge never confirms).
+KICK_ACKS: Final = "kick-acks"
+
 # Every feature this release knows, with the protocol version that introduced it: a process
 # that supports a feature speaks at least that version.
-FEATURES: Final[Mapping[str, int]] = {ZLIB_SNAPSHOTS: 2}
+FEATURES: Final[Mapping[str, int]] = {ZLIB_SNAPSHOTS: 2, KICK_ACKS: 2}
 
 _FEATURE_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{0,62}")
 

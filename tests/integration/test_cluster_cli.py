@@ -368,10 +368,10 @@ def test_status_shows_the_view_and_the_agreement_server(hexmq_cluster: ClusterFa
     assert f"view: epoch {view['view_epoch']}" in human
     assert "SUSPECTED-BY" in human
     # Both nodes run this release: the view has its protocol and features on.
-    assert view["protocol"] == {"version": 2, "features": ["zlib-snapshots"]}
-    assert {m["protocol"] for m in members.values()} == {"1..2 +zlib-snapshots"}
+    assert view["protocol"] == {"version": 2, "features": ["kick-acks", "zlib-snapshots"]}
+    assert {m["protocol"] for m in members.values()} == {"1..2 +kick-acks +zlib-snapshots"}
     assert not any(m["not_admitted"] for m in members.values())
-    assert "protocol: version 2, features: zlib-snapshots" in human
+    assert "protocol: version 2, features: kick-acks, zlib-snapshots" in human
 
     cluster.kill(2)  # its partition service is gone: the view drops n2, n1 takes over
     deadline = time.monotonic() + 10

@@ -310,12 +310,12 @@ def test_rolling_upgrade_from_the_previous_release_then_one_node_back(
     # so its catch-up snapshots are packed, and the view says so.
     since = up.log_sizes()
     publishers += step(3, up.new_python)
-    up.wait_protocol(2, ["zlib-snapshots"])
+    up.wait_protocol(2, ["kick-acks", "zlib-snapshots"])
     snapshots = up.snapshots_to(3, since)
     assert snapshots, "n3 caught up without a snapshot: the gate is not exercised"
     assert all(encoding == "zlib" for _, encoding in snapshots), snapshots
     members = {m["node_id"]: m for m in up.membership()["members"]}
-    assert {m["protocol"] for m in members.values()} == {"1..2 +zlib-snapshots"}
+    assert {m["protocol"] for m in members.values()} == {"1..2 +kick-acks +zlib-snapshots"}
 
     # Roll n3 back. Its subscribers' sessions queue meanwhile (the connections drop), so what
     # they get at the end comes from n3's own copy once it masters them again.

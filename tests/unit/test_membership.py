@@ -105,7 +105,7 @@ def test_a_member_record_round_trips_through_its_json() -> None:
         "incarnation": 7,
         "protocol": 1,
         "protocol_max": 2,
-        "features": ["zlib-snapshots"],
+        "features": ["kick-acks", "zlib-snapshots"],
     }
     assert parse_member_record(keys.member("n1"), "n1", value) == record()
     assert keys.node_of("hexmq/demo/members/n1", keys.members) == "n1"

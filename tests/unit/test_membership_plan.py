@@ -14,7 +14,14 @@ import pytest
 
 from hexmq.api.membership.v1 import membership_pb2 as pb
 from hexmq.hashring import assign
-from hexmq.node_protocol import LEGACY, THIS_RELEASE, ZLIB_SNAPSHOTS, ClusterProtocol, Support
+from hexmq.node_protocol import (
+    KICK_ACKS,
+    LEGACY,
+    THIS_RELEASE,
+    ZLIB_SNAPSHOTS,
+    ClusterProtocol,
+    Support,
+)
 from services.membership.goal import goal_orders
 from services.membership.plan import (
     REFUSED,
@@ -534,7 +541,7 @@ def test_partition_epochs_change_only_with_their_master() -> None:
 # ----- protocol versions (hexmq/node_protocol.py, docs/releases.md) ------------------------
 
 ZLIB = frozenset({ZLIB_SNAPSHOTS})
-CURRENT = ClusterProtocol(2, ZLIB)
+CURRENT = ClusterProtocol(2, ZLIB | {KICK_ACKS})
 TOO_NEW = Support(4, 5)
 
 

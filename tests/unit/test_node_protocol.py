@@ -9,6 +9,7 @@ from hexmq.api.common.v1 import common_pb2
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.node_protocol import (
     BASELINE,
+    KICK_ACKS,
     LEGACY,
     THIS_RELEASE,
     ZLIB_SNAPSHOTS,
@@ -22,19 +23,19 @@ from hexmq.node_protocol import (
 )
 
 ZLIB = frozenset({ZLIB_SNAPSHOTS})
-V2 = Support(1, 2, ZLIB)  # this release
+V2 = Support(1, 2, ZLIB | {KICK_ACKS})  # this release
 V3 = Support(2, 3, ZLIB | {"x-later"})  # a release after it (drops version 1)
 V4 = Support(4, 4)  # a release far ahead
 
 
-def test_this_release_speaks_versions_1_and_2_with_zlib_snapshots() -> None:
+def test_this_release_speaks_versions_1_and_2_with_zlib_snapshots_and_kick_acks() -> None:
     assert THIS_RELEASE == V2
-    assert THIS_RELEASE.describe() == "1..2 +zlib-snapshots"
+    assert THIS_RELEASE.describe() == "1..2 +kick-acks +zlib-snapshots"
     assert LEGACY.describe() == "1"
 
 
 def test_a_cluster_speaks_the_highest_version_every_member_supports() -> None:
-    assert cluster_protocol([V2, V2, V2]) == ClusterProtocol(2, ZLIB)
+    assert cluster_protocol([V2, V2, V2]) == ClusterProtocol(2, V2.features)
     # One member of the previous release holds the cluster at version 1, every feature off.
     assert cluster_protocol([V2, LEGACY, V2]) == BASELINE
     assert cluster_protocol([V2, V3]) == ClusterProtocol(2, ZLIB)  # x-later: V2 lacks it

@@ -174,6 +174,7 @@ class EdgeCommand(_message.Message):
     ENQUEUE_SHARED_FIELD_NUMBER: _builtins.int
     SHARED_HANDOFF_DONE_FIELD_NUMBER: _builtins.int
     NODE_STATS_FIELD_NUMBER: _builtins.int
+    KICKED_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     """0: the edge wants no Result (QoS 0 publish). A DeliveryAck's Result, once its removals
     are durable, tells the edge that a re-attach need not carry its ids.
@@ -223,6 +224,8 @@ class EdgeCommand(_message.Message):
     def shared_handoff_done(self) -> Global___SharedHandoffDone: ...
     @_builtins.property
     def node_stats(self) -> Global___NodeStatsQuery: ...
+    @_builtins.property
+    def kicked(self) -> Global___Kicked: ...
     def __init__(
         self,
         *,
@@ -249,12 +252,13 @@ class EdgeCommand(_message.Message):
         enqueue_shared: Global___EnqueueShared | None = ...,
         shared_handoff_done: Global___SharedHandoffDone | None = ...,
         node_stats: Global___NodeStatsQuery | None = ...,
+        kicked: Global___Kicked | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "delivery_ack", b"delivery_ack", "enqueue_retained", b"enqueue_retained", "enqueue_shared", b"enqueue_shared", "index_ack", b"index_ack", "node_stats", b"node_stats", "open_session", b"open_session", "publish", b"publish", "qos2_forget", b"qos2_forget", "qos2_receive", b"qos2_receive", "qos2_release", b"qos2_release", "qos2_routed", b"qos2_routed", "retained_query", b"retained_query", "shared_handoff_done", b"shared_handoff_done", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe", "will_published", b"will_published"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "delivery_ack", b"delivery_ack", "enqueue_retained", b"enqueue_retained", "enqueue_shared", b"enqueue_shared", "index_ack", b"index_ack", "kicked", b"kicked", "node_stats", b"node_stats", "open_session", b"open_session", "publish", b"publish", "qos2_forget", b"qos2_forget", "qos2_receive", b"qos2_receive", "qos2_release", b"qos2_release", "qos2_routed", b"qos2_routed", "retained_query", b"retained_query", "shared_handoff_done", b"shared_handoff_done", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe", "will_published", b"will_published"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "command_id", b"command_id", "delivery_ack", b"delivery_ack", "enqueue_retained", b"enqueue_retained", "enqueue_shared", b"enqueue_shared", "index_ack", b"index_ack", "node_stats", b"node_stats", "open_session", b"open_session", "partition", b"partition", "partition_epoch", b"partition_epoch", "publish", b"publish", "qos2_forget", b"qos2_forget", "qos2_receive", b"qos2_receive", "qos2_release", b"qos2_release", "qos2_routed", b"qos2_routed", "request_id", b"request_id", "retained_query", b"retained_query", "shared_handoff_done", b"shared_handoff_done", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe", "will_published", b"will_published"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attach_session", b"attach_session", "close_session", b"close_session", "command", b"command", "command_id", b"command_id", "delivery_ack", b"delivery_ack", "enqueue_retained", b"enqueue_retained", "enqueue_shared", b"enqueue_shared", "index_ack", b"index_ack", "kicked", b"kicked", "node_stats", b"node_stats", "open_session", b"open_session", "partition", b"partition", "partition_epoch", b"partition_epoch", "publish", b"publish", "qos2_forget", b"qos2_forget", "qos2_receive", b"qos2_receive", "qos2_release", b"qos2_release", "qos2_routed", b"qos2_routed", "request_id", b"request_id", "retained_query", b"retained_query", "shared_handoff_done", b"shared_handoff_done", "subscribe", b"subscribe", "trace", b"trace", "unsubscribe", b"unsubscribe", "will_published", b"will_published"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["open_session", "close_session", "subscribe", "unsubscribe", "publish", "delivery_ack", "attach_session", "retained_query", "enqueue_retained", "will_published", "index_ack", "qos2_receive", "qos2_routed", "qos2_release", "qos2_forget", "enqueue_shared", "shared_handoff_done", "node_stats"]  # noqa: Y015
+    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["open_session", "close_session", "subscribe", "unsubscribe", "publish", "delivery_ack", "attach_session", "retained_query", "enqueue_retained", "will_published", "index_ack", "qos2_receive", "qos2_routed", "qos2_release", "qos2_forget", "enqueue_shared", "shared_handoff_done", "node_stats", "kicked"]  # noqa: Y015
     _WhichOneofArgType_command: _TypeAlias = _typing.Literal["command", b"command"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_command) -> _WhichOneofReturnType_command | None: ...
 
@@ -1328,6 +1332,34 @@ class Kick(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Kick: _TypeAlias = Kick  # noqa: Y015
+
+@_typing.final
+class Kicked(_message.Message):
+    """The edge closed the connection a Kick named (or no longer had it): it is not live any more.
+    Sent by edges that offer the kick-acks feature (hexmq/node_protocol.py), after the close; a
+    master holds the answer to the OpenSession that took the session over until then (G5).
+    No request id: nothing answers it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    CONNECTION_ID_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    connection_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+        connection_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "connection_id", b"connection_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Kicked: _TypeAlias = Kicked  # noqa: Y015
 
 @_typing.final
 class PublishWill(_message.Message):
