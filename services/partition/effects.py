@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from hexmq.api.partition.v1 import partition_pb2 as pb
     from services.partition.links import EdgeLink
     from services.partition.sessions import LiveConnection, Session
+    from services.partition.takeover import HeldAnswer
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,14 @@ class ConnectionReady:
 
     session: Session
     conn: LiveConnection
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerTakeover:
+    """The OpenSession that took a session over is durable: answer it (and make its
+    connection ready) once the connections it kicked are closed (services/partition/takeover.py)."""
+
+    answer: HeldAnswer
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +104,7 @@ Effect = (
     Send
     | AfterIndexed
     | ConnectionReady
+    | AnswerTakeover
     | MessageDurable
     | Pump
     | SendReleased

@@ -13,9 +13,11 @@ MAX_EVENTS_PER_FRAME = 2048
 
 
 class EdgeLink:
-    def __init__(self, edge_id: str, incarnation: int) -> None:
+    def __init__(self, edge_id: str, incarnation: int, *, kick_acks: bool = False) -> None:
         self.edge_id = edge_id
         self.incarnation = incarnation
+        # The edge confirms each Kick once the connection is closed (the kick-acks feature).
+        self.kick_acks = kick_acks
         self._events: list[pb.PartitionEvent] = []
         self._ok_ids: list[int] = []
         self._wake = asyncio.Event()

@@ -441,6 +441,7 @@ async def _sweep(node: PartitionNode) -> None:
                 WAIT_S,
             )
         now = node.clock()
+        node.settle_takeovers(now)
         expired = node.expire_sessions(now)
         node.hand_out_wills(now)
         node.hand_out_shared(now)

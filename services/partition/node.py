@@ -24,10 +24,12 @@ from hexmq import telemetry
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.mqtt.reason_codes import ReasonCode
+from hexmq.node_protocol import KICK_ACKS, ProtocolError, Support
 from hexmq.topics import TopicTrie
 from services.partition.delivery import LimitCounts, MessageDelivery, QueueLimits
 from services.partition.effects import (
     AfterIndexed,
+    AnswerTakeover,
     ConnectionReady,
     Effect,
     HandoffReady,
@@ -58,6 +60,7 @@ from services.partition.sources import IdSource, RandomIds, wall_ms
 from services.partition.store import GroupCommit, RedisStore, Scope
 from services.partition.subscriptions import Subscriptions
 from services.partition.sysstats import NodeStatsBoard
+from services.partition.takeover import HeldAnswer, Takeovers
 from services.partition.tracing import AppendTracer
 from services.partition.wills import SessionWills, WillBoard
 
@@ -118,6 +121,8 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         # partition -> epoch, for the partitions this node masters and has loaded.
         self.mastered: dict[int, int] = {}
         self.sessions: dict[str, Session] = {}
+        # Takeovers whose answer waits for the kicked connection's edge to close it (G5).
+        self.takeovers = Takeovers()
         # The retained messages of the partitions mastered here, indexed by topic level.
         self.retained = RetainedMessages()
         self.links: dict[str, EdgeLink] = {}
@@ -167,7 +172,11 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         old = self.links.get(hello.edge_id)
         if old is not None:
             self.close_link(old, now)
-        link = EdgeLink(hello.edge_id, hello.edge_incarnation)
+        try:
+            kick_acks = KICK_ACKS in Support.from_proto(hello.protocol).features
+        except ProtocolError:  # (refused before this by the adapter: services/partition/hello.py)
+            kick_acks = False
+        link = EdgeLink(hello.edge_id, hello.edge_incarnation, kick_acks=kick_acks)
         self.links[hello.edge_id] = link
         # The edge's routing index for the partitions mastered here: reset each (at its epoch),
         # snapshot, done.
@@ -206,6 +215,9 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
                 self._presence(session)
                 detached += 1
         self._qos2_link_closed(link, now)
+        # Its connections are no longer served through this master: takeovers waiting for it
+        # to close one are answered.
+        self._answer_takeovers(self.takeovers.link_closed(link))
         log.info("edge %s unlinked; %d sessions detached", link.edge_id, detached)
 
     # ----- commands ---------------------------------------------------------------------
@@ -248,11 +260,20 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
             self._delete_session(session, now)
             session = None
         if session is not None and session.connection is not None and not again:
-            self._kick(session, ReasonCode.SESSION_TAKEN_OVER, now)
+            if self.takeovers.holding(req.client_id, session.connection):
+                # Its connection was never answered (its answer waits for an older kick): it
+                # is answered TAKEN_OVER, never live, so no Kick (takeover.HeldAnswer).
+                session.detach(now)
+                self._presence(session)
+            else:
+                self._kick(session, ReasonCode.SESSION_TAKEN_OVER, now)
             self._connection_lost(session, now)
         elif session is not None and session.orphan and not again:
-            # Live on an edge that has not re-attached it to this new master yet.
-            self._kick_orphan(session, reason_code=ReasonCode.SESSION_TAKEN_OVER)
+            # Live on an edge that has not re-attached it to this new master yet. (An edge
+            # with no link here cannot be told, nor waited for: the answer goes as before.)
+            kicked = self._kick_orphan(session, reason_code=ReasonCode.SESSION_TAKEN_OVER)
+            if kicked is not None and kicked[1].kick_acks:
+                self.takeovers.kicked(req.client_id, kicked[0], kicked[1], now)
             self._connection_lost(session, now)
         if (
             session is not None
@@ -293,6 +314,16 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         session.attach(conn)
         self._presence(session)
         self.store.put_session(batch, p, session.record)
+        if self.takeovers.waits(req.client_id):
+            # A connection kicked may still be live: this one's CONNACK waits until it is
+            # closed (G5, services/partition/takeover.py).
+            event = _result(cmd.request_id, session_present=present)
+            answer = HeldAnswer(link, event, session, conn)
+            superseded = self.takeovers.hold(req.client_id, answer)
+            if superseded is not None:
+                self._answer_held(superseded)
+            self.commit.after(AnswerTakeover(answer))
+            return
         self._reply(link, cmd, session_present=present)
         self.commit.after(ConnectionReady(session, conn))
 
@@ -376,6 +407,10 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
                 self.redelivery.connection_ended(session, now)
         self._reply(link, cmd)
 
+    def _kicked(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None:
+        req = cmd.kicked
+        self._answer_takeovers(self.takeovers.confirmed(link, req.client_id, req.connection_id))
+
     def _node_stats(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None:
         own = {
             "publish/dropped_queue_full": self.dropped_queue_full,
@@ -425,6 +460,7 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         "enqueue_shared": _enqueue_shared,
         "shared_handoff_done": _shared_handoff_done,
         "node_stats": _node_stats,
+        "kicked": _kicked,
     }
 
     # ----- helpers ----------------------------------------------------------------------
@@ -443,6 +479,9 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         # CONNACK then always comes before the kick (MQTT-3.2.0-1).
         link = conn.link
         self.commit.after(Send(link, event))
+        if link.kick_acks:
+            # Its edge confirms the close; the connection taking over waits for that (G5).
+            self.takeovers.kicked(session.client_id, conn.connection_id, link, now)
         session.detach(now)
         self._presence(session)
 
@@ -478,6 +517,37 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
     def _connection_ready(self, e: ConnectionReady) -> None:
         e.conn.ready = True
         self._pump(e.session)
+
+    def _answer_takeover(self, e: AnswerTakeover) -> None:
+        if self.takeovers.durable(e.answer):
+            self._answer_held(e.answer)
+
+    def _answer_takeovers(self, answers: list[HeldAnswer]) -> None:
+        for answer in answers:
+            self._answer_held(answer)
+
+    def _answer_held(self, answer: HeldAnswer) -> None:
+        """Send a takeover's held answer (durable, and nothing kicked is live any more)."""
+        if answer.superseded:
+            rid = answer.event.result.request_id
+            answer.link.send(
+                _result(
+                    rid,
+                    SC.STATUS_CODE_TAKEN_OVER,
+                    message="another connection took the session over before this one was accepted",
+                )
+            )
+            return
+        answer.link.send(answer.event)
+        answer.conn.ready = True
+        self._pump(answer.session)
+
+    def settle_takeovers(self, now: int) -> int:
+        """Answer the takeovers whose kicked connections were not confirmed closed within
+        KICK_ACK_BOUND_MS (services/partition/takeover.py; logged there). Returns how many kicks
+        are still waited for."""
+        self._answer_takeovers(self.takeovers.expire(now))
+        return len(self.takeovers)
 
     def _after_indexed(self, e: AfterIndexed) -> None:
         link, event = e.link, e.event
@@ -536,6 +606,7 @@ _CARRY_OUT: dict[type, Callable[[PartitionNode, Any], None]] = {
     Send: _send,
     AfterIndexed: PartitionNode._after_indexed,
     ConnectionReady: PartitionNode._connection_ready,
+    AnswerTakeover: PartitionNode._answer_takeover,
     MessageDurable: PartitionNode._message_durable,
     Pump: PartitionNode._pump_after_release,
     SendReleased: PartitionNode._send_released,

@@ -85,6 +85,7 @@ UNADDRESSED = frozenset(
         "retained_query",
         "will_published",
         "shared_handoff_done",
+        "kicked",
     }
 )
 
@@ -431,16 +432,19 @@ class PartitionRoles(MasterState):
             self.seen.unload(p)
             self.redelivery.unload(p)
 
-    def _kick_orphan(self, session: Session, reason_code: int) -> None:
+    def _kick_orphan(self, session: Session, reason_code: int) -> tuple[str, EdgeLink] | None:
         """Close the connection a promoted master inherited for the session (on whichever edge
-        holds it), before another connection takes the session over (G5)."""
+        holds it), before another connection takes the session over (G5). Returns the
+        connection kicked and its edge's link (None: that edge has no link to this master, so
+        it cannot be told)."""
         conn_id, session.orphan = session.orphan, ""
         link = self.links.get(conn_id.split(".", 1)[0])
         if link is None:
-            return
+            return None
         event = pb.PartitionEvent(
             kick=pb.Kick(
                 client_id=session.client_id, connection_id=conn_id, reason_code=reason_code
             )
         )
         self.commit.after(Send(link, event))
+        return conn_id, link

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.node_protocol import Support
 from services.partition.node import PartitionNode
 from services.partition.replication import Entry, Op, Replicator
 from services.partition.store import GroupCommit, RedisStore, _Released
@@ -47,11 +48,15 @@ class FakeCommit(GroupCommit):
 
 
 class Edge:
-    """One edge's link, and what it heard."""
+    """One edge's link, and what it heard. `protocol`: what its hello says it speaks (unset:
+    an edge of v0.2.0, no features)."""
 
-    def __init__(self, node: PartitionNode, edge_id: str) -> None:
+    def __init__(self, node: PartitionNode, edge_id: str, protocol: Support | None = None) -> None:
         self.node = node
-        self.link = node.open_link(pb.Hello(edge_id=edge_id, edge_incarnation=1), node.clock())
+        hello = pb.Hello(edge_id=edge_id, edge_incarnation=1)
+        if protocol is not None:
+            hello.protocol.CopyFrom(protocol.to_proto())
+        self.link = node.open_link(hello, node.clock())
         self.next_id = 1
         self.link.take()  # the index snapshot
         # Plain OKs the link carried that `events` passed over (`heard` reports them).
@@ -69,6 +74,14 @@ class Edge:
     def handle(self, cmd: pb.EdgeCommand) -> None:
         """`cmd` from this edge, now (the node's clock)."""
         self.node.handle(self.link, cmd, self.node.clock())
+
+    def kicked(self, cid: str, conn: str) -> None:
+        """The edge closed connection `conn` that a Kick named, and says so."""
+        self.handle(pb.EdgeCommand(kicked=pb.Kicked(client_id=cid, connection_id=conn)))
+
+    def unlink(self) -> None:
+        """The edge's link to the node closes."""
+        self.node.close_link(self.link, self.node.clock())
 
     def heard(self) -> tuple[dict[int, pb.Result], list[pb.Delivery]]:
         events, oks = self.link.take()

@@ -6,9 +6,14 @@ every run gives the same effects."""
 
 from __future__ import annotations
 
+import logging
+
+import pytest
+
 from hexmq.api.common.v1.common_pb2 import Message
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.mqtt.reason_codes import ReasonCode
+from hexmq.node_protocol import THIS_RELEASE
 from services.partition.effects import (
     AfterIndexed,
     ConnectionReady,
@@ -18,7 +23,17 @@ from services.partition.effects import (
 )
 from services.partition.replication import HDEL, HSET
 from services.partition.store import queue_key, sessions_key
-from tests.support.partition_harness import EPOCH, Clock, Edge, P, connect, make_node, receive
+from services.partition.takeover import KICK_ACK_BOUND_MS
+from tests.support.partition_harness import (
+    EPOCH,
+    Clock,
+    Edge,
+    FakeCommit,
+    P,
+    connect,
+    make_node,
+    receive,
+)
 
 SC = pb.StatusCode
 
@@ -125,6 +140,116 @@ def test_a_takeover_of_a_kept_session_cancels_a_delayed_will() -> None:
     assert results[rid].session_present is True
     node.hand_out_wills(clock_of(new).now + 60_000)
     assert [e for e in old.events() + new.events() if e.HasField("publish_will")] == []
+
+
+# ----- strict takeover (G5): the new connection's answer waits for the old one's close -----
+
+ACKING = THIS_RELEASE  # an edge of this release: it confirms each Kick once closed (kick-acks)
+TAKEN_OVER = ReasonCode.SESSION_TAKEN_OVER
+
+
+def kicks_of(edge: Edge) -> list[str]:
+    return [e.kick.connection_id for e in edge.events() if e.HasField("kick")]
+
+
+def taken_over(old: Edge, new: Edge, commit: FakeCommit) -> int:
+    """c connected through `old` (as e1.1), then through `new` (as e2.1), both durable: the
+    new connection's request id."""
+    connect(old, "c", "e1.1")
+    commit.durable()
+    old.heard()
+    rid = connect(new, "c", "e2.1")
+    commit.durable()
+    return rid
+
+
+def test_a_takeover_answers_the_new_connection_only_once_the_old_edge_closed_the_old_one() -> None:
+    node, commit = make_node()
+    old, new = Edge(node, "e1", ACKING), Edge(node, "e2", ACKING)
+    rid = taken_over(old, new, commit)
+    assert kicks_of(old) == ["e1.1"]
+    session = node.sessions["c"]
+    assert session.connection is not None
+    # Durable, but e1.1 may still be live: no CONNACK for e2.1, and nothing delivered to it.
+    assert new.heard() == ({}, [])
+    assert not session.connection.ready
+    # Only the kicked connection's own edge can say it is closed.
+    new.kicked("c", "e1.1")
+    old.kicked("c", "e1.9")
+    assert new.heard() == ({}, [])
+    old.kicked("c", "e1.1")
+    results, _ = new.heard()
+    assert results[rid].status == SC.STATUS_CODE_OK
+    assert results[rid].session_present is True
+    assert session.connection.ready
+
+
+def test_a_held_takeover_is_answered_when_the_old_edge_unlinks() -> None:
+    # Its connections are no longer served through this master (one still open finds its
+    # session taken over when it re-attaches).
+    node, commit = make_node()
+    old, new = Edge(node, "e1", ACKING), Edge(node, "e2", ACKING)
+    rid = taken_over(old, new, commit)
+    assert new.heard() == ({}, [])
+    old.unlink()
+    results, _ = new.heard()
+    assert results[rid].status == SC.STATUS_CODE_OK
+
+
+def test_a_held_takeover_is_answered_at_the_bound_by_the_clock_given(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    node, commit = make_node()
+    old, new = Edge(node, "e1", ACKING), Edge(node, "e2", ACKING)
+    start = clock_of(new).now
+    rid = taken_over(old, new, commit)
+    assert node.settle_takeovers(start + KICK_ACK_BOUND_MS - 1) == 1
+    assert new.heard() == ({}, [])
+    with caplog.at_level(logging.WARNING, logger="services.partition.takeover"):
+        assert node.settle_takeovers(start + KICK_ACK_BOUND_MS) == 0
+    results, _ = new.heard()
+    assert results[rid].status == SC.STATUS_CODE_OK
+    assert "did not confirm closing connection e1.1 within 2000 ms" in caplog.text
+    old.kicked("c", "e1.1")  # late: nothing more to answer
+    assert new.heard() == ({}, [])
+
+
+def test_a_takeover_waits_only_for_an_edge_that_confirms_kicks() -> None:
+    # An edge of the previous release never confirms: its kick and the new answer go out
+    # together, as before. The same node waits for an edge of this release.
+    node, commit = make_node()
+    legacy, old, new = Edge(node, "e0"), Edge(node, "e1", ACKING), Edge(node, "e2", ACKING)
+    connect(legacy, "c", "e0.1")
+    commit.durable()
+    first = connect(old, "c", "e1.1")
+    commit.durable()
+    assert kicks_of(legacy) == ["e0.1"]
+    assert old.heard()[0][first].status == SC.STATUS_CODE_OK
+    second = connect(new, "c", "e2.1")
+    commit.durable()
+    assert kicks_of(old) == ["e1.1"]
+    assert new.heard() == ({}, [])
+    old.kicked("c", "e1.1")
+    assert new.heard()[0][second].status == SC.STATUS_CODE_OK
+
+
+def test_a_connection_taken_over_while_its_answer_is_held_is_refused_not_kicked() -> None:
+    # c on e1, then e2 (held: e1.1 not closed yet), then e3: e2.1 was never accepted, so it
+    # gets no Kick (no DISCONNECT before a CONNACK) but TAKEN_OVER; e3.1 waits for e1.1 too.
+    node, commit = make_node()
+    old, mid, new = Edge(node, "e1", ACKING), Edge(node, "e2", ACKING), Edge(node, "e3", ACKING)
+    refused = taken_over(old, mid, commit)
+    rid = connect(new, "c", "e3.1")
+    commit.durable()
+    (answer,) = mid.events()  # no Kick
+    assert answer.result.request_id == refused
+    assert answer.result.status == SC.STATUS_CODE_TAKEN_OVER
+    assert new.heard() == ({}, [])
+    old.kicked("c", "e1.1")
+    results, _ = new.heard()
+    assert results[rid].status == SC.STATUS_CODE_OK
+    assert results[rid].session_present is True
+    assert mid.heard() == ({}, [])
 
 
 def test_a_qos1_publish_is_queued_durably_and_delivered_once_durable() -> None:

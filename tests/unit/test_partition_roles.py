@@ -17,6 +17,7 @@ from hexmq import telemetry
 from hexmq.api.common.v1.common_pb2 import Message
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.node_protocol import THIS_RELEASE
 from services.partition.delivery import publish_origin
 from services.partition.node import PartitionNode
 from services.partition.replication import Assignment, Replicator
@@ -353,6 +354,25 @@ async def test_a_takeover_closes_the_connection_the_new_master_inherited() -> No
     (result,) = [e.result for e in events if e.HasField("result")]
     assert result.request_id == rid
     assert result.session_present  # the session lives on, now this connection's
+
+
+async def test_a_takeover_of_an_inherited_connection_waits_for_its_edge_to_close_it() -> None:
+    # G5 as for a connection this master accepted itself: the orphan's edge (of this release)
+    # confirms the close before the new connection is answered.
+    c = Cluster()
+    c.edge = Edge(c.node, "n2", THIS_RELEASE)
+    c.store.partitions[P] = StoredPartition(sessions=[stored_session("a", "n2.1.9")])
+    c.take(view(4))
+    await c.loaded()
+    rid = connect(c.edge, "a", "n2.1.10", partition=P, epoch=4)
+    c.commit.durable()
+    events = c.edge.events()
+    assert [e.kick.connection_id for e in events if e.HasField("kick")] == ["n2.1.9"]
+    assert [e for e in events if e.HasField("result")] == []
+    c.edge.kicked("a", "n2.1.9")
+    result = c.edge.heard()[0][rid]
+    assert result.status == SC.STATUS_CODE_OK
+    assert result.session_present
 
 
 async def test_a_reattached_connection_is_not_sent_again_what_its_client_has() -> None:
