@@ -131,8 +131,8 @@ class ClientConnection(asyncio.Protocol):
             wall_ms = int(time.time() * 1000)
             self.carry_out(self.session.deliver(delivery, wall_ms, buffered))
 
-    def kick(self, reason_code: int) -> None:
-        self.carry_out(self.session.kick(reason_code))
+    def kick(self, reason_code: int, node: str = "") -> None:
+        self.carry_out(self.session.kick(reason_code, node))
 
     def shutdown(self, reference: str | None = None) -> None:
         self.carry_out(self.session.shutdown(reference))
@@ -346,6 +346,13 @@ def _await_index(c: ClientConnection, a: act.AwaitIndex) -> None:
     c.edge.dispatcher.after_index(c._answer(a.token))
 
 
+def _confirm_kick(c: ClientConnection, a: act.ConfirmKick) -> None:
+    # (The Close before it flushed the DISCONNECT: the connection is closed to its client.)
+    link = c.edge.router.links.get(a.node)
+    if link is not None:
+        link.send(a.command)
+
+
 def _forget(c: ClientConnection, a: act.ForgetOrigins) -> None:
     c.edge.qos2_forgets.forget(a.routed)
 
@@ -365,4 +372,5 @@ _CARRY_OUT: dict[type, Callable[[ClientConnection, Any], None]] = {
     act.ResumeReading: lambda c, a: c._resume(a.reason),
     act.SetTimer: lambda c, a: c._set_timer(a.at),
     act.Close: ClientConnection._close,
+    act.ConfirmKick: _confirm_kick,
 }

@@ -410,10 +410,15 @@ class Edge:
             return
         conn.deliver(delivery)
 
-    def on_kick(self, kick: pb.Kick) -> None:
+    def on_kick(self, link: PartitionLink, kick: pb.Kick) -> None:
         conn = self.connections.get(kick.connection_id)
         if conn is not None:
-            conn.kick(kick.reason_code)
+            # Closes it, then confirms the close to the kicking master (act.ConfirmKick).
+            conn.kick(kick.reason_code, link.node_id)
+        else:
+            # Gone already: not live here, which is what the master waits to hear.
+            kicked = pb.Kicked(client_id=kick.client_id, connection_id=kick.connection_id)
+            link.send(pb.EdgeCommand(kicked=kicked))
 
     def on_index_update(self, link: PartitionLink, update: pb.IndexUpdate) -> None:
         for p, epoch in self.router.apply_index_update(link.node_id, update):

@@ -3,6 +3,9 @@ the old connection (5.0: DISCONNECT 0x8E) and the new one has the session."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +63,48 @@ async def test_mqtt_3_1_4_3_takeover_across_nodes(trio_256) -> None:
     assert seen[0].properties.reason_string == (
         "another connection with this client id took the session over"
     )
+    for client in (first, second):
+        await client.close()
+
+
+async def test_g5_the_old_connection_is_closed_before_the_new_one_is_accepted(trio_256) -> None:
+    """G5, strictly: the new connection's CONNACK comes only once the old one is closed.
+
+    The old connection's edge (node 1) is stopped while the takeover through node 2 is on its
+    way, so it acts on the Kick late (as a starved edge does): the master holds the new
+    connection's answer until that edge has closed the old connection and said so. What is
+    asserted is the order in which the two sockets hear of it, not how long anything took.
+    """
+    client_id = f"strict-{uid()}"
+    first, _ = await RawClient.connect(trio_256.mqtt_port(1), client_id, version=5)
+    order: list[str] = []
+
+    async def old_closed() -> object:
+        packet = await first.recv(timeout=60)
+        order.append("old connection closed")
+        return packet
+
+    async def new_accepted() -> tuple[RawClient, ConnAck]:
+        accepted = await RawClient.connect(trio_256.mqtt_port(2), client_id, version=5, timeout=60)
+        order.append("new connection accepted")
+        return accepted
+
+    edge = trio_256.pids(1)["edge"]
+    os.kill(edge, signal.SIGSTOP)
+    try:
+        closing = asyncio.create_task(old_closed())
+        accepting = asyncio.create_task(new_accepted())
+        # Time for an answer that nothing holds to arrive (it did: a CONNACK while the old
+        # connection was still open).
+        await asyncio.wait({accepting}, timeout=1.0)
+    finally:
+        os.kill(edge, signal.SIGCONT)
+    disconnect = await closing
+    second, connack = await accepting
+    assert connack.reason_code == 0
+    assert isinstance(disconnect, Disconnect)
+    assert disconnect.reason_code == 0x8E
+    assert order == ["old connection closed", "new connection accepted"]
     for client in (first, second):
         await client.close()
 

@@ -594,6 +594,20 @@ def test_outgoing_topic_aliases_are_given_in_send_order() -> None:
 # ----- takeover, reconnect, re-attach ---------------------------------------------------------
 
 
+def test_a_kick_is_confirmed_to_the_master_that_sent_it_once_the_connection_is_closed() -> None:
+    # G5: the master holds the new connection's CONNACK until it hears this (kick-acks).
+    edge = SessionEdge.make()
+    first = connected(edge, clean_start=False)
+    kicked = first.session.kick(RC.SESSION_TAKEN_OVER, "n3")
+    confirm = act.ConfirmKick(
+        "n3",
+        pb.EdgeCommand(kicked=pb.Kicked(client_id="c1", connection_id=first.session.connection_id)),
+    )
+    assert kicked[-2:] == [act.Close(RC.SESSION_TAKEN_OVER, "", linger=True), confirm]
+    # Closed already: nothing to close, but it is not live, which is what the master asks.
+    assert first.session.kick(RC.SESSION_TAKEN_OVER, "n3") == [confirm]
+
+
 def test_a_takeover_kicks_with_0x8e_and_the_next_connection_resumes_the_session() -> None:
     edge = SessionEdge.make()
     first = connected(edge, clean_start=False)

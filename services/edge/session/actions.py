@@ -149,6 +149,16 @@ class Close:
     linger: bool = False
 
 
+@dataclass(slots=True)
+class ConfirmKick:
+    """Tell partition node `node`, whose Kick ended the connection, that it is closed
+    (EdgeCommand.kicked): the master holds the answer to the connection taking the session
+    over until then (G5). After the Close: carried out once the DISCONNECT is written."""
+
+    node: str
+    command: pb.EdgeCommand
+
+
 Action = (
     Write
     | Request
@@ -165,4 +175,5 @@ Action = (
     | ResumeReading
     | SetTimer
     | Close
+    | ConfirmKick
 )

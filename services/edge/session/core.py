@@ -36,7 +36,7 @@ from hexmq.mqtt import (
 )
 from hexmq.mqtt.reason_codes import ConnectReturnCode
 from services.edge.limits import Admission
-from services.edge.session.actions import Action, Close, SetTimer
+from services.edge.session.actions import Action, Close, ConfirmKick, SetTimer
 from services.edge.session.delivery import acknowledged, flush_acks, send_delivery
 from services.edge.session.delivery import reattach as reattach_session
 from services.edge.session.handle_acks import (
@@ -188,9 +188,12 @@ class Session(SessionState):
                 self.emit(SetTimer(again))
         return self.take()
 
-    def kick(self, reason_code: int) -> list[Action]:
-        """Another connection took the session over (or the partition ended it)."""
+    def kick(self, reason_code: int, node: str = "") -> list[Action]:
+        """Another connection took the session over (or the partition ended it). `node`: the
+        partition node that sent the Kick, told once the connection is closed (ConfirmKick;
+        "": nobody to tell)."""
         if self.state is State.CLOSED:
+            self._confirm_kick(node)
             return self.take()
         log.info("%s (%s) taken over; closing", self.client_id, self.peer)
         tracer = self.edge.tracer
@@ -204,7 +207,13 @@ class Session(SessionState):
             else reason_name(reason_code)
         )
         self.disconnect(reason_code, why, why="")
+        self._confirm_kick(node)
         return self.take()
+
+    def _confirm_kick(self, node: str) -> None:
+        if node:
+            kicked = pb.Kicked(client_id=self.client_id, connection_id=self.connection_id)
+            self.emit(ConfirmKick(node, pb.EdgeCommand(kicked=kicked)))
 
     def shutdown(self, reference: str | None = None) -> list[Action]:
         """The edge is stopping: tell a 5.0 client (0x8B, or 0x9C Use another server with
