@@ -41,6 +41,7 @@ from services.partition.replication import Replicator
 from services.partition.retained import RetainedMessages
 from services.partition.sessions import Session, queued_size
 from services.partition.store import StorageFailed, StoredSession
+from services.partition.takeover import HeldAnswer, Takeovers
 from services.partition.wills import WillBoard
 
 log = logging.getLogger(__name__)
@@ -120,6 +121,9 @@ class PartitionRoles(MasterState):
             self, session: Session, spec: pb.SubscriptionSpec, *, announce: bool
         ) -> None: ...
         def _index_entries(self, partitions: Iterable[int]) -> list[pb.IndexEntry]: ...
+        def _answer_takeovers(self, answers: list[HeldAnswer]) -> None: ...
+
+        takeovers: Takeovers
 
     # ----- the view ----------------------------------------------------------------------
 
@@ -420,6 +424,8 @@ class PartitionRoles(MasterState):
             for filt in session.subscriptions:
                 self.trie.remove(filt, cid)
             session.connection = None  # its pumps and deliveries stop here
+        # (A takeover's answer held for a kicked connection's close goes: see takeover.py.)
+        self._answer_takeovers(self.takeovers.unload(cids))
         for attempt in [k for k in self._q2_attempts if k[0] in cids]:
             del self._q2_attempts[attempt]
         for waiter in [k for k in self._q2_waiters if k[0] in cids]:

@@ -9,7 +9,10 @@ connections of one client id. A kick stops being waited for when:
 - its edge confirms it (`confirmed`),
 - its edge's link closes (`link_closed`: that edge's connections are no longer served through
   this master; any that is still open finds its session taken over when it re-attaches),
-- KICK_ACK_BOUND_MS passed (`expire`, logged): a takeover never hangs on an edge that is stuck.
+- KICK_ACK_BOUND_MS passed (`expire`, logged): a takeover never hangs on an edge that is stuck,
+- the session's partition is unloaded here (`unload`: this node no longer masters it, so it has
+  nothing to hold; the edge re-attaches the connection to the new master, as every connection
+  of a demoted master's partitions).
 An edge without the feature (an older release) is not waited for: today's behaviour, the Kick
 and the answer go out together.
 
@@ -113,6 +116,15 @@ class Takeovers:
         released: list[HeldAnswer] = []
         for cid, kicks in list(self._kicks.items()):
             for conn_id in [c for c, kick in kicks.items() if kick.link is link]:
+                released += self._settle(cid, conn_id)
+        return released
+
+    def unload(self, client_ids: set[str]) -> list[HeldAnswer]:
+        """The sessions of `client_ids` are no longer mastered here: their kicks are not
+        waited for any more (an answer not durable yet goes when its batch is released)."""
+        released: list[HeldAnswer] = []
+        for cid in client_ids & self._kicks.keys():
+            for conn_id in list(self._kicks[cid]):
                 released += self._settle(cid, conn_id)
         return released
 

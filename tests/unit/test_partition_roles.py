@@ -375,6 +375,22 @@ async def test_a_takeover_of_an_inherited_connection_waits_for_its_edge_to_close
     assert result.session_present
 
 
+async def test_a_held_takeover_is_answered_when_its_partition_is_demoted() -> None:
+    # This node no longer masters the session: it has nothing to hold it for (the edge
+    # re-attaches the connection to the new master), and the answer must not wait forever.
+    c = Cluster()
+    c.edge = Edge(c.node, "n2", THIS_RELEASE)
+    c.store.partitions[P] = StoredPartition(sessions=[stored_session("a", "n2.1.9")])
+    c.take(view(4))
+    await c.loaded()
+    rid = connect(c.edge, "a", "n2.1.10", partition=P, epoch=4)
+    c.commit.durable()
+    assert [e for e in c.edge.events() if e.HasField("result")] == []
+    c.take(view(5, master="n2"))
+    assert c.node.settle_takeovers(c.node.clock()) == 0
+    assert c.edge.heard()[0][rid].status == SC.STATUS_CODE_OK
+
+
 async def test_a_reattached_connection_is_not_sent_again_what_its_client_has() -> None:
     c = Cluster()
     c.store.partitions[P] = StoredPartition(
