@@ -412,10 +412,13 @@ class Edge:
 
     def on_kick(self, link: PartitionLink, kick: pb.Kick) -> None:
         conn = self.connections.get(kick.connection_id)
+        # A master that waits for the close asks for its confirmation (a master of an earlier
+        # release does not, and would not know the command).
+        confirm_to = link.node_id if kick.confirm else ""
         if conn is not None:
             # Closes it, then confirms the close to the kicking master (act.ConfirmKick).
-            conn.kick(kick.reason_code, link.node_id)
-        else:
+            conn.kick(kick.reason_code, confirm_to)
+        elif confirm_to:
             # Gone already: not live here, which is what the master waits to hear.
             kicked = pb.Kicked(client_id=kick.client_id, connection_id=kick.connection_id)
             link.send(pb.EdgeCommand(kicked=kicked))

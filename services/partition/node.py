@@ -468,16 +468,17 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
     def _kick(self, session: Session, reason_code: int, now: int) -> None:
         conn = session.connection
         assert conn is not None
+        link = conn.link
         event = pb.PartitionEvent(
             kick=pb.Kick(
                 client_id=session.client_id,
                 connection_id=conn.connection_id,
                 reason_code=reason_code,
+                confirm=link.kick_acks,
             )
         )
         # After the commit, like the result of the connection's own OpenSession: on its link the
         # CONNACK then always comes before the kick (MQTT-3.2.0-1).
-        link = conn.link
         self.commit.after(Send(link, event))
         if link.kick_acks:
             # Its edge confirms the close; the connection taking over waits for that (G5).

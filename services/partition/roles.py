@@ -449,7 +449,10 @@ class PartitionRoles(MasterState):
             return None
         event = pb.PartitionEvent(
             kick=pb.Kick(
-                client_id=session.client_id, connection_id=conn_id, reason_code=reason_code
+                client_id=session.client_id,
+                connection_id=conn_id,
+                reason_code=reason_code,
+                confirm=link.kick_acks,
             )
         )
         self.commit.after(Send(link, event))

@@ -223,11 +223,13 @@ def test_a_takeover_waits_only_for_an_edge_that_confirms_kicks() -> None:
     commit.durable()
     first = connect(old, "c", "e1.1")
     commit.durable()
-    assert kicks_of(legacy) == ["e0.1"]
+    (legacy_kick,) = [e.kick for e in legacy.events() if e.HasField("kick")]
+    assert (legacy_kick.connection_id, legacy_kick.confirm) == ("e0.1", False)  # not asked
     assert old.heard()[0][first].status == SC.STATUS_CODE_OK
     second = connect(new, "c", "e2.1")
     commit.durable()
-    assert kicks_of(old) == ["e1.1"]
+    (kick,) = [e.kick for e in old.events() if e.HasField("kick")]
+    assert (kick.connection_id, kick.confirm) == ("e1.1", True)  # asked to confirm the close
     assert new.heard() == ({}, [])
     old.kicked("c", "e1.1")
     assert new.heard()[0][second].status == SC.STATUS_CODE_OK

@@ -367,7 +367,8 @@ async def test_a_takeover_of_an_inherited_connection_waits_for_its_edge_to_close
     rid = connect(c.edge, "a", "n2.1.10", partition=P, epoch=4)
     c.commit.durable()
     events = c.edge.events()
-    assert [e.kick.connection_id for e in events if e.HasField("kick")] == ["n2.1.9"]
+    kicks = [(e.kick.connection_id, e.kick.confirm) for e in events if e.HasField("kick")]
+    assert kicks == [("n2.1.9", True)]
     assert [e for e in events if e.HasField("result")] == []
     c.edge.kicked("a", "n2.1.9")
     result = c.edge.heard()[0][rid]

@@ -1315,19 +1315,26 @@ class Kick(_message.Message):
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     CONNECTION_ID_FIELD_NUMBER: _builtins.int
     REASON_CODE_FIELD_NUMBER: _builtins.int
+    CONFIRM_FIELD_NUMBER: _builtins.int
     client_id: _builtins.str
     connection_id: _builtins.str
     reason_code: _builtins.int
+    confirm: _builtins.bool
+    """The master waits for the close: answer with EdgeCommand.kicked once it is done (set only
+    for an edge whose hello offers kick-acks, so a master of an earlier release, which never
+    sets it, is not sent a command it does not know).
+    """
     def __init__(
         self,
         *,
         client_id: _builtins.str = ...,
         connection_id: _builtins.str = ...,
         reason_code: _builtins.int = ...,
+        confirm: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "connection_id", b"connection_id", "reason_code", b"reason_code"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "confirm", b"confirm", "connection_id", b"connection_id", "reason_code", b"reason_code"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1336,7 +1343,8 @@ Global___Kick: _TypeAlias = Kick  # noqa: Y015
 @_typing.final
 class Kicked(_message.Message):
     """The edge closed the connection a Kick named (or no longer had it): it is not live any more.
-    Sent by edges that offer the kick-acks feature (hexmq/node_protocol.py), after the close; a
+    Sent for a Kick with `confirm` (edges that offer the kick-acks feature, hexmq/node_protocol.py)
+    after the close; a
     master holds the answer to the OpenSession that took the session over until then (G5).
     No request id: nothing answers it.
     """
