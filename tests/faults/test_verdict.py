@@ -324,6 +324,19 @@ def test_a_master_is_unreachable_while_a_fault_cuts_it_off_and_for_a_while_after
         "n3 cut from the view that made n1 its master: fault 0 (cut-agreement)"
     )
     assert reach.why_not(2, 0, 12.0) == ""
+    # A master without the agreement server may wait for an in-sync change (seed 4051).
+    away = [
+        fault(0, "agreement-restart", 10.0, 20.0, []),
+        fault(1, "cut-agreement", 40.0, 50.0, [3], one_way=[(3, 0), (0, 3)]),
+    ]
+    reach = Reachability(away, views((0.0, MASTERS)))
+    assert reach.why_not(2, 1, 15.0) == (
+        "its master n1 without the agreement server: fault 0 (agreement-restart)"
+    )
+    assert reach.why_not(2, 0, 45.0) == (
+        "its master n3 without the agreement server: fault 1 (cut-agreement)"
+    )
+    assert reach.why_not(2, 1, 45.0) == ""  # n1 keeps the agreement server
     # Without recorded masters nothing can be told: reachable.
     assert Reachability(faults, [{"at": 0.0}]).why_not(1, 0, 12.0) == ""
 

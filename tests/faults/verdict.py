@@ -288,7 +288,8 @@ class Reachability:
     the recorder saw them), and the faults: a master killed, paused, leaving or without its
     Redis; the edge's node paused; a cut between the two nodes (conntrack cuts, plain rules,
     the node's own edge cut from its own partition service); a node cut from the view that
-    moved the partition's master. Each fault counts until LINK_SLACK_S after its heal (G9:
+    moved the partition's master; the master without the agreement server (an in-sync change
+    waits for it). Each fault counts until LINK_SLACK_S after its heal (G9:
     links are back by then). A model, not the edge's own state: it judges the edge's claims
     (an unreachable-disconnect) and bounds how long a subscriber may wait (G9)."""
 
@@ -328,6 +329,11 @@ class Reachability:
                 return f"its master n{m} down: {label}"
             if kind == "pause" and node in nodes:
                 return f"n{node} paused: {label}"
+            if kind == "agreement-restart" or (kind == "cut-agreement" and m in nodes):
+                # A master whose follower lags must take it out of the in-sync set through
+                # the agreement store before it may answer writes (G1); until then the
+                # partition waits (seed 4051: partition 28 for 35 s of an agreement restart).
+                return f"its master n{m} without the agreement server: {label}"
             if kind not in NETWORK_KINDS:
                 continue
             if node != m and frozenset((node, m)) in _cut_pairs(f):
