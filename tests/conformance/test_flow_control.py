@@ -11,6 +11,7 @@ import pytest
 
 from hexmq.mqtt import (
     ConnAck,
+    Connect,
     Disconnect,
     PingReq,
     PubAck,
@@ -19,6 +20,7 @@ from hexmq.mqtt import (
     PubRec,
     PubRel,
     Subscription,
+    Will,
 )
 from tests.support.rawclient import RawClient
 from tests.support.unique import uid
@@ -131,3 +133,33 @@ async def test_mqtt_3_14_4_2_the_0x93_disconnect_reaches_a_client_still_sending(
     assert seen, "nothing came before the end of the stream"
     assert (type(seen[-1]), seen[-1].reason_code) == (Disconnect, 0x93)
     assert all(isinstance(p, PubRec) for p in seen[:-1])
+
+
+@pytest.mark.parametrize(("version", "code"), [(5, 0x87), (4, 5)])
+async def test_mqtt_3_2_2_7_a_refusing_connack_reaches_a_client_still_sending(
+    limits_node, version: int, code: int
+) -> None:
+    """MQTT-3.2.2-7 (5.0; 3.1.1 3.2.2.3): after a CONNACK that refuses, the server closes, and
+    the CONNACK arrives. A client that sent more right after its CONNECT (pipelined, as
+    clients that do not wait for CONNACK do) is still sending when the refusal comes; closing
+    with its bytes unread resets the connection and the CONNACK can be lost to the reset. The
+    edge ends its side after the CONNACK and discards the rest, as after a DISCONNECT."""
+    client = await RawClient.open(limits_node.mqtt_port(1), version)
+    refused = Connect(
+        f"refused-{uid()}",
+        protocol_version=version,
+        will=Will(f"$SYS/broker/fake/{uid()}", b"forged"),  # refused at CONNECT (4.7.2)
+    )
+    ping = client.codec.send(PingReq())
+    loop = asyncio.get_running_loop()
+    try:
+        await client.send(refused)
+        until = loop.time() + 0.5
+        while loop.time() < until:  # not reading yet, still sending
+            await client.send_bytes(ping * 64)
+            await asyncio.sleep(0.01)
+        seen = await client.wait_closed()
+    except ConnectionError as exc:
+        pytest.fail(f"the connection was reset before the CONNACK was read: {exc!r}")
+    await client.close()
+    assert [(type(p), getattr(p, "reason_code", None)) for p in seen] == [(ConnAck, code)]

@@ -116,7 +116,8 @@ def test_a_connect_waits_for_its_partition_and_is_refused_past_the_bound() -> No
     refused = client.answer(sent, status=UNAVAILABLE, message=NO_MASTER)
     (connack,) = client.packets(refused)
     assert (connack.reason_code, connack.properties.reason_string) == (0x88, NO_MASTER)
-    assert refused[1:] == [act.Close(0x88, f"CONNECT refused (0x88): {NO_MASTER}")]
+    # The close lingers, so that the CONNACK reaches a client that sent more after CONNECT.
+    assert refused[1:] == [act.Close(0x88, f"CONNECT refused (0x88): {NO_MASTER}", linger=True)]
     # 3.1.1 hears return code 3.
     client = Driver(edge)
     refused = client.answer(client.send(Connect("c2", protocol_version=4)), status=UNAVAILABLE)
@@ -155,7 +156,9 @@ def test_a_session_not_opened_within_the_hold_is_refused_and_its_open_taken_back
     assert connack.reason_code == code
     assert refused[1:] == [
         act.Withdraw(),
-        act.Close(0x88, f"CONNECT refused (0x88): session not opened within {HOLD:g}s"),
+        act.Close(
+            0x88, f"CONNECT refused (0x88): session not opened within {HOLD:g}s", linger=True
+        ),
     ]
     # The deposed master's OK after all (it applied the open): the session is let go.
     late = client.answer(opening)

@@ -294,6 +294,7 @@ class Session(SessionState):
                 code,
                 exc.message,
             )
+            answered = True  # (a CONNACK written: the close lingers for it, Close.linger)
             if isinstance(exc, UnsupportedProtocolVersion):
                 # 3.1.1 clients (and older) understand return code 0x01 [MQTT-3.1.2-2]; a newer
                 # level gets the 5.0 form of 0x84.
@@ -304,10 +305,12 @@ class Session(SessionState):
                     self.write(encode(ConnAck(False, v311), 4))
             elif self.codec.protocol_version == V5:
                 self.version = V5
-                self.send(ConnAck(False, code))
+                answered = self.send(ConnAck(False, code))
+            else:
+                answered = False
             self.withdraw_open()
             self.state = State.CLOSED
-            self.emit(Close(code, exc.message))
+            self.emit(Close(code, exc.message, linger=answered))
             return
         self.fail(exc.reason_code, exc.message)
 

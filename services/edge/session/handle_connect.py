@@ -320,10 +320,11 @@ def refuse_busy(s: SessionState, reason: int, why: str) -> None:
     """Refuse a CONNECT because this edge is full or busy: with a --server-reference, a 5.0
     client is sent there (0x9C Use another server, MQTT 5.0 section 4.11)."""
     ref = s.config.server_reference
+    # An edge over its limits sheds the connection at once, without lingering over it.
     if ref and s.version == V5:
-        refuse_connect(s, RC.USE_ANOTHER_SERVER, why, server_reference=ref)
+        refuse_connect(s, RC.USE_ANOTHER_SERVER, why, server_reference=ref, linger=False)
     else:
-        refuse_connect(s, reason, why)
+        refuse_connect(s, reason, why, linger=False)
 
 
 def refuse_connect(
@@ -334,7 +335,12 @@ def refuse_connect(
     *,
     server_reference: str | None = None,
     quiet: bool = False,
+    linger: bool = True,
 ) -> None:
+    """Answer a CONNECT with a refusal and close. The close lingers (Close.linger: half-close,
+    drain up to LINGER_S), as after a DISCONNECT, so that the CONNACK reaches a client that
+    sent more after its CONNECT instead of being lost to a reset; `linger` False for an edge
+    over its limits, which sheds connections at once."""
     s.end_session_span(why, reason)
     s.edge.stats.rejected["connect", reason] += 1
     if s.version == V5:
@@ -345,8 +351,13 @@ def refuse_connect(
                 base, authentication_method=s.auth.name, authentication_data=auth_data
             )
         props = s.reason(lambda p: ConnAck(False, reason, p), why, base=base)
-        s.send(ConnAck(False, reason, props))
+        sent = s.send(ConnAck(False, reason, props))
     else:
-        s.send(ConnAck(False, v311_return_code(reason)))
+        sent = s.send(ConnAck(False, v311_return_code(reason)))
     s.state = State.CLOSED
-    s.close(f"CONNECT refused (0x{reason:02X}): {why}", quiet=quiet, reason_code=reason)
+    s.close(
+        f"CONNECT refused (0x{reason:02X}): {why}",
+        quiet=quiet,
+        reason_code=reason,
+        linger=linger and sent,
+    )

@@ -390,9 +390,12 @@ class SessionState:
         logged = (reason_string or "") if why is None else why
         self.emit(Close(reason, logged, linger=sent))
 
-    def close(self, why: str | None, *, quiet: bool = False, reason_code: int = 0) -> None:
+    def close(
+        self, why: str | None, *, quiet: bool = False, reason_code: int = 0, linger: bool = False
+    ) -> None:
         """Close the connection; `why` is logged (at DEBUG when `quiet`: a refusal of a command
-        held past the failover bound, which is logged once per partition and burst)."""
+        held past the failover bound, which is logged once per partition and burst). `linger`:
+        a refusal (CONNACK) was written, to reach a client still sending (Close.linger)."""
         if why is not None:
             log.log(
                 logging.DEBUG if quiet else logging.WARNING,
@@ -405,7 +408,7 @@ class SessionState:
             self.close_session(graceful=False)
         self.withdraw_open()
         self.state = State.CLOSED
-        self.emit(Close(reason_code, why or ""))
+        self.emit(Close(reason_code, why or "", linger=linger))
 
     def withdraw_open(self) -> None:
         """The connection ends before its OpenSession was answered: take it back, so that it
