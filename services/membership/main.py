@@ -15,6 +15,7 @@ from pathlib import Path
 
 import grpc
 
+from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.membership.v1 import membership_pb2_grpc as pb_grpc
 from hexmq.grpc_options import PING_POLICY
 from hexmq.hashring import DEFAULT_PARTITIONS
@@ -299,7 +300,7 @@ def run(args: argparse.Namespace) -> int:
         agent = MembershipAgent(
             config, obs.tracing, on_fatal=stop.set, discovery=discovery, tls=tls
         )
-        obs.ready_when(lambda: membership_readiness(agent))
+        obs.ready_when(lambda: membership_readiness(config.node_id, agent.board.view))
         # The node's services ping their watches and calls (hexmq/grpc_options.py).
         server = grpc.aio.server(options=PING_POLICY)
         guard = Guard(tls, "membership")
@@ -371,9 +372,13 @@ async def _finish_leave(agent: MembershipAgent, timeout_s: float, stop: StopEven
         log.warning("leave cut short by a plain stop")
 
 
-def membership_readiness(agent: MembershipAgent) -> Readiness:
-    """Ready once the cluster has agreed on a view (the agent then serves it)."""
-    view = agent.board.view
+def membership_readiness(node_id: str, view: mpb.View | None) -> Readiness:
+    """Ready once the agreed view lists this node as a member: an orchestrator then counts the
+    node as up (a Kubernetes pod's readiness, a rolling update waiting for the node to be back
+    in the view). An agent whose node is out of the view still serves that view to its node's
+    services and to any edge; it is only not ready."""
     if view is None:
         return Readiness(False, "no view agreed yet")
+    if all(m.node_id != node_id for m in view.members):
+        return Readiness(False, f"view {view.epoch} does not list node {node_id}")
     return Readiness(True, f"view {view.epoch}: {len(view.members)} members")

@@ -25,6 +25,7 @@ from hexmq.readiness import (
 )
 from hexmq.telemetry import start_metrics_server
 from services.edge.readiness import edge_readiness
+from services.membership.main import membership_readiness
 
 
 @dataclass
@@ -83,6 +84,18 @@ def test_edge_is_not_ready_while_a_master_link_is_down_or_missing() -> None:
     # A follower's link does not matter: only masters route.
     links = {"n1": FakeLink(True), "n2": FakeLink(True), "n3": FakeLink(True)}
     assert edge_readiness("n1", view, links).ready
+
+
+# ----- the membership agent's: its node in the view ------------------------------------------
+
+
+def test_membership_agent_is_ready_once_the_view_lists_its_node() -> None:
+    assert membership_readiness("n1", None) == Readiness(False, "no view agreed yet")
+    view = view_of("n1", "n2")
+    assert membership_readiness("n1", view) == Readiness(True, "view 3: 2 members")
+    # Its node out of the view (not admitted yet, failed, left): it still serves the view, but
+    # an orchestrator must not count the node as up (a rolling update waits for it).
+    assert membership_readiness("n3", view) == Readiness(False, "view 3 does not list node n3")
 
 
 # ----- the probe as another thread sees it --------------------------------------------------
