@@ -221,7 +221,11 @@ def run(args: argparse.Namespace) -> int:
             log.error("cannot serve metrics on %s: %s", args.metrics_listen, exc.strerror)
             return 1
         edge = Edge(config, obs.tracing, access=access, tls=tls, cluster_tls=cluster_tls)
-        obs.ready_when(lambda: edge_readiness(args.node_id, edge.router.view, edge.router.links))
+        obs.ready_when(
+            lambda: edge_readiness(
+                args.node_id, edge.router.view, edge.router.links, standalone=args.standalone
+            )
+        )
         health_server = None
         if args.health_listen:
             health_server = grpc.aio.server()
@@ -261,11 +265,15 @@ def run(args: argparse.Namespace) -> int:
             edge.limit.maximum,
         )
         log.info("cluster links: %s", cluster_tls.describe())
+        if args.standalone:
+            log.info("standalone edge: %s belongs to no node (its stop is no leave)", args.node_id)
         metrics = asyncio.create_task(_report_metrics(edge))
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, _reload_acl, access)
         pacing = asyncio.create_task(follow_contention(telemetry.METRICS.batch_interval.set))
         await stop.wait()
-        if stop.leave:
+        # A standalone edge has no node whose leave it could follow: any stop is a plain one.
+        leaving = stop.leave and not args.standalone
+        if leaving:
             # SIGTERM: if the node is leaving, its clients stay connected (and served) while
             # its partitions move, then go to another node (docs/operations.md, "Leaving").
             left = await edge.follow_leave(args.leave_timeout, stop.plain)
@@ -281,7 +289,7 @@ def run(args: argparse.Namespace) -> int:
         log.info("shutting down")
         metrics.cancel()
         pacing.cancel()
-        await edge.stop(leaving=stop.leave)
+        await edge.stop(leaving=leaving)
         if health_server is not None:
             await cancel_and_wait(health_follower)
             await _stop_health(health_server)

@@ -35,6 +35,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-id", required=True, help="this node's id, e.g. n1")
     parser.add_argument("--listen", required=True, help="MQTT HOST:PORT, e.g. 127.0.0.1:1883")
     parser.add_argument("--membership", required=True, help="the node's membership HOST:PORT")
+    parser.add_argument(
+        "--standalone",
+        action="store_true",
+        help="this edge belongs to no node: its --node-id is its own (not a member's), it may "
+        "watch any node's membership agent, it is ready once it routes every partition of the "
+        "view, and a SIGTERM stops it without waiting for a node's leave (a pool of edges "
+        "deployed on their own, e.g. a Kubernetes StatefulSet)",
+    )
     add_cluster_tls_arguments(parser)
     add_leave_timeout(parser)
     parser.add_argument(

@@ -3,8 +3,10 @@
 A load balancer sends a client to an edge only when that edge can serve it (/readyz, gRPC
 health on --health-listen): the view lists this node (so the cluster counts it), and every
 partition of the view has a master whose link from this edge is up with its subscription index
-loaded (so any client's session and any publish can be routed). A pure function of the view
-and the links, so the failover work can refine it and tests need no processes.
+loaded (so any client's session and any publish can be routed). A standalone edge (`--standalone`:
+one of a pool of edges with ids of their own, no node's) has no node to be listed: it is ready
+on the second condition alone. A pure function of the view and the links, so the failover work
+can refine it and tests need no processes.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ class Link(Protocol):
     def ready(self) -> bool: ...
 
 
-def edge_readiness(node_id: str, view: mpb.View | None, links: Mapping[str, Link]) -> Readiness:
+def edge_readiness(
+    node_id: str, view: mpb.View | None, links: Mapping[str, Link], *, standalone: bool = False
+) -> Readiness:
     if view is None:
         return Readiness(False, "no view from membership yet")
-    if all(m.node_id != node_id for m in view.members):
+    if not standalone and all(m.node_id != node_id for m in view.members):
         return Readiness(False, f"node {node_id} is not in view {view.epoch}")
     unrouted = 0
     masters_down: set[str] = set()

@@ -99,6 +99,36 @@ def test_every_service_answers_readyz_and_grpc_health_and_an_edge_that_cannot_ro
     assert "does not list node n1" in text
 
 
+def test_a_standalone_edge_is_ready_without_a_node_of_its_own_and_stops_at_once_on_sigterm(
+    hexmq_cluster: Callable[..., Any], cluster_prerequisites: None, tmp_path: Path
+) -> None:
+    """An edge of a pool deployed on its own (a Kubernetes StatefulSet of edges,
+    docs/kubernetes.md): its id and certificate are its own, no member's. With --standalone it
+    is ready once it routes every partition; without, the same edge waits for a node of its
+    name in the view, which never comes."""
+    cluster = hexmq_cluster(nodes=1)
+    alone, pooled = free_ports(2)
+    with (
+        edge_process(cluster, tmp_path, [f"--metrics-listen=127.0.0.1:{alone}"], name="e0"),
+        edge_process(
+            cluster,
+            tmp_path,
+            [f"--metrics-listen=127.0.0.1:{pooled}", "--standalone"],
+            name="edge-0",
+        ) as edge,
+    ):
+        assert readyz(alone) == (503, "not ready: node e0 is not in view 1\n")
+        eventually_sync(lambda: readyz(pooled)[0] == 200, 20, "the standalone edge is ready")
+        assert readyz(pooled)[1].startswith("ready: view 1: routes all")
+        # SIGTERM: no node leave to follow (a node's edge waits up to 5 s for one to show).
+        started = time.monotonic()
+        edge.proc.send_signal(signal.SIGTERM)
+        assert edge.proc.wait(20) == 0
+        assert time.monotonic() - started < 4
+        assert "standalone edge: edge-0 belongs to no node" in edge.log_text()
+        assert "the node is not leaving" not in edge.log_text()
+
+
 @contextlib.contextmanager
 def haproxy_in_front_of(edge_port: int, workdir: Path) -> Iterator[int]:
     """A real HAProxy (TCP mode) forwarding to the edge with send-proxy-v2; its frontend port."""

@@ -62,6 +62,20 @@ def test_edge_whose_node_is_not_in_the_view_is_not_ready() -> None:
     assert answer == Readiness(False, "node n3 is not in view 3")
 
 
+def test_a_standalone_edge_needs_no_node_of_its_own_in_the_view() -> None:
+    # An edge of a pool (`--standalone`, its id no member's): ready once it routes everything.
+    view = view_of("n1", "n2")
+    links = {"n1": FakeLink(True), "n2": FakeLink(True)}
+    assert edge_readiness("edge-0", view, links, standalone=True) == Readiness(
+        True, "view 3: routes all 16 partitions"
+    )
+    assert edge_readiness("edge-0", None, links, standalone=True) == Readiness(
+        False, "no view from membership yet"
+    )
+    links["n2"] = FakeLink(False)
+    assert not edge_readiness("edge-0", view, links, standalone=True).ready
+
+
 def test_edge_is_ready_when_every_partition_master_has_a_ready_link() -> None:
     view = view_of("n1", "n2", "n3")
     links = {n: FakeLink(True) for n in ("n1", "n2", "n3")}
