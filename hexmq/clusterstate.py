@@ -677,17 +677,23 @@ def redis_config(node: NodeState, acl: Sequence[str] = ()) -> str:
     )
 
 
-def write_config(state: ClusterState) -> None:
+def redis_acl(node: NodeState) -> list[str]:
+    """The node's Redis ACL lines (none while its Redis asks for no password), from the
+    passwords in its directory."""
     from hexmq.redis_security import HEXMQ_USER, acl_lines, operator_line
 
+    if not node.redis_auth:
+        return []
+    acl = acl_lines(HEXMQ_USER, (node.dir / REDIS_PASSWORD_FILE).read_text().strip())
+    acl.append(operator_line((node.dir / REDIS_OPERATOR_FILE).read_text().strip()))
+    return acl
+
+
+def write_config(state: ClusterState) -> None:
     (state.dir / MEMBERS_FILE).write_text(members_file(state))
     for node in state.nodes:
         (node.dir / "redis").mkdir(parents=True, exist_ok=True)
-        acl: list[str] = []
-        if node.redis_auth:
-            acl = acl_lines(HEXMQ_USER, (node.dir / REDIS_PASSWORD_FILE).read_text().strip())
-            acl.append(operator_line((node.dir / REDIS_OPERATOR_FILE).read_text().strip()))
-        (node.dir / "redis.conf").write_text(redis_config(node, acl))
+        (node.dir / "redis.conf").write_text(redis_config(node, redis_acl(node)))
 
 
 def child_environment(state: ClusterState) -> dict[str, str]:

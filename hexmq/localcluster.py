@@ -18,12 +18,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from hexmq import linkstatus, localsecurity, procs
 from hexmq.clusterstate import (
+    AGREEMENT_SERVER,
     DEFAULT_BASE_PORT,
     DEFAULT_PARTITIONS,
     ENV_MARKER,
@@ -39,6 +41,8 @@ from hexmq.clusterstate import (
     interpreter_of,
     load_state,
     plan_cluster,
+    redis_acl,
+    redis_config,
     require_state,
     save_state,
     set_interpreter,
@@ -450,24 +454,23 @@ def up(
                 f"and {previous.partitions} partitions; use the same --nodes and --partitions, "
                 "another --dir, or delete the directory"
             )
-        state = plan_cluster(
+        state = plan_up(
             cluster_dir,
             nodes=nodes,
             base_port=base_port,
             partitions=partitions,
             rf=rf,
-            python=sys.executable,
             redis_server=find_redis_server(),
             service_args=service_args,
-            trace_dir=trace_dir.absolute() if trace_dir else None,
-            consul_addr=consul,
+            trace_dir=trace_dir,
+            consul=consul,
             hosts=hosts,
             agreement_listen=agreement_listen,
             node_wrapper=node_wrapper,
             discovery=discovery,
+            insecure_cluster=insecure_cluster,
         )
         state.served = previous is not None and previous.served
-        secure(state, insecure_cluster=insecure_cluster)
         busy = busy_ports(
             [n.ports for n in state.nodes],
             (state.consul_host, state.consul_port) if state.consul else None,
@@ -480,6 +483,87 @@ def up(
         state.served = True
         save_state(state)
         return state
+
+
+def plan_up(
+    cluster_dir: Path,
+    *,
+    nodes: int,
+    base_port: int = DEFAULT_BASE_PORT,
+    partitions: int = DEFAULT_PARTITIONS,
+    rf: int = 1,
+    redis_server: str = "redis-server",
+    service_args: Mapping[str, Sequence[str]] | None = None,
+    trace_dir: Path | None = None,
+    consul: str | None = None,
+    hosts: Sequence[str] | None = None,
+    agreement_listen: tuple[str, int] | None = None,
+    node_wrapper: Sequence[str] = (),
+    discovery: str | None = None,
+    insecure_cluster: bool = False,
+) -> ClusterState:
+    """The cluster `up` starts (its arguments, less `timeout`): every process planned, with
+    the secrets it is given made under `cluster_dir` (kept when they exist), and nothing
+    started. `planned_processes` says what each process would run with. `up` itself starts
+    from this; other deployments are checked against it (tests/support/kubernetes.py)."""
+    validate_cluster_args(nodes=nodes, base_port=base_port, partitions=partitions, rf=rf)
+    state = plan_cluster(
+        cluster_dir.absolute(),
+        nodes=nodes,
+        base_port=base_port,
+        partitions=partitions,
+        rf=rf,
+        python=sys.executable,
+        redis_server=redis_server,
+        service_args=service_args,
+        trace_dir=trace_dir.absolute() if trace_dir else None,
+        consul_addr=consul,
+        hosts=hosts,
+        agreement_listen=agreement_listen,
+        node_wrapper=node_wrapper,
+        discovery=discovery,
+    )
+    secure(state, insecure_cluster=insecure_cluster)
+    return state
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedProcess:
+    """One process of a planned cluster, as `up` starts it."""
+
+    # Its node's number, None for the cluster's agreement server.
+    node: int | None
+    # redis, membership, partition, edge, or consul-dev (the agreement server).
+    service: str
+    argv: tuple[str, ...]
+    # The variables `hexmq cluster` gives it on top of its own environment (secrets by file
+    # name: hexmq.localsecurity).
+    env: Mapping[str, str]
+    # Redis: the redis.conf its argv names, as `up` writes it (secrets hashed).
+    config: str | None = None
+
+
+def planned_processes(state: ClusterState) -> list[PlannedProcess]:
+    """Every process of `state` in start order: the agreement server (when the cluster runs
+    its own), then each node's SERVICES; with the argv, variables and Redis config that
+    `start_agreement`, `_spawn` and `write_config` give them. Reads the secrets `plan_up` made
+    (for Redis's ACL lines); starts and writes nothing."""
+    out = []
+    if state.consul is not None:
+        env = localsecurity.agreement_variables(state)
+        out.append(PlannedProcess(None, AGREEMENT_SERVER, tuple(state.consul.argv), env))
+    out.extend(
+        PlannedProcess(
+            node.node,
+            service,
+            tuple(node.processes[service].argv),
+            localsecurity.service_variables(state, node, service),
+            redis_config(node, redis_acl(node)) if service == "redis" else None,
+        )
+        for node in state.nodes
+        for service in SERVICES
+    )
+    return out
 
 
 def secure(state: ClusterState, *, insecure_cluster: bool) -> None:

@@ -405,6 +405,51 @@ def test_plan_passes_the_service_flags_exactly(tmp_path: Path) -> None:
         assert line in conf
 
 
+def test_plan_up_gives_every_process_what_up_starts_it_with_and_starts_nothing(
+    tmp_path: Path,
+) -> None:
+    cluster_dir = tmp_path / "hexmq"
+    state = localcluster.plan_up(cluster_dir, nodes=2, base_port=30000, partitions=64, rf=2)
+    planned = localcluster.planned_processes(state)
+    assert [(p.node, p.service) for p in planned] == [
+        (None, "consul-dev"),
+        *((n, s) for n in (1, 2) for s in clusterstate.SERVICES),
+    ]
+    by = {(p.node, p.service): p for p in planned}
+    # The command lines are the state's, as `up` records and `start` runs them.
+    assert list(by[2, "membership"].argv) == state.nodes[1].processes["membership"].argv
+    assert by[2, "membership"].argv[by[2, "membership"].argv.index("--cluster") + 1] == "hexmq"
+    # Secure by default: each service's own certificate, the node's Redis password, the
+    # agreement server's token; the files exist, by name only.
+    edge = by[1, "edge"].env
+    assert edge["HEXMQ_CLUSTER_CERT"] == str(cluster_dir / "tls" / "n1" / "edge.crt")
+    assert Path(edge["HEXMQ_CLUSTER_KEY"]).is_file()
+    assert "HEXMQ_INSECURE_CLUSTER" not in edge
+    partition = by[2, "partition"].env
+    assert partition["HEXMQ_REDIS_USER"] == "hexmq"
+    assert Path(partition["HEXMQ_REDIS_PASSWORD_FILE"]).is_file()
+    assert by[1, "membership"].env["HEXMQ_CONSUL_TOKEN_FILE"] == str(cluster_dir / "consul.token")
+    assert by[None, "consul-dev"].env == {"HEXMQ_ACL_TOKEN_FILE": str(cluster_dir / "consul.token")}
+    config = by[1, "redis"].config
+    assert config is not None
+    assert "appendonly yes" in config.splitlines()
+    assert [ln.split()[1] for ln in config.splitlines() if ln.startswith("user ")] == [
+        "default",
+        "hexmq",
+        "operator",
+    ]
+    # Nothing started, no state file, no Redis config written: only the secrets.
+    assert all(r.identity is None for n in state.nodes for r in n.processes.values())
+    assert not (cluster_dir / clusterstate.STATE_FILE).exists()
+    assert not (cluster_dir / "node1" / "redis.conf").exists()
+    # An external Consul: no agreement server, no token of the cluster's.
+    external = localcluster.planned_processes(
+        localcluster.plan_up(tmp_path / "ext", nodes=1, consul="10.0.0.9:8500")
+    )
+    assert [p.service for p in external] == list(clusterstate.SERVICES)
+    assert "HEXMQ_CONSUL_TOKEN_FILE" not in external[1].env
+
+
 def test_plan_places_each_node_on_its_host_and_wraps_its_command_lines(tmp_path: Path) -> None:
     state = clusterstate.plan_cluster(
         tmp_path,
