@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+from collections.abc import Mapping, Sequence
 
-from hexmq import cli
+from hexmq import cli, envoptions
 
 
 def service_parser(service: str) -> argparse.ArgumentParser:
@@ -14,3 +15,63 @@ def service_parser(service: str) -> argparse.ArgumentParser:
     sub = cli._service_parser(parser, service)
     importlib.import_module(cli.SERVICE_MODULES[service][0]).add_arguments(sub)
     return sub
+
+
+class OptionsRefused(ValueError):
+    """What a service would refuse at start: an unknown flag or variable, a bad value."""
+
+
+def parse_service(
+    service: str,
+    args: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    allowed_unknown: frozenset[str] = frozenset(),
+    check_agent: bool = True,
+) -> argparse.Namespace:
+    """`hexmq SERVICE ARGS` with `env` as the service parses them (HEXMQ_* variables as its
+    options, the command line winning), or OptionsRefused naming what it refuses. A HEXMQ_*
+    variable that is no option of the service (nor one of envoptions.NOT_OPTIONS) is refused
+    too, unless `allowed_unknown` lists it: the service would ignore it silently. For the
+    membership agent, `check_agent` also runs the checks it makes before it starts (they read
+    its Consul token file)."""
+    parser = service_parser(service)
+    try:
+        applied = envoptions.apply_environment(parser, env)
+    except envoptions.EnvOptionError as exc:
+        raise OptionsRefused(f"hexmq {service}: {exc}") from None
+    # argparse reports a usage error by exiting, after printing it; keep its message.
+    errors: list[str] = []
+
+    def error(message: str) -> None:
+        errors.append(message)
+        raise SystemExit(2)
+
+    parser.error = error  # type: ignore[method-assign]
+    try:
+        namespace = applied.finish(parser.parse_args(list(args)))
+    except SystemExit:
+        raise OptionsRefused(
+            f"hexmq {service} refuses {list(args)}: {'; '.join(errors) or 'usage error'}"
+        ) from None
+    if service == "membership" and check_agent:
+        # The agent checks more than argparse does before it starts: node id, cluster name,
+        # every address, Consul's session TTL bounds, discovery's options.
+        from services.membership.main import agent_config
+
+        try:
+            agent_config(namespace)
+        except ValueError as exc:
+            raise OptionsRefused(f"hexmq membership refuses its options: {exc}") from None
+    known = {envoptions.variable_for(a) for a in envoptions.options(parser)}
+    unknown = sorted(
+        k
+        for k in env
+        if k.startswith(envoptions.PREFIX)
+        and k not in known
+        and k not in envoptions.NOT_OPTIONS
+        and k not in allowed_unknown
+    )
+    if unknown:
+        raise OptionsRefused(f"hexmq {service} has no option for {', '.join(unknown)}")
+    return namespace

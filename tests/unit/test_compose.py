@@ -21,12 +21,11 @@ from typing import Any
 import pytest
 import yaml
 
-from hexmq import cli, envoptions, secrets_cli
+from hexmq import cli, secrets_cli
 from hexmq.cli import SERVICE_MODULES
 from hexmq.redis_security import HEXMQ_USER
 from hexmq.trust import certs
 from hexmq.trust.identity import Identity
-from services.membership.main import agent_config
 from tests.support.compose_local import (
     ComposeError,
     LocalTopology,
@@ -43,7 +42,7 @@ from tests.support.compose_run import (
     _Running,
     depends_on_conditions,
 )
-from tests.support.options import service_parser
+from tests.support.options import OptionsRefused, parse_service
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "deploy" / "compose" / "compose.yaml"
@@ -91,26 +90,10 @@ HEXMQ_SERVICES = [
 
 
 def parse_as_the_service_would(service: str, argv: list[str], env: dict[str, str]) -> None:
-    parser = service_parser(service)
-    applied = envoptions.apply_environment(parser, env)
     try:
-        args = applied.finish(parser.parse_args(argv[2:]))
-    except SystemExit as exc:
-        raise AssertionError(f"hexmq {service} refuses {argv[2:]} with {env}") from exc
-    if service == "membership":
-        # The agent checks more than argparse does before it starts: node id, cluster name,
-        # every address, Consul's session TTL bounds.
-        try:
-            agent_config(args)
-        except ValueError as exc:
-            raise AssertionError(f"hexmq membership refuses {env}: {exc}") from exc
-    known = {envoptions.variable_for(a) for a in envoptions.options(parser)}
-    unknown = sorted(
-        k
-        for k in env
-        if k.startswith("HEXMQ_") and k not in known and k not in envoptions.NOT_OPTIONS
-    )
-    assert not unknown, f"hexmq {service} has no option for {', '.join(unknown)}"
+        parse_service(service, argv[2:], env)
+    except OptionsRefused as exc:
+        raise AssertionError(f"{exc} (with {env})") from exc
 
 
 @pytest.mark.parametrize(("name", "service"), HEXMQ_SERVICES, ids=[n for n, _ in HEXMQ_SERVICES])
