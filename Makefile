@@ -55,7 +55,14 @@ typecheck: $(STAMP)
 
 # The deployment files, checked every way that runs without a Docker engine: the Compose v2
 # binary (rejects unknown keys, undefined dependencies), the compose-spec JSON schema (also on
-# compose.yaml + compose.node4.yaml as Compose merges them), hadolint, and haproxy -c.
+# compose.yaml + compose.node4.yaml as Compose merges them), hadolint, and haproxy -c. Then
+# every Kubernetes overlay, without a cluster: rendered by `kubectl kustomize`, validated
+# against the Kubernetes JSON schemas of the oldest and newest versions it is for (strict:
+# unknown fields fail), and compared with what `hexmq cluster up` runs for the same cluster
+# (tests/support/kubernetes_equivalence.py: the same processes, the same options, but where it
+# says why not).
+K8S_OVERLAYS := $(sort $(wildcard deploy/kubernetes/overlays/*))
+K8S_VERSIONS := 1.27.0 1.37.0
 deploy-check: $(STAMP) system-deps
 	$(COMPOSE) -f $(COMPOSE_DIR)/compose.yaml config -q
 	$(COMPOSE) -f $(COMPOSE_DIR)/compose.yaml -f $(COMPOSE_DIR)/compose.node4.yaml config -q
@@ -66,7 +73,16 @@ deploy-check: $(STAMP) system-deps
 	  $(BIN)/check-jsonschema --builtin-schema vendor.compose-spec "$$merged"
 	$(BIN)/hadolint Dockerfile
 	haproxy -c -q -f $(COMPOSE_DIR)/haproxy/haproxy.cfg
-	@echo "deploy-check: compose, schema, Dockerfile and HAProxy config are valid"
+	@rendered=$$(mktemp --suffix=.yaml) && trap 'rm -f "$$rendered"' EXIT && \
+	  for overlay in $(K8S_OVERLAYS); do \
+	    $(BIN)/kubectl kustomize $$overlay > "$$rendered" || exit 1; \
+	    for version in $(K8S_VERSIONS); do \
+	      echo "kubernetes-validate: $$overlay, Kubernetes $$version"; \
+	      $(BIN)/kubernetes-validate --strict --quiet -k $$version "$$rendered" || exit 1; \
+	    done; \
+	  done
+	$(BIN)/python -m tests.support.kubernetes_equivalence $(K8S_OVERLAYS)
+	@echo "deploy-check: compose, schema, Dockerfile, HAProxy config and Kubernetes overlays are valid"
 
 test: $(STAMP) system-deps
 	$(BIN)/pytest -m "not fault and not soak" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
