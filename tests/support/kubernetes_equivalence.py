@@ -206,6 +206,13 @@ def _consul(ctx: Context, value: Any) -> str | None:
     return _service_of(CONSUL_DEV, "http")(ctx, str(value))
 
 
+def _expect(ctx: Context, value: Any) -> str | None:
+    nodes = len(ctx.workload(NODES))
+    if isinstance(value, int) and 1 <= value <= nodes:
+        return None
+    return f"the first view would wait for {value} nodes, and {NODES} has {nodes} replicas"
+
+
 def _discovery(ctx: Context, value: Any) -> str | None:
     return None if value == "dns" else "expected dns (the headless Service's records)"
 
@@ -240,8 +247,9 @@ def _consul_token(ctx: Context, value: Any) -> str | None:
 
 def _tls(role: str) -> dict[str, Expected]:
     secret = f"hexmq-{role}-tls"
+    holders = "edge" if role == EDGE else "node"
     why = (
-        f"files of Secret {secret} (mounted read-only), not DIR/tls: every node's {role} "
+        f"files of Secret {secret} (mounted read-only), not DIR/tls: every {holders}'s {role} "
         "certificate is in it, each pod takes its own by name"
     )
     return {
@@ -292,6 +300,11 @@ EXPECTED: dict[str, dict[str, Expected]] = {
             "the token in Secret hexmq-consul (an external Consul's too, which `cluster up "
             "--consul` gives none)",
             _consul_token,
+        ),
+        "expect": Expected(
+            "the nodes the first view waits for: the replicas the cluster was made with (cluster "
+            "up: its --nodes); scaling later leaves it",
+            _expect,
         ),
         "discovery": Expected(
             "who belongs: the node pods, by the headless Service's DNS records (cluster up has "
@@ -510,11 +523,6 @@ def compare(overlay: Path, workdir: Path, docs: list[dict[str, Any]] | None = No
     image = Image.load()
     all_pods = pods(docs, image)
     size = shape(docs)
-    if size["expect"] != size["nodes"]:
-        result.problems.append(
-            f"ConfigMap expect={size['expect']} but {NODES} has {size['nodes']} replicas: the "
-            "first view waits for `expect` nodes"
-        )
     embedded = any(p.workload == CONSUL_DEV for p in all_pods)
     state = localcluster.plan_up(
         workdir / size["cluster"],
@@ -582,9 +590,12 @@ def compare(overlay: Path, workdir: Path, docs: list[dict[str, Any]] | None = No
                 wrong = str(exc)
             if wrong:
                 result.problems.append(f"{container}: {option}={mine!r}: {wrong}")
-            result.differences[service, option] = Difference(
-                service, option, local_value, mine, expected.why
-            )
+            if mine == local_value:
+                same.add(option)
+            else:
+                result.differences[service, option] = Difference(
+                    service, option, local_value, mine, expected.why
+                )
 
     # Which local process each container stands for.
     pairs: list[tuple[Container, localcluster.PlannedProcess]] = []

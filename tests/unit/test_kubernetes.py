@@ -160,13 +160,17 @@ def test_a_difference_on_purpose_must_still_say_the_right_thing(
     assert "pod hexmq-node-1 container membership: cluster_cert=" in problems
 
 
-def test_the_first_view_waits_for_as_many_nodes_as_the_statefulset_has(
+def test_the_first_view_waits_for_no_more_nodes_than_the_statefulset_has(
     rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
     docs = copy.deepcopy(rendered["dev"])
     (config,) = [d for d in docs if d["kind"] == "ConfigMap"]
     config["data"]["expect"] = "5"
-    assert any("expect=5 but hexmq-node has 3" in p for p in problems_of("dev", docs, tmp_path))
+    problems = "\n".join(problems_of("dev", docs, tmp_path))
+    assert "expect=5: the first view would wait for 5 nodes, and hexmq-node has 3" in problems
+    # A StatefulSet scaled up since: the first view's size stays what it was.
+    config["data"]["expect"] = "2"
+    assert problems_of("dev", docs, tmp_path) == []
 
 
 # --- Secrets -----------------------------------------------------------------------------------
