@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 from collections.abc import Mapping, Sequence
+from typing import NoReturn
 
 from hexmq import cli, envoptions
 
@@ -43,7 +44,7 @@ def parse_service(
     # argparse reports a usage error by exiting, after printing it; keep its message.
     errors: list[str] = []
 
-    def error(message: str) -> None:
+    def error(message: str) -> NoReturn:
         errors.append(message)
         raise SystemExit(2)
 
