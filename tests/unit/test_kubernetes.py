@@ -21,7 +21,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from hexmq import localcluster
+from hexmq import __version__, localcluster
 from hexmq.trust import certs
 from hexmq.trust.identity import Identity
 from tests.support.kubernetes import Image, kubectl, pods, render
@@ -50,6 +50,23 @@ def rendered() -> dict[str, list[dict[str, Any]]]:
 
 def test_there_is_a_dev_and_a_production_overlay() -> None:
     assert {"dev", "production"} <= {p.name for p in OVERLAYS}
+
+
+@pytest.mark.parametrize("overlay", IDS)
+def test_every_image_is_pinned_and_hexmqs_is_this_release(
+    overlay: str, rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    images = {
+        c["image"]
+        for d in rendered[overlay]
+        if d["kind"] == "StatefulSet"
+        for c in d["spec"]["template"]["spec"]["containers"]
+    }
+    for image in images:
+        name, _, tag = image.rpartition("/")[2].partition(":")
+        assert re.search(r"\d", tag), f"{image}: pin a version, not a moving name"
+        if name == "hexmq":
+            assert tag == __version__, f"{image}: set the overlays' tag at a release"
 
 
 @pytest.mark.parametrize("overlay", IDS)
