@@ -48,7 +48,7 @@ def parse_service(
         errors.append(message)
         raise SystemExit(2)
 
-    parser.error = error  # type: ignore[method-assign]
+    setattr(parser, "error", error)  # noqa: B010 (an instance's own, as argparse calls it)
     try:
         namespace = applied.finish(parser.parse_args(list(args)))
     except SystemExit:
