@@ -218,6 +218,11 @@ class FaultCluster:
         state = self._state().node(node)
         return all(r.running() for r in state.processes.values())
 
+    def exited(self, node: int) -> list[str]:
+        """The node's processes that are not running (by the names `cluster status` uses)."""
+        state = self._state().node(node)
+        return sorted(name for name, r in state.processes.items() if not r.running())
+
     # --- what the cluster thinks --------------------------------------------------------
 
     def agreement_request(self, path: str) -> urllib.request.Request:

@@ -29,6 +29,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import defaultdict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -361,7 +362,10 @@ def _view_problem(view: mpb.View | None, nodes: int, rf: int) -> str:
 Durable = dict[tuple[int, int, str], int]
 
 
-def wait_converged(cluster: FaultCluster, rf: int, timeout: float) -> Convergence:
+def wait_converged(
+    cluster: FaultCluster, rf: int, timeout: float, tick: Callable[[], None] | None = None
+) -> Convergence:
+    """`tick`: called between looks (the run's supervisor)."""
     start = time.monotonic()
     reason = "not checked"
     epoch = 0
@@ -376,6 +380,8 @@ def wait_converged(cluster: FaultCluster, rf: int, timeout: float) -> Convergenc
                 reason, before = _partitions_problem(view, cluster.all_status(), before)
             if not reason:
                 return Convergence(True, time.monotonic() - start, "", epoch)
+        if tick is not None:
+            tick()
         time.sleep(0.5)
     return Convergence(False, time.monotonic() - start, reason, epoch)
 

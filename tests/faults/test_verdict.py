@@ -19,6 +19,7 @@ from tests.faults.verdict import (
     node_of,
     nothing_silent,
     plain_blocks,
+    restarts,
 )
 from tests.support.workload import Connection, Publisher
 
@@ -580,3 +581,28 @@ def test_a_long_cut_should_show_a_link_down_within_seconds() -> None:
     at_the_node = {"changes": [{"at": 20.0, "node": "n3", "down": ["partition membership n3"]}]}
     assert links_unshown([split], at_the_node) == []
     assert links_unshown([split], None) == []
+
+
+def test_a_restart_after_a_redis_kill_of_its_node_is_explained_any_other_is_a_failure() -> None:
+    # Seed 4063: n2's partition service noticed its lost Redis 12 s after the fault healed.
+    faults = [fault(0, "redis-kill", 40.0, 51.0, [2])]
+    records = [
+        {"node": 2, "at": 63.2, "exited": ["partition"], "start_failed": ""},
+        {"node": 1, "at": 63.2, "exited": ["partition"], "start_failed": ""},  # not its Redis
+        {"node": 2, "at": 120.0, "exited": ["partition"], "start_failed": ""},  # long after
+        {"node": 2, "at": 45.0, "exited": ["edge"], "start_failed": ""},  # Redis explains no edge
+    ]
+    explained, unexplained = restarts(records, faults)
+    assert explained == [
+        "n2: partition exited, started again at 63.2 s (its Redis killed by fault 0)"
+    ]
+    assert unexplained == [
+        "n1: partition exited, started again at 63.2 s, no fault explains it",
+        "n2: partition exited, started again at 120.0 s, no fault explains it",
+        "n2: edge exited, started again at 45.0 s, no fault explains it",
+    ]
+    verdict = judge(clean_result(faults=faults, restarts=records[:1]), [], [], 0.0, 10.0)
+    assert verdict["ok"], verdict
+    assert explained[0] in verdict["warnings"]
+    verdict = judge(clean_result(faults=faults, restarts=records[1:2]), [], [], 0.0, 10.0)
+    assert unexplained[0] in verdict["failures"]

@@ -41,6 +41,10 @@ def takes_over(o: ConnectionRecord, c: ConnectionRecord, closed: float) -> bool:
     return o.started <= closed + TAKEOVER_TOLERANCE_S
 
 
+# A partition service whose Redis was killed stops once it notices (on its next write to Redis,
+# which may come after the fault healed: seed 4063, 12 s); its restart within this long of the
+# heal is the fault's.
+REDIS_RESTART_S = 60.0
 # Connections of a killed node end when it dies; the client may notice a little later.
 KILL_SLACK_S = 5.0
 # A disconnect this long after a network fault healed still counts as the fault's.
@@ -164,6 +168,31 @@ def _refusal(
         and conn.ended - pub.sent_at[n] >= hold - 1.0
         for n in pub.unanswered
     )
+
+
+def restarts(
+    records: Sequence[dict[str, Any]], faults: Sequence[dict[str, Any]]
+) -> tuple[list[str], list[str]]:
+    """The run's supervisor's restarts (runner.py, `_supervise`): (explained, unexplained).
+    A partition service stops when it loses its Redis, so that it reloads on its restart, and
+    may notice that only after a redis-kill of its node has healed: within REDIS_RESTART_S of
+    such a fault, a restart is explained. Any other process that exited is a failure (it
+    crashed, or stopped by itself, with no fault to explain it)."""
+    explained, unexplained = [], []
+    for r in records:
+        what = f"n{r['node']}: {', '.join(r['exited'])} exited, started again at {r['at']:.1f} s"
+        by = [
+            f
+            for f in faults
+            if f["kind"] == "redis-kill"
+            and r["node"] in f["targets"]["nodes"]
+            and f["start"] <= r["at"] <= f["end"] + REDIS_RESTART_S
+        ]
+        if by and set(r["exited"]) <= {"partition", "redis"}:
+            explained.append(f"{what} (its Redis killed by fault {by[0]['index']})")
+        else:
+            unexplained.append(f"{what}, no fault explains it")
+    return explained, unexplained
 
 
 def disconnects(
@@ -601,6 +630,9 @@ def judge(
         warnings.append(f"{len(diverged['stale_copies'])} copies left on non-replicas")
     if not result["retained"]["converged"]:
         failures.append("retained messages differ between nodes or are older than acknowledged")
+    explained, unexplained = restarts(result.get("restarts", []), result["faults"])
+    warnings += explained
+    failures += unexplained
     if result["unreconnected"]:
         failures.append(f"subscribers that could not reconnect: {result['unreconnected']}")
     missing = [s for s in result["split_subscriptions"] if s["granted"] and not s["delivered"]]
