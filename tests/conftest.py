@@ -40,6 +40,10 @@ from tests.support import start_bounds
 
 HEXMQ = Path(sys.executable).with_name("hexmq")
 
+# Vendored third-party suites (Paho's client_test.py matches pytest's `*_test.py`): our own
+# tests run them (tests/conformance/test_paho.py).
+collect_ignore = ["third_party"]
+
 # Base ports are drawn below the kernel's ephemeral range, so an outgoing connection's local
 # port cannot take one of them between the check and the bind.
 _BASE_PORT_LOW = 20000
