@@ -16,7 +16,7 @@ TEST_WORKERS ?= 3
 COMPOSE_DIR := deploy/compose
 COMPOSE := $(BIN)/docker-compose --profile observability --profile traces
 
-.PHONY: system-deps venv proto proto-check lint typecheck deploy-check test test-unit test-fault bench bench-moderate bench-transport bench-failover bench-rebalance bench-memory bench-retained bench-attacks run clean
+.PHONY: system-deps venv proto proto-check lint typecheck deploy-check test test-unit test-fault test-interop bench bench-moderate bench-transport bench-failover bench-rebalance bench-memory bench-retained bench-attacks run clean
 
 # redis-server and the mosquitto tools come from the system's packages (apt on Debian).
 # (A no-op when they are installed, so every target that needs them can depend on it.)
@@ -85,7 +85,7 @@ deploy-check: $(STAMP) system-deps
 	@echo "deploy-check: compose, schema, Dockerfile, HAProxy config and Kubernetes overlays are valid"
 
 test: $(STAMP) system-deps
-	$(BIN)/pytest -m "not fault and not soak" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/pytest -m "not fault and not soak and not interop" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
@@ -102,6 +102,11 @@ else
 	FAULT_RUNS=$(FAULT_RUNS) FAULT_SEED=$(FAULT_SEED) \
 	  $(BIN)/pytest tests/faults/test_schedules.py -m fault -k random_schedule $(PYTEST_ARGS)
 endif
+
+# The Eclipse Paho interoperability suite (vendored in tests/third_party/paho_testing), 5.0 and
+# 3.1.1, on one node and through a round-robin balancer over three: minutes of its own sleeps.
+test-interop: $(STAMP) system-deps
+	$(BIN)/pytest -m interop $(PYTEST_ARGS)
 
 # Throughput and latency beside mosquitto (BENCH_ARGS), the moderate-load suite (fixed rates,
 # deliveries per CPU-second, memory per connection; MODERATE_ARGS), then the failover benchmark
