@@ -110,4 +110,6 @@ def test_paho_interoperability_suite_passes(
     print(where)
     assert summary["ran"] == TEST_COUNTS[suite], where
     unexpected = {name: error for name, error in failed.items() if name not in may_fail}
-    assert not unexpected, where + "\n" + "\n".join(f"{n}:\n{e}" for n, e in unexpected.items())
+    details = "\n".join(f"{n}:\n{e}" for n, e in unexpected.items())
+    # The suite's own output (tracebacks it prints and swallows, its clients' errors).
+    assert not unexpected, f"{where}\n{details}\nthe suite's output ends:\n{proc.stderr[-3000:]}"
