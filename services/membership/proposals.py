@@ -4,7 +4,7 @@ The node's partition service asks for in-sync changes and handovers of the parti
 masters. Each Propose call becomes a `Ticket`: its requests go to the planner (as
 `Observed.requests`) until `request_outcome` says each is done or moot in an agreed view; then
 the call is answered with that view's epoch and the partitions whose handover or in-sync
-addition was not made (moot). Pure: the agent feeds views in and awaits tickets.
+change was not made (moot). Pure: the agent feeds views in and awaits tickets.
 """
 
 from __future__ import annotations
@@ -63,9 +63,15 @@ def _check_partition(partition: int, count: int, where: str) -> None:
 
 
 def rejected_by_being_moot(request: Request) -> bool:
-    """A moot handover or in-sync addition is reported back as rejected; a moot removal is
-    not (the follower is out of the in-sync set either way, or the partition moved on)."""
-    return isinstance(request, HandoverRequest) or bool(request.add)
+    """Every moot request is reported back as rejected: a handover, an addition, and a removal
+    too. A removal is moot only when the partition moved on (another epoch, its master no
+    member: `request_outcome`), so the master that asked no longer masters it, and it must not
+    take the follower out of the set whose acknowledgements it counts: seed 4086, a master cut
+    from its agent while the view moved its partition on heard its removals of two followers
+    "made", released entries only the other two had acknowledged, and answered them durable,
+    though the new epoch's master never had them (a QoS 2 message lost). A removal whose
+    follower is already out of the set, in the same epoch, is done, not moot."""
+    return True
 
 
 @dataclass(eq=False)

@@ -39,8 +39,10 @@ class AgreementClient:
         await self._channel.close()
 
     async def in_sync(self, change: InSyncChange) -> bool:
-        """Ask for the change; True once it holds in an agreed view (a removal that no longer
-        applies holds too), False for an addition the agent will not make."""
+        """Ask for the change; True once it holds in an agreed view, False when the agent will
+        not make it (an addition it refuses; any change once the partition moved on: this
+        node no longer masters it at that epoch, and must not shrink the set it counts
+        acknowledgements from). An agent of v0.2.0 answers a moot removal as made."""
         request = mpb.ProposeRequest(
             incarnation=self._incarnation,
             in_sync=[
@@ -54,7 +56,7 @@ class AgreementClient:
             ],
         )
         reply = await (await self._stub()).Propose(request, timeout=PROPOSE_TIMEOUT_S)
-        return not (change.add and change.partition in reply.rejected)
+        return change.partition not in reply.rejected
 
     async def handover(self, ready: HandoverReady) -> bool:
         """Ask for the handover; True once the view has made `ready.to` master."""

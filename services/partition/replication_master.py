@@ -314,8 +314,11 @@ class MasterSide(ReplicaState):
             self._ready.in_sync_changes.append(InSyncChange(m.partition, m.epoch, fp.node, False))
 
     def in_sync_settled(self, change: InSyncChange, *, made: bool) -> None:
-        """The agent's answer to a change: made (it holds in an agreed view, or a removal is moot),
-        or not made (an addition it will not make)."""
+        """The agent's answer to a change: made (it holds in an agreed view), or not made (an
+        addition it will not make; any change once the partition moved on). A removal not
+        made leaves the follower counted (REMOVING, not asked again): the partition moved on,
+        so nothing more is released in this epoch until the view demotes this master, and
+        nothing only some followers acknowledged is answered durable (seed 4086)."""
         m = self.mastered.get(change.partition)
         fp = m.followers.get(change.follower) if m is not None else None
         if m is None or fp is None or m.epoch != change.epoch:
@@ -324,6 +327,8 @@ class MasterSide(ReplicaState):
             if fp.isr == InSync.ADDING:
                 fp.isr = InSync.IN if made and not fp.departed else InSync.OUT
         elif fp.isr == InSync.REMOVING:
+            if not made:
+                return
             fp.isr = InSync.OUT
             if fp.state == FollowerState.WAITING:
                 self._start_snapshot(m, fp)

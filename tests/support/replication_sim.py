@@ -495,7 +495,9 @@ class Sim:
                 made = same and f in a.in_sync
             elif f in a.in_sync and len(a.in_sync) > 1:
                 self._publish({request.partition: dataclasses.replace(a, in_sync=a.in_sync - {f})})
-        elif request.add:
+        else:
+            # Moot (the partition moved on): refused, a removal too, as the membership agent
+            # does (services/membership/proposals.py, rejected_by_being_moot; seed 4086).
             made = False
         self.rep(asker).in_sync_settled(request, made=made)
         self._process(asker)
