@@ -190,17 +190,26 @@ async def test_mqtt_4_13_1_1_an_acknowledgement_of_the_wrong_kind_is_a_protocol_
     if released:
         await sub.send(PubRec(pid))
         assert (await sub.expect(PubRel)).packet_id == pid
-    await sub.send(ack(pid))
-    await sub.send(PingReq())
-    seen = await sub.wait_closed()
-    if version == 5:
-        assert [(type(p), p.reason_code) for p in seen] == [(Disconnect, 0x82)]
-    else:
-        assert seen == []
-    await sub.close()
-    await pub.send(PingReq())  # the publisher's connection goes on
-    await pub.expect(PingResp)
-    await pub.close()
+    try:
+        await sub.send(ack(pid))
+        await sub.send(PingReq())
+        try:
+            seen = await sub.wait_closed()
+        except ConnectionResetError:
+            # 3.1.1 has no DISCONNECT to deliver: its close does not linger, and with the
+            # PINGREQ unread it may reach the client as a reset (5.0's must not: it lingers).
+            if version == 5:
+                raise
+            seen = []
+        if version == 5:
+            assert [(type(p), p.reason_code) for p in seen] == [(Disconnect, 0x82)]
+        else:
+            assert seen == []
+        await pub.send(PingReq())  # the publisher's connection goes on
+        await pub.expect(PingResp)
+    finally:  # (a socket left open fails whichever test the collector meets it in)
+        await sub.close()
+        await pub.close()
 
 
 @pytest.mark.parametrize("version", [4, 5])
