@@ -62,18 +62,6 @@ def _check_partition(partition: int, count: int, where: str) -> None:
         raise ProposalError(f"{where}: the view has partitions 0-{count - 1}")
 
 
-def rejected_by_being_moot(request: Request) -> bool:
-    """Every moot request is reported back as rejected: a handover, an addition, and a removal
-    too. A removal is moot only when the partition moved on (another epoch, its master no
-    member: `request_outcome`), so the master that asked no longer masters it, and it must not
-    take the follower out of the set whose acknowledgements it counts: seed 4086, a master cut
-    from its agent while the view moved its partition on heard its removals of two followers
-    "made", released entries only the other two had acknowledged, and answered them durable,
-    though the new epoch's master never had them (a QoS 2 message lost). A removal whose
-    follower is already out of the set, in the same epoch, is done, not moot."""
-    return True
-
-
 @dataclass(eq=False)
 class Ticket:
     """One Propose call waiting for its answer."""
@@ -120,9 +108,16 @@ class ProposalBook:
             outcomes = [(r, request_outcome(r, view)) for r in ticket.requests]
             if any(outcome == "pending" for _, outcome in outcomes):
                 continue
-            rejected = sorted(
-                {r.partition for r, o in outcomes if o == "moot" and rejected_by_being_moot(r)}
-            )
+            # Every moot request is answered rejected: a handover, an addition, and a removal
+            # too. A removal is moot only when the partition moved on (another epoch, its
+            # master no member: `request_outcome`), so the master that asked no longer masters
+            # it and must not take the follower out of the set whose acknowledgements it
+            # counts: seed 4086, a master cut from its agent while the view moved its partition
+            # on heard its removals of two followers "made", released entries only the other
+            # two had acknowledged, and answered them durable, though the new epoch's master
+            # never had them (a QoS 2 message lost). A removal whose follower is already out
+            # of the set, in the same epoch, is done, not moot.
+            rejected = sorted({r.partition for r, o in outcomes if o == "moot"})
             if not ticket.reply.done():
                 ticket.reply.set_result(pb.ProposeReply(view_epoch=view.epoch, rejected=rejected))
             self._tickets.remove(ticket)

@@ -215,8 +215,7 @@ class FaultCluster:
         return record is not None and record.running()
 
     def running(self, node: int) -> bool:
-        state = self._state().node(node)
-        return all(r.running() for r in state.processes.values())
+        return not self.exited(node)
 
     def exited(self, node: int) -> list[str]:
         """The node's processes that are not running (by the names `cluster status` uses)."""

@@ -497,7 +497,7 @@ class Sim:
                 self._publish({request.partition: dataclasses.replace(a, in_sync=a.in_sync - {f})})
         else:
             # Moot (the partition moved on): refused, a removal too, as the membership agent
-            # does (services/membership/proposals.py, rejected_by_being_moot; seed 4086).
+            # does (services/membership/proposals.py, ProposalBook.settle; seed 4086).
             made = False
         self.rep(asker).in_sync_settled(request, made=made)
         self._process(asker)
