@@ -103,6 +103,16 @@ async def test_mqtt_3_3_4_9_deliveries_stay_within_the_clients_receive_maximum(t
     assert [p.payload for p in got] == [f"{i}".encode() for i in range(10)]
 
 
+async def keep_sending(client: RawClient, data: bytes, *, every: float) -> None:
+    """For half a second, send `data` every `every` seconds without reading anything: a client
+    still sending as the server ends the connection."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + 0.5
+    while loop.time() < until:
+        await client.send_bytes(data)
+        await asyncio.sleep(every)
+
+
 async def test_mqtt_3_14_4_2_the_0x93_disconnect_reaches_a_client_still_sending(
     limits_node,
 ) -> None:
@@ -118,14 +128,9 @@ async def test_mqtt_3_14_4_2_the_0x93_disconnect_reaches_a_client_still_sending(
     topic = f"rm2/{uid()}"
     pub, _ = await RawClient.connect(port, f"pub-{uid()}", version=5)
     burst = b"".join(pub.codec.send(Publish(topic, b"x", qos=2, packet_id=i)) for i in range(1, 7))
-    ping = pub.codec.send(PingReq())
-    loop = asyncio.get_running_loop()
     try:
         await pub.send_bytes(burst)
-        until = loop.time() + 0.5
-        while loop.time() < until:  # a client that has not read anything yet, still sending
-            await pub.send_bytes(ping * 16)
-            await asyncio.sleep(0.02)
+        await keep_sending(pub, pub.codec.send(PingReq()) * 16, every=0.02)
         seen = await pub.wait_closed()
     except ConnectionError as exc:
         pytest.fail(f"the connection was reset before the DISCONNECT was read: {exc!r}")
@@ -150,14 +155,9 @@ async def test_mqtt_3_2_2_7_a_refusing_connack_reaches_a_client_still_sending(
         protocol_version=version,
         will=Will(f"$SYS/broker/fake/{uid()}", b"forged"),  # refused at CONNECT (4.7.2)
     )
-    ping = client.codec.send(PingReq())
-    loop = asyncio.get_running_loop()
     try:
         await client.send(refused)
-        until = loop.time() + 0.5
-        while loop.time() < until:  # not reading yet, still sending
-            await client.send_bytes(ping * 64)
-            await asyncio.sleep(0.01)
+        await keep_sending(client, client.codec.send(PingReq()) * 64, every=0.01)
         seen = await client.wait_closed()
     except ConnectionError as exc:
         pytest.fail(f"the connection was reset before the CONNACK was read: {exc!r}")

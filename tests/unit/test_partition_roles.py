@@ -356,9 +356,9 @@ async def test_a_takeover_closes_the_connection_the_new_master_inherited() -> No
     assert result.session_present  # the session lives on, now this connection's
 
 
-async def test_a_takeover_of_an_inherited_connection_waits_for_its_edge_to_close_it() -> None:
-    # G5 as for a connection this master accepted itself: the orphan's edge (of this release)
-    # confirms the close before the new connection is answered.
+async def inherited_takeover() -> tuple[Cluster, int]:
+    """n1 promoted at epoch 4 with session a live on n2's edge (of this release) as n2.1.9;
+    n2.1.10 takes it over, durably: the cluster and the takeover's request id."""
     c = Cluster()
     c.edge = Edge(c.node, "n2", THIS_RELEASE)
     c.store.partitions[P] = StoredPartition(sessions=[stored_session("a", "n2.1.9")])
@@ -366,6 +366,13 @@ async def test_a_takeover_of_an_inherited_connection_waits_for_its_edge_to_close
     await c.loaded()
     rid = connect(c.edge, "a", "n2.1.10", partition=P, epoch=4)
     c.commit.durable()
+    return c, rid
+
+
+async def test_a_takeover_of_an_inherited_connection_waits_for_its_edge_to_close_it() -> None:
+    # G5 as for a connection this master accepted itself: the orphan's edge (of this release)
+    # confirms the close before the new connection is answered.
+    c, rid = await inherited_takeover()
     events = c.edge.events()
     kicks = [(e.kick.connection_id, e.kick.confirm) for e in events if e.HasField("kick")]
     assert kicks == [("n2.1.9", True)]
@@ -379,13 +386,7 @@ async def test_a_takeover_of_an_inherited_connection_waits_for_its_edge_to_close
 async def test_a_held_takeover_is_answered_when_its_partition_is_demoted() -> None:
     # This node no longer masters the session: it has nothing to hold it for (the edge
     # re-attaches the connection to the new master), and the answer must not wait forever.
-    c = Cluster()
-    c.edge = Edge(c.node, "n2", THIS_RELEASE)
-    c.store.partitions[P] = StoredPartition(sessions=[stored_session("a", "n2.1.9")])
-    c.take(view(4))
-    await c.loaded()
-    rid = connect(c.edge, "a", "n2.1.10", partition=P, epoch=4)
-    c.commit.durable()
+    c, rid = await inherited_takeover()
     assert [e for e in c.edge.events() if e.HasField("result")] == []
     c.take(view(5, master="n2"))
     assert c.node.settle_takeovers(c.node.clock()) == 0
