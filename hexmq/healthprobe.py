@@ -72,7 +72,8 @@ def main(argv: list[str], env: Mapping[str, str], prog: str = "hexmq health") ->
             print(f"{url}: {response.status} {body}")
             return EXIT_OK if response.status == 200 else EXIT_FAILED
     except urllib.error.HTTPError as exc:
-        body = exc.read(4096).decode(errors="replace").strip()
+        with exc:
+            body = exc.read(4096).decode(errors="replace").strip()
         print(f"{url}: {exc.code} {body}")
         return EXIT_FAILED
     except (urllib.error.URLError, OSError) as exc:

@@ -151,6 +151,7 @@ def _asks_for_token(state: ClusterState) -> bool:
         with urllib.request.urlopen(url, timeout=5):
             return False
     except urllib.error.HTTPError as exc:
+        exc.close()
         return exc.code == 403
     except OSError:
         return False

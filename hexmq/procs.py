@@ -360,8 +360,11 @@ def ready_view_epoch(port: int, timeout: float = 2.0, host: str = LOOPBACK) -> i
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
             body = response.read(4096).decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        exc.close()  # 503, not ready (its socket closed now, not whenever it is collected)
+        return None
     except (urllib.error.URLError, OSError, ValueError):
-        return None  # (503 not ready is an HTTPError, a URLError)
+        return None
     words = body.split()
     if words[:2] != ["ready:", "view"] or len(words) < 3:
         return None

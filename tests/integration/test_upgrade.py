@@ -527,4 +527,5 @@ def test_a_plain_text_cluster_of_the_previous_release_upgraded_and_switched_to_t
     view_key = f"http://{state.consul_addr}/v1/kv/hexmq/{state.cluster_name}/view"
     with pytest.raises(urllib.error.HTTPError) as forbidden:
         urllib.request.urlopen(view_key, timeout=5)
+    forbidden.value.close()
     assert forbidden.value.code == 403
