@@ -478,30 +478,40 @@ def _comparable(key: str, value: Any) -> Any:
     return {**value, b"history": kept}
 
 
-def divergence(cluster: FaultCluster, view: mpb.View, attempts: int = 3) -> Divergence:
-    """Compare every replica's copy of every partition with its master's; a difference must
-    persist over `attempts` reads a second apart (writes of the drain may still be on their way
-    to a follower)."""
+def divergence(cluster: FaultCluster, attempts: int = 3, pause: float = 1.0) -> Divergence | None:
+    """Compare every replica's copy of every partition with its master's, at the view the
+    agreement server holds (None: it does not answer). A difference must persist over
+    `attempts` looks `pause` seconds apart (writes of the drain may still be on their way to a
+    follower), and each look reads the view again: a view that changed meanwhile moved
+    replicas, and a copy compared at the view before would be a node's stale copy counted
+    as a diverged replica (seed 4098: a node reported silent after convergence, then its
+    rejoin's rebalance handed partitions over while they were compared)."""
+    result = None
+    for attempt in range(attempts):
+        view = cluster.stored_view()
+        if view is None:
+            return result
+        result = _compare(cluster, view)
+        if not result.differing:
+            return result
+        if attempt < attempts - 1:
+            time.sleep(pause)
+    return result
+
+
+def _compare(cluster: FaultCluster, view: mpb.View) -> Divergence:
     result = Divergence()
     for pa in view.partitions:
         replicas = [cluster.node_number(r) for r in pa.replicas]
         others = [n for n in cluster.nodes if n not in replicas]
         result.checked += 1
-        for attempt in range(attempts):
-            master = cluster.redis_dump(replicas[0], pa.partition)
-            diffs = []
-            for follower in replicas[1:]:
-                copy = cluster.redis_dump(follower, pa.partition)
-                keys = _differences(master, copy)
-                if keys:
-                    diffs.append(
-                        {"partition": pa.partition, "node": f"n{follower}", "keys": keys[:8]}
-                    )
-            if not diffs:
-                break
-            if attempt == attempts - 1:
-                result.differing += diffs
-            time.sleep(1.0)
+        master = cluster.redis_dump(replicas[0], pa.partition)
+        for follower in replicas[1:]:
+            keys = _differences(master, cluster.redis_dump(follower, pa.partition))
+            if keys:
+                result.differing.append(
+                    {"partition": pa.partition, "node": f"n{follower}", "keys": keys[:8]}
+                )
         for node in others:
             left = cluster.redis_dump(node, pa.partition)
             if left:

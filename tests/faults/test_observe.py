@@ -15,6 +15,7 @@ from tests.faults.observe import (
     LinkWatch,
     _differences,
     _partitions_problem,
+    divergence,
     read_links,
     view_change,
 )
@@ -44,6 +45,45 @@ def test_histories_that_place_entries_in_other_epochs_differ() -> None:
     assert _differences(a, b) == ["hx:19:meta"]
     assert _differences(a, {"hx:19:meta": meta(46, 12, b"1:1,32:3,46:6")}) == ["hx:19:meta"]
     assert _differences({"hx:1:q:c": {b"1": b"m"}}, {"hx:1:q:c": {b"1": b"n"}}) == ["hx:1:q:c"]
+
+
+class MovingCluster:
+    """A cluster whose view moves on between the divergence check's looks: partition 5 was
+    mastered by n1 with n5 following, then handed to n3 with n1 following; n5 kept its copy
+    of the epoch before (seed 4098)."""
+
+    nodes = {1: None, 3: None, 5: None}
+
+    def __init__(self) -> None:
+        self.views = [
+            mpb.View(
+                epoch=158, partitions=[mpb.PartitionAssignment(partition=5, replicas=["n1", "n5"])]
+            ),
+            mpb.View(
+                epoch=160, partitions=[mpb.PartitionAssignment(partition=5, replicas=["n3", "n1"])]
+            ),
+        ]
+        self.copies = {
+            1: {"hx:5:meta": meta(159, 571, b"1:1,141:544,159:546")},
+            3: {"hx:5:meta": meta(159, 571, b"1:1,141:544,159:546")},
+            5: {"hx:5:meta": meta(141, 545, b"1:1,141:544")},
+        }
+
+    def stored_view(self) -> mpb.View:
+        return self.views.pop(0) if len(self.views) > 1 else self.views[0]
+
+    def node_number(self, node_id: str) -> int:
+        return int(node_id[1:])
+
+    def redis_dump(self, node: int, partition: int) -> dict[str, Any]:
+        return self.copies[node]
+
+
+def test_a_view_that_moves_on_between_looks_is_read_again() -> None:
+    diverged = divergence(MovingCluster(), attempts=2, pause=0.0)
+    assert diverged is not None
+    assert diverged.differing == []
+    assert diverged.stale_copies == [{"partition": 5, "node": "n5", "keys": ["hx:5:meta"]}]
 
 
 # ----- convergence: every follower in sync and keeping up ------------------------------------

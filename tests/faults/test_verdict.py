@@ -74,7 +74,7 @@ def clean_result(**changes: Any) -> dict[str, Any]:
             "order_violations": [],
         },
         "epoch_conflicts": [],
-        "convergence": {"converged": True, "reason": ""},
+        "convergence": {"converged": True, "reason": "", "view_epoch": 140},
         "divergence": {"differing": [], "stale_copies": []},
         "retained": {"converged": True},
         "unreconnected": [],
@@ -606,3 +606,17 @@ def test_a_restart_after_a_redis_kill_of_its_node_is_explained_any_other_is_a_fa
     assert explained[0] in verdict["warnings"]
     verdict = judge(clean_result(faults=faults, restarts=records[1:2]), [], [], 0.0, 10.0)
     assert unexplained[0] in verdict["failures"]
+
+
+def test_replicas_compared_only_once_the_cluster_settled_again() -> None:
+    settled = {"converged": True, "seconds": 1.0, "reason": "", "view_epoch": 160}
+    verdict = judge(clean_result(settled=settled), [], [], 0.0, 10.0)
+    assert verdict["ok"], verdict
+    assert (
+        "the view moved on after convergence (view 140, then 160 when the replicas were compared)"
+        in verdict["warnings"]
+    )
+    unsettled = {**settled, "converged": False, "reason": "n3's agent is on view 158, not 160"}
+    assert judge(clean_result(settled=unsettled), [], [], 0.0, 10.0)["failures"] == [
+        "not converged again before the replicas were compared: n3's agent is on view 158, not 160"
+    ]

@@ -621,6 +621,16 @@ def judge(
         failures.append(f"{len(result['epoch_conflicts'])} partition epoch(s) with two masters")
     if not result["convergence"]["converged"]:
         failures.append(f"not converged after the heal: {result['convergence']['reason']}")
+    settled = result.get("settled")  # (results of runs before it have none)
+    if settled is not None and not settled["converged"]:
+        failures.append(
+            f"not converged again before the replicas were compared: {settled['reason']}"
+        )
+    elif settled is not None and settled["view_epoch"] != result["convergence"]["view_epoch"]:
+        warnings.append(
+            f"the view moved on after convergence (view {result['convergence']['view_epoch']},"
+            f" then {settled['view_epoch']} when the replicas were compared)"
+        )
     diverged = result["divergence"]
     if diverged is None:
         failures.append("divergence not checked (no view)")
