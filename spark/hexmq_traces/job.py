@@ -23,7 +23,7 @@ if __package__ in (None, ""):
     # importable from the repository root two levels up.
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from pyspark import SparkConf
+from pyspark import SparkConf, SparkContext
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -60,6 +60,12 @@ def build_session(
     job's defaults, so `--master yarn --conf spark.sql.shuffle.partitions=200` is respected.
     """
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # set by spark-submit for its driver
+    if submitted:
+        # spark-submit's settings (--master, --conf) are system properties of its driver JVM;
+        # a SparkConf reads them only through the gateway to it, so connect first. Without
+        # this the job saw none, and ran in local mode whatever --master said (found by
+        # tests/spark/test_standalone_cluster.py).
+        SparkContext._ensure_initialized()
     preset = dict(SparkConf().getAll()) if submitted else {}
     master = master or preset.get("spark.master") or "local[*]"
     defaults = {**JOB_CONF, "spark.app.name": APP_NAME}
