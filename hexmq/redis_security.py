@@ -2,7 +2,7 @@
 
 Only the node's partition service talks to the node's Redis. It gets a user of its own that
 can run exactly the commands the service sends, on its own keys (`hx:*`, services/partition/
-store.py) and nothing else: no CONFIG, DEBUG, FLUSHALL, KEYS, SHUTDOWN, MONITOR, ACL, MODULE,
+keys.py) and nothing else: no CONFIG, DEBUG, FLUSHALL, KEYS, SHUTDOWN, MONITOR, ACL, MODULE,
 SCRIPT/EVAL, REPLICAOF ..., so a stolen password reads and writes hexmq's data at worst, and
 cannot reconfigure Redis, run code in it, or turn it into a replica of a server elsewhere.
 The `default` user, which every connection starts as, is switched off and has no password: a
@@ -35,7 +35,7 @@ from typing import Final
 
 # The user hexmq's partition service runs as.
 HEXMQ_USER: Final = "hexmq"
-# Every key the partition service reads or writes starts with this (services/partition/store.py).
+# Every key the partition service reads or writes starts with this (services/partition/keys.py).
 KEY_PATTERN: Final = "hx:*"
 
 # Exactly the commands the partition service sends, found by running its tests against a Redis
@@ -64,8 +64,8 @@ HEXMQ_COMMANDS: Final = (
     "del",
 )
 
-# The commands the writers send inside MULTI/EXEC (services/partition/store.py apply_ops and
-# put_position): what Redis's replay of the append-only file runs as `default` (see above).
+# The commands the writers send inside MULTI/EXEC (services/partition/write_batch.py apply_ops
+# and put_position): what Redis's replay of the append-only file runs as `default` (see above).
 TRANSACTION_COMMANDS: Final = ("hset", "hdel", "del")
 
 _USER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")

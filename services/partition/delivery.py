@@ -21,8 +21,8 @@ from services.partition.master_state import MasterState, _result
 from services.partition.replication import Replicator
 from services.partition.retained import RetainedMessages, retained_size
 from services.partition.sessions import LiveConnection, Session, queued_size
-from services.partition.store import WriteBatch
 from services.partition.tracing import AppendTracer, set_carrier
+from services.partition.write_batch import WriteBatch
 
 # A session's queue (issue 25): 1,000 messages as mosquitto's and EMQX's default, and a byte
 # cap besides (a 16 KB message each time is 16 MB; a count alone let 1 MB messages grow one
@@ -114,7 +114,7 @@ class MessageDelivery(MasterState):
                 self._reply(link, cmd)
                 return
             for p in fresh:
-                self.store.put_qos2_seen(self.commit.batch, p, origin, stamp)
+                self.commit.batch.put_qos2_seen(p, origin, stamp)
             targets &= fresh
             shared = [t for t in shared if t.partition in fresh]
             has_retained = has_retained and req.retained.partition in fresh
@@ -262,10 +262,10 @@ class MessageDelivery(MasterState):
                 count -= 1
                 queued -= queued_size(old)
             session.acknowledge(dropped)
-            self.store.delete_messages(batch, session.partition, session.client_id, dropped)
+            batch.delete_messages(session.partition, session.client_id, dropped)
         qm.message_id = session.next_message_id()
         session.enqueue(qm)
-        self.store.put_message(batch, session.partition, session.client_id, qm)
+        batch.put_message(session.partition, session.client_id, qm)
         self._dirty[session.client_id] = session
         self.commit.after(MessageDurable(session, qm.message_id))
         return True
@@ -283,9 +283,9 @@ class MessageDelivery(MasterState):
             kept.retain = True
             kept.ClearField("trace")
             retained.put(p, kept)
-            self.store.put_retained(self.commit.batch, p, kept)
+            self.commit.batch.put_retained(p, kept)
         elif retained.delete(msg.topic):
-            self.store.delete_retained(self.commit.batch, p, msg.topic)
+            self.commit.batch.delete_retained(p, msg.topic)
         return None
 
     def _retained_refusal(self, msg: common_pb.Message) -> str | None:
@@ -359,9 +359,7 @@ class MessageDelivery(MasterState):
         # message, and dropping the ack would only make it come again.
         removed = session.acknowledge(list(req.message_ids))
         if removed:
-            self.store.delete_messages(
-                self.commit.lazy_batch, session.partition, session.client_id, removed
-            )
+            self.commit.lazy_batch.delete_messages(session.partition, session.client_id, removed)
         conn = session.connection
         if conn is None or conn.connection_id != req.connection_id:
             return
@@ -381,7 +379,7 @@ class MessageDelivery(MasterState):
             return
         batch = self.commit.batch
         for stub in stubs:
-            self.store.put_message(batch, session.partition, session.client_id, stub)
+            batch.put_message(session.partition, session.client_id, stub)
         conn = session.connection
         if conn is None or not send:
             return
@@ -427,7 +425,7 @@ class MessageDelivery(MasterState):
     def _write_dirty(self, batch: WriteBatch) -> None:
         for cid, session in self._dirty.items():
             if self.sessions.get(cid) is session:
-                self.store.put_session(batch, session.partition, session.record)
+                batch.put_session(session.partition, session.record)
         self._dirty.clear()
 
 

@@ -2,11 +2,12 @@
 every in-sync follower, as data.
 
 A handler changes memory at once and puts its writes on the group commit's batch (storage ops,
-services/partition/store.py); what the edges may hear only after that (results, kicks,
+services/partition/write_batch.py); what the edges may hear only after that (results, kicks,
 deliveries) and what the node does then goes on the batch too, as one of the effects below
-(`GroupCommit.after`). When the batch is released, `PartitionNode.carry_out` carries each out,
+(`CommitQueue.after`, commit_queue.py). When the batch is released, `PartitionNode.carry_out`
+(given to GroupCommit) carries each out,
 in order. A command whose partition was aborted before the release is answered MOVED instead of
-carrying out its effects (store.Scope). Tests read them with `GroupCommit.pending()`.
+carrying out its effects (commit_queue.Scope). Tests read them with `CommitQueue.pending()`.
 """
 
 from __future__ import annotations

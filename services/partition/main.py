@@ -21,7 +21,12 @@ from hexmq.grpc_options import CLUSTER_CHANNEL_OPTIONS, LINK_OPTIONS
 from hexmq.health import NOT_SERVING, SERVING, add_health
 from hexmq.netaddr import parse_hostport
 from hexmq.node_protocol import THIS_RELEASE
-from hexmq.pacing import add_batch_interval_argument, apply_batch_interval, follow_contention
+from hexmq.pacing import (
+    FlushPacer,
+    add_batch_interval_argument,
+    apply_batch_interval,
+    follow_contention,
+)
 from hexmq.service import (
     StopEvent,
     add_observability_arguments,
@@ -41,6 +46,7 @@ from services.membership.client import (
 )
 from services.partition import redis_access
 from services.partition.agreement import AgreementClient
+from services.partition.commit_queue import FULL_COMMIT, CommitQueue
 from services.partition.delivery import (
     DEFAULT_MAX_QUEUED,
     DEFAULT_MAX_QUEUED_BYTES,
@@ -49,6 +55,7 @@ from services.partition.delivery import (
     DEFAULT_MAX_SUBSCRIPTIONS,
     QueueLimits,
 )
+from services.partition.group_commit import GroupCommit
 from services.partition.node import PartitionNode
 from services.partition.peers import ReplicationDriver
 from services.partition.qos2_seen import DEFAULT_RETENTION_S, SeenOrigins
@@ -57,7 +64,7 @@ from services.partition.redis_tx import RedisTransactions
 from services.partition.replication import DEFAULT_LOG_ENTRIES, ReplicationLimits, Replicator
 from services.partition.roles import WAIT_S
 from services.partition.server import PartitionServicer
-from services.partition.store import GroupCommit, RedisStore, redis_client
+from services.partition.store import RedisStore, redis_client
 
 log = logging.getLogger("hexmq.partition")
 
@@ -270,21 +277,12 @@ def run(args: argparse.Namespace) -> int:
         # This process's incarnation: the view admits the node only with the partition service
         # that runs now (a restart is a new incarnation, docs/failover.md).
         incarnation = time.time_ns()
-        commit = GroupCommit(writer, replicator, storage_failed, write_timeout=args.redis_timeout)
+        # Built in the order they need each other: the handlers gather into the group commit's
+        # core (queue), the replication driver hands the node its roles, and the group commit
+        # carries out the node's effects and hands durable batches to the driver, which
+        # releases them once the followers have them.
+        queue = CommitQueue(FlushPacer(full=FULL_COMMIT))
         store = RedisStore(client)
-        agent = AgreementClient(args.membership, incarnation, RenewingChannel(dial_agent, tls))
-        replication = ReplicationDriver(
-            replicator,
-            store,
-            commit,
-            storage_failed,
-            tick_s=TICK_S,
-            incarnation=incarnation,
-            agent=agent,
-            writer=writer,
-            write_timeout=args.redis_timeout,
-            tls=tls,
-        )
         limits = QueueLimits(
             args.max_queued_messages,
             args.queue_overflow == "drop-oldest",
@@ -297,14 +295,36 @@ def run(args: argparse.Namespace) -> int:
         node = PartitionNode(
             args.node_id,
             store,
-            commit,
+            queue,
             obs.tracing,
             limits,
             replicator,
             seen,
             on_failure=storage_failed,
         )
-        replication.roles = node
+        agent = AgreementClient(args.membership, incarnation, RenewingChannel(dial_agent, tls))
+        replication = ReplicationDriver(
+            replicator,
+            store,
+            storage_failed,
+            roles=node,
+            tick_s=TICK_S,
+            incarnation=incarnation,
+            agent=agent,
+            writer=writer,
+            write_timeout=args.redis_timeout,
+            tls=tls,
+        )
+        commit = GroupCommit(
+            queue,
+            writer,
+            replicator,
+            node.carry_out,
+            storage_failed,
+            on_durable=replication.master_durable,
+            write_timeout=args.redis_timeout,
+        )
+        replication.release_with(commit.release)
         ready = asyncio.Event()
 
         async def on_view(view: mpb.View) -> None:
@@ -362,7 +382,7 @@ def run(args: argparse.Namespace) -> int:
             THIS_RELEASE.describe(),
         )
         sweeper = asyncio.create_task(_sweep(node))
-        metrics = asyncio.create_task(_report_metrics(node, commit, replicator))
+        metrics = asyncio.create_task(_report_metrics(node, queue, replicator))
         pacing = asyncio.create_task(follow_contention(telemetry.METRICS.batch_interval.set))
         await stop.wait()
         if stop.leave and exit_code == 0:
@@ -456,7 +476,7 @@ async def _sweep(node: PartitionNode) -> None:
             )
 
 
-async def _report_metrics(node: PartitionNode, commit: GroupCommit, replicator: Replicator) -> None:
+async def _report_metrics(node: PartitionNode, queue: CommitQueue, replicator: Replicator) -> None:
     """Copy the node's state into its gauges once a second (nothing on the hot path)."""
     m = telemetry.METRICS
     queue_full = m.dropped_messages.labels("queue_full")
@@ -484,6 +504,6 @@ async def _report_metrics(node: PartitionNode, commit: GroupCommit, replicator: 
             m.replication_lag.labels(follower).set(lag)
         m.queue_depth.labels("queued_messages").set(node.queued_messages())
         m.queue_depth.labels("sessions").set(len(node.sessions))
-        m.queue_depth.labels("storage_batch").set(commit.gathering)
+        m.queue_depth.labels("storage_batch").set(queue.gathering)
         m.queue_depth.labels("qos2_seen").set(len(node.seen))
         await asyncio.sleep(1.0)

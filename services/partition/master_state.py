@@ -14,6 +14,7 @@ from collections.abc import Callable
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.topics import TopicTrie
+from services.partition.commit_queue import CommitQueue
 from services.partition.effects import Send
 from services.partition.links import EdgeLink
 from services.partition.qos2_seen import SeenOrigins
@@ -21,7 +22,7 @@ from services.partition.replication import Replicator
 from services.partition.sessions import Session
 from services.partition.shared import SharedGroups
 from services.partition.sources import IdSource
-from services.partition.store import GroupCommit, RedisStore
+from services.partition.store import RedisStore
 
 SC = pb.StatusCode
 
@@ -36,7 +37,7 @@ class MasterState:
     node_id: str
     replicator: Replicator | None
     store: RedisStore
-    commit: GroupCommit
+    commit: CommitQueue
     view: mpb.View | None
     mastered: dict[int, int]
     sessions: dict[str, Session]

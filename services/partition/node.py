@@ -26,6 +26,7 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.mqtt.reason_codes import ReasonCode
 from hexmq.node_protocol import KICK_ACKS, ProtocolError, Support
 from hexmq.topics import TopicTrie
+from services.partition.commit_queue import CommitQueue, Scope
 from services.partition.delivery import LimitCounts, MessageDelivery, QueueLimits
 from services.partition.effects import (
     AfterIndexed,
@@ -57,7 +58,7 @@ from services.partition.roles import (
 from services.partition.sessions import NEVER_EXPIRES, LiveConnection, Session
 from services.partition.shared import SharedGroups
 from services.partition.sources import IdSource, RandomIds, wall_ms
-from services.partition.store import GroupCommit, RedisStore, Scope
+from services.partition.store import RedisStore
 from services.partition.subscriptions import Subscriptions
 from services.partition.sysstats import NodeStatsBoard
 from services.partition.takeover import HeldAnswer, Takeovers
@@ -81,7 +82,7 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         self,
         node_id: str,
         store: RedisStore,
-        commit: GroupCommit,
+        commit: CommitQueue,
         tracing: telemetry.Tracing | None = None,
         limits: QueueLimits | None = None,
         replicator: Replicator | None = None,
@@ -140,7 +141,6 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         # Messages of members whose connection or session ended, for other members.
         self.redelivery = SharedRedelivery(
             node_id,
-            store,
             commit,
             self.shared,
             self.sessions,
@@ -154,7 +154,6 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         commit.add_finisher(self._write_dirty)
         self._released_pumps: dict[int, Session] = {}
         commit.add_release_hook(self._pump_released)
-        commit.carry_out = self.carry_out
         # Inbound QoS 2 attempts that are routing now: (client id, packet id) -> the claiming
         # connection and its edge link; and the Qos2Receive commands of other connections
         # waiting for such an attempt to report (memory only: an attempt whose link is gone
@@ -211,7 +210,7 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
                 session.detach(now)
                 self._connection_lost(session, now, grace_ms=WILL_LINK_GRACE_MS)
                 if session.record.will_due_at_ms:
-                    self.store.put_session(self.commit.batch, session.partition, session.record)
+                    self.commit.batch.put_session(session.partition, session.record)
                 self._presence(session)
                 detached += 1
         self._qos2_link_closed(link, now)
@@ -239,11 +238,11 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         # What the command adds to the batch is its own: dropped (and the command answered
         # MOVED) if a partition it wrote is aborted before the batch is released.
         commit = self.commit
-        commit.scope = Scope(frozenset(p for p, _ in targets), link.send, cmd.request_id)
+        commit.handling(Scope(frozenset(p for p, _ in targets), link.send, cmd.request_id))
         try:
             handler(self, link, cmd, now)
         finally:
-            commit.scope = None
+            commit.handling(None)
 
     def _open_session(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None:
         req = cmd.open_session
@@ -313,7 +312,7 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         )
         session.attach(conn)
         self._presence(session)
-        self.store.put_session(batch, p, session.record)
+        batch.put_session(p, session.record)
         if self.takeovers.waits(req.client_id):
             # A connection kicked may still be live: this one's CONNACK waits until it is
             # closed (G5, services/partition/takeover.py).
@@ -349,9 +348,7 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         if req.acked_ids:
             removed = session.acknowledge(list(req.acked_ids))
             if removed:
-                self.store.delete_messages(
-                    self.commit.batch, session.partition, session.client_id, removed
-                )
+                self.commit.batch.delete_messages(session.partition, session.client_id, removed)
         conn = LiveConnection(
             link, req.connection_id, req.receive_maximum or DEFAULT_RECEIVE_MAXIMUM
         )
@@ -367,7 +364,7 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         # connections it inherits, in case their edge went with the old master).
         session.record.will_due_at_ms = 0
         self.wills.cancel(session.client_id)
-        self.store.put_session(self.commit.batch, session.partition, session.record)
+        self.commit.batch.put_session(session.partition, session.record)
         self._reply(link, cmd)
         self.commit.after(ConnectionReady(session, conn))
 
@@ -402,7 +399,7 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
         if session.record.session_expiry_s == 0:
             self._delete_session(session, now)
         else:
-            self.store.put_session(self.commit.batch, session.partition, session.record)
+            self.commit.batch.put_session(session.partition, session.record)
             if session.shared:
                 self.redelivery.connection_ended(session, now)
         self._reply(link, cmd)
@@ -496,7 +493,7 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
             self._remove_subscription(session, filt)
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
-        self.store.delete_session(self.commit.batch, session.partition, session.client_id)
+        self.commit.batch.delete_session(session.partition, session.client_id)
 
     def hand_out_shared(self, now: int) -> None:
         """Shared-subscription messages of members that went offline lately, and those being

@@ -41,7 +41,9 @@ from hexmq.streams import Backoff, keep_streaming
 from hexmq.trust.grpc_tls import ClusterTLS
 from hexmq.trust.identity import PARTITION, Identity
 from services.partition.agreement import AgreementClient
+from services.partition.commit_queue import StorageFailed
 from services.partition.hello import refuse_hello
+from services.partition.redis_tx import TransactionClient, timed_execute
 from services.partition.replication import (
     Assignment,
     Entry,
@@ -52,15 +54,8 @@ from services.partition.replication import (
     SnapshotRead,
 )
 from services.partition.snapshot_codec import ChunkSent, SnapshotChunkError
-from services.partition.store import (
-    GroupCommit,
-    RedisStore,
-    StorageFailed,
-    TransactionClient,
-    apply_ops,
-    put_position,
-    timed_execute,
-)
+from services.partition.store import RedisStore
+from services.partition.write_batch import apply_ops, put_position
 
 log = logging.getLogger(__name__)
 
@@ -309,6 +304,14 @@ def item_slices(
         yield items[start:]
 
 
+# Releases the batches behind these tokens, each with the partitions aborted meanwhile.
+Release = Callable[[list[tuple[object, frozenset[int]]]], None]
+
+
+def _no_release(tokens: list[tuple[object, frozenset[int]]]) -> None:
+    raise RuntimeError("batches were replicated before anything could release them")
+
+
 class RoleListener(Protocol):
     """What the partition node hears of the roles the state machine takes."""
 
@@ -321,9 +324,9 @@ class ReplicationDriver:
         self,
         core: Replicator,
         store: RedisStore,
-        commit: GroupCommit,
         on_failure: Callable[[BaseException], None],
         *,
+        roles: RoleListener | None = None,
         tick_s: float = 0.1,
         incarnation: int = 0,
         agent: AgreementClient | None = None,
@@ -342,11 +345,10 @@ class ReplicationDriver:
         self._write_timeout = write_timeout
         self.tick_s = tick_s
         self.incarnation = incarnation
-        self.roles: RoleListener | None = None
+        self.roles = roles
         self._agent = agent
         self._on_failure = on_failure
-        self._commit = commit
-        commit.on_durable = self._master_durable
+        self._release: Release = _no_release
         # The view's members: node -> (partition service address, whether it serves TLS).
         self._peers: dict[str, tuple[str, bool]] = {}
         self._links: dict[str, MasterLink] = {}
@@ -456,9 +458,17 @@ class ReplicationDriver:
         self._asks.add(task)
         task.add_done_callback(self._asks.discard)
 
-    def _master_durable(
+    def release_with(self, release: Release) -> None:
+        """What releases the master's batches once every in-sync follower has them: the group
+        commit's `release` (services/partition/group_commit.py). Given once that is built: it
+        needs this driver, for `master_durable`."""
+        self._release = release
+
+    def master_durable(
         self, entries: list[Entry], token: object, aborted: frozenset[int], lazy: bool
     ) -> None:
+        """A batch is durable here (GroupCommit's `on_durable`): its entries go to the
+        followers, and its token comes back to `release` once they all have them."""
         self.core.master_durable(entries, token, aborted)
         self.process(lazy=lazy)
 
@@ -469,7 +479,7 @@ class ReplicationDriver:
         if not ready:
             return
         if ready.committed:
-            self._commit.release(ready.committed)
+            self._release(ready.committed)
         roles = self.roles
         if roles is not None:
             if ready.demoted:

@@ -32,8 +32,8 @@ class InboundQos2(MasterState):
         if claim is Claim.NEW:
             self._q2_attempts[key] = (req.connection_id, link)
             state = session.q2in[req.packet_id]
-            self.store.put_qos2_inbound(
-                self.commit.batch, session.partition, session.client_id, req.packet_id, state
+            self.commit.batch.put_qos2_inbound(
+                session.partition, session.client_id, req.packet_id, state
             )
             self._reply(link, cmd, qos2_state=pb.QOS2_STATE_NEW, qos2_origin=state.origin)
             return
@@ -61,9 +61,9 @@ class InboundQos2(MasterState):
             p, cid = session.partition, session.client_id
             if change is Routed.PUT:
                 state = session.q2in[req.packet_id]
-                self.store.put_qos2_inbound(self.commit.batch, p, cid, req.packet_id, state)
+                self.commit.batch.put_qos2_inbound(p, cid, req.packet_id, state)
             elif change is Routed.DELETED:
-                self.store.delete_qos2_inbound(self.commit.batch, p, cid, req.packet_id)
+                self.commit.batch.delete_qos2_inbound(p, cid, req.packet_id)
             if req.ok or req.keep_claim or change is Routed.DELETED:
                 self._reply(link, cmd)
             else:
@@ -90,9 +90,7 @@ class InboundQos2(MasterState):
         if not session.qos2_release(req.packet_id):
             self._reply(link, cmd, qos2_state=pb.QOS2_STATE_NOT_FOUND)
             return
-        self.store.delete_qos2_inbound(
-            self.commit.batch, session.partition, session.client_id, req.packet_id
-        )
+        self.commit.batch.delete_qos2_inbound(session.partition, session.client_id, req.packet_id)
         self._reply(link, cmd, qos2_state=pb.QOS2_STATE_RELEASED)
 
     def _qos2_forget(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None:
@@ -101,13 +99,13 @@ class InboundQos2(MasterState):
         for entry in cmd.qos2_forget.origins:
             p = entry.partition
             if self.mastered.get(p) == entry.epoch and self.seen.forget(p, entry.origin):
-                self.store.delete_qos2_seen(self.commit.batch, p, entry.origin)
+                self.commit.batch.delete_qos2_seen(p, entry.origin)
 
     def sweep_qos2_seen(self, now: int) -> int:
         """Forget the origin ids kept past the retention (their forgets never came)."""
         gone = self.seen.sweep(now)
         for p, origin in gone:
-            self.store.delete_qos2_seen(self.commit.batch, p, origin)
+            self.commit.batch.delete_qos2_seen(p, origin)
         return len(gone)
 
     def _qos2_link_closed(self, link: EdgeLink, now: int) -> None:

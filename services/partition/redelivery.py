@@ -32,13 +32,13 @@ from dataclasses import dataclass
 
 from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.partition.v1 import partition_pb2 as pb
+from services.partition.commit_queue import CommitQueue
 from services.partition.effects import HandoffReady, HandOutShared
 from services.partition.handout import HandOutClock, pick_edge
 from services.partition.links import EdgeLink
 from services.partition.sessions import Session
 from services.partition.shared import SharedGroups
 from services.partition.sources import IdSource
-from services.partition.store import GroupCommit, RedisStore
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +85,7 @@ class SharedRedelivery:
     def __init__(
         self,
         node_id: str,
-        store: RedisStore,
-        commit: GroupCommit,
+        commit: CommitQueue,
         shared: SharedGroups,
         sessions: dict[str, Session],
         links: dict[str, EdgeLink],
@@ -95,7 +94,6 @@ class SharedRedelivery:
         ids: IdSource,
     ) -> None:
         self.node_id = node_id
-        self.store = store
         self.commit = commit
         self.shared = shared
         self.sessions = sessions
@@ -131,7 +129,7 @@ class SharedRedelivery:
             if handoff.session is session and not handoff.stored:
                 # Being handed over since its connection ended: now the only copy.
                 handoff.stored = True
-                self.store.put_handoff(batch, handoff.event.from_partition, handoff.event)
+                batch.put_handoff(handoff.event.from_partition, handoff.event)
         for group, ids in movable(session).items():
             if not self._give_here(session, group, ids, now_ms):
                 self._hand(session, group, ids, online_only=False, stored=True)
@@ -144,7 +142,7 @@ class SharedRedelivery:
         if not self.give(session.partition, group, messages, True, now_ms):
             return False
         removed = session.acknowledge(ids)
-        self.store.delete_messages(self.commit.batch, session.partition, session.client_id, removed)
+        self.commit.batch.delete_messages(session.partition, session.client_id, removed)
         self.moved += len(removed)
         log.info(
             "handing %d messages of shared group %s over from %s to a member in partition %d",
@@ -174,7 +172,7 @@ class SharedRedelivery:
             self.pending[event.handoff_id] = handoff
             session.handing.update(chunk)
             if stored:
-                self.store.put_handoff(batch, session.partition, event)
+                batch.put_handoff(session.partition, event)
             self.commit.after(HandoffReady(event.handoff_id))
 
     def ready(self, handoff_id: int, now_ms: int) -> None:
@@ -233,14 +231,14 @@ class SharedRedelivery:
         if not req.moved and event.online_only and handoff.stored:
             # Asked for an online member, but the session has ended since: any member will do.
             event.online_only = False
-            self.store.put_handoff(batch, p, event)
+            batch.put_handoff(p, event)
             self._handed_at.forget(hid)
             self.commit.after(HandOutShared())
             return
         del self.pending[hid]
         self._handed_at.forget(hid)
         if handoff.stored:
-            self.store.delete_handoff(batch, p, hid)
+            batch.delete_handoff(p, hid)
         session = handoff.session
         live = session is not None and self.sessions.get(session.client_id) is session
         if req.moved:
@@ -248,7 +246,7 @@ class SharedRedelivery:
             if live:
                 assert session is not None
                 removed = session.acknowledge(handoff.message_ids)
-                self.store.delete_messages(batch, p, session.client_id, removed)
+                batch.delete_messages(p, session.client_id, removed)
         elif event.online_only:
             # No member online anywhere: the messages stay with the member.
             if live:

@@ -10,8 +10,8 @@ pipelines were a third of a partition service's Python time at 1,000 messages a 
 
 Only these two writers use it; reads, snapshots and the rest stay on redis-py.
 `RedisTransactions.pipeline()` gives the part of redis-py's Pipeline they use (`hset` with a
-mapping, `hdel`, `delete`, `len`, `execute`), so apply_ops, put_position and timed_execute take
-either.
+mapping, `hdel`, `delete`, `len`, `execute`: `Commands`), so apply_ops, put_position
+(services/partition/write_batch.py) and timed_execute take either.
 
 Failures are redis-py's exceptions (ConnectionError, ResponseError, TimeoutError from the
 caller's deadline), so the writers' handling is unchanged: a failed transaction stops the
@@ -25,15 +25,67 @@ import asyncio
 import socket
 import ssl
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import hiredis
 import redis.asyncio as redis
 from redis.asyncio.connection import parse_url
 
 from services.partition.redis_access import RedisAccess, is_tls
+from services.partition.write_batch import CommandSink
 
 Arg = str | bytes | int | float
+
+# A deadline noticed this much later than it passed means this process was not running
+# (stopped, or starved of CPU) around it.
+STALL_S = 0.5
+
+
+class Commands(CommandSink, Protocol):
+    """The part of a redis-py transaction pipeline the writers use: redis-py's own Pipeline, or
+    a Transaction (the hot path's writer)."""
+
+    def __len__(self) -> int: ...
+
+    async def execute(self) -> list[Any]: ...
+
+
+class TransactionClient(Protocol):
+    """What hands out transactions: a redis.Redis, or RedisTransactions."""
+
+    def pipeline(self, transaction: bool = True) -> Commands: ...
+
+
+async def timed_execute(pipe: Commands, limit: float | None) -> None:
+    """Run a pipeline within `limit` seconds in all (TimeoutError past it), for a writer
+    without per-reply timeouts (RedisTransactions); None: the client's own per-reply timeouts
+    apply.
+
+    Time this process did not run does not count against Redis: when the deadline is noticed
+    more than STALL_S after it passed (the process was stopped, as a paused node is, or
+    starved), Redis's answer may be in the socket unread, and the pipeline gets `limit` again
+    from then. A Redis that does not answer fails it all the same, `limit` later."""
+    if limit is None:
+        await pipe.execute()
+        return
+    loop = asyncio.get_running_loop()
+    async with asyncio.timeout(None) as timeout:
+        check: asyncio.TimerHandle
+
+        def due(deadline: float) -> None:
+            nonlocal check
+            now = loop.time()
+            if now - deadline > STALL_S:
+                check = loop.call_at(now + limit, due, now + limit)
+            else:
+                timeout.reschedule(now)  # expires: the pipeline is cancelled, TimeoutError
+
+        first = loop.time() + limit
+        check = loop.call_at(first, due, first)
+        try:
+            await pipe.execute()
+        finally:
+            check.cancel()
 
 
 def _pack(args: tuple[Arg, ...]) -> bytes:

@@ -32,6 +32,7 @@ from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.ranges import ranges
+from services.partition.commit_queue import StorageFailed
 from services.partition.effects import Send
 from services.partition.index_barrier import IndexBarrier
 from services.partition.links import EdgeLink
@@ -40,7 +41,7 @@ from services.partition.redelivery import SharedRedelivery
 from services.partition.replication import Replicator
 from services.partition.retained import RetainedMessages
 from services.partition.sessions import Session, queued_size
-from services.partition.store import StorageFailed, StoredSession
+from services.partition.store import StoredSession
 from services.partition.takeover import HeldAnswer, Takeovers
 from services.partition.wills import WillBoard
 

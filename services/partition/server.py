@@ -20,12 +20,12 @@ from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
 from hexmq.trust.guard import Guard
 from hexmq.trust.identity import EDGE, PARTITION, ROLES
 from services.partition.hello import refuse_hello
+from services.partition.keys import queue_key, retained_key, sessions_key, subs_key
 from services.partition.links import EdgeLink
 from services.partition.node import PartitionNode
 from services.partition.peers import ReplicationDriver
 from services.partition.replication import Replicator
 from services.partition.sessions import Session
-from services.partition.store import queue_key, retained_key, sessions_key, subs_key
 
 log = logging.getLogger(__name__)
 

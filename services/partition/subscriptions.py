@@ -52,7 +52,7 @@ class Subscriptions(MasterState):
             granted.CopyFrom(spec)
             granted.qos = min(spec.qos, MAX_QOS)
             self._add_subscription(session, granted, announce=True)
-            self.store.put_subscription(batch, session.partition, session.client_id, granted)
+            batch.put_subscription(session.partition, session.client_id, granted)
             codes.append(granted.qos)
         if self.index_barrier.seq == announced:
             self._reply(link, cmd, reason_codes=codes, existed=existed)
@@ -77,9 +77,7 @@ class Subscriptions(MasterState):
                 removed.append(filt)
             else:
                 codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
-        self.store.delete_subscriptions(
-            self.commit.batch, session.partition, session.client_id, removed
-        )
+        self.commit.batch.delete_subscriptions(session.partition, session.client_id, removed)
         self._reply(link, cmd, reason_codes=codes)
 
     def _add_subscription(

@@ -11,8 +11,8 @@ from opentelemetry.trace import Span
 from hexmq import telemetry
 from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.partition.v1 import partition_pb2 as pb
+from services.partition.commit_queue import CommitQueue
 from services.partition.replication import Replicator
-from services.partition.store import GroupCommit
 
 
 class AppendTracer:
@@ -20,7 +20,7 @@ class AppendTracer:
         self,
         node_id: str,
         tracing: telemetry.Tracing,
-        commit: GroupCommit,
+        commit: CommitQueue,
         replicator: Replicator | None,
     ) -> None:
         self.node_id = node_id

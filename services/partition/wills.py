@@ -160,4 +160,4 @@ class SessionWills(MasterState):
         if session is not None:
             session.record.ClearField("will")
             session.record.will_due_at_ms = 0
-            self.store.put_session(self.commit.batch, session.partition, session.record)
+            self.commit.batch.put_session(session.partition, session.record)

@@ -29,25 +29,21 @@ from hexmq.mqtt import PubAck, Publish
 from hexmq.redis_security import acl_lines, generate_password, tls_lines
 from hexmq.trust.certs import CertFiles, issue, issue_server, make_ca
 from hexmq.trust.identity import Identity
-from services.partition.redis_access import RedisAccess
-from services.partition.redis_tx import RedisTransactions
-from services.partition.replication import DEL, HSET, Op
-from services.partition.store import (
-    RedisStore,
-    StoredPartition,
-    apply_ops,
+from services.partition.keys import (
     handoff_key,
     meta_key,
-    put_position,
     qos2_inbound_key,
     qos2_seen_key,
     queue_key,
-    redis_client,
     retained_key,
     sessions_key,
     subs_key,
-    timed_execute,
 )
+from services.partition.redis_access import RedisAccess
+from services.partition.redis_tx import RedisTransactions, timed_execute
+from services.partition.replication import DEL, HSET, Op
+from services.partition.store import RedisStore, StoredPartition, redis_client
+from services.partition.write_batch import apply_ops, put_position
 from tests.conftest import HEXMQ
 from tests.support.agent_cluster import end, free_ports, wait_until
 from tests.support.rawclient import RawClient

@@ -13,9 +13,9 @@ import subprocess
 import pytest
 import redis.asyncio as redis
 
-from services.partition.redis_tx import RedisTransactions
+from services.partition.redis_tx import RedisTransactions, timed_execute
 from services.partition.replication import DEL, HDEL, HSET, Op
-from services.partition.store import apply_ops, put_position, timed_execute
+from services.partition.write_batch import apply_ops, put_position
 
 Server = tuple[str, subprocess.Popen[bytes]]
 

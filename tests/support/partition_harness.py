@@ -1,5 +1,6 @@
-"""A partition node without processes: its group commit faked (the commit is a method call,
-the release is GroupCommit's own), its edges' links read back as results and deliveries.
+"""A partition node without processes: its group commit played by hand (the commit is a method
+call; the gathering, the sealing and the release are the node's real CommitQueue, carried out as
+GroupCommit carries it out), its edges' links read back as results and deliveries.
 
     node, commit = make_node()            # masters partition P at EPOCH
     edge = Edge(node, "e1")
@@ -10,41 +11,67 @@ the release is GroupCommit's own), its edges' links read back as results and del
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.node_protocol import Support
+from hexmq.pacing import FlushPacer
+from services.partition.commit_queue import FULL_COMMIT, CommitQueue
+from services.partition.effects import Effect
+from services.partition.group_commit import carry_out_released
 from services.partition.node import PartitionNode
 from services.partition.replication import Entry, Op, Replicator
-from services.partition.store import GroupCommit, RedisStore, _Released
+from services.partition.store import RedisStore
 
 P, EPOCH = 3, 7
 
 
-class FakeCommit(GroupCommit):
-    """GroupCommit without Redis: `durable()` plays the commit of the batch gathered so far
-    (finishers, the writes recorded in `written`), then GroupCommit.release runs its actions
-    (with `aborted`, those of commands that wrote an aborted partition are answered MOVED)."""
+def commit_queue() -> CommitQueue:
+    """A group commit's core as the service makes it."""
+    return CommitQueue(FlushPacer(full=FULL_COMMIT))
 
-    def __init__(self, replicator: Replicator | None = None) -> None:
-        super().__init__(None, replicator, lambda exc: None)
+
+class InstantCommit:
+    """The group commit without Redis or a task, over the node's CommitQueue `queue`:
+    `durable()` plays the commit of the batch gathered so far (the queue seals it: its
+    finishers add their writes; the writes are recorded in `written`), then the queue releases
+    it and its effects go to `carry_out` (with `aborted`, those of commands that wrote an
+    aborted partition are answered MOVED instead). With a `replicator`, that sequences each
+    batch as a real commit has it do."""
+
+    def __init__(
+        self,
+        queue: CommitQueue,
+        carry_out: Callable[[Effect], None],
+        replicator: Replicator | None = None,
+    ) -> None:
+        self.queue = queue
+        self.carry_out = carry_out
+        self.replicator = replicator
         self.written: list[tuple[int, Op]] = []
 
     def durable(self, aborted: frozenset[int] = frozenset()) -> None:
-        batch = self.batch
-        for finisher in self._finishers:
-            finisher(batch)
+        queue = self.queue
+        # The batch gathered, made if there is none: sealed, it gets its finishers' writes.
+        batch = queue.batch
+        sealed = queue.seal()
+        assert sealed.batch is batch
         for p, ops in batch.ops.items():
             self.written += [(p, op) for op in ops]
-        if self._replicator is not None:
+        if self.replicator is not None:
             # A real replicator sequences the batch (its recent log, its origins); the release
             # is played here all the same.
-            entries, _aborted = self._replicator.propose(batch.ops, batch.origins)
-            self._replicator.master_durable(entries, object())
-        self._batch = None
-        actions, self._actions = self._actions, []
-        oks, self._oks = self._oks, []
-        self.release([(_Released(actions, oks, 0, {}), aborted)])
+            entries, _aborted = self.replicator.propose(batch.ops, batch.origins)
+            self.replicator.master_durable(entries, object())
+        token = queue.durable(sealed, [], aborted, 0)
+        tokens = [(token, aborted)] if token is not None else []
+        carry_out_released(queue.release(tokens), self.carry_out)
+
+    @property
+    def moved(self) -> int:
+        """Commands answered MOVED so far."""
+        return self.queue.moved
 
 
 class Edge:
@@ -135,14 +162,14 @@ class CountedIds:
         return 1
 
 
-def make_node() -> tuple[PartitionNode, FakeCommit]:
-    commit = FakeCommit()
+def make_node() -> tuple[PartitionNode, InstantCommit]:
+    queue = commit_queue()
     clock = Clock()
     node = PartitionNode(
-        "n1", RedisStore(None), commit, clock=clock, ids=CountedIds(), monotonic=clock.monotonic
+        "n1", RedisStore(None), queue, clock=clock, ids=CountedIds(), monotonic=clock.monotonic
     )
     node.mastered[P] = EPOCH
-    return node, commit
+    return node, InstantCommit(queue, node.carry_out)
 
 
 def connect(
@@ -170,6 +197,11 @@ def routed(edge: Edge, cid: str, conn: str, pid: int, ok: bool = True) -> int:
     return edge.command(
         cid, qos2_routed=pb.Qos2Routed(client_id=cid, connection_id=conn, packet_id=pid, ok=ok)
     )
+
+
+def no_effects(effect: object) -> None:
+    """The carry_out of a group commit in a test that adds no effects, only answers."""
+    raise AssertionError(f"an effect to carry out: {effect!r}")
 
 
 class SequencingReplicator:

@@ -16,9 +16,17 @@ from hexmq.api.common.v1 import common_pb2 as cpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.pacing import FlushPacer, Linger
 from services.partition.replication import DEL, HDEL, HSET, Op
-from services.partition.store import apply_ops
+from services.partition.write_batch import apply_ops
 from tests.support.eventually import eventually
-from tests.support.partition_harness import EPOCH, Edge, P, SequencingReplicator, make_node
+from tests.support.partition_harness import (
+    EPOCH,
+    Edge,
+    P,
+    SequencingReplicator,
+    commit_queue,
+    make_node,
+    no_effects,
+)
 
 # ----- the pacer ----------------------------------------------------------------------------
 
@@ -319,33 +327,37 @@ async def test_a_batch_of_acknowledgements_alone_waits_for_company(
     MULTI/EXEC of its own while a write someone waits on may come within the linger; when one
     comes, both leave in one transaction, and the acknowledgement's answer is not delayed past
     it. Alone, they leave after the linger, marked lazy for the replication feed."""
-    from services.partition.store import GroupCommit
+    from services.partition.group_commit import GroupCommit
 
     writer = RecordingWriter()
-    commit = GroupCommit(writer, SequencingReplicator(), lambda exc: None)
     durable: list[bool] = []
-    commit.on_durable = lambda entries, token, aborted, lazy: (
-        durable.append(lazy),
-        commit.release([(token, aborted)]),
+
+    def on_durable(entries: object, token: object, aborted: frozenset[int], lazy: bool) -> None:
+        durable.append(lazy)
+        commit.release([(token, aborted)])
+
+    queue = commit_queue()
+    commit = GroupCommit(
+        queue, writer, SequencingReplicator(), no_effects, lambda exc: None, on_durable=on_durable
     )
     answered: list[int] = []
     commit.start()
     try:
-        commit.lazy_batch.add(3, (HDEL, "hx:3:q:c", b"1", b""))
-        commit.after_ok(answered.append, 1, lazy=True)
+        queue.lazy_batch.add(3, (HDEL, "hx:3:q:c", b"1", b""))
+        queue.after_ok(answered.append, 1, lazy=True)
         await asyncio.sleep(0.05)
         assert writer.executed == []
         assert answered == []
-        commit.batch.add(4, (HSET, "hx:4:q:d", b"9", b"m"))
-        commit.after_ok(answered.append, 2)
+        queue.batch.add(4, (HSET, "hx:4:q:d", b"9", b"m"))
+        queue.after_ok(answered.append, 2)
         await eventually(lambda: bool(answered), 1.0, "the batch with company committed")
         assert answered == [1, 2]
         assert len(writer.executed) == 1  # one MULTI/EXEC for both
         assert durable == [False]
         loop = asyncio.get_running_loop()
         started = loop.time()
-        commit.lazy_batch.add(3, (HDEL, "hx:3:q:c", b"2", b""))
-        commit.after_ok(answered.append, 3, lazy=True)
+        queue.lazy_batch.add(3, (HDEL, "hx:3:q:c", b"2", b""))
+        queue.after_ok(answered.append, 3, lazy=True)
         await eventually(lambda: len(answered) == 3, 2.0, "the lazy batch committed alone")
         assert loop.time() - started >= 0.49
         assert durable == [False, True]

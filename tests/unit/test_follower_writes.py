@@ -101,7 +101,6 @@ async def test_a_follower_backlog_is_written_in_bounded_transactions() -> None:
     driver = peers.ReplicationDriver(
         cast(Any, core),
         cast(Any, SimpleNamespace(client=client)),
-        cast(Any, SimpleNamespace(on_durable=None)),
         on_failure=lambda exc: None,
         tls=ClusterTLS.insecure(),
     )

@@ -1,6 +1,7 @@
-"""The group commit's failure handling (services/partition/store.py): whatever stops a batch
-from being made durable stops the partition service (fail-stop), so its memory is never ahead
-of its Redis while it goes on taking writes."""
+"""The group commit's failure handling (its adapter, services/partition/group_commit.py, and
+the writers' timed_execute, redis_tx.py): whatever stops a batch from being made durable stops
+the partition service (fail-stop), so its memory is never ahead of its Redis while it goes on
+taking writes. (The core's own decisions: test_commit_queue.py.)"""
 
 from __future__ import annotations
 
@@ -10,26 +11,34 @@ import time
 import pytest
 import redis.asyncio as redis
 
+from services.partition.commit_queue import StorageFailed
+from services.partition.group_commit import GroupCommit
+from services.partition.redis_tx import timed_execute
 from services.partition.replication import HSET
-from services.partition.store import GroupCommit, StorageFailed, timed_execute
 from tests.support.eventually import eventually
-from tests.support.partition_harness import SequencingReplicator
+from tests.support.partition_harness import SequencingReplicator, commit_queue, no_effects
 
 
 class BrokenReplicator:
     """A replicator whose propose fails with a bug, not a Redis error."""
 
+    def __init__(self) -> None:
+        self.proposed = 0
+
     def propose(self, ops: object, origins: object) -> object:
+        self.proposed += 1
         raise ValueError("a bug in the replication core")
 
 
 async def test_a_non_redis_exception_in_the_commit_task_stops_the_service() -> None:
     failures: list[BaseException] = []
-    commit = GroupCommit(None, BrokenReplicator(), failures.append)
+    replicator = BrokenReplicator()
+    queue = commit_queue()
+    commit = GroupCommit(queue, None, replicator, no_effects, failures.append)
     answered: list[int] = []
     commit.start()
-    commit.batch.add(3, (HSET, "hx:{3}:k", b"f", b"v"))
-    commit.after_ok(answered.append, 1)
+    queue.batch.add(3, (HSET, "hx:{3}:k", b"f", b"v"))
+    queue.after_ok(answered.append, 1)
     for _ in range(20):
         await asyncio.sleep(0)
         if failures:
@@ -38,9 +47,14 @@ async def test_a_non_redis_exception_in_the_commit_task_stops_the_service() -> N
     assert isinstance(failures[0], StorageFailed)
     assert "a bug in the replication core" in str(failures[0])
     assert answered == []  # nothing acknowledged
-    # The task ended: it takes no further batch.
-    assert commit._task is not None
-    assert commit._task.done()
+    # The task ended: it takes no further batch (waits well past pacing and linger).
+    queue.batch.add(3, (HSET, "hx:{3}:k", b"f", b"w"))
+    queue.after_ok(answered.append, 2)
+    await asyncio.sleep(0.1)
+    assert replicator.proposed == 1
+    assert answered == []
+    await commit.stop()
+    assert replicator.proposed == 1  # nor at the stop
 
 
 class SlowPipe:
@@ -101,12 +115,19 @@ async def test_after_a_failed_write_no_later_batch_is_written() -> None:
     IndexError in the replication log at 6a7269c)."""
     failures: list[BaseException] = []
     client = FailingClient()
-    commit = GroupCommit(client, SequencingReplicator(), failures.append)
-    commit.on_durable = lambda entries, token, aborted, lazy: None
+    queue = commit_queue()
+    commit = GroupCommit(
+        queue,
+        client,
+        SequencingReplicator(),
+        no_effects,
+        failures.append,
+        on_durable=lambda entries, token, aborted, lazy: None,
+    )
     commit.start()
-    commit.batch.add(3, (HSET, "hx:{3}:k", b"f", b"v"))
+    queue.batch.add(3, (HSET, "hx:{3}:k", b"f", b"v"))
     await eventually(lambda: failures, 2.0, "the write failed")
-    commit.batch.add(3, (HSET, "hx:{3}:k", b"f", b"w"))
+    queue.batch.add(3, (HSET, "hx:{3}:k", b"f", b"w"))
     for _ in range(20):
         await asyncio.sleep(0)
     await commit.stop()

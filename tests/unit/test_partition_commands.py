@@ -21,14 +21,14 @@ from services.partition.effects import (
     MessageDurable,
     Send,
 )
+from services.partition.keys import queue_key, sessions_key
 from services.partition.replication import HDEL, HSET
-from services.partition.store import queue_key, sessions_key
 from services.partition.takeover import KICK_ACK_BOUND_MS
 from tests.support.partition_harness import (
     EPOCH,
     Clock,
     Edge,
-    FakeCommit,
+    InstantCommit,
     P,
     connect,
     make_node,
@@ -67,7 +67,7 @@ def test_open_session_stores_the_record_then_accepts_the_connection_once_durable
     # out, then the connection may be sent its messages.
     assert edge.heard() == ({}, [])
     answer = pb.PartitionEvent(result=pb.Result(request_id=rid, session_present=False))
-    assert commit.pending() == [
+    assert commit.queue.pending() == [
         Send(edge.link, answer),
         ConnectionReady(session, session.connection),
     ]
@@ -93,7 +93,7 @@ def test_a_takeover_from_another_edge_kicks_the_old_connection_with_0x8e() -> No
     # The kick goes after the commit, as the old connection's own CONNACK did; then the new
     # connection's answer, then its deliveries may flow.
     answer = pb.PartitionEvent(result=pb.Result(request_id=rid, session_present=True))
-    assert commit.pending() == [
+    assert commit.queue.pending() == [
         Send(old.link, kick),
         Send(new.link, answer),
         ConnectionReady(session, session.connection),
@@ -118,7 +118,7 @@ def test_a_takeover_of_a_session_that_ends_with_its_connection_finds_no_session(
     rid = connect(new, "c", "e2.1")
     session = node.sessions["c"]
     assert session.record.created_by == "e2.1"
-    assert HandOutWills() in commit.pending()
+    assert HandOutWills() in commit.queue.pending()
     commit.durable()
     results, _ = new.heard()
     assert results[rid].session_present is False
@@ -152,7 +152,7 @@ def kicks_of(edge: Edge) -> list[str]:
     return [e.kick.connection_id for e in edge.events() if e.HasField("kick")]
 
 
-def taken_over(old: Edge, new: Edge, commit: FakeCommit) -> int:
+def taken_over(old: Edge, new: Edge, commit: InstantCommit) -> int:
     """c connected through `old` (as e1.1), then through `new` (as e2.1), both durable: the
     new connection's request id."""
     connect(old, "c", "e1.1")
@@ -261,7 +261,7 @@ def test_a_qos1_publish_is_queued_durably_and_delivered_once_durable() -> None:
     suback = subscribe(sub, "s", "e1.1", "t/#")
     # A filter new to the edges' index: the SUBACK waits until every edge routes by it.
     seq = node.index_barrier.seq
-    (*_, after_indexed) = commit.pending()
+    (*_, after_indexed) = commit.queue.pending()
     assert after_indexed == AfterIndexed(
         sub.link,
         pb.PartitionEvent(result=pb.Result(request_id=suback, reason_codes=[1], existed=[False])),
@@ -281,7 +281,7 @@ def test_a_qos1_publish_is_queued_durably_and_delivered_once_durable() -> None:
         ),
     )
     session = node.sessions["s"]
-    assert commit.pending() == [MessageDurable(session, 1)]
+    assert commit.queue.pending() == [MessageDurable(session, 1)]
     assert sub.heard() == ({}, [])  # not before it is durable
     commit.durable()
     assert [(op[0], op[1], op[2]) for _, op in commit.written[written:]] == [
@@ -337,7 +337,7 @@ def test_a_will_with_no_delay_is_handed_out_once_the_close_is_durable() -> None:
     edge.command(
         "c", close_session=pb.CloseSession(client_id="c", connection_id="e1.1", graceful=False)
     )
-    assert HandOutWills() in commit.pending()
+    assert HandOutWills() in commit.queue.pending()
     assert [e for e in edge.events() if e.HasField("publish_will")] == []
     commit.durable()
     assert [e.publish_will.client_id for e in edge.events() if e.HasField("publish_will")] == ["c"]

@@ -14,12 +14,12 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.mqtt.reason_codes import ReasonCode
 from services.partition.delivery import QueueLimits
 from services.partition.node import PartitionNode
-from tests.support.partition_harness import EPOCH, Edge, FakeCommit, P, connect, make_node
+from tests.support.partition_harness import EPOCH, Edge, InstantCommit, P, connect, make_node
 
 SC = pb.StatusCode
 
 
-def limited(**limits: Any) -> tuple[PartitionNode, FakeCommit, Edge]:
+def limited(**limits: Any) -> tuple[PartitionNode, InstantCommit, Edge]:
     node, commit = make_node()
     node.limits = dataclasses.replace(QueueLimits(), **limits)
     edge = Edge(node, "e1")
@@ -50,7 +50,7 @@ def publish(
     return edge.command("p", command_id=command_id, publish=kind)
 
 
-def offline_subscriber(node: PartitionNode, commit: FakeCommit, edge: Edge) -> None:
+def offline_subscriber(node: PartitionNode, commit: InstantCommit, edge: Edge) -> None:
     connect(edge, "s", "e1.1")
     subscribe(edge, "s", "e1.1", "t/#")
     node.index_barrier.acked(edge.link, node.index_barrier.seq)

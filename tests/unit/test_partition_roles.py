@@ -22,8 +22,15 @@ from services.partition.delivery import publish_origin
 from services.partition.node import PartitionNode
 from services.partition.replication import Assignment, Replicator
 from services.partition.roles import ACTIVATE_AT_ONCE, WAIT_S
-from services.partition.store import RedisStore, StoredPartition, StoredSession
-from tests.support.partition_harness import Clock, CountedIds, Edge, FakeCommit, connect
+from services.partition.store import StoredPartition, StoredSession
+from tests.support.partition_harness import (
+    Clock,
+    CountedIds,
+    Edge,
+    InstantCommit,
+    commit_queue,
+    connect,
+)
 
 P = 5
 SC = pb.StatusCode
@@ -41,10 +48,6 @@ class FakeStore:
         self.loads.append(list(partitions))
         await self.gate.wait()
         return {p: self.partitions.get(p, StoredPartition()) for p in partitions}
-
-    def __getattr__(self, name: str) -> object:
-        # The write helpers are RedisStore's own (they only add to a batch).
-        return getattr(RedisStore, name)
 
 
 def view(epoch: int, master: str = "n1", p: int = P, handover_to: str = "") -> mpb.View:
@@ -74,17 +77,18 @@ class Cluster:
     def __init__(self) -> None:
         self.store = FakeStore()
         self.rep = Replicator("n1")
-        self.commit = FakeCommit(self.rep)
+        queue = commit_queue()
         self.clock = Clock()
         self.node = PartitionNode(
             "n1",
             self.store,
-            self.commit,
+            queue,
             replicator=self.rep,
             clock=self.clock,
             ids=CountedIds(),
             monotonic=self.clock.monotonic,
         )
+        self.commit = InstantCommit(queue, self.node.carry_out, self.rep)
         self.edge = Edge(self.node, "n2")
 
     def take(self, v: mpb.View) -> None:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from services.partition.effects import Pump
+from services.partition.keys import qos2_inbound_key, queue_key
 from services.partition.replication import HDEL, HSET
 from services.partition.sessions import Claim, LiveConnection, Routed, Session
-from services.partition.store import qos2_inbound_key, queue_key
 from tests.support.partition_harness import (
     CountedIds,
     Edge,
@@ -214,7 +214,7 @@ def test_pubrec_is_made_durable_before_pubrel_goes_out() -> None:
     commit.durable()
     session.enqueue(message(1))
     session.durable_mid = 1
-    commit.after(Pump(session))  # (as a release that made it durable would)
+    commit.queue.after(Pump(session))  # (as a release that made it durable would)
     commit.durable()
     _, deliveries = edge.heard()
     assert [qm.message_id for d in deliveries for qm in d.messages] == [1]

@@ -12,10 +12,11 @@ from typing import Any
 from hexmq.api.common.v1 import common_pb2 as cpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from services.edge.router import Router
+from services.partition.keys import qos2_inbound_key, qos2_seen_key, queue_key
 from services.partition.qos2_seen import SeenOrigins
 from services.partition.replication import HDEL, HSET
 from services.partition.sessions import Claim, Routed, Session
-from services.partition.store import RedisStore, qos2_inbound_key, qos2_seen_key, queue_key
+from services.partition.store import RedisStore
 from tests.support.edge_harness import alternating_router as make_router
 from tests.support.edge_harness import announce
 from tests.support.partition_harness import (
@@ -260,7 +261,7 @@ def test_remembered_origins_replicate_with_the_enqueues() -> None:
     _, commit, edge = two_partitions()
     origin = b"r" * 16
     publish(edge, [P], origin)
-    batch = commit.batch.ops
+    batch = commit.queue.batch.ops
     assert {op[1] for op in batch[P]} >= {queue_key(P, "s1"), qos2_seen_key(P)}
     sim = Sim(2, P + 1, 2)
     sim.deliver_all()
@@ -274,7 +275,7 @@ def test_remembered_origins_replicate_with_the_enqueues() -> None:
     assert b"1" in stored[queue_key(P, "s1")]
     commit.durable()
     forget(edge, (P, EPOCH, origin))
-    sim.write(master, {P: list(commit.batch.ops[P])})
+    sim.write(master, {P: list(commit.queue.batch.ops[P])})
     sim.deliver_all()
     assert qos2_seen_key(P) not in sim.nodes[follower].store
 

@@ -12,7 +12,7 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from services.partition.replication import op_size
 from services.partition.server import state_bytes
 from services.partition.sessions import Session
-from services.partition.store import RedisStore, WriteBatch
+from services.partition.write_batch import WriteBatch
 from tests.support.replication_sim import Script
 
 
@@ -90,11 +90,11 @@ def test_a_partitions_state_is_estimated_as_its_snapshot_would_measure_it() -> N
             qm.message.topic = f"t/{i}/x"
             qm.message.payload = b"p" * 64
             session.queue[qm.message_id] = qm
-            RedisStore.put_message(batch, p, record.client_id, qm)
+            batch.put_message(p, record.client_id, qm)
         sessions.append(session)
-        RedisStore.put_session(batch, p, record)
-        RedisStore.put_subscription(batch, p, record.client_id, spec)
-    RedisStore.put_retained(batch, p, node.retained["r/1"][1])
+        batch.put_session(p, record)
+        batch.put_subscription(p, record.client_id, spec)
+    batch.put_retained(p, node.retained["r/1"][1])
     snapshot = sum(op_size(op) for op in batch.ops[p])
     estimate = state_bytes(cast(Any, node), p, sessions)
     assert abs(estimate - snapshot) <= snapshot // 20, (estimate, snapshot)

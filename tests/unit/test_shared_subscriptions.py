@@ -15,16 +15,16 @@ from hexmq.mqtt.reason_codes import ReasonCode
 from hexmq.topics import validate_topic_filter
 from services.edge import retained
 from services.edge.router import Router
+from services.partition.keys import queue_key
 from services.partition.node import PartitionNode
 from services.partition.redelivery import movable
 from services.partition.replication import HDEL, HSET
 from services.partition.sessions import LiveConnection, Session
 from services.partition.shared import SharedGroups
-from services.partition.store import queue_key
 from tests.support.edge_harness import alternating_master as master
 from tests.support.edge_harness import alternating_router as make_router
 from tests.support.edge_harness import announce
-from tests.support.partition_harness import EPOCH, Edge, FakeCommit, P, connect, make_node
+from tests.support.partition_harness import EPOCH, Edge, InstantCommit, P, connect, make_node
 
 PARTITIONS = 8
 NODES = ("n1", "n2")
@@ -255,7 +255,7 @@ def test_deliveries_wait_at_a_message_being_handed_over() -> None:
     assert [qm.message_id for qm in a.pump()] == [3]
 
 
-def node_and_edge() -> tuple[PartitionNode, FakeCommit, Edge]:
+def node_and_edge() -> tuple[PartitionNode, InstantCommit, Edge]:
     node, commit = make_node()
     edge = Edge(node, "e1")
     edge.link.index_acked = 1 << 62  # routes by every index update at once: SUBACKs go out
@@ -368,7 +368,7 @@ def test_without_an_online_member_here_an_edge_gets_the_unsent_qos2_and_the_rest
     assert list(node.sessions["a"].queue) == [1]
 
 
-def lost_member_of_two() -> tuple[PartitionNode, FakeCommit, Edge, pb.SharedHandoff]:
+def lost_member_of_two() -> tuple[PartitionNode, InstantCommit, Edge, pb.SharedHandoff]:
     """a, the group's only member here, got two QoS 1 messages and lost its connection: the
     handoff that asks an edge for an online member elsewhere."""
     node, commit, edge = node_and_edge()

@@ -38,7 +38,6 @@ async def test_snapshot_reads_wait_for_a_slot() -> None:
     driver = peers.ReplicationDriver(
         cast(Any, SimpleNamespace()),
         cast(Any, store),
-        cast(Any, SimpleNamespace(on_durable=None)),
         on_failure=lambda exc: None,
         tls=ClusterTLS.insecure(),
     )
@@ -62,7 +61,6 @@ async def test_a_snapshot_read_that_fails_is_started_again() -> None:
     driver = peers.ReplicationDriver(
         cast(Any, core),
         cast(Any, BrokenStore()),
-        cast(Any, SimpleNamespace(on_durable=None)),
         on_failure=lambda exc: pytest.fail(f"not a storage failure: {exc}"),
         tls=ClusterTLS.insecure(),
     )
