@@ -13,7 +13,14 @@ MAX_EVENTS_PER_FRAME = 2048
 
 
 class EdgeLink:
-    def __init__(self, edge_id: str, incarnation: int, *, kick_acks: bool = False) -> None:
+    def __init__(
+        self,
+        edge_id: str,
+        incarnation: int,
+        *,
+        kick_acks: bool = False,
+        pacer: FlushPacer | None = None,
+    ) -> None:
         self.edge_id = edge_id
         self.incarnation = incarnation
         # The edge confirms each Kick once the connection is closed (the kick-acks feature).
@@ -21,8 +28,9 @@ class EdgeLink:
         self._events: list[pb.PartitionEvent] = []
         self._ok_ids: list[int] = []
         self._wake = asyncio.Event()
-        self._pacer = FlushPacer(full=MAX_EVENTS_PER_FRAME)
-        self._linger = telemetry.METRICS.linger("partition_link")
+        # When frames may go (default: the process's pacing interval), and what it cost.
+        self._pacer = pacer if pacer is not None else FlushPacer(full=MAX_EVENTS_PER_FRAME)
+        self.linger = telemetry.METRICS.linger("partition_link")
         self.closed = False
         # The highest index update seq this edge has applied (IndexAck).
         self.index_acked = 0
@@ -67,7 +75,7 @@ class EdgeLink:
             if self.closed:
                 return []
         self._pacer.sent(loop.time())
-        self._linger.record(len(self._events) + len(self._ok_ids), delay)
+        self.linger.record(len(self._events) + len(self._ok_ids), delay)
         events, ok_ids = self.take()
         frames = [
             pb.PartitionFrame(events=events[i : i + MAX_EVENTS_PER_FRAME])

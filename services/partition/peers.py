@@ -91,14 +91,15 @@ PEER_OPTIONS = [*LINK_OPTIONS, *RECONNECT]
 class Outbox:
     """Items waiting to go down one stream, handed out in frames."""
 
-    def __init__(self) -> None:
+    def __init__(self, pacer: FlushPacer | None = None) -> None:
         self.items: list[pb.ReplicationItem] = []
         self.closed = False
         self._wake = asyncio.Event()
         self._drained = asyncio.Event()
         # Set while an item waiting is not lazy (hexmq/pacing.py).
         self._company = asyncio.Event()
-        self._pacer = FlushPacer(full=MAX_ITEMS_PER_FRAME)
+        # When frames may go (default: the process's pacing interval).
+        self._pacer = pacer if pacer is not None else FlushPacer(full=MAX_ITEMS_PER_FRAME)
         self._linger = telemetry.METRICS.linger("replication_feed")
 
     def push(self, items: list[pb.ReplicationItem], *, lazy: bool = False) -> None:

@@ -226,10 +226,9 @@ def test_messages_made_durable_together_leave_in_one_delivery_per_session() -> N
 
 
 async def test_a_partition_link_sends_a_lone_answer_at_once_and_gathers_the_next_ones() -> None:
-    from services.partition.links import EdgeLink
+    from services.partition.links import MAX_EVENTS_PER_FRAME, EdgeLink
 
-    link = EdgeLink("e1", 1)
-    link._pacer.interval = 0.05
+    link = EdgeLink("e1", 1, pacer=FlushPacer(interval=0.05, full=MAX_EVENTS_PER_FRAME))
     loop = asyncio.get_running_loop()
     link.ok(1)
     started = loop.time()
@@ -248,14 +247,13 @@ async def test_a_partition_link_sends_a_lone_answer_at_once_and_gathers_the_next
     # Within the interval after the first frame: the three answers leave together.
     assert list(second[0].ok_request_ids) == [2, 3, 4]
     assert loop.time() - started >= 0.045
-    assert (link._linger.batches, link._linger.items) == (2, 4)
+    assert (link.linger.batches, link.linger.items) == (2, 4)
 
 
 async def test_a_replication_feed_gathers_entries_within_the_interval() -> None:
-    from services.partition.peers import Outbox
+    from services.partition.peers import MAX_ITEMS_PER_FRAME, Outbox
 
-    outbox = Outbox()
-    outbox._pacer.interval = 0.05
+    outbox = Outbox(FlushPacer(interval=0.05, full=MAX_ITEMS_PER_FRAME))
     item = pb.ReplicationItem(start=pb.FeedStart(partition=1, epoch=1, from_seq=1))
     frames = outbox.frames()
     outbox.push([item])
@@ -368,10 +366,9 @@ async def test_a_batch_of_acknowledgements_alone_waits_for_company(
 async def test_a_replication_feed_holds_a_lazy_batch_until_company_or_the_linger(
     lazy_linger_of_half_a_second: None,
 ) -> None:
-    from services.partition.peers import Outbox
+    from services.partition.peers import MAX_ITEMS_PER_FRAME, Outbox
 
-    outbox = Outbox()
-    outbox._pacer.interval = 0.0
+    outbox = Outbox(FlushPacer(interval=0.0, full=MAX_ITEMS_PER_FRAME))
     loop = asyncio.get_running_loop()
     item = pb.ReplicationItem(start=pb.FeedStart(partition=1, epoch=1, from_seq=1))
     frames = outbox.frames()
