@@ -126,19 +126,22 @@ class DurableBatch:
 
 
 @dataclass(frozen=True, slots=True)
-class AnswerOk:
-    sink: Callable[[int], None]
-    request_id: int
+class AnswerOks:
+    """Answer each of these requests OK: `sink(request_id)` (their scopes aside)."""
+
+    oks: list[tuple[Callable[[int], None], int, Scope | None]]
 
 
 @dataclass(frozen=True, slots=True)
 class AnswerMoved:
+    """Answer `event` (a MOVED result) through `reply`."""
+
     reply: Callable[[pb.PartitionEvent], None]
     event: pb.PartitionEvent
 
 
 # What `release` yields: an answer, or an effect to carry out.
-Released: TypeAlias = "AnswerOk | AnswerMoved | Effect"
+Released: TypeAlias = "AnswerOks | AnswerMoved | Effect"
 
 
 def _asleep(company: bool) -> None:
@@ -319,28 +322,35 @@ class CommitQueue:
 
     def release(self, tokens: Iterable[tuple[object, frozenset[int]]]) -> Iterator[Released]:
         """What to carry out for batches that are now replicated (their tokens, each with the
-        partitions aborted meanwhile), in order: each effect, each OK as AnswerOk, and for a
-        command that wrote an aborted partition one AnswerMoved instead of its effects. While
-        a batch's are taken, `releasing` is that batch. The release hooks run once the last
-        is taken."""
+        partitions aborted meanwhile), in order: each batch's effects, then its OKs
+        (AnswerOks), and for a command that wrote an aborted partition one AnswerMoved instead
+        of its effects and OK. While a batch's are taken, `releasing` is that batch. The
+        release hooks run once the last is taken."""
         for token, aborted in tokens:
             batch = cast("DurableBatch", token)
             self.releasing = batch
+            if not aborted:  # (nearly always: one item for all the batch's OKs)
+                for action, _scope in batch.actions:
+                    yield action
+                if batch.oks:
+                    yield AnswerOks(batch.oks)
+                continue
             moved: set[tuple[int, int]] = set()
             for action, scope in batch.actions:
-                if aborted and scope is not None and not aborted.isdisjoint(scope.partitions):
+                if scope is not None and not aborted.isdisjoint(scope.partitions):
                     answer = self._answer_moved(scope, aborted, moved)
                     if answer is not None:
                         yield answer
                     continue
                 yield action
-            for sink, request_id, scope in batch.oks:
-                if aborted and scope is not None and not aborted.isdisjoint(scope.partitions):
+            for ok in batch.oks:
+                scope = ok[2]
+                if scope is not None and not aborted.isdisjoint(scope.partitions):
                     answer = self._answer_moved(scope, aborted, moved)
                     if answer is not None:
                         yield answer
                     continue
-                yield AnswerOk(sink, request_id)
+                yield AnswerOks([ok])
         self.releasing = None
         for hook in self._release_hooks:
             hook()

@@ -24,7 +24,7 @@ from hexmq.pacing import lazy_linger, wait_for_company
 from hexmq.service import cancel_and_wait
 from services.partition.commit_queue import (
     AnswerMoved,
-    AnswerOk,
+    AnswerOks,
     AwaitCompany,
     AwaitPacing,
     CommitQueue,
@@ -50,8 +50,9 @@ def carry_out_released(released: Iterable[Released], carry_out: Callable[[Effect
     """Carry out, in order, what CommitQueue.release yields: answers are sent, effects go to
     `carry_out` (PartitionNode.carry_out)."""
     for item in released:
-        if isinstance(item, AnswerOk):
-            item.sink(item.request_id)
+        if isinstance(item, AnswerOks):
+            for sink, request_id, _scope in item.oks:
+                sink(request_id)
         elif isinstance(item, AnswerMoved):
             item.reply(item.event)
         else:

@@ -18,7 +18,7 @@ from hexmq.pacing import FlushPacer
 from services.partition.commit_queue import (
     IDLE,
     AnswerMoved,
-    AnswerOk,
+    AnswerOks,
     AwaitCompany,
     AwaitPacing,
     CommitQueue,
@@ -80,9 +80,10 @@ def carry(released: Iterable[object]) -> list[object]:
     """A release carried out in order: answers sent, effects listed."""
     done: list[object] = []
     for item in released:
-        if isinstance(item, AnswerOk):
-            item.sink(item.request_id)
-            done.append(("ok", item.request_id))
+        if isinstance(item, AnswerOks):
+            for sink, request_id, _scope in item.oks:
+                sink(request_id)
+                done.append(("ok", request_id))
         elif isinstance(item, AnswerMoved):
             item.reply(item.event)
             done.append(("moved", item.event.result.request_id))
