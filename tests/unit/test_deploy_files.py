@@ -150,3 +150,32 @@ def test_haproxy_gets_the_open_files_its_maxconn_needs() -> None:
     nofile = compose()["services"]["haproxy"]["ulimits"]["nofile"]
     limits = [nofile] if isinstance(nofile, int) else [nofile["soft"], nofile["hard"]]
     assert min(limits) >= 2 * maxconn + 1000, f"ulimits nofile {nofile} for maxconn {maxconn}"
+
+
+def haproxy_sections() -> dict[str, list[list[str]]]:
+    """haproxy.cfg's sections ("resolvers dns", "backend edges-mqtt", ...) -> their lines."""
+    sections: dict[str, list[list[str]]] = {}
+    current: list[list[str]] = []
+    for line in (DEPLOY / "haproxy" / "haproxy.cfg").read_text().splitlines():
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        if line[:1] not in (" ", "\t"):
+            current = sections.setdefault(" ".join(words), [])
+        else:
+            current.append(words)
+    return sections
+
+
+def test_haproxy_finds_the_edges_through_the_containers_own_resolver() -> None:
+    """Docker's embedded DNS (127.0.0.11) is not there under podman: the resolvers come from
+    /etc/resolv.conf, which every engine writes, and every server uses them."""
+    sections = haproxy_sections()
+    resolvers = [name.split()[1] for name in sections if name.startswith("resolvers ")]
+    assert len(resolvers) == 1
+    (name,) = resolvers
+    lines = sections[f"resolvers {name}"]
+    assert ["parse-resolv-conf"] in lines
+    assert not [words for words in lines if words[0] == "nameserver"]
+    (default_server,) = [w for w in sections["defaults"] if w[0] == "default-server"]
+    assert default_server[default_server.index("resolvers") + 1] == name
