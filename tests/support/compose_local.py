@@ -48,8 +48,6 @@ _HOSTPORT = re.compile(r"(?<![\w.-])(\[::\]|[A-Za-z0-9_.-]+):(\d{1,5})(?![\d.])"
 _WILDCARDS = frozenset({"0.0.0.0", "[::]"})
 # An absolute path, alone or after `=` (`-config-file=/x`); not the `//host` or `/0` of a URL.
 _PATH = re.compile(r"(?<![\w.:/~$-])/[\w.@+-]+(?:/[\w.@+-]+)*/?")
-# Descriptors HAProxy keeps beside two per connection: listeners, health checks, logs.
-_HAPROXY_SPARE_FDS = 1000
 
 
 class ComposeError(ValueError):
@@ -120,15 +118,10 @@ class LocalTopology:
             *("--dir", str(data_dir)),
         ]
 
-    def render_haproxy(self, config: str, *, open_files: int | None = None) -> str:
+    def render_haproxy(self, config: str) -> str:
         """The HAProxy config for local processes: binds on loopback ports, and each
         `server-template NAME N ALIAS:PORT ...` as one `server` per service with that alias
-        (DNS discovery has no local equivalent), health-check ports mapped too.
-
-        `open_files`: the open-file limit HAProxy will run under here. HAProxy needs about two
-        descriptors per connection and refuses to start when it cannot raise its limit to
-        what `maxconn` asks (the container gets the file's `ulimits`; this machine cannot go
-        past its own hard limit), so a larger global maxconn is lowered to fit."""
+        (DNS discovery has no local equivalent), health-check ports mapped too."""
         haproxy = self.of_kind("haproxy")
         if len(haproxy) != 1:
             raise ComposeError(f"expected one haproxy service, found {len(haproxy)}")
@@ -153,9 +146,6 @@ class LocalTopology:
                 )
             elif words[:1] == ["server-template"]:
                 out += self._servers(indent, words)
-            elif words[:1] == ["maxconn"] and open_files is not None:
-                fits = (open_files - _HAPROXY_SPARE_FDS) // 2
-                out.append(f"{indent}maxconn {min(int(words[1]), fits)}")
             elif words[:1] == ["default-server"]:
                 kept = _drop_option(words[1:], "resolvers")
                 out.append(f"{indent}default-server {' '.join(kept)}")

@@ -28,9 +28,8 @@ How each kind runs here:
   with its ACL file from the secrets volume. Healthy: the file's healthcheck (a shell command
   with `redis-cli ... ping`) run with the service's environment and a `redis-cli` first on PATH
   that adds the local port; without one, PING answered PONG.
-- haproxy: the file's HAProxy config, rendered for loopback (`LocalTopology.render_haproxy`,
-  its global maxconn lowered to this machine's open-file limit), in the foreground
-  (`haproxy -db`). Started: every frontend accepts.
+- haproxy: the file's HAProxy config, rendered for loopback (`LocalTopology.render_haproxy`),
+  in the foreground (`haproxy -db`). Started: every frontend accepts.
 - consul: `hexmq consul-dev` on the consul service's loopback address stands in for it. The
   ACL config Consul would load (`-config-file` JSON) is read for it: ACLs on with default deny
   and an initial management token become `--acl-token-file` with that token (consul-dev cannot
@@ -49,7 +48,6 @@ import csv
 import io
 import json
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -338,8 +336,7 @@ class LocalCompose:
         haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
         source = self.compose_file.parent / _haproxy_config_source(svc.name, self._spec[svc.name])
         config = self.workdir / "haproxy.cfg"
-        _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        rendered = self.topology.render_haproxy(source.read_text(), open_files=hard)
+        rendered = self.topology.render_haproxy(source.read_text())
         config.write_text(rendered)
         return [haproxy, "-db", "-f", str(config)]
 
