@@ -25,6 +25,35 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 logger = logging.getLogger(__name__)
 
 
+class ExportLogGate(logging.Filter):
+    """Lets an exporter library's first warning or error of an outage through, then none until
+    an export succeeds again: without a Collector, the OTLP exporter logged a retry warning and
+    an error for every batch, every few seconds, in every service (issue 27). The processor
+    that owns the exporter counts the failures and says when exports work again (reopen)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._open = True
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        with self._lock:
+            if not self._open:
+                return False
+            self._open = False
+        record.msg = (
+            f"{record.msg} (further export errors are not logged until an export succeeds; "
+            'hexmq_spans_dropped_total{reason="export_failed"} counts the spans lost)'
+        )
+        return True
+
+    def reopen(self) -> None:
+        with self._lock:
+            self._open = True
+
+
 class CountingBatchSpanProcessor(SpanProcessor):
     def __init__(
         self,
@@ -35,6 +64,7 @@ class CountingBatchSpanProcessor(SpanProcessor):
         max_export_batch_size: int = 512,
         schedule_delay_s: float = 1.0,
         warn_every: int = 1000,
+        log_gate: ExportLogGate | None = None,
     ) -> None:
         if max_queue_size <= 0 or max_export_batch_size <= 0 or warn_every <= 0:
             raise ValueError("queue size, batch size and warn_every must be positive")
@@ -59,6 +89,9 @@ class CountingBatchSpanProcessor(SpanProcessor):
         self._failed = 0
         self._exported = 0
         self._failed_batches = 0
+        # Failed exports since the last one that succeeded (an outage, when > 0).
+        self._failing = 0
+        self._log_gate = log_gate
         self._worker = threading.Thread(target=self._run, name=f"hexmq-spans-{name}", daemon=True)
         self._worker.start()
 
@@ -180,11 +213,21 @@ class CountingBatchSpanProcessor(SpanProcessor):
         with self._lock:
             if ok:
                 self._exported += len(batch)
-                return
-            self._failed += len(batch)
-            self._failed_batches += 1
-            failed_batches = self._failed_batches
-            failed = self._failed
+                outage, self._failing = self._failing, 0
+            else:
+                self._failed += len(batch)
+                self._failed_batches += 1
+                self._failing += 1
+                failed_batches = self._failed_batches
+                failed = self._failed
+        if ok:
+            if outage:
+                logger.info(
+                    "span exporter %s exports again, after %d failed export(s)", self.name, outage
+                )
+                if self._log_gate is not None:
+                    self._log_gate.reopen()
+            return
         if failed_batches % 100 == 1:
             logger.warning(
                 "span exporter %s failed: %d span(s) lost in %d failed export(s) so far",

@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.util.types import AttributeValue
 
 from hexmq import __version__
-from hexmq.telemetry.batch import CountingBatchSpanProcessor
+from hexmq.telemetry.batch import CountingBatchSpanProcessor, ExportLogGate
 from hexmq.telemetry.names import SPAN_KIND
 from hexmq.telemetry.otlpjson import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES
 
@@ -32,6 +32,9 @@ DEFAULT_MAX_EXPORT_BATCH_SIZE = 512
 # under load batches fill (and are sent) long before the timer anyway.
 DEFAULT_SCHEDULE_DELAY_MS = 1000
 DROP_WARN_EVERY = 1000
+# The OTLP/gRPC exporter's own logger: a retry warning and an error for every failed batch.
+OTLP_EXPORTER_LOGGER = "opentelemetry.exporter.otlp.proto.grpc.exporter"
+OTLP_LOG_GATE = ExportLogGate()
 
 # Reusable: nullcontext's enter/exit keep no state. INVALID_SPAN is non-recording and makes
 # inject() write nothing.
@@ -246,6 +249,10 @@ def setup_tracing(
         # The exporter reads the rest of its standard variables itself (insecure, headers,
         # certificates, compression, timeout); "http://host:port" means plaintext.
         exporters.append(("otlp", OTLPSpanExporter(endpoint=endpoint)))
+        # One line per outage from the exporter library, not one per batch (ExportLogGate).
+        exporter_log = logging.getLogger(OTLP_EXPORTER_LOGGER)
+        if OTLP_LOG_GATE not in exporter_log.filters:
+            exporter_log.addFilter(OTLP_LOG_GATE)
     if trace_dir is not None and not disabled:
         from hexmq.telemetry.otlpjson import RotatingOtlpJsonFileExporter
 
@@ -286,6 +293,7 @@ def setup_tracing(
             max_export_batch_size=batch_size,
             schedule_delay_s=delay_ms / 1000,
             warn_every=DROP_WARN_EVERY,
+            log_gate=OTLP_LOG_GATE if name == "otlp" else None,
         )
         provider.add_span_processor(processor)
         processors.append(processor)

@@ -27,6 +27,7 @@ from hexmq import telemetry as tm
 from hexmq.api.common.v1 import common_pb2
 from hexmq.telemetry import Attr, SpanName
 from hexmq.telemetry.logs import _JsonHandler
+from hexmq.telemetry.tracing import OTLP_EXPORTER_LOGGER
 from tests.support.otlp_receiver import OtlpReceiver
 
 HEX32 = set("0123456789abcdef")
@@ -616,3 +617,50 @@ def test_json_logging_is_chosen_by_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not tm.json_logs_requested()
     monkeypatch.setenv("HEXMQ_LOG_FORMAT", "json")
     assert tm.json_logs_requested()
+
+
+def test_without_a_collector_the_exporter_logs_once_until_exports_work_again(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No Collector at the OTLP address (compose without its traces services): one warning
+    from the exporter library for the outage, not one per batch; a line when exports work
+    again, and the next outage is told again. The failures are counted all along."""
+    with OtlpReceiver() as probe:
+        endpoint = probe.endpoint
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_on")
+    tracing = tm.setup_tracing("edge", "n1")
+    caplog.set_level(logging.INFO)
+
+    def exporter_lines() -> list[str]:
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if r.name == OTLP_EXPORTER_LOGGER and r.levelno >= logging.WARNING
+        ]
+
+    def one_batch() -> None:
+        with tracing.span(SpanName.PUBLISH):
+            pass
+        tracing.force_flush()
+
+    try:
+        for _ in range(4):
+            one_batch()
+        assert tracing.failed_spans == 4
+        assert len(exporter_lines()) == 1, exporter_lines()
+        assert "further export errors are not logged" in exporter_lines()[0]
+        host, _, port = endpoint.removeprefix("http://").rpartition(":")
+        with OtlpReceiver(host, int(port)) as receiver:
+            one_batch()
+            assert len(receiver.spans) == 1
+        assert any(
+            "exports again, after 4 failed export(s)" in r.getMessage() for r in caplog.records
+        )
+        one_batch()
+        one_batch()
+        assert tracing.failed_spans == 6
+        assert len(exporter_lines()) == 2, exporter_lines()
+    finally:
+        tracing.shutdown()
