@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -177,3 +179,48 @@ def test_haproxy_finds_the_edges_through_the_containers_own_resolver() -> None:
     assert not [words for words in lines if words[0] == "nameserver"]
     (default_server,) = [w for w in sections["defaults"] if w[0] == "default-server"]
     assert default_server[default_server.index("resolvers") + 1] == name
+
+
+def merged_compose(*files: str) -> dict[str, Any]:
+    """The files as Compose v2 merges them (every profile), from the docker-compose binary
+    of the dev dependencies (no engine needed)."""
+    binary = Path(sys.executable).parent / "docker-compose"
+    argv = [str(binary), "--profile", "observability", "--profile", "traces"]
+    for name in files:
+        argv += ["-f", str(DEPLOY / name)]
+    out = subprocess.run(
+        [*argv, "config", "--format", "json"], capture_output=True, text=True, check=True
+    ).stdout
+    doc: dict[str, Any] = json.loads(out)
+    return doc
+
+
+def needs(services: dict[str, Any], name: str) -> set[str]:
+    """Every service `name` waits for, through depends_on, transitively."""
+    found: set[str] = set()
+    todo = [name]
+    while todo:
+        for dep in services[todo.pop()].get("depends_on", {}):
+            if dep not in found:
+                found.add(dep)
+                todo.append(dep)
+    return found
+
+
+def test_the_hexmq_image_is_built_once() -> None:
+    """One service builds each image; the others that run it only name it (a `build` on each
+    hexmq service built the same image ten times). Node 4's file adds no build either."""
+    for files in (("compose.yaml",), ("compose.yaml", "compose.node4.yaml")):
+        services = merged_compose(*files)["services"]
+        builds: dict[str, list[str]] = {}
+        for name, spec in services.items():
+            if "build" in spec:
+                builds.setdefault(spec["image"], []).append(name)
+        assert builds == {"hexmq:0.1.0": ["secrets"], "hexmq-traces:0.1.0": ["spark"]}, files
+        hexmq = [n for n, s in services.items() if s.get("image") == "hexmq:0.1.0"]
+        assert len(hexmq) >= 10
+        # Built before anything runs it: every other service of the image waits for `secrets`
+        # (node 4's through secrets-4).
+        for name in hexmq:
+            if name != "secrets":
+                assert "secrets" in needs(services, name), name
