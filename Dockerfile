@@ -17,10 +17,18 @@ COPY pyproject.toml README.md constraints.txt ./
 COPY hexmq ./hexmq
 COPY services ./services
 COPY spark ./spark
+# CA certificates (PEM) pip trusts beside its own bundle, for a build host behind a
+# TLS-inspecting proxy: --build-arg EXTRA_CA_CERTS="$(cat /usr/local/share/ca-certificates/*.crt)"
+# (compose: HEXMQ_BUILD_CA_CERTS). Only public certificates: build arguments stay in the history.
+ARG EXTRA_CA_CERTS=""
 # Every dependency comes as a wheel (grpcio, hiredis, uvloop ...): no compiler needed. The
 # versions are the ones constraints.txt pins, as for `make venv`.
 RUN python -m venv /opt/hexmq \
-    && /opt/hexmq/bin/pip install --no-cache-dir -c constraints.txt . \
+    && printf '%s\n' "$EXTRA_CA_CERTS" > /tmp/extra-ca.pem \
+    && cat "$(/opt/hexmq/bin/python -c 'from pip._vendor import certifi; print(certifi.where())')" \
+        /tmp/extra-ca.pem > /tmp/ca.pem \
+    && PIP_CERT=/tmp/ca.pem /opt/hexmq/bin/pip install --no-cache-dir -c constraints.txt . \
+    && rm /tmp/extra-ca.pem /tmp/ca.pem \
     && /opt/hexmq/bin/pip uninstall --yes pip \
     && /opt/hexmq/bin/python -m compileall -q /opt/hexmq/lib
 

@@ -224,3 +224,5 @@ def test_the_hexmq_image_is_built_once() -> None:
         for name in hexmq:
             if name != "secrets":
                 assert "secrets" in needs(services, name), name
+        build_args = services["secrets"]["build"].get("args", {})
+        assert set(build_args) == {"EXTRA_CA_CERTS"}
