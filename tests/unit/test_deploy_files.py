@@ -255,3 +255,31 @@ def test_the_hexmq_image_is_built_once() -> None:
                 assert "secrets" in needs(services, name), name
         build_args = services["secrets"]["build"].get("args", {})
         assert set(build_args) == {"EXTRA_CA_CERTS"}
+
+
+def test_every_long_running_service_has_a_healthcheck() -> None:
+    """Every service that stays up (a restart policy; not a one-shot) says when it is
+    healthy, the observability and traces services too; HAProxy's asks the monitor-uri of
+    its config, and the Collector's client comes from the one-shot it waits for."""
+    services = merged_compose("compose.yaml", "compose.node4.yaml")["services"]
+    long_running = [n for n, s in services.items() if s.get("restart") == "unless-stopped"]
+    assert {"haproxy", "otel-collector", "jaeger", "prometheus", "grafana"} <= set(long_running)
+    for name in long_running:
+        healthcheck = services[name].get("healthcheck") or {}
+        assert healthcheck.get("test"), name
+        assert not healthcheck.get("disable"), name
+    stats = haproxy_sections()["frontend stats"]
+    (port,) = [w[1].lstrip(":") for w in stats if w[0] == "bind"]
+    (uri,) = [w[1] for w in stats if w[0] == "monitor-uri"]
+    assert services["haproxy"]["healthcheck"]["test"][-1] == f"http://127.0.0.1:{port}{uri}"
+    assert ["monitor", "fail", "if", "{", "nbsrv(edges-mqtt)", "lt", "1", "}"] in stats
+    collector = services["otel-collector"]
+    tool = collector["healthcheck"]["test"][1]
+    (tools,) = [v for v in collector["volumes"] if tool.startswith(v["target"] + "/")]
+    filler = services["traces-volume"]
+    assert any(v["source"] == tools["source"] for v in filler["volumes"])
+    assert tool.removeprefix(tools["target"]) in " ".join(filler["command"])
+    assert collector["depends_on"]["traces-volume"]["condition"] == "service_completed_successfully"
+    config = yaml.safe_load((DEPLOY / "otel-collector" / "config.yaml").read_text())
+    port = config["extensions"]["health_check"]["endpoint"].rpartition(":")[2]
+    assert f":{port}/" in collector["healthcheck"]["test"][-1]
