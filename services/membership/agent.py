@@ -31,6 +31,7 @@ from services.membership.consul_client import NO_CREDENTIALS, ConsulCredentials
 from services.membership.discovery.gate import gate_for
 from services.membership.discovery.model import Discovery
 from services.membership.discovery.options import DiscoverySettings
+from services.membership.observed import Registration
 from services.membership.plan import (
     Observed,
     PlanConfig,
@@ -124,6 +125,28 @@ class AgentConfig:
 
 def wall_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+# How often a leave that waits looks at whether any other member still stays.
+LEAVE_RECHECK_S: Final = 0.5
+
+
+def nobody_stays(view: pb.View, registrations: Mapping[str, Registration], node_id: str) -> bool:
+    """No other member of the view is registered and not leaving: nobody could take node_id's
+    partitions, as when every node is stopped at once (`docker compose down` sends SIGTERM to
+    every node's services together). Its leave cannot finish then, and waiting for it (up to
+    --leave-timeout, 60 s) only delays the stop: each node stops, its partitions still
+    assigned to it, as after a plain stop. Until the agent has seen its own registration, it
+    knows nothing of the others': somebody may stay."""
+    if node_id not in registrations:
+        return False
+    for member in view.members:
+        if member.node_id == node_id:
+            continue
+        registration = registrations.get(member.node_id)
+        if registration is not None and not registration.leaving:
+            return False
+    return True
 
 
 class MembershipAgent:
@@ -363,11 +386,24 @@ class MembershipAgent:
         deadline = loop.time() + wait_s
         view = self.board.view
         while not self.has_left(view) and (wait := deadline - loop.time()) > 0:
+            if view is not None and nobody_stays(
+                view, self.registry.registrations(), self.config.node_id
+            ):
+                log.warning(
+                    "leaving: every other member of view %d is leaving or gone (the whole "
+                    "cluster stops): nobody can take %s's partitions, so it stops without "
+                    "waiting for the leave; they stay assigned here",
+                    view.epoch,
+                    self.config.node_id,
+                )
+                break
             try:
-                async with asyncio.timeout(wait):
+                # Woken by a new view, or after LEAVE_RECHECK_S to look at the registrations
+                # again (they change without a new view).
+                async with asyncio.timeout(min(wait, LEAVE_RECHECK_S)):
                     view = await self.board.newer_than(view.epoch if view is not None else 0)
             except TimeoutError:
-                break
+                view = self.board.view
         return self.leave_state()
 
     def leave_state(self) -> pb.LeaveReply:

@@ -24,7 +24,7 @@ from hexmq.node_protocol import LEGACY, Support
 from hexmq.trust.grpc_tls import ClusterTLS
 from hexmq.trust.identity import MEMBERSHIP, Identity
 from services.membership import main as membership_main
-from services.membership.agent import MembershipAgent
+from services.membership.agent import LEAVE_RECHECK_S, MembershipAgent, nobody_stays
 from services.membership.changes import (
     RebalanceLog,
     describe,
@@ -740,6 +740,43 @@ async def test_an_agent_asked_to_leave_before_any_view_has_left_at_once() -> Non
     reply = await asyncio.wait_for(agent.leave(60.0), 1.0)
     assert reply.left
     tracing.shutdown()
+
+
+async def test_a_leave_stops_waiting_once_every_other_member_leaves_too() -> None:
+    """`docker compose down` sends SIGTERM to every node's services together: every node
+    leaves, nobody can take the partitions, and each leave waited its whole --leave-timeout
+    (down took 43-51 s, issue 27). While another member stays, the leave waits as before."""
+    config = membership_main.agent_config(parse())  # node n1
+    tracing = telemetry.setup_tracing("membership", "n1")
+    agent = MembershipAgent(config, tracing, on_fatal=lambda: None, tls=ClusterTLS.insecure())
+    agent.partition_attached(7)
+    agent._adopt(None, view(3))
+    n2_leaving = replace(record("n2"), leaving=True)
+    n1 = (replace(record(), leaving=True), 10)
+    agent.registry.update({"n1": n1, "n2": (n2_leaving, 11), "n3": (record("n3"), 12)}, 0)
+    leave = asyncio.create_task(agent.leave(60.0))
+    await asyncio.sleep(3 * LEAVE_RECHECK_S)
+    assert not leave.done(), "n3 stays: it can take n1's partitions"
+    n3_leaving = replace(record("n3"), leaving=True)
+    agent.registry.update({"n1": n1, "n2": (n2_leaving, 11), "n3": (n3_leaving, 12)}, 0)
+    reply = await asyncio.wait_for(leave, 10)  # not the 60 s --leave-timeout
+    assert not reply.left
+    assert reply.partitions_held == 2
+    tracing.shutdown()
+
+
+def test_nobody_stays_when_every_other_member_leaves_or_is_gone() -> None:
+    regs = {n: record(n).registration(0) for n in ("n1", "n2", "n3")}
+    leaving = {n: replace(r, leaving=True) for n, r in regs.items()}
+    assert not nobody_stays(view(3), regs, "n1")
+    assert not nobody_stays(view(3), {**regs, "n2": leaving["n2"]}, "n1")
+    assert nobody_stays(view(3), {**leaving, "n1": regs["n1"]}, "n1")
+    assert nobody_stays(view(3), {"n1": regs["n1"], "n3": leaving["n3"]}, "n1")  # n2 gone
+    # A registered node that is no member does not count: it holds no view's trust yet.
+    assert nobody_stays(view(3, members=("n1",)), regs, "n1")
+    # Before its own registration is seen, nothing is known of the others'.
+    assert not nobody_stays(view(3), {}, "n1")
+    assert not nobody_stays(view(3), {"n2": leaving["n2"], "n3": leaving["n3"]}, "n1")
 
 
 async def test_a_node_that_has_left_registers_as_serving_nothing() -> None:
