@@ -283,3 +283,23 @@ def test_every_long_running_service_has_a_healthcheck() -> None:
     config = yaml.safe_load((DEPLOY / "otel-collector" / "config.yaml").read_text())
     port = config["extensions"]["health_check"]["endpoint"].rpartition(":")[2]
     assert f":{port}/" in collector["healthcheck"]["test"][-1]
+
+
+def test_stop_grace_periods_let_a_leave_finish_and_the_rest_stop_in_time() -> None:
+    """SIGTERM to a hexmq service is a leave of up to --leave-timeout: the grace is longer,
+    or the engine's SIGKILL cuts it short. Redis, Consul and HAProxy have one of their own
+    (HAProxy's soft stop closes what is left by hard-stop-after, within it)."""
+    services = merged_compose("compose.yaml", "compose.node4.yaml")["services"]
+    for name, spec in services.items():
+        command = spec.get("command") or []
+        if spec.get("image") == "hexmq:0.1.0" and command[:1] in (
+            ["membership"],
+            ["partition"],
+            ["edge"],
+        ):
+            leave_timeout = float(spec["environment"].get("HEXMQ_LEAVE_TIMEOUT", 60))
+            assert seconds(spec["stop_grace_period"]) > leave_timeout + 10, name
+        elif name.startswith("redis-") or name in ("consul", "haproxy"):
+            assert 5 <= seconds(spec["stop_grace_period"]) <= 30, name
+    (hard_stop,) = [w for w in haproxy_sections()["global"] if w[0] == "hard-stop-after"]
+    assert seconds(hard_stop[1]) < seconds(services["haproxy"]["stop_grace_period"])
