@@ -16,7 +16,7 @@ TEST_WORKERS ?= 3
 COMPOSE_DIR := deploy/compose
 COMPOSE := $(BIN)/docker-compose --profile observability --profile traces
 
-.PHONY: system-deps venv proto proto-check lint typecheck deploy-check test test-unit test-fault test-interop bench bench-moderate bench-transport bench-failover bench-rebalance bench-memory bench-retained bench-attacks run clean
+.PHONY: system-deps venv proto proto-check lint typecheck deploy-check test test-unit test-fault test-interop test-deploy bench bench-moderate bench-transport bench-failover bench-rebalance bench-memory bench-retained bench-attacks run clean
 
 # redis-server and the mosquitto tools come from the system's packages (apt on Debian).
 # (A no-op when they are installed, so every target that needs them can depend on it.)
@@ -54,8 +54,12 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 # The deployment files, checked every way that runs without a Docker engine: the Compose v2
-# binary (rejects unknown keys, undefined dependencies), the compose-spec JSON schema (also on
-# compose.yaml + compose.node4.yaml as Compose merges them), hadolint, and haproxy -c. Then
+# binary (rejects unknown keys, undefined dependencies; also with node 4's file and with the
+# stand-ins of make test-deploy), the compose-spec JSON schema (also on compose.yaml +
+# compose.node4.yaml as Compose merges them), hadolint, haproxy -c, and the checks of what no
+# tool checks (tests/unit/test_deploy_files.py: one image build, a healthcheck with a timeout
+# that holds on a loaded host for every long-running service, stop grace periods, HAProxy's
+# resolvers and open files; HAProxy started with the file's config under 1024 open files). Then
 # every Kubernetes overlay, without a cluster: rendered by `kubectl kustomize`, validated
 # against the Kubernetes JSON schemas of the oldest and newest versions it is for (strict:
 # unknown fields fail), and compared with what `hexmq cluster up` runs for the same cluster
@@ -71,8 +75,11 @@ deploy-check: $(STAMP) system-deps
 	  $(COMPOSE) -f $(COMPOSE_DIR)/compose.yaml -f $(COMPOSE_DIR)/compose.node4.yaml config > "$$merged" && \
 	  echo "check-jsonschema: compose.yaml + compose.node4.yaml, merged" && \
 	  $(BIN)/check-jsonschema --builtin-schema vendor.compose-spec "$$merged"
+	$(COMPOSE) -f $(COMPOSE_DIR)/compose.yaml -f $(COMPOSE_DIR)/compose.standin.yaml config -q
 	$(BIN)/hadolint Dockerfile
 	haproxy -c -q -f $(COMPOSE_DIR)/haproxy/haproxy.cfg
+	$(BIN)/pytest -q -p no:xdist tests/unit/test_deploy_files.py \
+	  tests/unit/test_compose.py::test_haproxy_starts_with_the_files_config_under_a_low_open_file_limit
 	@rendered=$$(mktemp --suffix=.yaml) && trap 'rm -f "$$rendered"' EXIT && \
 	  for overlay in $(K8S_OVERLAYS); do \
 	    $(BIN)/kubectl kustomize $$overlay > "$$rendered" || exit 1; \
@@ -85,7 +92,7 @@ deploy-check: $(STAMP) system-deps
 	@echo "deploy-check: compose, schema, Dockerfile, HAProxy config and Kubernetes overlays are valid"
 
 test: $(STAMP) system-deps
-	$(BIN)/pytest -m "not fault and not soak and not interop" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/pytest -m "not fault and not soak and not interop and not deploy" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
@@ -107,6 +114,17 @@ endif
 # 3.1.1, on one node and through a round-robin balancer over three: minutes of its own sleeps.
 test-interop: $(STAMP) system-deps
 	$(BIN)/pytest -m interop $(PYTEST_ARGS)
+
+# deploy/compose for real: the image built from the Dockerfile and the topology run by Compose
+# v2 with the machine's container engine (Docker, or podman from scripts/deploy-deps.sh), with
+# stand-in base images made from Debian packages where no registry answers
+# (scripts/deploy-images.sh, compose.standin.yaml). Root or sudo for podman. Not in make test
+# (docs/deploy.md, "Running it for real": before every release). DEPLOY_RESULTS: a JSON file
+# for the figures it measures.
+DEPLOY_RESULTS ?=
+test-deploy: $(STAMP) system-deps
+	scripts/deploy-deps.sh
+	HEXMQ_DEPLOY_RESULTS=$(DEPLOY_RESULTS) $(BIN)/pytest -m deploy tests/deploy -s -p no:xdist $(PYTEST_ARGS)
 
 # Throughput and latency beside mosquitto (BENCH_ARGS), the moderate-load suite (fixed rates,
 # deliveries per CPU-second, memory per connection; MODERATE_ARGS), then the failover benchmark
