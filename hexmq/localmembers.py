@@ -298,6 +298,11 @@ def leave_node(
                 continue
             if reply.left:
                 break
+            if reply.nobody_stays:
+                raise ClusterError(
+                    f"node {number} cannot leave: every other member of view "
+                    f"{reply.view_epoch} is leaving or gone, nobody can take its partitions"
+                )
             log.info(
                 "node %d leaving: %d partition(s) still have a replica on it (view %d, %.0f s)",
                 number,

@@ -396,7 +396,9 @@ class MembershipAgent:
                     view.epoch,
                     self.config.node_id,
                 )
-                break
+                reply = self.leave_state()
+                reply.nobody_stays = True
+                return reply
             try:
                 # Woken by a new view, or after LEAVE_RECHECK_S to look at the registrations
                 # again (they change without a new view).

@@ -141,7 +141,8 @@ async def leave_cluster(
     target: str, dial: Dial, timeout_s: float, cut_short: asyncio.Event | None = None
 ) -> pb.LeaveReply | None:
     """Ask the node's agent at `target` (a channel from `dial`) to take the node out of the
-    cluster and wait until it has (the reply says `left`), `timeout_s` has passed, or
+    cluster and wait until it has (the reply says `left`), cannot (`nobody_stays`: the whole
+    cluster stops), `timeout_s` has passed, or
     `cut_short` is set (a plain stop signal came). None if the agent could not be asked at
     all: the caller stops anyway, and the node's partitions fail over as after any stop
     (docs/operations.md, "Leaving")."""
@@ -179,7 +180,7 @@ async def leave_cluster(
                     return reply
                 await asyncio.sleep(min(_LEAVE_RETRY_S, max(0.0, deadline - loop.time())))
                 continue
-            if reply.left:
+            if reply.left or reply.nobody_stays:
                 return reply
     return reply
 
@@ -210,6 +211,11 @@ def describe_leave(reply: pb.LeaveReply | None, timeout_s: float) -> str:
         return "leave: the membership agent could not be asked; stopping without a leave"
     if reply.left:
         return f"left the cluster in view {reply.view_epoch}; stopping"
+    if reply.nobody_stays:
+        return (
+            f"leave: every other member of view {reply.view_epoch} is leaving or gone, nobody "
+            f"can take the {reply.partitions_held} partitions held here; stopping without it"
+        )
     return (
         f"leave not finished within {timeout_s:.0f}s (view {reply.view_epoch}, "
         f"{reply.partitions_held} partitions still have a replica here); stopping anyway"

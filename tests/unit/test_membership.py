@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -32,7 +33,7 @@ from services.membership.changes import (
     partition_health,
     record_view_change,
 )
-from services.membership.client import ViewWatcher
+from services.membership.client import ViewWatcher, describe_leave, leave_cluster
 from services.membership.plan import HandoverRequest, InSyncRequest
 from services.membership.probes import (
     FORGIVE_MS,
@@ -761,7 +762,9 @@ async def test_a_leave_stops_waiting_once_every_other_member_leaves_too() -> Non
     agent.registry.update({"n1": n1, "n2": (n2_leaving, 11), "n3": (n3_leaving, 12)}, 0)
     reply = await asyncio.wait_for(leave, 10)  # not the 60 s --leave-timeout
     assert not reply.left
+    assert reply.nobody_stays
     assert reply.partitions_held == 2
+    assert "nobody can take the 2 partitions held here" in describe_leave(reply, 60.0)
     tracing.shutdown()
 
 
@@ -858,3 +861,30 @@ def test_a_rebalance_is_logged_when_it_starts_and_when_it_ends() -> None:
     assert end is not None
     assert end.startswith("rebalance finished in view 4 after 2.5s (views 2-4")
     assert log.observe(done, 5_000) is None
+
+
+async def test_a_service_stops_asking_to_leave_once_the_agent_says_nobody_stays() -> None:
+    """The partition service asks its agent again until the reply says `left`: a reply that
+    says `nobody_stays` ends it too (it asked again at once, for its whole --leave-timeout:
+    the last node of a `docker compose down` took 60 s to stop)."""
+    calls = []
+
+    class Agent(pb_grpc.MembershipServiceServicer):
+        async def Leave(self, request: pb.LeaveRequest, context: Any) -> pb.LeaveReply:
+            calls.append(request.wait_ms)
+            return pb.LeaveReply(view_epoch=9, partitions_held=5, nobody_stays=True)
+
+    server = grpc.aio.server()
+    pb_grpc.add_MembershipServiceServicer_to_server(Agent(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        target = f"127.0.0.1:{port}"
+        reply = await asyncio.wait_for(
+            leave_cluster(target, lambda: grpc.aio.insecure_channel(target), 60.0), 10
+        )
+    finally:
+        await server.stop(None)
+    assert reply is not None
+    assert reply.nobody_stays
+    assert len(calls) == 1

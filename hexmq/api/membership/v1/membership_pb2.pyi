@@ -437,22 +437,28 @@ class LeaveReply(_message.Message):
     LEFT_FIELD_NUMBER: _builtins.int
     VIEW_EPOCH_FIELD_NUMBER: _builtins.int
     PARTITIONS_HELD_FIELD_NUMBER: _builtins.int
+    NOBODY_STAYS_FIELD_NUMBER: _builtins.int
     left: _builtins.bool
     """The node is out of the agreed view: nothing left to move, its services may exit."""
     view_epoch: _builtins.int
     """The agreed view's epoch when answering."""
     partitions_held: _builtins.int
     """Partitions that still have a replica on this node."""
+    nobody_stays: _builtins.bool
+    """Not left, and never will be: every other member of the view is leaving or gone (the
+    whole cluster stops at once), so nobody can take the partitions. Stop without waiting.
+    """
     def __init__(
         self,
         *,
         left: _builtins.bool = ...,
         view_epoch: _builtins.int = ...,
         partitions_held: _builtins.int = ...,
+        nobody_stays: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["left", b"left", "partitions_held", b"partitions_held", "view_epoch", b"view_epoch"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["left", b"left", "nobody_stays", b"nobody_stays", "partitions_held", b"partitions_held", "view_epoch", b"view_epoch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
