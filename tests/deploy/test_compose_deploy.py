@@ -327,8 +327,14 @@ def test_compose_runs_for_real_and_survives_a_node_killed(deployment: Deployment
 
     # Down: graceful and quick, and nothing of the project left.
     began = time.monotonic()
-    compose.run("down", "-v", timeout=900)
+    progress = compose.run_timed("down", "-v", timeout=900)
     results["down_s"] = round(time.monotonic() - began, 1)
+    # When each container stopped, from the start of `down` (Compose's progress lines).
+    results["down_stopped_at_s"] = {
+        line.split()[1].removeprefix(f"{compose.project}-"): at
+        for at, line in progress
+        if line.split()[:1] == ["Container"] and line.split()[-1:] == ["Stopped"]
+    }
     assert engine.project_leftovers(compose.project) == {}
 
 

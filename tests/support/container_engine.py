@@ -296,6 +296,26 @@ class Compose:
             )
         return result.stdout + result.stderr
 
+    def run_timed(self, *args: str, timeout: float = 900) -> list[tuple[float, str]]:
+        """Run, and each line of Compose's progress output with the seconds since the start
+        (which container stopped when, for `down`); EngineError if it fails."""
+        began = time.monotonic()
+        proc = subprocess.Popen(
+            self.argv(*args),
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        assert proc.stdout is not None
+        with proc.stdout:
+            lines = [(round(time.monotonic() - began, 1), line.rstrip()) for line in proc.stdout]
+        code = proc.wait(timeout)
+        if code != 0:
+            tail = "\n".join(line for _, line in lines[-40:])
+            raise EngineError(f"docker-compose {' '.join(args)} exited {code}:\n{tail}")
+        return lines
+
 
 def _answers(argv: list[str], env: dict[str, str]) -> bool:
     try:
