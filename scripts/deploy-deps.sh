@@ -21,15 +21,5 @@ command -v iptables >/dev/null || [ -x /usr/sbin/iptables ] || missing+=(iptable
 command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
 ((${#missing[@]})) || exit 0
 
-if ! command -v apt-get >/dev/null; then
-  echo "make test-deploy needs a Docker engine, or: ${missing[*]}" >&2
-  exit 1
-fi
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null || { echo "installing ${missing[*]} needs root or sudo" >&2; exit 1; }
-  SUDO="sudo"
-fi
-echo "installing system packages: ${missing[*]}" >&2
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+. "$(dirname "$0")/apt-install.sh"
+apt_install "${missing[@]}"

@@ -19,15 +19,5 @@ command -v unshare >/dev/null || missing+=(util-linux)
 command -v faketime >/dev/null || missing+=(faketime)
 ((${#missing[@]})) || exit 0
 
-if ! command -v apt-get >/dev/null; then
-  echo "hexmq needs: ${missing[*]} (install them with your package manager)" >&2
-  exit 1
-fi
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null || { echo "installing ${missing[*]} needs root or sudo" >&2; exit 1; }
-  SUDO="sudo"
-fi
-echo "installing system packages: ${missing[*]}" >&2
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+. "$(dirname "$0")/apt-install.sh"
+apt_install "${missing[@]}"

@@ -107,17 +107,7 @@ class ContainerEngine:
 
     def run(self, *args: str, check: bool = True, timeout: float = 600) -> str:
         """The engine's own CLI (podman talks to its store directly; same state)."""
-        result = subprocess.run(
-            [self.name, *args],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-        if check and result.returncode != 0:
-            raise EngineError(f"{self.name} {' '.join(args)}: {result.stderr.strip()}")
-        return result.stdout
+        return _cli([self.name, *args], self.env, timeout, check).stdout
 
     def images_pullable(self, images: Sequence[str], timeout: float = 120) -> bool:
         """True if every image is present or can be pulled (a registry answers)."""
@@ -281,19 +271,7 @@ class Compose:
         return [*argv, *args]
 
     def run(self, *args: str, timeout: float = 900, check: bool = True) -> str:
-        result = subprocess.run(
-            self.argv(*args),
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-        if check and result.returncode != 0:
-            raise EngineError(
-                f"docker-compose {' '.join(args)} exited {result.returncode}:\n"
-                f"{result.stdout[-4000:]}{result.stderr[-4000:]}"
-            )
+        result = _cli(self.argv(*args), self.env, timeout, check)
         return result.stdout + result.stderr
 
     def run_timed(self, *args: str, timeout: float = 900) -> list[tuple[float, str]]:
@@ -315,6 +293,21 @@ class Compose:
             tail = "\n".join(line for _, line in lines[-40:])
             raise EngineError(f"docker-compose {' '.join(args)} exited {code}:\n{tail}")
         return lines
+
+
+def _cli(
+    argv: list[str], env: dict[str, str], timeout: float, check: bool
+) -> subprocess.CompletedProcess[str]:
+    """Run a command line; EngineError with its output's end if it fails and `check`."""
+    result = subprocess.run(
+        argv, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if check and result.returncode != 0:
+        raise EngineError(
+            f"{Path(argv[0]).name} {' '.join(argv[1:])} exited {result.returncode}:\n"
+            f"{result.stdout[-4000:]}{result.stderr[-4000:]}"
+        )
+    return result
 
 
 def _answers(argv: list[str], env: dict[str, str]) -> bool:
