@@ -7,12 +7,14 @@ a whole node serving over TLS, and a wrong password refused at start, naming the
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -387,14 +389,22 @@ async def test_tls_fails_for_a_client_without_the_ca_the_host_or_a_certificate(
     url, access = tls_redis.url(host), tls_redis.access(**changes)
     client = redis_client(url, 5.0, access=access)
     writer = RedisTransactions(url, connect_timeout=5.0, access=access)
-    try:
-        with pytest.raises(redis.ConnectionError, match=why):
-            await client.ping()
-        with pytest.raises(redis.ConnectionError, match=why):
-            await writer.connect()
-    finally:
-        await client.aclose()
-        await writer.aclose()
+    # asyncio (Python 3.11) leaves the socket and transport of a failed TLS handshake to the
+    # collector, inside create_connection where no caller can close them (python/cpython
+    # #90476 and kin): collected here, where that is expected, not as an "unclosed transport"
+    # failure of whatever this test's worker runs when the collector comes (make test failed
+    # this test on its own once that way).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        try:
+            with pytest.raises(redis.ConnectionError, match=why):
+                await client.ping()
+            with pytest.raises(redis.ConnectionError, match=why):
+                await writer.connect()
+        finally:
+            await client.aclose()
+            await writer.aclose()
+            gc.collect()
 
 
 async def test_plain_text_to_the_tls_port_gets_nothing(tls_redis: LockedRedis) -> None:
