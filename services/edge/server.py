@@ -31,6 +31,7 @@ from services.edge.handoff import hand_off_shared, publish_will
 from services.edge.limits import ConnectionLimit, ConnectionRate, connection_ceiling
 from services.edge.links import GRPC_OPTIONS, PartitionLink
 from services.edge.listeners import start_listeners
+from services.edge.outcomes import kick_code
 from services.edge.qos2_origins import OriginForgets
 from services.edge.router import Router
 from services.edge.stats import EdgeStats
@@ -417,7 +418,7 @@ class Edge:
         confirm_to = link.node_id if kick.confirm else ""
         if conn is not None:
             # Closes it, then confirms the close to the kicking master (act.ConfirmKick).
-            conn.kick(kick.reason_code, confirm_to)
+            conn.kick(kick_code(kick.reason), confirm_to)
         elif confirm_to:
             # Gone already: not live here, which is what the master waits to hear.
             kicked = pb.Kicked(client_id=kick.client_id, connection_id=kick.connection_id)

@@ -23,7 +23,6 @@ from typing import Any
 from hexmq import telemetry
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
-from hexmq.mqtt.reason_codes import ReasonCode
 from hexmq.node_protocol import KICK_ACKS, ProtocolError, Support
 from hexmq.topics import TopicTrie
 from services.partition.commit_queue import CommitQueue, Scope
@@ -265,12 +264,12 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
                 session.detach(now)
                 self._presence(session)
             else:
-                self._kick(session, ReasonCode.SESSION_TAKEN_OVER, now)
+                self._kick(session, pb.KICK_REASON_TAKEN_OVER, now)
             self._connection_lost(session, now)
         elif session is not None and session.orphan and not again:
             # Live on an edge that has not re-attached it to this new master yet. (An edge
             # with no link here cannot be told, nor waited for: the answer goes as before.)
-            kicked = self._kick_orphan(session, reason_code=ReasonCode.SESSION_TAKEN_OVER)
+            kicked = self._kick_orphan(session, pb.KICK_REASON_TAKEN_OVER)
             if kicked is not None and kicked[1].kick_acks:
                 self.takeovers.kicked(req.client_id, kicked[0], kicked[1], now)
             self._connection_lost(session, now)
@@ -462,7 +461,7 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
 
     # ----- helpers ----------------------------------------------------------------------
 
-    def _kick(self, session: Session, reason_code: int, now: int) -> None:
+    def _kick(self, session: Session, reason: pb.KickReason.ValueType, now: int) -> None:
         conn = session.connection
         assert conn is not None
         link = conn.link
@@ -470,7 +469,7 @@ class PartitionNode(PartitionRoles, Subscriptions, MessageDelivery, InboundQos2,
             kick=pb.Kick(
                 client_id=session.client_id,
                 connection_id=conn.connection_id,
-                reason_code=reason_code,
+                reason=reason,
                 confirm=link.kick_acks,
             )
         )

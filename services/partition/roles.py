@@ -439,7 +439,9 @@ class PartitionRoles(MasterState):
             self.seen.unload(p)
             self.redelivery.unload(p)
 
-    def _kick_orphan(self, session: Session, reason_code: int) -> tuple[str, EdgeLink] | None:
+    def _kick_orphan(
+        self, session: Session, reason: pb.KickReason.ValueType
+    ) -> tuple[str, EdgeLink] | None:
         """Close the connection a promoted master inherited for the session (on whichever edge
         holds it), before another connection takes the session over (G5). Returns the
         connection kicked and its edge's link (None: that edge has no link to this master, so
@@ -452,7 +454,7 @@ class PartitionRoles(MasterState):
             kick=pb.Kick(
                 client_id=session.client_id,
                 connection_id=conn_id,
-                reason_code=reason_code,
+                reason=reason,
                 confirm=link.kick_acks,
             )
         )

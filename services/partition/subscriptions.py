@@ -10,7 +10,6 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from hexmq.api.partition.v1 import partition_pb2 as pb
-from hexmq.mqtt.reason_codes import ReasonCode
 from hexmq.topics import SHARED_PREFIX
 from services.partition.effects import AfterIndexed
 from services.partition.index_barrier import IndexBarrier
@@ -22,6 +21,11 @@ if TYPE_CHECKING:
     from services.partition.delivery import LimitCounts, QueueLimits
 
 MAX_QOS = 2
+GRANTED = (
+    pb.FILTER_OUTCOME_GRANTED_QOS_0,
+    pb.FILTER_OUTCOME_GRANTED_QOS_1,
+    pb.FILTER_OUTCOME_GRANTED_QOS_2,
+)
 
 
 class Subscriptions(MasterState):
@@ -36,7 +40,7 @@ class Subscriptions(MasterState):
         if session is None:
             return
         batch = self.commit.batch
-        codes: list[int] = []
+        outcomes: list[pb.FilterOutcome.ValueType] = []
         existed = []
         announced = self.index_barrier.seq
         most = self.limits.max_subscriptions
@@ -46,19 +50,19 @@ class Subscriptions(MasterState):
             if not had and len(session.subscriptions) >= most:
                 # --max-subscriptions: this filter only (a replaced one is no new one).
                 self.limit_counts.subscriptions += 1
-                codes.append(ReasonCode.QUOTA_EXCEEDED)
+                outcomes.append(pb.FILTER_OUTCOME_SUBSCRIPTION_LIMIT)
                 continue
             granted = pb.SubscriptionSpec()
             granted.CopyFrom(spec)
             granted.qos = min(spec.qos, MAX_QOS)
             self._add_subscription(session, granted, announce=True)
             batch.put_subscription(session.partition, session.client_id, granted)
-            codes.append(granted.qos)
+            outcomes.append(GRANTED[granted.qos])
         if self.index_barrier.seq == announced:
-            self._reply(link, cmd, reason_codes=codes, existed=existed)
+            self._reply(link, cmd, filter_outcomes=outcomes, existed=existed)
             return
         # A filter new to the edges' index: SUBACK once every edge routes by it.
-        event = _result(cmd.request_id, reason_codes=codes, existed=existed)
+        event = _result(cmd.request_id, filter_outcomes=outcomes, existed=existed)
         self.commit.after(AfterIndexed(link, event, self.index_barrier.seq))
 
     def _index_ack(self, link: EdgeLink, cmd: pb.EdgeCommand, now: int) -> None:
@@ -69,16 +73,16 @@ class Subscriptions(MasterState):
         session = self._live_session(link, cmd, req.client_id, req.connection_id)
         if session is None:
             return
-        codes = []
+        outcomes = []
         removed = []
         for filt in req.filters:
             if self._remove_subscription(session, filt):
-                codes.append(ReasonCode.SUCCESS)
+                outcomes.append(pb.FILTER_OUTCOME_REMOVED)
                 removed.append(filt)
             else:
-                codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
+                outcomes.append(pb.FILTER_OUTCOME_NOT_SUBSCRIBED)
         self.commit.batch.delete_subscriptions(session.partition, session.client_id, removed)
-        self._reply(link, cmd, reason_codes=codes)
+        self._reply(link, cmd, filter_outcomes=outcomes)
 
     def _add_subscription(
         self, session: Session, spec: pb.SubscriptionSpec, *, announce: bool

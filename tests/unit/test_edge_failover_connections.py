@@ -133,7 +133,7 @@ async def test_a_session_moved_by_the_view_is_re_attached_at_the_new_master(edge
     (subscribe,) = taken(n2)
     assert subscribe.HasField("subscribe")
     assert subscribe.partition_epoch == 2
-    ok(n2, subscribe, reason_codes=[1], existed=[False])
+    ok(n2, subscribe, filter_outcomes=[pb.FILTER_OUTCOME_GRANTED_QOS_1], existed=[False])
     (suback,) = await sub.received()
     assert isinstance(suback, SubAck)
     assert suback.reason_codes == (1,)

@@ -625,7 +625,7 @@ def test_a_kick_is_confirmed_only_to_a_master_that_asks(monkeypatch: pytest.Monk
         return True
 
     monkeypatch.setattr(link, "send", send)
-    kick = pb.Kick(client_id="c1", connection_id="n1.1.77", reason_code=RC.SESSION_TAKEN_OVER)
+    kick = pb.Kick(client_id="c1", connection_id="n1.1.77", reason=pb.KICK_REASON_TAKEN_OVER)
     edge.on_kick(link, kick)
     assert sent == []
     kick.confirm = True

@@ -238,7 +238,7 @@ async def test_a_publish_read_after_a_subscribe_goes_to_the_subscribers_partitio
     assert taken(n1) == []
     # The partition announces the filter (applied before its answer, same link), answers.
     index_update(n2, pb.IndexEntry(partition=5, filter="u/+", present=True, epoch=1))
-    ok(n2, subscribe, reason_codes=[1], existed=[False])
+    ok(n2, subscribe, filter_outcomes=[pb.FILTER_OUTCOME_GRANTED_QOS_1], existed=[False])
     ok(n2, publish)
     packets = await sub.received()
     assert [type(p) for p in packets] == [SubAck]
@@ -279,7 +279,7 @@ async def test_a_subscriber_gone_before_its_suback_keeps_the_route_until_the_ans
     (subscribe, close) = taken(n2)
     assert close.HasField("close_session")
     assert edge.router.pending  # the SUBSCRIBE may still be applied: still routed there
-    ok(n2, subscribe, reason_codes=[1], existed=[False])
+    ok(n2, subscribe, filter_outcomes=[pb.FILTER_OUTCOME_GRANTED_QOS_1], existed=[False])
     assert not edge.router.pending
     assert edge.router.pending.watches == 0
 
@@ -299,7 +299,7 @@ async def test_retained_messages_routed_after_the_subscribe_are_not_gathered_aga
     (stored,) = taken(n1)
     assert stored.publish.HasField("retained")
     assert stored.publish.message == live.publish.message
-    ok(n2, subscribe, reason_codes=[1], existed=[False])
+    ok(n2, subscribe, filter_outcomes=[pb.FILTER_OUTCOME_GRANTED_QOS_1], existed=[False])
     (suback,) = await sub.received()
     assert isinstance(suback, SubAck)
     (query1,) = taken(n1)
@@ -320,7 +320,12 @@ async def test_retained_messages_without_a_newer_routing_are_gathered(edge: Edge
     sub.send(Subscribe(1, (Subscription("q/+", 1), Subscription("$share/g/q/+", 1))))
     (subscribe,) = taken(n2)
     assert edge.router.pending.watches == 1
-    ok(n2, subscribe, reason_codes=[1, 1], existed=[False, False])
+    ok(
+        n2,
+        subscribe,
+        filter_outcomes=[pb.FILTER_OUTCOME_GRANTED_QOS_1, pb.FILTER_OUTCOME_GRANTED_QOS_1],
+        existed=[False, False],
+    )
     await sub.received()
     (query1,) = taken(n1)
     (query2,) = taken(n2)
@@ -338,7 +343,7 @@ async def test_no_watch_for_subscriptions_that_get_no_retained_messages(edge: Ed
     sub.send(Subscribe(1, (Subscription("z/+", 1, retain_handling=2),)))
     (subscribe,) = taken(n2)
     assert edge.router.pending.watches == 0
-    ok(n2, subscribe, reason_codes=[1], existed=[False])
+    ok(n2, subscribe, filter_outcomes=[pb.FILTER_OUTCOME_GRANTED_QOS_1], existed=[False])
     await sub.received()
     assert taken(n2) == []  # nothing to gather
 
@@ -358,7 +363,7 @@ async def test_a_shared_members_unsubscribe_keeps_the_group_off_its_partition_un
         pub.send(Publish("s/x", b"m", qos=1, packet_id=pid))
     assert taken(n1) == []
     assert [targets(c) for c in taken(n2)] == [[6]] * 4
-    ok(n1, unsubscribe, reason_codes=[0])
+    ok(n1, unsubscribe, filter_outcomes=[pb.FILTER_OUTCOME_REMOVED])
     (unsuback,) = await leaver.received()
     assert isinstance(unsuback, UnsubAck)
     assert not edge.router.pending

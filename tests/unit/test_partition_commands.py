@@ -12,7 +12,6 @@ import pytest
 
 from hexmq.api.common.v1.common_pb2 import Message
 from hexmq.api.partition.v1 import partition_pb2 as pb
-from hexmq.mqtt.reason_codes import ReasonCode
 from hexmq.node_protocol import THIS_RELEASE
 from services.partition.effects import (
     AfterIndexed,
@@ -88,7 +87,7 @@ def test_a_takeover_from_another_edge_kicks_the_old_connection_with_0x8e() -> No
     rid = connect(new, "c", "e2.1")
     session = node.sessions["c"]
     kick = pb.PartitionEvent(
-        kick=pb.Kick(client_id="c", connection_id="e1.1", reason_code=ReasonCode.SESSION_TAKEN_OVER)
+        kick=pb.Kick(client_id="c", connection_id="e1.1", reason=pb.KICK_REASON_TAKEN_OVER)
     )
     # The kick goes after the commit, as the old connection's own CONNACK did; then the new
     # connection's answer, then its deliveries may flow.
@@ -145,7 +144,6 @@ def test_a_takeover_of_a_kept_session_cancels_a_delayed_will() -> None:
 # ----- strict takeover (G5): the new connection's answer waits for the old one's close -----
 
 ACKING = THIS_RELEASE  # an edge of this release: it confirms each Kick once closed (kick-acks)
-TAKEN_OVER = ReasonCode.SESSION_TAKEN_OVER
 
 
 def kicks_of(edge: Edge) -> list[str]:
@@ -264,7 +262,13 @@ def test_a_qos1_publish_is_queued_durably_and_delivered_once_durable() -> None:
     (*_, after_indexed) = commit.queue.pending()
     assert after_indexed == AfterIndexed(
         sub.link,
-        pb.PartitionEvent(result=pb.Result(request_id=suback, reason_codes=[1], existed=[False])),
+        pb.PartitionEvent(
+            result=pb.Result(
+                request_id=suback,
+                filter_outcomes=[pb.FILTER_OUTCOME_GRANTED_QOS_1],
+                existed=[False],
+            )
+        ),
         seq,
     )
     for edge in (sub, pub):

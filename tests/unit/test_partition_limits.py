@@ -11,12 +11,12 @@ from typing import Any
 from hexmq.api.common.v1.common_pb2 import Message
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
-from hexmq.mqtt.reason_codes import ReasonCode
 from services.partition.delivery import QueueLimits
 from services.partition.node import PartitionNode
 from tests.support.partition_harness import EPOCH, Edge, InstantCommit, P, connect, make_node
 
 SC = pb.StatusCode
+LIMIT = pb.FILTER_OUTCOME_SUBSCRIPTION_LIMIT
 
 
 def limited(**limits: Any) -> tuple[PartitionNode, InstantCommit, Edge]:
@@ -116,12 +116,16 @@ def test_subscriptions_per_session_are_capped_filter_by_filter() -> None:
     node.index_barrier.acked(edge.link, node.index_barrier.seq)
     commit.durable()
     results, _ = edge.heard()
-    assert list(results[rid].reason_codes) == [1, 1, ReasonCode.QUOTA_EXCEEDED]
+    assert list(results[rid].filter_outcomes) == [
+        pb.FILTER_OUTCOME_GRANTED_QOS_1,
+        pb.FILTER_OUTCOME_GRANTED_QOS_1,
+        LIMIT,
+    ]
     # Replacing a subscription the session has is not a new one; a new one is refused.
     rid = subscribe(edge, "s", "e1.1", "a", "d")
     commit.durable()
     results, _ = edge.heard()
-    assert list(results[rid].reason_codes) == [1, ReasonCode.QUOTA_EXCEEDED]
+    assert list(results[rid].filter_outcomes) == [pb.FILTER_OUTCOME_GRANTED_QOS_1, LIMIT]
     assert set(node.sessions["s"].subscriptions) == {"a", "b"}
     assert node.limit_counts.subscriptions == 2
     assert node.limit_counts.counters()["limits/subscriptions"] == 2

@@ -354,7 +354,9 @@ async def test_a_takeover_closes_the_connection_the_new_master_inherited() -> No
     c.commit.durable()
     events = c.edge.events()
     kicks = [e.kick for e in events if e.HasField("kick")]
-    assert [(k.client_id, k.connection_id, k.reason_code) for k in kicks] == [("a", "n2.1.9", 0x8E)]
+    assert [(k.client_id, k.connection_id, k.reason) for k in kicks] == [
+        ("a", "n2.1.9", pb.KICK_REASON_TAKEN_OVER)
+    ]
     (result,) = [e.result for e in events if e.HasField("result")]
     assert result.request_id == rid
     assert result.session_present  # the session lives on, now this connection's

@@ -9,6 +9,7 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.mqtt import MQTTError, SubAck, SubackReturnCode, Subscribe, UnsubAck, Unsubscribe
 from hexmq.topics import split_shared, validate_topic_filter
 from services.edge import retained
+from services.edge.outcomes import suback_codes, unsuback_codes
 from services.edge.pending_subscriptions import RetainedWatch
 from services.edge.session.actions import GatherRetained
 from services.edge.session.state import OK, RC, V5, SessionState, State
@@ -86,7 +87,8 @@ def handle_subscribe(s: SessionState, packet: Subscribe, now: float, wall_ms: in
                 router.pending.end_watch(watch)
             return
         # A failure is 0x80 in both versions (5.0: Unspecified error; 3.1.1: Failure).
-        granted = list(result.reason_codes) if granted_ok else [FAILURE_V311] * len(specs)
+        outcomes = suback_codes(result.filter_outcomes)
+        granted = list(outcomes) if granted_ok else [FAILURE_V311] * len(specs)
         for i, code in enumerate(granted):
             if code >= FAILURE_V311 and granted_ok:
                 # The partition's own refusal (0x97: over --max-subscriptions); 3.1.1 has
@@ -100,7 +102,7 @@ def handle_subscribe(s: SessionState, packet: Subscribe, now: float, wall_ms: in
         if watch is None:
             return
         if granted_ok:
-            send_retained(s, specs, list(result.reason_codes), list(result.existed), watch)
+            send_retained(s, specs, outcomes, list(result.existed), watch)
         else:
             router.pending.end_watch(watch)
 
@@ -186,7 +188,7 @@ def handle_unsubscribe(s: SessionState, packet: Unsubscribe, now: float, wall_ms
             s.send(UnsubAck(packet.packet_id))
             return
         answers = iter(
-            tuple(result.reason_codes)
+            unsuback_codes(result.filter_outcomes)
             if result.status == OK
             else (RC.UNSPECIFIED_ERROR,) * len(filters)
         )

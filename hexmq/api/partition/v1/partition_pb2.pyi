@@ -47,6 +47,66 @@ QOS2_STATE_RELEASED: Qos2State.ValueType  # 4
 QOS2_STATE_NOT_FOUND: Qos2State.ValueType  # 5
 Global___Qos2State: _TypeAlias = Qos2State  # noqa: Y015
 
+class _FilterOutcome:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _FilterOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FilterOutcome.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    FILTER_OUTCOME_GRANTED_QOS_0: _FilterOutcome.ValueType  # 0
+    """Subscribe: the session holds the subscription, at most at this QoS."""
+    FILTER_OUTCOME_GRANTED_QOS_1: _FilterOutcome.ValueType  # 1
+    FILTER_OUTCOME_GRANTED_QOS_2: _FilterOutcome.ValueType  # 2
+    FILTER_OUTCOME_SUBSCRIPTION_LIMIT: _FilterOutcome.ValueType  # 151
+    """Subscribe: not held; the session has --max-subscriptions subscriptions already."""
+    FILTER_OUTCOME_REMOVED: _FilterOutcome.ValueType  # 0
+    """Unsubscribe: the subscription was removed."""
+    FILTER_OUTCOME_NOT_SUBSCRIBED: _FilterOutcome.ValueType  # 17
+    """Unsubscribe: the session had no such subscription."""
+
+class FilterOutcome(_FilterOutcome, metaclass=_FilterOutcomeEnumTypeWrapper):
+    """What became of each filter of a Subscribe or Unsubscribe (Result.filter_outcomes), in the
+    partition's words; the edge turns them into SUBACK / UNSUBACK reason codes
+    (services/edge/outcomes.py). Until v0.2.0 this field was a repeated uint32 that carried those
+    MQTT reason codes themselves, so every value is numbered as the code it stood for: an enum
+    and a uint32 are the same varint on the wire (packed alike), and the bytes did not change
+    (an edge or a partition of v0.2.0 reads and writes the same numbers). A new value needs a
+    number no earlier value had, and the edge's table an entry for it.
+    """
+
+FILTER_OUTCOME_GRANTED_QOS_0: FilterOutcome.ValueType  # 0
+"""Subscribe: the session holds the subscription, at most at this QoS."""
+FILTER_OUTCOME_GRANTED_QOS_1: FilterOutcome.ValueType  # 1
+FILTER_OUTCOME_GRANTED_QOS_2: FilterOutcome.ValueType  # 2
+FILTER_OUTCOME_SUBSCRIPTION_LIMIT: FilterOutcome.ValueType  # 151
+"""Subscribe: not held; the session has --max-subscriptions subscriptions already."""
+FILTER_OUTCOME_REMOVED: FilterOutcome.ValueType  # 0
+"""Unsubscribe: the subscription was removed."""
+FILTER_OUTCOME_NOT_SUBSCRIBED: FilterOutcome.ValueType  # 17
+"""Unsubscribe: the session had no such subscription."""
+Global___FilterOutcome: _TypeAlias = FilterOutcome  # noqa: Y015
+
+class _KickReason:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _KickReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_KickReason.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    KICK_REASON_UNSPECIFIED: _KickReason.ValueType  # 0
+    KICK_REASON_TAKEN_OVER: _KickReason.ValueType  # 142
+    """Another connection took the session over (cluster-wide takeover, G5)."""
+
+class KickReason(_KickReason, metaclass=_KickReasonEnumTypeWrapper):
+    """Why a partition ends a connection (Kick.reason), mapped to a DISCONNECT reason code by the
+    edge (services/edge/outcomes.py). Numbered, as FilterOutcome is, after the MQTT reason code
+    that the uint32 this field was until v0.2.0 carried, so the bytes did not change.
+    """
+
+KICK_REASON_UNSPECIFIED: KickReason.ValueType  # 0
+KICK_REASON_TAKEN_OVER: KickReason.ValueType  # 142
+"""Another connection took the session over (cluster-wide takeover, G5)."""
+Global___KickReason: _TypeAlias = KickReason  # noqa: Y015
+
 class _StatusCode:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -1154,7 +1214,7 @@ class Result(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     CURRENT_MASTER_FIELD_NUMBER: _builtins.int
     SESSION_PRESENT_FIELD_NUMBER: _builtins.int
-    REASON_CODES_FIELD_NUMBER: _builtins.int
+    FILTER_OUTCOMES_FIELD_NUMBER: _builtins.int
     RETAINED_FIELD_NUMBER: _builtins.int
     EXISTED_FIELD_NUMBER: _builtins.int
     QOS2_STATE_FIELD_NUMBER: _builtins.int
@@ -1183,8 +1243,8 @@ class Result(_message.Message):
     `message` says which. The edge answers a 5.0 publisher 0x97 Quota exceeded.
     """
     @_builtins.property
-    def reason_codes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """SUBACK / UNSUBACK reason codes, one per filter in order."""
+    def filter_outcomes(self) -> _containers.RepeatedScalarFieldContainer[Global___FilterOutcome.ValueType]:
+        """Subscribe / Unsubscribe: what became of each filter, in order."""
 
     @_builtins.property
     def retained(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]:
@@ -1208,7 +1268,7 @@ class Result(_message.Message):
         message: _builtins.str = ...,
         current_master: _builtins.str = ...,
         session_present: _builtins.bool = ...,
-        reason_codes: _abc.Iterable[_builtins.int] | None = ...,
+        filter_outcomes: _abc.Iterable[Global___FilterOutcome.ValueType] | None = ...,
         retained: _abc.Iterable[_common_pb2.Message] | None = ...,
         existed: _abc.Iterable[_builtins.bool] | None = ...,
         qos2_state: Global___Qos2State.ValueType = ...,
@@ -1219,7 +1279,7 @@ class Result(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["node_stats", b"node_stats"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["current_epoch", b"current_epoch", "current_master", b"current_master", "existed", b"existed", "message", b"message", "node_stats", b"node_stats", "qos2_origin", b"qos2_origin", "qos2_state", b"qos2_state", "reason_codes", b"reason_codes", "request_id", b"request_id", "retained", b"retained", "retained_refused", b"retained_refused", "session_present", b"session_present", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["current_epoch", b"current_epoch", "current_master", b"current_master", "existed", b"existed", "filter_outcomes", b"filter_outcomes", "message", b"message", "node_stats", b"node_stats", "qos2_origin", b"qos2_origin", "qos2_state", b"qos2_state", "request_id", b"request_id", "retained", b"retained", "retained_refused", b"retained_refused", "session_present", b"session_present", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1314,11 +1374,11 @@ class Kick(_message.Message):
 
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     CONNECTION_ID_FIELD_NUMBER: _builtins.int
-    REASON_CODE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
     CONFIRM_FIELD_NUMBER: _builtins.int
     client_id: _builtins.str
     connection_id: _builtins.str
-    reason_code: _builtins.int
+    reason: Global___KickReason.ValueType
     confirm: _builtins.bool
     """The master waits for the close: answer with EdgeCommand.kicked once it is done (set only
     for an edge whose hello offers kick-acks, so a master of an earlier release, which never
@@ -1329,12 +1389,12 @@ class Kick(_message.Message):
         *,
         client_id: _builtins.str = ...,
         connection_id: _builtins.str = ...,
-        reason_code: _builtins.int = ...,
+        reason: Global___KickReason.ValueType = ...,
         confirm: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "confirm", b"confirm", "connection_id", b"connection_id", "reason_code", b"reason_code"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "confirm", b"confirm", "connection_id", b"connection_id", "reason", b"reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
