@@ -35,6 +35,7 @@ from typing import Any
 from bench import report
 from hexmq import clusterstate, localcluster
 from hexmq.hashring import partition_of
+from hexmq.membership.view import master_of
 from tests.support import workload
 from tests.support.workload import Publisher, Subscriber, check
 
@@ -93,7 +94,7 @@ class Cluster:
         with localsecurity.node_channel(state, state.nodes[-1], "membership") as channel:
             stub = membership_pb2_grpc.MembershipServiceStub(channel)
             view = stub.Status(membership_pb2.MembershipStatusRequest(), timeout=5).view
-        return {pa.partition: pa.replicas[0] for pa in view.partitions if pa.replicas}
+        return {pa.partition: master_of(pa) for pa in view.partitions if pa.replicas}
 
     def down(self) -> None:
         subprocess.run(

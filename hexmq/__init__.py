@@ -4,6 +4,8 @@
 - ``hexmq.mqtt``: the sans-IO MQTT 3.1.1/5.0 codec.
 - ``hexmq.topics``: topic validation and the subscription trie.
 - ``hexmq.hashring``: partition keys and replica placement.
+- ``hexmq.membership``: what the services need of membership: the agent's client (the view
+  watch, the leave) and what a view says (``master_of`` a partition, partition health).
 - ``hexmq.cli``: the ``hexmq`` command; ``hexmq.localcluster`` (with ``hexmq.clusterstate`` for
   ports, state and config files, ``hexmq.procs`` for process handling): local clusters.
 - ``hexmq.netaddr``, ``hexmq.service``: address parsing and process scaffolding for services.

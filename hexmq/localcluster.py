@@ -50,6 +50,7 @@ from hexmq.clusterstate import (
     write_config,
 )
 from hexmq.hashring import partition_of
+from hexmq.membership.view import master_of
 
 if TYPE_CHECKING:
     from hexmq.api.common.v1 import common_pb2
@@ -192,7 +193,7 @@ def _probe_pairs(
     holds that peer's clients' CONNECTs (and refuses them with 3 past its --failover-hold), and
     a test or user would meet that delay. Masters are those of the agreed view (`view`)."""
     members = {m.node_id for m in view.members}
-    masters = {pa.replicas[0] for pa in view.partitions if pa.replicas} & members
+    masters = {master_of(pa) for pa in view.partitions} & members
     running = [n for n in state.nodes if all(r.running() for r in n.processes.values())]
     target_ids = {n.node_id for n in targets}
     return [
@@ -872,7 +873,7 @@ def _support(message: common_pb2.ProtocolSupport) -> str:
 
 def _view_rebalance(view: membership_pb2.View) -> dict[str, Any]:
     """What of the view is still moving (docs/failover.md, "Join" and "Leave")."""
-    from services.membership.changes import partition_health
+    from hexmq.membership.view import partition_health
 
     health = partition_health(view)
     return {

@@ -12,6 +12,7 @@ import grpc
 
 from hexmq import telemetry
 from hexmq.health import add_health
+from hexmq.membership.client import check_leave_timeout
 from hexmq.netaddr import parse_hostport
 from hexmq.node_protocol import ClusterProtocol
 from hexmq.pacing import apply_batch_interval, follow_contention
@@ -36,7 +37,6 @@ from services.edge.options import BUILTIN_AUTH_METHODS, add_arguments
 from services.edge.readiness import edge_readiness
 from services.edge.server import Edge
 from services.edge.unreachable import check_bound, default_bound
-from services.membership.client import check_leave_timeout
 
 log = logging.getLogger("hexmq.edge")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from hexmq.membership.client import add_leave_timeout
 from hexmq.mqtt.reason_codes import ReasonCode as RC
 from hexmq.pacing import add_batch_interval_argument
 from hexmq.service import add_observability_arguments
@@ -25,7 +26,6 @@ from services.edge.config import (
 from services.edge.enhanced_auth import MethodFactory
 from services.edge.limits import DEFAULT_MAX_TOPIC_LEVELS
 from services.edge.listeners import PROXY_PROTOCOL_LISTENERS
-from services.membership.client import add_leave_timeout
 
 # Enhanced authentication methods built in (--auth-method); plugins add others (--auth-plugin).
 BUILTIN_AUTH_METHODS: dict[str, MethodFactory] = {scram.NAME: scram.ScramSha512.from_context}

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from hexmq.api.membership.v1 import membership_pb2 as mpb
+from hexmq.membership.view import master_of
 from hexmq.readiness import Readiness
 
 # Nodes named in a reason, at most (a line for operators, not a report).
@@ -38,7 +39,7 @@ def edge_readiness(
     unrouted = 0
     masters_down: set[str] = set()
     for assignment in view.partitions:
-        master = assignment.replicas[0] if assignment.replicas else None
+        master = master_of(assignment) or None
         link = links.get(master) if master is not None else None
         if link is None or not link.ready:
             unrouted += 1

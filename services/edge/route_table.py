@@ -12,6 +12,7 @@ session makes a new route (and requests in flight went to an earlier one).
 from __future__ import annotations
 
 from hexmq.api.membership.v1 import membership_pb2 as mpb
+from hexmq.membership.view import master_of
 from services.edge.tickets import Route
 
 
@@ -37,7 +38,7 @@ class RouteTable:
             self.routes += [None] * grow
         for a in view.partitions:
             self.epochs[a.partition] = a.epoch
-            self.masters[a.partition] = a.replicas[0] if a.replicas else ""
+            self.masters[a.partition] = master_of(a)
         self.members = frozenset(m.node_id for m in view.members)
         self.view_epoch = view.epoch
         return self._recompute()

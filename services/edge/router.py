@@ -32,6 +32,7 @@ from hexmq.api.common.v1 import common_pb2 as cpb
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.hashring import partition_of
+from hexmq.membership.view import master_of
 from hexmq.topics import SHARED_PREFIX
 from services.edge.links import PartitionLink
 from services.edge.pending_subscriptions import PendingSubscriptions
@@ -107,8 +108,7 @@ class Router:
         """Partition p's master by the view ("" if the view names none)."""
         view = self.view
         assert view is not None
-        replicas = view.partitions[p].replicas
-        return replicas[0] if replicas else ""
+        return master_of(view.partitions[p])
 
     @property
     def index_complete(self) -> bool:
@@ -154,7 +154,7 @@ class Router:
                 continue
             seen.add(p)
             assignment = view.partitions[p]
-            master = assignment.replicas[0] if assignment.replicas else ""
+            master = master_of(assignment)
             by_node.setdefault(master, []).append(
                 pb.PartitionTarget(partition=p, epoch=assignment.epoch)
             )
@@ -176,7 +176,7 @@ class Router:
         self, view: mpb.View, p: int, online: bool, *, leaving: bool = False
     ) -> SharedCandidate:
         assignment = view.partitions[p]
-        master = assignment.replicas[0] if assignment.replicas else ""
+        master = master_of(assignment)
         return SharedCandidate(p, assignment.epoch, master, online, leaving)
 
     def _add_pending(
@@ -204,7 +204,7 @@ class Router:
                 continue
             seen.add(p)
             assignment = view.partitions[p]
-            master = assignment.replicas[0] if assignment.replicas else ""
+            master = master_of(assignment)
             by_node.setdefault(master, []).append(
                 pb.PartitionTarget(partition=p, epoch=assignment.epoch)
             )

@@ -19,6 +19,8 @@ from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.grpc_options import CLUSTER_CHANNEL_OPTIONS
 from hexmq.hashring import partition_of
+from hexmq.membership.client import ViewWatcher
+from hexmq.membership.view import has_left
 from hexmq.node_protocol import THIS_RELEASE
 from hexmq.trust.grpc_tls import ClusterTLS
 from hexmq.trust.identity import MEMBERSHIP, PARTITION, Identity
@@ -39,8 +41,6 @@ from services.edge.systopics import SysTopics
 from services.edge.tickets import Route
 from services.edge.tracing import EdgeTracer
 from services.edge.unreachable import SWEEP_S, UnreachableMasters
-from services.membership.changes import has_left
-from services.membership.client import ViewWatcher
 
 log = logging.getLogger("hexmq.edge")
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.membership.view import master_of
 from hexmq.topics import TopicTrie
 
 
@@ -136,7 +137,7 @@ class SubscriptionIndex:
             # An older partition service's snapshot covers every partition it masters, also
             # those without subscriptions (which it sends nothing for).
             for a in view.partitions:
-                if a.replicas and a.replicas[0] == node:
+                if master_of(a) == node:
                     part = self._parts.get(a.partition)
                     if part is None or part.epoch < a.epoch:
                         self._reset(node, a.partition, a.epoch)

@@ -22,11 +22,12 @@ from typing import Any, Final
 from google.protobuf.message import DecodeError
 
 from hexmq.api.membership.v1 import membership_pb2 as pb
+from hexmq.membership.view import has_left
 from hexmq.node_protocol import THIS_RELEASE, ClusterProtocol, Support
 from hexmq.service import cancel_and_wait
 from hexmq.telemetry.tracing import Tracing
 from hexmq.trust.grpc_tls import ClusterTLS
-from services.membership.changes import RebalanceLog, has_left, record_view_change
+from services.membership.changes import RebalanceLog, record_view_change
 from services.membership.consul_client import NO_CREDENTIALS, ConsulCredentials
 from services.membership.discovery.gate import gate_for
 from services.membership.discovery.model import Discovery

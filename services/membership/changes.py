@@ -1,7 +1,7 @@
 """What an agreed view change says, for operators: one log line, metrics, a span.
 
-`describe` and `partition_health` are pure; `record_view_change` applies them to the process's
-metrics and tracing.
+`describe` is pure (as is `partition_health`, hexmq/membership/view.py); `record_view_change`
+applies them to the process's metrics and tracing.
 """
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from opentelemetry.util.types import AttributeValue
 
 from hexmq import telemetry
 from hexmq.api.membership.v1 import membership_pb2 as pb
+from hexmq.membership.view import partition_health
 from hexmq.node_protocol import ClusterProtocol
 from hexmq.telemetry.tracing import Tracing
 
@@ -22,49 +22,6 @@ log = logging.getLogger("hexmq.membership")
 
 # Failover records listed in full in one log line; past that, counted by kind.
 _LOGGED_RECORDS = 8
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionHealth:
-    # Partitions whose master is not a member: no in-sync replica is alive.
-    offline: int
-    # Partitions with fewer in-sync replicas than the view's replication factor.
-    under_replicated: int
-    # Partitions being rebalanced: a replica catching up, a handover asked for, or a replica
-    # on a leaving node (docs/failover.md, "Join" and "Leave").
-    moving: int = 0
-
-
-def partition_health(view: pb.View) -> PartitionHealth:
-    members = {m.node_id for m in view.members}
-    leaving = set(view.leaving)
-    offline = under = moving = 0
-    for pa in view.partitions:
-        if not pa.replicas or pa.replicas[0] not in members:
-            offline += 1
-        if len(pa.in_sync) < view.replication_factor:
-            under += 1
-        if is_moving(pa, leaving):
-            moving += 1
-    return PartitionHealth(offline, under, moving)
-
-
-def is_moving(pa: pb.PartitionAssignment, leaving: set[str]) -> bool:
-    return (
-        len(pa.in_sync) < len(pa.replicas)
-        or bool(pa.handover_to)
-        or any(r in leaving for r in pa.replicas)
-    )
-
-
-def has_left(view: pb.View, node: str) -> bool:
-    """`node` is neither a member nor a target member of `view`, and no partition holds it: a
-    leave is done (its services may stop, nothing is lost with them)."""
-    return (
-        node not in {m.node_id for m in view.members}
-        and node not in view.target_members
-        and not any(node in pa.replicas for pa in view.partitions)
-    )
 
 
 class RebalanceLog:

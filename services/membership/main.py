@@ -20,6 +20,7 @@ from hexmq.api.membership.v1 import membership_pb2_grpc as pb_grpc
 from hexmq.grpc_options import PING_POLICY
 from hexmq.hashring import DEFAULT_PARTITIONS
 from hexmq.health import add_health
+from hexmq.membership.client import add_leave_timeout, check_leave_timeout, describe_leave
 from hexmq.netaddr import parse_hostport
 from hexmq.readiness import Readiness, follow_in_health
 from hexmq.service import (
@@ -34,7 +35,6 @@ from hexmq.trust.grpc_tls import ClusterTLS, add_cluster_tls_arguments
 from hexmq.trust.guard import Guard
 from hexmq.trust.identity import MEMBERSHIP, Identity
 from services.membership.agent import AgentConfig, MembershipAgent
-from services.membership.client import add_leave_timeout, check_leave_timeout, describe_leave
 from services.membership.consul_client import (
     ConsulCredentials,
     check_tls_files,

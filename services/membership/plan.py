@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from hexmq.api.membership.v1 import membership_pb2 as pb
+from hexmq.membership.view import master_of
 from hexmq.node_protocol import (
     LEGACY,
     ClusterProtocol,
@@ -83,7 +84,7 @@ class _Part:
 
     @property
     def master(self) -> str:
-        return self.replicas[0]
+        return master_of(self)
 
     def key(self) -> tuple[int, tuple[str, ...], frozenset[str], str]:
         return self.epoch, tuple(self.replicas), frozenset(self.in_sync), self.handover_to
@@ -543,11 +544,11 @@ def request_outcome(request: Request, view: pb.View) -> Outcome:
     members = set(_member_ids(view))
     if isinstance(request, HandoverRequest):
         if a.epoch != request.epoch:
-            return "done" if a.replicas[0] == request.to else "moot"
-        if a.replicas[0] not in members or request.to not in members:
+            return "done" if master_of(a) == request.to else "moot"
+        if master_of(a) not in members or request.to not in members:
             return "moot"
-        return "pending" if request.to in a.in_sync and request.to != a.replicas[0] else "moot"
-    if a.epoch != request.epoch or a.replicas[0] not in members:
+        return "pending" if request.to in a.in_sync and request.to != master_of(a) else "moot"
+    if a.epoch != request.epoch or master_of(a) not in members:
         return "moot"
     outcomes: list[Outcome] = []
     incarnations = {m.node_id: m.incarnation for m in view.members}
@@ -562,7 +563,7 @@ def request_outcome(request: Request, view: pb.View) -> Outcome:
         else:
             outcomes.append("moot")
     for f in sorted(request.remove):
-        if f == a.replicas[0]:
+        if f == master_of(a):
             outcomes.append("moot")
         else:
             outcomes.append("pending" if f in a.in_sync else "done")
@@ -578,7 +579,7 @@ def failover_records(old: pb.View, new: pb.View, now_ms: int) -> list[pb.Failove
     now = set(_member_ids(new))
     records = []
     for a, b in zip(old.partitions, new.partitions, strict=True):
-        before, after = a.replicas[0], b.replicas[0]
+        before, after = master_of(a), master_of(b)
         if b.epoch != a.epoch:
             if before not in was:
                 kind = "restored"

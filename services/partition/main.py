@@ -19,6 +19,13 @@ from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
 from hexmq.grpc_options import CLUSTER_CHANNEL_OPTIONS, LINK_OPTIONS
 from hexmq.health import NOT_SERVING, SERVING, add_health
+from hexmq.membership.client import (
+    ViewWatcher,
+    add_leave_timeout,
+    check_leave_timeout,
+    describe_leave,
+    leave_cluster,
+)
 from hexmq.netaddr import parse_hostport
 from hexmq.node_protocol import THIS_RELEASE
 from hexmq.pacing import (
@@ -37,13 +44,6 @@ from hexmq.service import (
 from hexmq.trust.grpc_tls import ClusterTLS, RenewingChannel, add_cluster_tls_arguments
 from hexmq.trust.guard import Guard
 from hexmq.trust.identity import MEMBERSHIP, PARTITION, Identity
-from services.membership.client import (
-    ViewWatcher,
-    add_leave_timeout,
-    check_leave_timeout,
-    describe_leave,
-    leave_cluster,
-)
 from services.partition import redis_access
 from services.partition.agreement import AgreementClient
 from services.partition.commit_queue import FULL_COMMIT, CommitQueue

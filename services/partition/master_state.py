@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.membership.view import master_of
 from hexmq.topics import TopicTrie
 from services.partition.commit_queue import CommitQueue
 from services.partition.effects import Send
@@ -54,7 +55,7 @@ class MasterState:
 
     def master_of(self, p: int) -> str:
         assert self.view is not None
-        return self.view.partitions[p].replicas[0]
+        return master_of(self.view.partitions[p])
 
     def _reply(
         self, link: EdgeLink, cmd: pb.EdgeCommand, status: int = 0, **fields: object

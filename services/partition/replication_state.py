@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.membership.view import master_of
 from hexmq.node_protocol import BASELINE, ClusterProtocol
 from services.partition.replication_log import (
     NOWHERE,
@@ -226,7 +227,7 @@ class Assignment:
 
     @property
     def master(self) -> str:
-        return self.replicas[0] if self.replicas else ""
+        return master_of(self)
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ from hexmq import telemetry
 from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
+from hexmq.membership.view import master_of
 from hexmq.ranges import ranges
 from services.partition.commit_queue import StorageFailed
 from services.partition.effects import Send
@@ -135,11 +136,7 @@ class PartitionRoles(MasterState):
         if old is not None:
             # Who held the partitions this view gives this node (for their failover spans).
             for a in view.partitions:
-                if (
-                    a.replicas
-                    and a.replicas[0] == self.node_id
-                    and a.partition < len(old.partitions)
-                ):
+                if master_of(a) == self.node_id and a.partition < len(old.partitions):
                     before = old.partitions[a.partition].replicas
                     if before and before[0] != self.node_id:
                         self._previous_master[a.partition] = before[0]
@@ -183,7 +180,7 @@ class PartitionRoles(MasterState):
         if view is None or p >= len(view.partitions):
             return "", 0
         a = view.partitions[p]
-        return (a.replicas[0] if a.replicas else ""), a.epoch
+        return master_of(a), a.epoch
 
     # ----- waiting commands --------------------------------------------------------------
 

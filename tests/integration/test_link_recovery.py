@@ -25,9 +25,9 @@ from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.membership.v1 import membership_pb2_grpc as mpb_grpc
 from hexmq.grpc_options import CLUSTER_CHANNEL_OPTIONS, LINK_OPTIONS, PING_POLICY, RECONNECT_BOUND_S
 from hexmq.health import add_health
+from hexmq.membership.client import ViewWatcher
 from hexmq.streams import Backoff, keep_streaming
 from services.edge.links import GRPC_OPTIONS
-from services.membership.client import ViewWatcher
 from tests.support.tcpproxy import FreezableProxy
 
 # Long enough for the keepalive to find the old connection dead (10 s + 5 s) and for the

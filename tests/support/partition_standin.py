@@ -23,9 +23,9 @@ import grpc
 
 from hexmq.api.membership.v1 import membership_pb2 as pb
 from hexmq.health import SERVING, add_health
+from hexmq.membership.client import ViewWatcher
 from hexmq.trust.grpc_tls import ClusterTLS, TLSFiles
 from hexmq.trust.identity import MEMBERSHIP, PARTITION, Identity
-from services.membership.client import ViewWatcher
 
 
 async def main(args: argparse.Namespace) -> None:

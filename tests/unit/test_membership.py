@@ -21,19 +21,14 @@ from hexmq import telemetry
 from hexmq.api.membership.v1 import membership_pb2 as pb
 from hexmq.api.membership.v1 import membership_pb2_grpc as pb_grpc
 from hexmq.health import NOT_SERVING, SERVING, add_health
+from hexmq.membership.client import ViewWatcher, describe_leave, leave_cluster
+from hexmq.membership.view import has_left, master_of, partition_health
 from hexmq.node_protocol import LEGACY, Support
 from hexmq.trust.grpc_tls import ClusterTLS
 from hexmq.trust.identity import MEMBERSHIP, Identity
 from services.membership import main as membership_main
 from services.membership.agent import LEAVE_RECHECK_S, MembershipAgent, nobody_stays
-from services.membership.changes import (
-    RebalanceLog,
-    describe,
-    has_left,
-    partition_health,
-    record_view_change,
-)
-from services.membership.client import ViewWatcher, describe_leave, leave_cluster
+from services.membership.changes import RebalanceLog, describe, record_view_change
 from services.membership.plan import HandoverRequest, InSyncRequest
 from services.membership.probes import (
     FORGIVE_MS,
@@ -460,6 +455,12 @@ async def test_the_same_request_from_two_calls_is_planned_once() -> None:
 
 
 # --- view changes, as operators see them --------------------------------------------------------
+
+
+def test_a_partitions_master_is_its_first_replica_or_none() -> None:
+    v = view()
+    assert [master_of(pa) for pa in v.partitions] == ["n1", "n2", "n3"]
+    assert master_of(pb.PartitionAssignment(partition=0, epoch=1)) == ""
 
 
 def test_partition_health_counts_offline_and_under_replicated() -> None:
