@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from services.edge.config import DEFAULT_MAX_INFLIGHT_V311
+from tests.support.ports import free_port, port_free
 
 LOOPBACK = "127.0.0.1"
 
@@ -57,22 +58,6 @@ HEXMQ_SETTINGS = {
 
 class BrokerFailure(Exception):
     pass
-
-
-def port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((LOOPBACK, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port() -> int:
-    """A loopback port free right now (the kernel's pick)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
 
 
 def tcp_accepts(port: int) -> bool:

@@ -34,8 +34,8 @@ import time
 from collections.abc import AsyncIterable, Awaitable, Callable
 from typing import Any
 
-from bench.brokers import free_port
 from bench.stats import CLOCK_TICKS, latency_summary, process_ticks
+from tests.support.ports import free_port
 
 METHOD = "/hexmq.bench.Echo/Stream"
 TRANSPORTS = ("grpc", "asyncio", "grpclib")

@@ -37,39 +37,13 @@ import pytest
 
 from hexmq import clusterstate, procs
 from tests.support import start_bounds
+from tests.support.ports import LOW, ephemeral_low, worker_window
 
 HEXMQ = Path(sys.executable).with_name("hexmq")
 
 # Vendored third-party suites (Paho's client_test.py matches pytest's `*_test.py`): our own
 # tests run them (tests/conformance/test_paho.py).
 collect_ignore = ["third_party"]
-
-# Base ports are drawn below the kernel's ephemeral range, so an outgoing connection's local
-# port cannot take one of them between the check and the bind.
-_BASE_PORT_LOW = 20000
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def _worker_window(low: int, top: int, span: int) -> tuple[int, int]:
-    """The ports [low, top) of this pytest-xdist worker's own share: workers never draw
-    overlapping ranges, so a test that stops a node and starts it again on its ports cannot
-    find them taken by another worker's cluster meanwhile (make test: "cannot serve metrics
-    on ...: Address already in use" in test_two_nodes_stop_and_start_one)."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
-    if not worker.startswith("gw") or count < 2:
-        return low, top
-    width = (top - low) // count
-    if width < 2 * span:
-        return low, top  # too narrow to share: drawn from the whole range as before
-    index = int(worker[2:]) % count
-    return low + index * width, low + (index + 1) * width
 
 
 def pick_base_port(nodes: int = 1, *, attempts: int = 100) -> int:
@@ -78,11 +52,12 @@ def pick_base_port(nodes: int = 1, *, attempts: int = 100) -> int:
     Random rather than fixed, so that test runs of several people on one machine rarely
     collide; `hexmq_cluster` also retries `up` on another base port if one is taken meanwhile.
     """
+    # Below the ephemeral range, in this worker's share (tests/support/ports.py).
     span = clusterstate.highest_port(0, nodes) + 1
-    top = _ephemeral_low()
-    if top - span <= _BASE_PORT_LOW:
+    top = ephemeral_low()
+    if top - span <= LOW:
         top = 65536
-    low, top = _worker_window(_BASE_PORT_LOW, top, span)
+    low, top = worker_window(LOW, top, span)
     for _ in range(attempts):
         base = random.randint(low, top - span)
         if not clusterstate.busy_ports(clusterstate.cluster_ports(base, nodes)):

@@ -30,8 +30,9 @@ from hexmq.mqtt import (
     Subscription,
     Will,
 )
-from tests.support.edgeproc import edge_process, free_ports, run_edge_expecting_failure
+from tests.support.edgeproc import edge_process, run_edge_expecting_failure
 from tests.support.metrics import scrape
+from tests.support.ports import free_ports
 from tests.support.rawclient import RawClient
 from tests.support.unique import uid
 from tests.support.wsclient import ws_packets

@@ -31,7 +31,8 @@ from hexmq.mqtt import (
     Subscription,
 )
 from tests.support.certs import CertFiles, make_certs
-from tests.support.edgeproc import edge_process, free_ports, run_edge_expecting_failure
+from tests.support.edgeproc import edge_process, run_edge_expecting_failure
+from tests.support.ports import free_ports
 from tests.support.unique import uid
 from tests.support.wsclient import ws_packets
 

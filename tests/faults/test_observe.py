@@ -4,7 +4,6 @@ followers (tests/faults/observe.py)."""
 from __future__ import annotations
 
 import http.server
-import socket
 import threading
 import time
 from typing import Any
@@ -19,6 +18,7 @@ from tests.faults.observe import (
     read_links,
     view_change,
 )
+from tests.support.ports import free_port
 
 
 def meta(epoch: int, seq: int, history: bytes) -> dict[bytes, bytes]:
@@ -215,9 +215,7 @@ def test_read_links_keeps_the_link_lines_of_each_service() -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         port = server.server_address[1]
-        with socket.socket() as closed:  # a port nobody serves
-            closed.bind(("127.0.0.1", 0))
-            nobody = closed.getsockname()[1]
+        nobody = free_port()  # a port nobody serves
         links = read_links("127.0.0.1", {"edge": port, "membership": nobody}, timeout=2.0)
     finally:
         server.shutdown()

@@ -13,7 +13,8 @@ import pytest
 
 from hexmq import procs
 from tests.conftest import HEXMQ
-from tests.support.agent_cluster import AgentCluster, Node, end, free_ports, spawn, wait_until
+from tests.support.agent_cluster import AgentCluster, Node, end, spawn, wait_until
+from tests.support.ports import free_port, free_ports
 from tests.support.start_bounds import step_timeout
 
 
@@ -44,16 +45,10 @@ def agents(consul_dev: str, tmp_path: Path) -> Iterator[AgentCluster]:
         cluster.stop()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def redis_server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """A redis-server of its own on a free loopback port: (its URL, its process)."""
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [
             *(shutil.which("redis-server") or "redis-server", "--port", str(port)),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from bench import transport
-from bench.brokers import free_port
+from tests.support.ports import free_port
 
 
 @pytest.mark.parametrize("kind", ["grpc", "asyncio"])

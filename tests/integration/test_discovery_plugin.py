@@ -23,7 +23,7 @@ from services.membership.discovery.model import DiscoveryContext, DiscoveryError
 from services.membership.discovery.options import BUILTINS
 from services.membership.discovery.plugins import GROUP, installed, load_plugin
 from tests.conftest import HEXMQ
-from tests.support.agent_cluster import free_ports
+from tests.support.ports import free_ports
 from tests.support.trust import env_for, own_ca
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "discovery-plugin"

@@ -25,8 +25,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from hexmq.mqtt import ConnAck, Connect, PingReq, PingResp
 from hexmq.trust.identity import MEMBERSHIP, PARTITION, Identity
-from tests.support.edgeproc import edge_process, free_ports
+from tests.support.edgeproc import edge_process
 from tests.support.eventually import eventually_sync
+from tests.support.ports import free_ports
 from tests.support.rawclient import RawClient
 from tests.support.trust import cluster_channel
 

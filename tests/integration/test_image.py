@@ -38,7 +38,7 @@ import pytest
 from hexmq.trust import certs
 from tests.support import trust
 from tests.support.dockerfile import DockerIgnore, Stage, parse_dockerfile
-from tests.support.edgeproc import free_ports
+from tests.support.ports import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 DEBIAN_PYTHON = Path("/usr/bin/python3.11")

@@ -29,25 +29,6 @@ from tests.support.unique import uid
 AGENT_FLAGS = ("--session-ttl", "10", "--partitions", "16", "--rf", "2")
 
 
-def free_ports(count: int) -> list[int]:
-    ports: list[int] = []
-    for _ in range(200):
-        port = _free_port()
-        if port not in ports:
-            ports.append(port)
-        if len(ports) == count:
-            return ports
-    raise RuntimeError("no free ports")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """Start a process of the test; `env` adds to this process's environment."""
     with log.open("ab") as out:

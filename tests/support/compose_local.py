@@ -37,6 +37,7 @@ from typing import Any
 import yaml
 
 from hexmq.cli import SERVICE_MODULES
+from tests.support.ports import free_port
 
 LOOPBACK = "127.0.0.1"
 # hexmq commands that run once and exit (a one-shot service, `service_completed_successfully`).
@@ -208,15 +209,6 @@ def interpolate(value: Any, env: Mapping[str, str], where: str) -> Any:
     return _INTERPOLATION.sub(one, value)
 
 
-def free_loopback_port() -> int:
-    """A port free on 127.0.0.1 now, below the ephemeral range (see tests.support.edgeproc):
-    a port the kernel handed out for bind(0) is soon handed to an outgoing connection or to
-    the next bind(0) as well."""
-    from tests.support.edgeproc import free_ports
-
-    return free_ports(1)[0]
-
-
 def _kind(name: str, spec: Mapping[str, Any], argv: list[str]) -> str:
     image = str(spec.get("image", ""))
     build = spec.get("build")
@@ -326,7 +318,7 @@ def load_local_topology(
     path: Path,
     env: Mapping[str, str] | None = None,
     *,
-    allocate: Callable[[], int] = free_loopback_port,
+    allocate: Callable[[], int] = free_port,
     volumes: Path | None = None,
 ) -> LocalTopology:
     """Read compose.yaml (one file; `extends` is not followed) into local services.

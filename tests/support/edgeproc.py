@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -20,27 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from hexmq.trust.identity import EDGE
-from tests.conftest import HEXMQ, _ephemeral_low, _worker_window
+from tests.conftest import HEXMQ
+from tests.support.ports import free_ports
 from tests.support.trust import cluster_env
-
-_LOW = 20000
-
-
-def free_ports(count: int) -> list[int]:
-    """Ports free on 127.0.0.1 now, below the ephemeral range (see tests.conftest)."""
-    ports: list[int] = []
-    low, top = _worker_window(_LOW, _ephemeral_low(), 1)  # (this test worker's share)
-    while len(ports) < count:
-        port = random.randint(low, top - 1)
-        if port in ports:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        ports.append(port)
-    return ports
 
 
 @dataclass

@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-import socket
-
 from hexmq import linkstatus
 from hexmq.telemetry.metrics import Metrics, start_metrics_server
+from tests.support.ports import free_port
 
 
 def test_links_down_and_waiting_sessions_are_read_from_each_services_metrics() -> None:
@@ -18,9 +17,7 @@ def test_links_down_and_waiting_sessions_are_read_from_each_services_metrics() -
     edge.unreachable_disconnects.inc(5)
     partition.links_down.labels("replication", "n1").set(1)
     servers = [start_metrics_server("127.0.0.1", 0, registry=m.registry) for m in (edge, partition)]
-    with socket.socket() as s:  # a port nobody serves
-        s.bind(("127.0.0.1", 0))
-        closed = s.getsockname()[1]
+    closed = free_port()  # a port nobody serves
     try:
         links = linkstatus.read(
             "127.0.0.1",

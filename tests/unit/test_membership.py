@@ -323,12 +323,6 @@ def test_only_unavailable_looks_like_a_gone_process() -> None:
     assert not looks_gone(grpc.StatusCode.UNIMPLEMENTED)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_a_tcp_connect_confirms_a_refusal_only_when_nothing_listens() -> None:
     with socket.socket() as listening:
         listening.bind(("127.0.0.1", 0))

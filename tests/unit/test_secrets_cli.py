@@ -22,7 +22,7 @@ from hexmq import cli, procs, secrets_cli
 from hexmq.redis_security import HEXMQ_USER, acl_lines
 from hexmq.trust import certs
 from hexmq.trust.identity import NODE_ROLES, Identity
-from tests.support.edgeproc import free_ports
+from tests.support.ports import free_ports
 
 NODES = ["n1", "n2", "n3"]
 # The users of the images that read the files (docs/deploy.md): hexmq, redis, consul.
