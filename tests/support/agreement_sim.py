@@ -49,7 +49,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from hexmq.api.membership.v1 import membership_pb2 as pb
 from hexmq.hashring import assign
@@ -70,6 +69,7 @@ from services.membership.plan import (
 )
 from services.membership.probes import SilenceAllowance
 from tests.support.memory_consul import Entry, MemoryConsul
+from tests.support.scenario_script import ScriptError, ScriptRunner, SimError
 
 TICK_MS = 100
 VIEW = "view"
@@ -78,14 +78,6 @@ SUSPECTS = "suspects/"
 CAS_TRIES = 3
 
 Request = InSyncRequest | HandoverRequest
-
-
-class SimError(AssertionError):
-    """An agreed view broke an invariant, or a check failed."""
-
-
-class ScriptError(SimError):
-    """A script asked for something impossible (an unknown node, killing a dead node)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -700,7 +692,7 @@ class Sim:
 PARTITION = re.compile(r"p(\d+)$")
 
 
-class Script:
+class Script(ScriptRunner["Sim"]):
     """Runs scenario lines against a Sim: `nodes 3 partitions 16 rf 3 [expect E] [settle MS]
     [ttl MS] [suspect MS] [catchup T] [lag T] [boot T] [spare S]`, then `tick N`, `kill n2`,
     `restart n2` (a spare: its first start), `leave n2`, `pause n3`, `resume n3`, `cut n1 n2`,
@@ -715,8 +707,7 @@ class Script:
     members now)."""
 
     def __init__(self, source: str = "<script>") -> None:
-        self.source = source
-        self.sim: Sim | None = None
+        super().__init__(source)
         self.commands: dict[str, Callable[[list[str]], None]] = {
             "nodes": self.do_nodes,
             "tick": lambda a: self.s.tick(int(a[0]) if a else 1),
@@ -747,35 +738,6 @@ class Script:
             "leaving": self.check_leaving,
             "as-marked": self.check_as_marked,
         }
-
-    def run_text(self, text: str) -> None:
-        for lineno, raw in enumerate(text.splitlines(), 1):
-            self.run_line(raw, lineno)
-
-    def run_file(self, path: Path) -> None:
-        self.source = str(path)
-        self.run_text(path.read_text())
-
-    def run_line(self, raw: str, lineno: int = 0) -> None:
-        words = raw.split("#", 1)[0].split()
-        if not words:
-            return
-        try:
-            handler = self.commands.get(words[0])
-            if handler is None:
-                raise ScriptError(f"unknown command {words[0]!r}")
-            if self.sim is None and words[0] != "nodes":
-                raise ScriptError("the first command must be `nodes`")
-            handler(words[1:])
-        except (SimError, ValueError, IndexError, KeyError) as exc:
-            where = f"{self.source}:{lineno}" if lineno else self.source
-            kind = SimError if type(exc) is SimError else ScriptError
-            raise kind(f"{where}: {raw.strip()!r}: {exc}") from exc
-
-    @property
-    def s(self) -> Sim:
-        assert self.sim is not None
-        return self.sim
 
     def do_nodes(self, a: list[str]) -> None:
         if self.sim is not None:
@@ -808,17 +770,6 @@ class Script:
         if m is None or int(m.group(1)) >= view.partition_count:
             raise ScriptError(f"no partition {word!r}")
         return view.partitions[int(m.group(1))]
-
-    def do_check(self, a: list[str]) -> None:
-        check = self.checks.get(a[0])
-        if check is None:
-            raise ScriptError(f"unknown check {a[0]!r}")
-        check(a[1:])
-
-    @staticmethod
-    def expect(what: str, have: object, want: object) -> None:
-        if have != want:
-            raise SimError(f"{what}: expected {want}, got {have}")
 
     def check_members(self, a: list[str]) -> None:
         view = self.s.view

@@ -47,7 +47,6 @@ import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from hexmq.api.partition.v1 import partition_pb2 as pb
@@ -78,20 +77,13 @@ from services.partition.replication import (
     Stored,
     on_history,
 )
+from tests.support.scenario_script import ScriptError, ScriptRunner, SimError
 
 Token = tuple[str, int, int]  # (master, incarnation, n)
 EPOCH = 1
 # An assignment given to _publish with this epoch gets the new view's epoch (its master changed).
 NEW_EPOCH = -1
 ROUNDS = 100_000
-
-
-class SimError(AssertionError):
-    """The state machine broke an invariant, or a check failed."""
-
-
-class ScriptError(SimError):
-    """A script asked for something impossible (a down node, a message that is not there)."""
 
 
 @dataclass(slots=True)
@@ -800,13 +792,12 @@ def _show(state: tuple[dict[str, dict[bytes, bytes]], Position]) -> str:
 PARTITION = re.compile(r"p(\d+)$")
 
 
-class Script:
+class Script(ScriptRunner["Sim"]):
     """Runs scenario lines against a Sim. Nodes are n1..nN, partitions p0..pP-1; fields are
     written `field=value` (key hx:{p}:data) or `key/field=value` (key hx:{p}:key)."""
 
     def __init__(self, source: str = "<script>") -> None:
-        self.source = source
-        self.sim: Sim | None = None
+        super().__init__(source)
         self.commands: dict[str, Callable[[list[str]], None]] = {
             "nodes": self.do_nodes,
             "write": self.do_write,
@@ -858,36 +849,7 @@ class Script:
             "requests": self.check_requests,
         }
 
-    def run_text(self, text: str) -> None:
-        for lineno, raw in enumerate(text.splitlines(), 1):
-            self.run_line(raw, lineno)
-
-    def run_file(self, path: Path) -> None:
-        self.source = str(path)
-        self.run_text(path.read_text())
-
-    def run_line(self, raw: str, lineno: int = 0) -> None:
-        words = raw.split("#", 1)[0].split()
-        if not words:
-            return
-        try:
-            handler = self.commands.get(words[0])
-            if handler is None:
-                raise ScriptError(f"unknown command {words[0]!r}")
-            if self.sim is None and words[0] != "nodes":
-                raise ScriptError("the first command must be `nodes`")
-            handler(words[1:])
-        except (SimError, ValueError, IndexError, KeyError) as exc:
-            where = f"{self.source}:{lineno}" if lineno else self.source
-            kind = SimError if type(exc) is SimError else ScriptError
-            raise kind(f"{where}: {raw.strip()!r}: {exc}") from exc
-
     # ----- parsing -----------------------------------------------------------------------
-
-    @property
-    def s(self) -> Sim:
-        assert self.sim is not None
-        return self.sim
 
     def node(self, word: str) -> str:
         if word not in self.s.nodes:
@@ -1112,18 +1074,7 @@ class Script:
             key, fld = self.key_field(p, fname)
             apply_op(node.store, (HSET, key, fld, value.encode()))
 
-    def do_check(self, a: list[str]) -> None:
-        check = self.checks.get(a[0])
-        if check is None:
-            raise ScriptError(f"unknown check {a[0]!r}")
-        check(a[1:])
-
     # ----- checks ------------------------------------------------------------------------
-
-    @staticmethod
-    def expect(what: str, have: object, want: object) -> None:
-        if have != want:
-            raise SimError(f"{what}: expected {want}, got {have}")
 
     def check_replicas(self, a: list[str]) -> None:
         """check replicas p0 n1 n3 n2: the assignment (master first)."""

@@ -11,12 +11,13 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.support.agreement_sim import Script, ScriptError, SimError
+from tests.support import scenario_script
+from tests.support.agreement_sim import Script, SimError
+from tests.support.scenario_script import Run
 
 SCENARIOS = Path(__file__).with_name("agreement_scenarios")
 FILES = sorted(SCENARIOS.glob("*.txt"))
@@ -103,28 +104,9 @@ class Chaos:
         self.run("check goal")
 
 
-@dataclass
-class Run:
-    lines: list[str]  # the whole script
-    middle: list[str]  # its commands between the setup and the finish
-    error: SimError | None
-
-
 def play(seed: int, middle: list[str] | None = None, *, elastic: bool = False) -> Run:
     """Seed `seed`'s setup, then `middle` (or STEPS random commands), then the finish."""
-    chaos = Chaos(seed, elastic=elastic)
-    try:
-        if middle is None:
-            for _ in range(STEPS):
-                chaos.step()
-        else:
-            for line in middle:
-                chaos.run(line)
-        middle = chaos.lines[1:]
-        chaos.finish()
-    except SimError as exc:
-        return Run(chaos.lines, middle or chaos.lines[1:], exc)
-    return Run(chaos.lines, middle, None)
+    return scenario_script.play(Chaos(seed, elastic=elastic), STEPS, middle)
 
 
 def kind(error: SimError) -> str:
@@ -133,25 +115,6 @@ def kind(error: SimError) -> str:
     text = str(error).split("': ", 1)[-1]
     text = re.sub(r"^view \d+ \(proposed by \w+ at tick \d+\): ", "", text)
     return " ".join(re.sub(r"\d", "", text).split()[:4])
-
-
-def shrink(seed: int, run: Run, *, elastic: bool = False) -> list[str]:
-    """Drop commands from a failing script while it still fails the same way."""
-    assert run.error is not None
-    want, middle = kind(run.error), run.middle
-    size = len(middle) // 2
-    while size:
-        i, shrunk = 0, False
-        while i < len(middle):
-            candidate = middle[:i] + middle[i + size :]
-            exc = play(seed, candidate, elastic=elastic).error
-            if exc is not None and not isinstance(exc, ScriptError) and kind(exc) == want:
-                middle, shrunk = candidate, True
-            else:
-                i += size
-        if not shrunk:
-            size //= 2
-    return play(seed, middle, elastic=elastic).lines
 
 
 def test_random_faults_keep_every_view_safe_and_converge() -> None:
@@ -173,17 +136,4 @@ def test_random_joins_and_leaves_amid_faults_keep_every_view_safe_and_converge()
 
 
 def run_seeds(*, elastic: bool) -> None:
-    failures: dict[str, list[tuple[int, Run]]] = {}
-    for seed in range(SEEDS):
-        run = play(seed, elastic=elastic)
-        if run.error is not None:
-            failures.setdefault(kind(run.error), []).append((seed, run))
-    if failures:
-        report = [f"{sum(map(len, failures.values()))} of {SEEDS} seeds failed"]
-        for runs in failures.values():
-            seed, run = min(runs, key=lambda r: len(r[1].lines))
-            script = "\n".join(shrink(seed, run, elastic=elastic))
-            report.append(
-                f"{len(runs)} seeds like seed {seed}: {run.error}\nshrunk to a scenario:\n{script}"
-            )
-        pytest.fail("\n\n".join(report))
+    scenario_script.run_seeds(SEEDS, lambda seed, middle: play(seed, middle, elastic=elastic), kind)

@@ -10,12 +10,13 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.support.replication_sim import Script, ScriptError, SimError
+from tests.support import scenario_script
+from tests.support.replication_sim import Script, SimError
+from tests.support.scenario_script import Run
 
 SCENARIOS = Path(__file__).with_name("replication_scenarios")
 FILES = sorted(SCENARIOS.glob("*.txt"))
@@ -225,53 +226,15 @@ class Chaos:
             self.run(f"check view-in-sync p{p} {' '.join(replicas)}")
 
 
-@dataclass
-class Run:
-    lines: list[str]  # the whole script
-    middle: list[str]  # its commands between the setup and the finish
-    error: SimError | None
-
-
 def play(seed: int, middle: list[str] | None = None) -> Run:
     """Seed `seed`'s setup, then `middle` (or STEPS random commands), then the finish."""
-    chaos = Chaos(seed)
-    try:
-        if middle is None:
-            for _ in range(STEPS):
-                chaos.step()
-        else:
-            for line in middle:
-                chaos.run(line)
-        middle = chaos.lines[1:]
-        chaos.finish()
-    except SimError as exc:
-        return Run(chaos.lines, middle or chaos.lines[1:], exc)
-    return Run(chaos.lines, middle, None)
+    return scenario_script.play(Chaos(seed), STEPS, middle)
 
 
 def kind(error: SimError) -> str:
     """What failed, without the numbers: `not converged:`, `n released`, `pending: expected`."""
     text = str(error).split("': ", 1)[-1]
     return " ".join(re.sub(r"\d", "", text).split()[:2])
-
-
-def shrink(seed: int, run: Run) -> list[str]:
-    """Drop commands from a failing script while it still fails the same way."""
-    assert run.error is not None
-    want, middle = kind(run.error), run.middle
-    size = len(middle) // 2
-    while size:
-        i, shrunk = 0, False
-        while i < len(middle):
-            candidate = middle[:i] + middle[i + size :]
-            exc = play(seed, candidate).error
-            if exc is not None and not isinstance(exc, ScriptError) and kind(exc) == want:
-                middle, shrunk = candidate, True
-            else:
-                i += size
-        if not shrunk:
-            size //= 2
-    return play(seed, middle).lines
 
 
 def test_random_interleavings_converge_and_release_safely() -> None:
@@ -281,17 +244,4 @@ def test_random_interleavings_converge_and_release_safely() -> None:
     checks at every release that the token is durable on each follower in sync from its
     proposal on and that tokens are released in proposal order; at the end every replica must
     equal its master, nothing may be pending and every follower must be back in sync."""
-    failures: dict[str, list[tuple[int, Run]]] = {}
-    for seed in range(SEEDS):
-        run = play(seed)
-        if run.error is not None:
-            failures.setdefault(kind(run.error), []).append((seed, run))
-    if failures:
-        report = [f"{sum(map(len, failures.values()))} of {SEEDS} seeds failed"]
-        for runs in failures.values():
-            seed, run = min(runs, key=lambda r: len(r[1].lines))
-            script = "\n".join(shrink(seed, run))
-            report.append(
-                f"{len(runs)} seeds like seed {seed}: {run.error}\nshrunk to a scenario:\n{script}"
-            )
-        pytest.fail("\n\n".join(report))
+    scenario_script.run_seeds(SEEDS, play, kind)
