@@ -87,8 +87,8 @@ def handle_subscribe(s: SessionState, packet: Subscribe, now: float, wall_ms: in
                 router.pending.end_watch(watch)
             return
         # A failure is 0x80 in both versions (5.0: Unspecified error; 3.1.1: Failure).
-        outcomes = suback_codes(result.filter_outcomes)
-        granted = list(outcomes) if granted_ok else [FAILURE_V311] * len(specs)
+        answered = suback_codes(result.filter_outcomes)
+        granted = list(answered) if granted_ok else [FAILURE_V311] * len(specs)
         for i, code in enumerate(granted):
             if code >= FAILURE_V311 and granted_ok:
                 # The partition's own refusal (0x97: over --max-subscriptions); 3.1.1 has
@@ -102,7 +102,7 @@ def handle_subscribe(s: SessionState, packet: Subscribe, now: float, wall_ms: in
         if watch is None:
             return
         if granted_ok:
-            send_retained(s, specs, outcomes, list(result.existed), watch)
+            send_retained(s, specs, answered, list(result.existed), watch)
         else:
             router.pending.end_watch(watch)
 
