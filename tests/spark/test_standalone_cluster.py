@@ -25,7 +25,7 @@ from pyspark.testing import assertDataFrameEqual
 from spark.hexmq_traces import job
 from tests.spark.test_job import _trace_lines
 from tests.support import start_bounds
-from tests.support.edgeproc import free_ports
+from tests.support.ports import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
