@@ -19,10 +19,10 @@ from tests.support.agent_cluster import (
     AGENT_FLAGS,
     AgentCluster,
     Node,
-    free_ports,
     spawn,
     wait_until,
 )
+from tests.support.ports import free_ports
 
 LISTED = {"n1": 1001, "n2": 1002}
 ALL = {**LISTED, "n3": 1003}

@@ -24,10 +24,10 @@ from tests.support.agent_cluster import (
     ALL,
     AgentCluster,
     end,
-    free_ports,
     spawn,
     wait_until,
 )
+from tests.support.ports import free_ports
 
 
 @pytest.mark.timeout(60)
