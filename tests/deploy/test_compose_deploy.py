@@ -105,6 +105,25 @@ class Deployment:
                 )
         return found
 
+    def placed(
+        self, edges: list[str], before: dict[str, int], who: str
+    ) -> tuple[str, dict[str, int]]:
+        """The edge HAProxy gave `who`'s new connection to (the one edge whose count went up by
+        one since `before`), and the counts then. An edge samples its connections gauge
+        periodically (services/edge/main.py), so a connection shows after up to a period:
+        read until exactly one edge shows it (read at once, none did: a failed run)."""
+        found: list[str] = []
+        counts: dict[str, int] = {}
+
+        def one() -> bool:
+            nonlocal found, counts
+            counts = self.edge_connections()
+            found = [e for e in edges if counts[e] == before[e] + 1]
+            return len(found) == 1
+
+        wait_until(one, 30, f"{who}'s edge among the edges' connections")
+        return found[0], counts
+
     def healthy(self, services: list[str]) -> bool:
         """Every one of these services' containers runs and its healthcheck passes."""
         states = {
@@ -250,20 +269,19 @@ def test_compose_runs_for_real_and_survives_a_node_killed(deployment: Deployment
         before = run.edge_connections()
         sub = Subscriber(f"s-{tag}", run.mqtt, f"deploy/{tag}/#", qos=1)
         sub.connect(timeout=30)
-        after = run.edge_connections()
-        (sub_edge,) = [e for e in edges if after[e] == before[e] + 1]
+        sub_edge, after = run.placed(edges, before, "the subscriber")
         publisher = Publisher(f"p-{tag}", run.mqtt, f"deploy/{tag}/t", qos=1)
         publisher.start(interval=0.05)
         wait_until(lambda: len(publisher.acked) >= 20, 60, "the publisher's first acks", 0.2)
         wait_until(lambda: len(sub.payloads()) >= 20, 60, "the subscriber's first messages", 0.2)
-        now = run.edge_connections()
-        (pub_edge,) = [e for e in edges if now[e] == after[e] + 1]
+        pub_edge, now = run.placed(edges, after, "the publisher")
         assert pub_edge != sub_edge, f"leastconn put both on {pub_edge}"
         (victim,) = [e for e in edges if e not in (sub_edge, pub_edge)]
         # A client of the node to be killed (subscribed to the publisher's messages).
         third = Subscriber(f"t-{tag}", run.mqtt, f"deploy/{tag}/#", qos=1)
         third.connect(timeout=30)
-        assert run.edge_connections()[victim] == now[victim] + 1, "HAProxy reaches all three"
+        third_edge, _ = run.placed(edges, now, "the third client")
+        assert third_edge == victim, "HAProxy reaches all three"
         node = victim.removeprefix("edge-")
         results["placement"] = {"subscriber": sub_edge, "publisher": pub_edge, "killed": victim}
 
