@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -654,6 +655,10 @@ def test_without_a_collector_the_exporter_logs_once_until_exports_work_again(
         host, _, port = endpoint.removeprefix("http://").rpartition(":")
         with OtlpReceiver(host, int(port)) as receiver:
             one_batch()
+            # The receiver's server thread records the export after answering it: wait.
+            deadline = time.monotonic() + 10
+            while not receiver.spans and time.monotonic() < deadline:
+                time.sleep(0.05)
             assert len(receiver.spans) == 1
         assert any(
             "exports again, after 4 failed export(s)" in r.getMessage() for r in caplog.records
