@@ -25,6 +25,7 @@ from pyspark.testing import assertDataFrameEqual
 from spark.hexmq_traces import job
 from tests.spark.test_job import _trace_lines
 from tests.support import start_bounds
+from tests.support.agent_cluster import end
 from tests.support.ports import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,12 +113,7 @@ def standalone_cluster(tmp_path: Path) -> Iterator[tuple[str, Path]]:
         yield url, logs["master"]
     finally:
         for process in reversed(processes):
-            process.terminate()
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(30)
+            end(process, grace=30)  # a JVM's shutdown hooks, on a loaded machine
 
 
 def tables(out: Path) -> list[str]:

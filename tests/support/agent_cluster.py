@@ -41,14 +41,15 @@ def spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subp
         )
 
 
-def end(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+def end(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM, grace: float = 10) -> None:
+    """Signal `process`, give it `grace` seconds to exit, then kill it."""
     if process.poll() is None:
         process.send_signal(sig)
         try:
-            process.wait(timeout=10)
+            process.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             process.kill()
-            process.wait(timeout=10)
+            process.wait(timeout=grace)
 
 
 def wait_until(what: str, check: Callable[[], bool], timeout: float, step: float = 0.05) -> float:
