@@ -10,13 +10,15 @@ RF     ?= 2
 PYTEST_ARGS ?=
 # make test's workers (pytest-xdist, a test file per worker): the suite mostly waits on real
 # processes, so three workers on two cores take about half the time of one. TEST_WORKERS=0 runs
-# it in this process, one test at a time.
+# it in this process, one test at a time. Files go out longest first, by the durations recorded
+# in tests/file_durations.json (`make test-durations` records them again; tests/conftest.py).
 TEST_WORKERS ?= 3
+TEST_SELECTION := -m "not fault and not soak and not interop and not deploy" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 COMPOSE_DIR := deploy/compose
 COMPOSE := $(BIN)/docker-compose --profile observability --profile traces
 
-.PHONY: system-deps venv proto proto-check lint typecheck deploy-check test test-unit test-fault test-interop test-deploy bench bench-moderate bench-transport bench-failover bench-rebalance bench-memory bench-retained bench-attacks run clean
+.PHONY: system-deps venv proto proto-check lint typecheck deploy-check test test-durations test-unit test-fault test-interop test-deploy bench bench-moderate bench-transport bench-failover bench-rebalance bench-memory bench-retained bench-attacks run clean
 
 # redis-server and the mosquitto tools come from the system's packages (apt on Debian).
 # (A no-op when they are installed, so every target that needs them can depend on it.)
@@ -92,7 +94,11 @@ deploy-check: $(STAMP) system-deps
 	@echo "deploy-check: compose, schema, Dockerfile, HAProxy config and Kubernetes overlays are valid"
 
 test: $(STAMP) system-deps
-	$(BIN)/pytest -m "not fault and not soak and not interop and not deploy" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/pytest $(TEST_SELECTION) $(PYTEST_ARGS)
+
+# make test, recording how long each file took into the file that orders the next runs.
+test-durations: $(STAMP) system-deps
+	$(BIN)/pytest $(TEST_SELECTION) --record-file-durations tests/file_durations.json $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)

@@ -78,6 +78,64 @@ def cluster_prerequisites() -> None:
         pytest.fail("cluster tests cannot run: " + "; ".join(missing), pytrace=False)
 
 
+# How long each test file took in a recorded run of `make test` (seconds; `make test-durations`
+# writes it again). Only the order of the run depends on it.
+FILE_DURATIONS = Path(__file__).with_name("file_durations.json")
+
+
+def _file(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--record-file-durations",
+        metavar="PATH",
+        default=None,
+        help="write how long each test file took (setup, call and teardown) to PATH as JSON",
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest test files first. `make test` hands out whole files to its workers in
+    collection order (pytest-xdist `--dist loadfile --no-loadscope-reorder`; xdist's own reorder
+    puts the files with the fewest tests last, which is where the Spark and cluster files are,
+    so a run ended on its longest files, one or two workers busy and the rest idle). Files are
+    ordered by their recorded duration (FILE_DURATIONS), longest first; a file with no record
+    counts as the longest, so a new file is never the one a run waits for at its end. A file's
+    tests stay together and in order."""
+    try:
+        recorded: dict[str, float] = json.loads(FILE_DURATIONS.read_text())
+    except (OSError, ValueError):
+        return
+    unknown = max(recorded.values(), default=0.0) + 1.0
+    items.sort(key=lambda item: -recorded.get(_file(item.nodeid), unknown))
+
+
+class _FileDurations:
+    """Sums each file's test phases as the reports arrive (on the controller under xdist)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.seconds: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        path = _file(report.nodeid)
+        self.seconds[path] = self.seconds.get(path, 0.0) + report.duration
+
+    def pytest_sessionfinish(self) -> None:
+        ordered = dict(
+            sorted(((f, round(s, 1)) for f, s in self.seconds.items()), key=lambda x: -x[1])
+        )
+        self.path.write_text(json.dumps(ordered, indent=1) + "\n")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    path = config.getoption("--record-file-durations")
+    if path and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(_FileDurations(Path(path)), "hexmq-file-durations")
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_protocol(
     item: pytest.Item, nextitem: pytest.Item | None
