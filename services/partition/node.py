@@ -22,23 +22,18 @@ from hexmq import telemetry
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.node_protocol import KICK_ACKS, ProtocolError, Support
-from services.partition import delivery, qos2_inbound, redelivery, roles, session_commands, wills
-from services.partition.commands import handle
+from services.partition import delivery, qos2_inbound, roles, session_commands, wills
+from services.partition.commands import RELEASED, handle, new_state
 from services.partition.commit_queue import CommitQueue
 from services.partition.effects import (
     AfterIndexed,
-    AnswerTakeover,
-    ConnectionReady,
     Effect,
     EndAppendSpans,
     HandoffReady,
     HandOutShared,
     HandOutWills,
-    MessageDurable,
-    Pump,
     RecordSpan,
     Send,
-    SendReleased,
     SendToAll,
 )
 from services.partition.limits import LimitCounts, QueueLimits
@@ -81,24 +76,11 @@ class PartitionNode:
         self.commit = commit
         ids = ids or RandomIds()
         tracer = AppendTracer(node_id, self.tracing, replicator)
-        self.state = state = PartitionState(node_id, commit, ids, replicator, tracer)
-        state.delivery.limits = limits or QueueLimits()
-        if seen is not None:
-            state.qos2.seen = seen
-        state.redelivery = redelivery.SharedRedelivery(
-            node_id,
-            commit,
-            state.index.shared,
-            state.conns.sessions,
-            state.conns.links,
-            lambda session, qm: delivery.enqueue(state, session, qm),
-            lambda session: delivery.schedule_pump(state, session),
-            ids,
-            state.outbox,
+        self.state = state = new_state(
+            node_id, commit, ids, replicator, tracer, limits or QueueLimits(), seen
         )
         self.tracer = tracer
         self.loader = PromotionLoader(state, store, self._serve, on_failure, clock)
-        commit.add_finisher(lambda batch: delivery.write_dirty(state, batch))
         commit.add_release_hook(self._pump_released)
 
     # ----- what the service reads (metrics, $SYS, the servicer) ----------------------------
@@ -306,6 +288,12 @@ def _send_to_all(node: PartitionNode, e: SendToAll) -> None:
         link.send(e.event)
 
 
+def _on_state(
+    change: Callable[[PartitionState, Any], None],
+) -> Callable[[PartitionNode, Any], None]:
+    return lambda node, e: change(node.state, e)
+
+
 def _hand_out_shared(node: PartitionNode, e: HandOutShared) -> None:
     node.state.redelivery.hand_out(node.clock())
 
@@ -316,11 +304,7 @@ _CARRY_OUT: dict[type, Callable[[PartitionNode, Any], None]] = {
     RecordSpan: PartitionNode._record_span,
     EndAppendSpans: PartitionNode._end_append_spans,
     AfterIndexed: PartitionNode._after_indexed,
-    ConnectionReady: lambda n, e: session_commands.connection_ready(n.state, e),
-    AnswerTakeover: lambda n, e: session_commands.answer_takeover(n.state, e),
-    MessageDurable: lambda n, e: delivery.message_durable(n.state, e),
-    Pump: lambda n, e: delivery.pump_after_release(n.state, e),
-    SendReleased: lambda n, e: delivery.send_released(n.state, e),
+    **{kind: _on_state(change) for kind, change in RELEASED.items()},
     HandOutWills: lambda n, e: wills.hand_out(n.state, n.clock()),
     HandoffReady: lambda n, e: n.state.redelivery.ready(e.handoff_id, n.clock()),
     HandOutShared: _hand_out_shared,

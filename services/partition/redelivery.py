@@ -35,10 +35,10 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from services.partition.commit_queue import CommitQueue
 from services.partition.effects import Effect, HandoffReady, HandOutShared, Send
 from services.partition.handout import HandOutClock, pick_edge
+from services.partition.id_source import IdSource
 from services.partition.links import EdgeLink
 from services.partition.sessions import Session
 from services.partition.shared import SharedGroups
-from services.partition.sources import IdSource
 
 log = logging.getLogger(__name__)
 

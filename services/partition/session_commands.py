@@ -243,7 +243,9 @@ def node_stats(state: PartitionState, link: EdgeLink, cmd: pb.EdgeCommand, now: 
         "retained/stored": len(state.delivery.retained),
         **state.delivery.limit_counts.counters(),
     }
-    event = result(cmd.request_id, node_stats=state.sys_stats.answer(link, cmd.node_stats, own))
+    event = result(
+        cmd.request_id, node_stats=state.sys_stats.answer(link, cmd.node_stats, own, now)
+    )
     state.commit.after(Send(link, event))
 
 

@@ -19,6 +19,7 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.topics import TopicTrie
 from services.partition.commit_queue import CommitQueue
 from services.partition.effects import Effect
+from services.partition.id_source import IdSource
 from services.partition.index_barrier import IndexBarrier
 from services.partition.limits import LimitCounts, QueueLimits
 from services.partition.links import EdgeLink
@@ -28,7 +29,6 @@ from services.partition.replication import Replicator
 from services.partition.retained import RetainedMessages
 from services.partition.sessions import Session
 from services.partition.shared import SharedGroups
-from services.partition.sources import IdSource
 from services.partition.sysstats import NodeStatsBoard
 from services.partition.takeover import Takeovers
 from services.partition.tracing import AppendTracer
