@@ -34,7 +34,7 @@ from hexmq.api.common.v1.common_pb2 import Message
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.pacing import FlushPacer
 from services.partition import commands, roles, session_commands, wills
-from services.partition.commit_queue import FULL_COMMIT, AnswerMoved, AnswerOks, CommitQueue
+from services.partition.commit_queue import FULL_COMMIT, CommitQueue
 from services.partition.effects import (
     AfterIndexed,
     EndAppendSpans,
@@ -45,6 +45,7 @@ from services.partition.effects import (
     Send,
     SendToAll,
 )
+from services.partition.group_commit import carry_out_released
 from services.partition.limits import QueueLimits
 from services.partition.links import EdgeLink
 from services.partition.stored import StoredPartition
@@ -120,16 +121,13 @@ class Sim:
         _ = queue.batch
         sealed = queue.seal()
         token = queue.durable(sealed, [], frozenset(), 0)
-        for item in queue.release([(token, frozenset())] if token is not None else []):
-            if isinstance(item, AnswerOks):
-                for sink, rid, _scope in item.oks:
-                    sink(rid)
-            elif isinstance(item, AnswerMoved):
-                item.reply(item.event)
-            else:
-                self._carry(item)
-            self.carry()
+        tokens = [(token, frozenset[int]())] if token is not None else []
+        carry_out_released(queue.release(tokens), self._released)
         commands.delivery.pump_released(self.state)
+        self.carry()
+
+    def _released(self, effect: Any) -> None:
+        self._carry(effect)
         self.carry()
 
     def _hear(self) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support.imports import graph, reaching, within
+from tests.support.imports import graph, reaching, within, write_tree
 
 PACKAGE = "services.partition"
 CORE = {
@@ -92,16 +92,8 @@ def test_the_known_exceptions_are_still_there() -> None:
     assert {name: found.get(name, set()) & known for name, known in KNOWN.items()} == KNOWN
 
 
-def tree(root: Path, files: dict[str, str]) -> Path:
-    for name, text in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return root
-
-
 def test_a_clock_read_in_the_core_is_found(tmp_path: Path) -> None:
-    root = tree(
+    root = write_tree(
         tmp_path,
         {
             "services/__init__.py": "",
@@ -113,7 +105,7 @@ def test_a_clock_read_in_the_core_is_found(tmp_path: Path) -> None:
 
 
 def test_an_adapter_reached_through_another_module_is_found(tmp_path: Path) -> None:
-    root = tree(
+    root = write_tree(
         tmp_path,
         {
             "services/__init__.py": "",
