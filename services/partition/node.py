@@ -207,10 +207,13 @@ class PartitionNode:
         """Answer UNAVAILABLE the commands that waited past WAIT_S by `now` (the monotonic
         clock, seconds: a jump of the wall clock must not hold them longer); their edges ask
         again."""
-        expired, again = roles.expire_waiting(self.state, now)
-        self._flush()
-        for p in again:
-            self.retry_waiting([p])
+        expired = 0
+        for p in list(self.state.roles.waiting):
+            expired_here = roles.expire_waiting(self.state, p, now)
+            self._flush()
+            if expired_here:
+                expired += expired_here
+                self.retry_waiting([p])
         return expired
 
     # ----- housekeeping (main.py's sweep, once a second) -----------------------------------

@@ -181,31 +181,25 @@ def take_waiting(
     return out
 
 
-def expire_waiting(state: PartitionState, now: float) -> tuple[int, list[int]]:
-    """Answer UNAVAILABLE the commands that waited past their deadline by `now` (monotonic
-    seconds). Returns how many, and the partitions whose queues must be handled again: what
-    queued behind the expired ones, only so as not to overtake them, goes on now (or waits
-    again, if it too names an epoch still to come). Left to expire in turn, it was refused and
-    its edge's resend queued behind the next waiting command: a partition two edges wrote to
-    stayed blocked for good."""
+def expire_waiting(state: PartitionState, p: int, now: float) -> int:
+    """Answer UNAVAILABLE the commands waiting for p past their deadline by `now` (monotonic
+    seconds); how many. What queued behind the expired ones, only so as not to overtake them,
+    is then handled again by the adapter (or waits again, if it too names an epoch still to
+    come). Left to expire in turn, it was refused and its edge's resend queued behind the next
+    waiting command: a partition two edges wrote to stayed blocked for good."""
+    queue = state.roles.waiting.get(p)
     expired = 0
-    again = []
-    for p, queue in list(state.roles.waiting.items()):
-        expired_here = 0
-        while queue and queue[0][2] <= now:
-            link, cmd, _deadline = queue.popleft()
-            expired_here += 1
-            if cmd.request_id:
-                event = result(
-                    cmd.request_id,
-                    SC.STATUS_CODE_UNAVAILABLE,
-                    message=f"partition {p} is not served by {state.node_id} yet",
-                )
-                state.outbox.append(Send(link, event))
-        if expired_here:
-            expired += expired_here
-            again.append(p)
-    return expired, again
+    while queue and queue[0][2] <= now:
+        link, cmd, _deadline = queue.popleft()
+        expired += 1
+        if cmd.request_id:
+            event = result(
+                cmd.request_id,
+                SC.STATUS_CODE_UNAVAILABLE,
+                message=f"partition {p} is not served by {state.node_id} yet",
+            )
+            state.outbox.append(Send(link, event))
+    return expired
 
 
 # ----- promotion and demotion ------------------------------------------------------------
