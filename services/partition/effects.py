@@ -5,18 +5,25 @@ A handler changes memory at once and puts its writes on the group commit's batch
 services/partition/write_batch.py); what the edges may hear only after that (results, kicks,
 deliveries) and what the node does then goes on the batch too, as one of the effects below
 (`CommitQueue.after`, commit_queue.py). When the batch is released, `PartitionNode.carry_out`
-(given to GroupCommit) carries each out,
-in order. A command whose partition was aborted before the release is answered MOVED instead of
-carrying out its effects (commit_queue.Scope). Tests read them with `CommitQueue.pending()`.
+(given to GroupCommit) carries each out, in order. A command whose partition was aborted before
+the release is answered MOVED instead of carrying out its effects (commit_queue.Scope). Tests
+read them with `CommitQueue.pending()`.
+
+What goes out at once (index updates every edge routes by before a SUBACK, deliveries of
+messages already durable, a span) is put on the state's `outbox` (services/partition/state.py)
+as the same data; the adapter carries it out as soon as the handler returns. Effects are data
+only: no closures.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+    from opentelemetry.util.types import AttributeValue
+
     from hexmq.api.partition.v1 import partition_pb2 as pb
     from services.partition.links import EdgeLink
     from services.partition.sessions import LiveConnection, Session
@@ -101,6 +108,37 @@ class HandOutShared:
     """Hand out the shared-subscription handoffs that are ready."""
 
 
+@dataclass(frozen=True, slots=True)
+class SendToAll:
+    """An event for every edge linked when it was decided (an index update), at once."""
+
+    links: tuple[EdgeLink, ...]
+    event: pb.PartitionEvent
+
+
+@dataclass(frozen=True, slots=True)
+class RecordSpan:
+    """A finished span to record (services/partition/roles.py: partition.catchup and
+    partition.failover), from `start_ns` to `end_ns` (unix ns)."""
+
+    name: str
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, AttributeValue]
+
+
+@dataclass(frozen=True, slots=True)
+class EndAppendSpans:
+    """A traced publish's partition.append spans (partition, epoch, span), ended once its batch
+    is durable and replicated, with the subscribers each reached (`fanout`, partition -> count,
+    filled by the handler) and a partition.ack child for QoS >= 1
+    (services/partition/tracing.py)."""
+
+    spans: tuple[tuple[int, int, Span], ...]
+    qos: int
+    fanout: dict[int, int]
+
+
 Effect = (
     Send
     | AfterIndexed
@@ -112,5 +150,7 @@ Effect = (
     | HandOutWills
     | HandoffReady
     | HandOutShared
-    | Callable[[], None]  # not a command's: tracing's spans (services/partition/tracing.py)
+    | SendToAll
+    | RecordSpan
+    | EndAppendSpans
 )

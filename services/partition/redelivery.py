@@ -33,12 +33,12 @@ from dataclasses import dataclass
 from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from services.partition.commit_queue import CommitQueue
-from services.partition.effects import HandoffReady, HandOutShared
+from services.partition.effects import Effect, HandoffReady, HandOutShared, Send
 from services.partition.handout import HandOutClock, pick_edge
+from services.partition.id_source import IdSource
 from services.partition.links import EdgeLink
 from services.partition.sessions import Session
 from services.partition.shared import SharedGroups
-from services.partition.sources import IdSource
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +92,11 @@ class SharedRedelivery:
         enqueue: Callable[[Session, pb.QueuedMessage], bool],
         schedule_pump: Callable[[Session], None],
         ids: IdSource,
+        outbox: list[Effect],
     ) -> None:
         self.node_id = node_id
+        # Where its hand-outs go, to be sent at once (the partition state's outbox).
+        self.outbox = outbox
         self.commit = commit
         self.shared = shared
         self.sessions = sessions
@@ -216,7 +219,7 @@ class SharedRedelivery:
         sent = 0
         for hid, handoff in self.pending.items():
             if handoff.ready and self._handed_at.due(hid, now_ms):
-                link.send(pb.PartitionEvent(shared_handoff=handoff.event))
+                self.outbox.append(Send(link, pb.PartitionEvent(shared_handoff=handoff.event)))
                 sent += 1
         return sent
 

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 from hexmq.api.partition.v1 import partition_pb2 as pb
 
 if TYPE_CHECKING:
+    from services.partition.id_source import IdSource
     from services.partition.links import EdgeLink
-    from services.partition.sources import IdSource
 
 # MQTT packet identifiers are 16 bit and nonzero. The edge derives a delivery's packet id from
 # its message id ((id - 1) % 65535 + 1), which stays stable across reconnects and restarts

@@ -8,7 +8,6 @@ handlers record them as storage ops on a WriteBatch (write_batch.py) and the gro
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
 from typing import cast
 
 import redis.asyncio as redis
@@ -25,11 +24,14 @@ from services.partition.keys import (
 )
 from services.partition.redis_access import RedisAccess
 from services.partition.replication import HSET, NOWHERE, Op, Stored, history_of
+from services.partition.stored import StoredPartition, StoredSession
 from services.partition.write_batch import parse_history
 
 # Connections to the node's Redis at most. Reads for snapshots run concurrently with the group
 # commit and the loads; after a churn of views a master can owe dozens of snapshots at once.
 REDIS_CONNECTIONS = 64
+
+__all__ = ["REDIS_CONNECTIONS", "RedisStore", "StoredPartition", "StoredSession", "redis_client"]
 
 
 def redis_client(
@@ -58,24 +60,6 @@ def redis_client(
         **(access or RedisAccess()).pool_options(url),
     )
     return redis.Redis.from_pool(pool)  # owns the pool: aclose() closes its connections
-
-
-@dataclass(slots=True)
-class StoredSession:
-    record: pb.SessionRecord
-    subscriptions: list[pb.SubscriptionSpec]
-    queue: list[pb.QueuedMessage] = field(default_factory=list)
-    qos2_inbound: dict[int, pb.Qos2Inbound] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class StoredPartition:
-    """A partition as a master loads it (RedisStore.load_partitions)."""
-
-    sessions: list[StoredSession] = field(default_factory=list)
-    retained: list[common_pb.Message] = field(default_factory=list)
-    seen: list[tuple[bytes, int]] = field(default_factory=list)
-    handoffs: list[pb.SharedHandoff] = field(default_factory=list)
 
 
 class RedisStore:

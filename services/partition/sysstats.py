@@ -9,7 +9,6 @@ and a node whose edge is gone stops counting at once (see services/edge/systopic
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 
 from hexmq.api.partition.v1 import partition_pb2 as pb
@@ -20,23 +19,24 @@ class NodeStatsBoard:
     def __init__(self, node_id: str) -> None:
         self.node_id = node_id
         self._report: dict[str, int] | None = None
-        self._reported_at = 0.0
+        # When the last report came (unix ms, the handler's `now`).
+        self._reported_at = 0
         self._reporter: EdgeLink | None = None
 
     def answer(
-        self, link: EdgeLink, query: pb.NodeStatsQuery, own: Mapping[str, int]
+        self, link: EdgeLink, query: pb.NodeStatsQuery, own: Mapping[str, int], now: int
     ) -> pb.NodeStats:
-        """Keep the report if it comes from this node's edge; the node's figures: `own` (the
-        partition service's counters) and the last report of its edge."""
+        """Keep the report if it comes from this node's edge; the node's figures at `now` (unix
+        ms): `own` (the partition service's counters) and the last report of its edge."""
         if query.report and link.edge_id == self.node_id:
             self._report = dict(query.edge_counters)
-            self._reported_at = time.monotonic()
+            self._reported_at = now
             self._reporter = link
         stats = pb.NodeStats()
         if self._report is not None:
             stats.counters.update(self._report)
             stats.edge_reported = True
-            stats.edge_report_age_ms = int((time.monotonic() - self._reported_at) * 1000)
+            stats.edge_report_age_ms = max(0, now - self._reported_at)
         stats.counters.update(own)
         return stats
 

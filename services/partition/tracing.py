@@ -11,7 +11,8 @@ from opentelemetry.trace import Span
 from hexmq import telemetry
 from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.partition.v1 import partition_pb2 as pb
-from services.partition.commit_queue import CommitQueue
+from services.partition.commit_queue import DurableBatch
+from services.partition.effects import EndAppendSpans
 from services.partition.replication import Replicator
 
 
@@ -20,12 +21,10 @@ class AppendTracer:
         self,
         node_id: str,
         tracing: telemetry.Tracing,
-        commit: CommitQueue,
         replicator: Replicator | None,
     ) -> None:
         self.node_id = node_id
         self.tracing = tracing
-        self.commit = commit
         self.replicator = replicator
 
     def append(
@@ -33,10 +32,10 @@ class AppendTracer:
         msg: common_pb.Message,
         targets: Iterable[pb.PartitionTarget],
         fanout: dict[int, int],
-    ) -> dict[int, dict[str, str]] | None:
-        """Start a partition.append span per target partition (ended once the batch is
-        durable and replicated, with a partition.ack child for QoS >= 1); the carriers continue
-        the trace in deliveries. `fanout` is filled by the caller before the spans end."""
+    ) -> tuple[dict[int, dict[str, str]], EndAppendSpans] | None:
+        """Start a partition.append span per target partition; the carriers continue the trace
+        in deliveries, and the effect ends the spans once the batch is durable and replicated
+        (`durable`). `fanout` is filled by the caller before the spans end."""
         tracing = self.tracing
         if not tracing.enabled:
             return None
@@ -58,21 +57,21 @@ class AppendTracer:
             telemetry.inject(carrier, trace.set_span_in_context(span))
             carriers[target.partition] = carrier
             spans.append((target.partition, target.epoch, span))
+        return carriers, EndAppendSpans(tuple(spans), msg.qos, fanout)
 
-        def durable() -> None:
-            released = self.commit.releasing
-            for p, epoch, span in spans:
-                span.set_attribute(telemetry.Attr.SUBSCRIBERS, fanout.get(p, 0))
-                if released is not None and p in released.seqs:
-                    self._replicate(span, p, epoch, released.seqs[p], released.durable_ns)
-                if msg.qos:
-                    tracer.start_span(
-                        telemetry.SpanName.ACK, context=trace.set_span_in_context(span)
-                    ).end()
-                span.end()
-
-        self.commit.after(durable)
-        return carriers
+    def durable(self, e: EndAppendSpans, released: DurableBatch | None) -> None:
+        """End a publish's append spans: its batch (`released`, being released) is durable and
+        replicated."""
+        tracer = self.tracing.tracer
+        for p, epoch, span in e.spans:
+            span.set_attribute(telemetry.Attr.SUBSCRIBERS, e.fanout.get(p, 0))
+            if released is not None and p in released.seqs:
+                self._replicate(span, p, epoch, released.seqs[p], released.durable_ns)
+            if e.qos:
+                tracer.start_span(
+                    telemetry.SpanName.ACK, context=trace.set_span_in_context(span)
+                ).end()
+            span.end()
 
     def _replicate(self, append: Span, p: int, epoch: int, seq: int, durable_ns: int) -> None:
         """One partition.replicate span per in-sync follower: from the moment the write was

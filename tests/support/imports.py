@@ -90,3 +90,12 @@ def reaching(edges: dict[str, set[str]], *prefixes: str) -> dict[str, set[str]]:
         if hits:
             found[name] = hits
     return found
+
+
+def write_tree(root: Path, files: dict[str, str]) -> Path:
+    """A small source tree under `root` (path -> text), for a rule's test on a violating import."""
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root

@@ -202,7 +202,7 @@ def test_messages_made_durable_together_leave_in_one_delivery_per_session() -> N
                 subscriptions=[pb.SubscriptionSpec(filter="t/#", qos=1)],
             ),
         )
-    edge.handle(pb.EdgeCommand(index_ack=pb.IndexAck(seq=node.index_barrier.seq)))
+    edge.handle(pb.EdgeCommand(index_ack=pb.IndexAck(seq=node.state.index.barrier.seq)))
     commit.durable()
     edge.heard()
     for i in range(3):

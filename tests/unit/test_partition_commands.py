@@ -258,7 +258,7 @@ def test_a_qos1_publish_is_queued_durably_and_delivered_once_durable() -> None:
     connect(sub, "s", "e1.1")
     suback = subscribe(sub, "s", "e1.1", "t/#")
     # A filter new to the edges' index: the SUBACK waits until every edge routes by it.
-    seq = node.index_barrier.seq
+    seq = node.state.index.barrier.seq
     (*_, after_indexed) = commit.queue.pending()
     assert after_indexed == AfterIndexed(
         sub.link,

@@ -21,7 +21,7 @@ LIMIT = pb.FILTER_OUTCOME_SUBSCRIPTION_LIMIT
 
 def limited(**limits: Any) -> tuple[PartitionNode, InstantCommit, Edge]:
     node, commit = make_node()
-    node.limits = dataclasses.replace(QueueLimits(), **limits)
+    node.state.delivery.limits = dataclasses.replace(QueueLimits(), **limits)
     edge = Edge(node, "e1")
     return node, commit, edge
 
@@ -53,7 +53,7 @@ def publish(
 def offline_subscriber(node: PartitionNode, commit: InstantCommit, edge: Edge) -> None:
     connect(edge, "s", "e1.1")
     subscribe(edge, "s", "e1.1", "t/#")
-    node.index_barrier.acked(edge.link, node.index_barrier.seq)
+    node.state.index.barrier.acked(edge.link, node.state.index.barrier.seq)
     edge.command(
         "s", close_session=pb.CloseSession(client_id="s", connection_id="e1.1", graceful=True)
     )
@@ -113,7 +113,7 @@ def test_subscriptions_per_session_are_capped_filter_by_filter() -> None:
     node, commit, edge = limited(max_subscriptions=2)
     connect(edge, "s", "e1.1")
     rid = subscribe(edge, "s", "e1.1", "a", "b", "c")
-    node.index_barrier.acked(edge.link, node.index_barrier.seq)
+    node.state.index.barrier.acked(edge.link, node.state.index.barrier.seq)
     commit.durable()
     results, _ = edge.heard()
     assert list(results[rid].filter_outcomes) == [
@@ -155,7 +155,7 @@ def test_retained_bytes_are_capped_and_a_refused_one_still_reaches_subscribers()
     node, commit, edge = limited(max_retained_bytes=100)
     connect(edge, "s", "e1.1")
     subscribe(edge, "s", "e1.1", "r/#")
-    node.index_barrier.acked(edge.link, node.index_barrier.seq)
+    node.state.index.barrier.acked(edge.link, node.state.index.barrier.seq)
     commit.durable()
     edge.heard()
     first = publish(edge, "r/1", b"x" * 60, command_id=1, retain=True)  # 63 bytes
@@ -172,7 +172,7 @@ def test_retained_bytes_are_capped_and_a_refused_one_still_reaches_subscribers()
 def test_a_nodes_share_of_the_retained_cap_follows_the_partitions_it_masters() -> None:
     # 4 partitions, this node masters 1: its share of 8 retained messages is 2.
     node, commit, edge = limited(max_retained_messages=8)
-    node.view = mpb.View(epoch=1, partition_count=4)
+    node.state.roles.view = mpb.View(epoch=1, partition_count=4)
     for i in range(3):
         publish(edge, f"r/{i}", b"v", command_id=i + 1, retain=True)
     commit.durable()

@@ -20,8 +20,9 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.node_protocol import THIS_RELEASE
 from services.partition.delivery import publish_origin
 from services.partition.node import PartitionNode
+from services.partition.promotion import ACTIVATE_AT_ONCE
 from services.partition.replication import Assignment, Replicator
-from services.partition.roles import ACTIVATE_AT_ONCE, WAIT_S
+from services.partition.roles import WAIT_S
 from services.partition.store import StoredPartition, StoredSession
 from tests.support.partition_harness import (
     Clock,
@@ -126,7 +127,7 @@ async def test_commands_for_a_partition_being_loaded_wait_and_are_handled_in_ord
     c = Cluster()
     c.store.partitions[P] = StoredPartition(sessions=[stored_session("a")])
     c.take(view(4))
-    assert c.node.loading == {P: 4}
+    assert c.node.state.roles.loading == {P: 4}
     first = connect(c.edge, "b", "b1", partition=P, epoch=4)
     second = c.edge.command(
         "b",
@@ -218,7 +219,7 @@ async def test_a_demoted_partition_is_unloaded_and_its_commands_go_elsewhere() -
     c.take(view(5, master="n2"))
     assert c.node.mastered == {}
     assert "a" not in c.node.sessions
-    assert not list(c.node.trie.match("t"))
+    assert not list(c.node.state.index.trie.match("t"))
     rid = connect(c.edge, "a", "a1", partition=P, epoch=4)
     c.commit.durable()
     result = c.edge.heard()[0][rid]
@@ -288,8 +289,8 @@ async def test_partitions_demoted_together_leave_the_others_alone() -> None:
     assert c.node.mastered == {3: 4}
     assert set(c.node.sessions) == {"c3"}
     assert set(c.node.retained) == {"r3"}
-    assert {q for q, _filter in c.node.index_refs} == {3}
-    assert [cid for _filter, cid, _spec in c.node.trie.match("t")] == ["c3"]
+    assert {q for q, _filter in c.node.state.index.refs} == {3}
+    assert [cid for _filter, cid, _spec in c.node.state.index.trie.match("t")] == ["c3"]
 
 
 async def test_writes_of_a_partition_aborted_before_release_are_answered_moved() -> None:

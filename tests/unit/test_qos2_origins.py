@@ -56,7 +56,7 @@ def subscriber(edge: Edge, cid: str, p: int) -> None:
         ),
     )
     # The edge applied the index update (else the SUBACK waits for it).
-    seq = edge.node.index_barrier.seq
+    seq = edge.node.state.index.barrier.seq
     edge.handle(pb.EdgeCommand(index_ack=pb.IndexAck(seq=seq)))
 
 

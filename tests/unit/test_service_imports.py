@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.imports import circles, graph, reaching, within
+from tests.support.imports import circles, graph, reaching, within, write_tree
 
 SERVICES = ("services.edge", "services.partition", "services.membership")
 
@@ -88,16 +88,8 @@ def test_the_known_exceptions_are_still_there() -> None:
 # ----- each rule fails when someone adds a violating import --------------------------------
 
 
-def tree(root: Path, files: dict[str, str]) -> Path:
-    for name, text in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return root
-
-
 def test_a_circle_is_found(tmp_path: Path) -> None:
-    root = tree(
+    root = write_tree(
         tmp_path,
         {
             "services/partition/__init__.py": "",
@@ -115,7 +107,7 @@ def test_a_circle_is_found(tmp_path: Path) -> None:
 
 
 def test_a_service_importing_another_is_found(tmp_path: Path) -> None:
-    root = tree(
+    root = write_tree(
         tmp_path,
         {
             "services/edge/__init__.py": "",
@@ -127,7 +119,7 @@ def test_a_service_importing_another_is_found(tmp_path: Path) -> None:
 
 
 def test_an_mqtt_import_in_the_partition_is_found(tmp_path: Path) -> None:
-    root = tree(
+    root = write_tree(
         tmp_path,
         {
             "services/partition/__init__.py": "",
@@ -141,7 +133,7 @@ def test_an_mqtt_import_in_the_partition_is_found(tmp_path: Path) -> None:
 
 
 def test_a_service_import_in_the_shared_package_is_found(tmp_path: Path) -> None:
-    root = tree(
+    root = write_tree(
         tmp_path,
         {
             "hexmq/__init__.py": "",

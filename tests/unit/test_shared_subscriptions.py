@@ -482,8 +482,8 @@ def test_a_session_that_ends_while_its_messages_are_handed_over_asks_again_for_a
     (again,) = handoffs(edge)
     assert (again.handoff_id, again.online_only) == (first.handoff_id, False)
     answer(moved=False, online_only=True)  # a late answer to the first hand-out: ignored
-    assert first.handoff_id in node.redelivery.pending
+    assert first.handoff_id in node.state.redelivery.pending
     answer(moved=True, online_only=False)
-    assert node.redelivery.pending == {}
+    assert node.state.redelivery.pending == {}
     assert commit.written[-1][1][:3] == (HDEL, handoff_key, b"%d" % first.handoff_id)
     assert delivered(edge.heard()[1], "a") == []  # the new session never gets them
