@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hexmq import procs
+from hexmq_cli import procs
 from tests.conftest import HEXMQ
 from tests.support.agent_cluster import AgentCluster, Node, end, spawn, wait_until
 from tests.support.ports import free_port, free_ports

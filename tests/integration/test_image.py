@@ -90,7 +90,7 @@ def test_final_stage_runs_hexmq_as_a_non_root_user_with_a_healthcheck(stages: li
 
 def test_dockerignore_keeps_the_context_to_what_the_build_copies() -> None:
     ignore = DockerIgnore.load(ROOT / ".dockerignore")
-    for kept in ("pyproject.toml", "README.md", "constraints.txt", "hexmq/cli.py"):
+    for kept in ("pyproject.toml", "README.md", "constraints.txt", "hexmq_cli/cli.py"):
         assert not ignore.excluded(kept), kept
     for left_out in (
         ".venv/bin/python",

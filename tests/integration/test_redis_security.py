@@ -24,13 +24,13 @@ import pytest
 import redis.asyncio as redis
 from redis.exceptions import NoPermissionError
 
-from hexmq import procs
 from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.mqtt import PubAck, Publish
 from hexmq.redis_security import acl_lines, generate_password, tls_lines
 from hexmq.trust.certs import CertFiles, issue, issue_server, make_ca
 from hexmq.trust.identity import Identity
+from hexmq_cli import procs
 from services.partition.keys import (
     handoff_key,
     meta_key,

@@ -17,10 +17,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from hexmq import procs
 from hexmq.api.membership.v1 import membership_pb2 as pb
 from hexmq.api.membership.v1 import membership_pb2_grpc as pb_grpc
 from hexmq.trust.identity import MEMBERSHIP, OPERATOR, PARTITION, Identity
+from hexmq_cli import procs
 from tests.conftest import HEXMQ
 from tests.support.trust import env_for, operator_tls, own_ca, tls_for
 from tests.support.unique import uid

@@ -1,5 +1,5 @@
 """The test suite's own rules: mypy does not check tests/ (make typecheck covers hexmq,
-services and spark), so a `type: ignore` comment there would be read by nothing."""
+services, hexmq_cli and spark), so a `type: ignore` comment there would be read by nothing."""
 
 from __future__ import annotations
 
