@@ -594,8 +594,9 @@ def _placement(args: argparse.Namespace) -> dict[str, Any]:
     return {"nodes": nodes, "hosts": hosts, "agreement_listen": listen, "node_wrapper": wrapper}
 
 
-def _up(args: argparse.Namespace) -> int:
-    state = localcluster.up(
+def _start_cluster(args: argparse.Namespace) -> clusterstate.ClusterState:
+    """The cluster `up` and `run` start, as their options say."""
+    return localcluster.up(
         args.dir,
         base_port=args.base_port,
         partitions=args.partitions,
@@ -608,6 +609,10 @@ def _up(args: argparse.Namespace) -> int:
         discovery=args.discovery,
         insecure_cluster=args.insecure_cluster,
     )
+
+
+def _up(args: argparse.Namespace) -> int:
+    state = _start_cluster(args)
     _print_json(state.summary())
     return EXIT_OK
 
@@ -874,19 +879,7 @@ def _watch(cluster_dir: Path) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    state = localcluster.up(
-        args.dir,
-        base_port=args.base_port,
-        partitions=args.partitions,
-        rf=args.rf,
-        timeout=args.timeout,
-        service_args=_service_args(args),
-        trace_dir=args.trace_dir,
-        consul=_consul_arg(args),
-        **_placement(args),
-        discovery=args.discovery,
-        insecure_cluster=args.insecure_cluster,
-    )
+    state = _start_cluster(args)
     print(_banner(state), flush=True)
     try:
         _watch(state.dir)
