@@ -47,8 +47,9 @@ from services.partition.replication import DEL, HSET, Op
 from services.partition.store import RedisStore, StoredPartition, redis_client
 from services.partition.write_batch import apply_ops, put_position
 from tests.conftest import HEXMQ
-from tests.support.agent_cluster import end, wait_until
+from tests.support.agent_cluster import wait_until
 from tests.support.ports import free_ports
+from tests.support.processes import end
 from tests.support.rawclient import RawClient
 from tests.support.unique import uid
 
