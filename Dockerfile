@@ -16,6 +16,7 @@ WORKDIR /src
 COPY pyproject.toml README.md constraints.txt ./
 COPY hexmq ./hexmq
 COPY services ./services
+COPY hexmq_cli ./hexmq_cli
 COPY spark ./spark
 # CA certificates (PEM) pip trusts beside its own bundle, for a build host behind a
 # TLS-inspecting proxy: --build-arg EXTRA_CA_CERTS="$(cat /usr/local/share/ca-certificates/*.crt)"

@@ -49,8 +49,8 @@ proto-check: proto
 	git diff --exit-code -- hexmq/api
 
 lint: $(STAMP)
-	$(BIN)/ruff check hexmq services spark tests bench
-	$(BIN)/ruff format --check hexmq services spark tests bench
+	$(BIN)/ruff check hexmq services hexmq_cli spark tests bench
+	$(BIN)/ruff format --check hexmq services hexmq_cli spark tests bench
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

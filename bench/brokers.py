@@ -156,7 +156,7 @@ class Hexmq(Broker):
 
     def _cli(self, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [self.python, "-m", "hexmq.cli", *args],
+            [self.python, "-m", "hexmq_cli", *args],
             capture_output=True,
             text=True,
             timeout=timeout,

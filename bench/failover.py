@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
-from hexmq import clusterstate, localcluster
 from hexmq.hashring import partition_of
 from hexmq.membership.view import master_of
+from hexmq_cli import clusterstate, localcluster
 from tests.support import workload
 from tests.support.workload import Publisher, Subscriber, check
 
@@ -87,8 +87,8 @@ class Cluster:
 
     def masters(self) -> dict[int, str]:
         """Partition -> its master in the agreed view."""
-        from hexmq import localsecurity
         from hexmq.api.membership.v1 import membership_pb2, membership_pb2_grpc
+        from hexmq_cli import localsecurity
 
         state = clusterstate.require_state(self.dir.absolute())
         with localsecurity.node_channel(state, state.nodes[-1], "membership") as channel:

@@ -24,8 +24,8 @@ _LINE = re.compile(r":\d+\)$")
 # thread, so they would top the inclusive ranking and say nothing. Their self time (the event
 # loop's native code, gRPC's threads) still counts.
 _ENTRY = re.compile(
-    r"\((<frozen runpy>|threading\.py|hexmq/cli\.py|hexmq/service\.py|asyncio/runners\.py"
-    r"|services/\w+/main\.py)\)$"
+    r"\((<frozen runpy>|threading\.py|hexmq/cli\.py|hexmq_cli/(cli|__main__)\.py|hexmq/service\.py"
+    r"|asyncio/runners\.py|services/\w+/main\.py)\)$"
 )
 
 

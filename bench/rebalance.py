@@ -39,7 +39,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 
 from bench import report
-from hexmq import clusterstate, localcluster
+from hexmq_cli import clusterstate, localcluster
 from tests.support import workload
 from tests.support.workload import Publisher, Subscriber, check
 
@@ -147,8 +147,8 @@ class Cluster:
 
 
 def _queued_on_masters(state: clusterstate.ClusterState, node: clusterstate.NodeState) -> int:
-    from hexmq import localsecurity
     from hexmq.api.partition.v1 import partition_pb2, partition_pb2_grpc
+    from hexmq_cli import localsecurity
 
     with localsecurity.node_channel(state, node, "partition") as channel:
         reply = partition_pb2_grpc.PartitionServiceStub(channel).Status(

@@ -6,8 +6,8 @@
 - ``hexmq.hashring``: partition keys and replica placement.
 - ``hexmq.membership``: what the services need of membership: the agent's client (the view
   watch, the leave) and what a view says (``master_of`` a partition, partition health).
-- ``hexmq.cli``: the ``hexmq`` command; ``hexmq.localcluster`` (with ``hexmq.clusterstate`` for
-  ports, state and config files, ``hexmq.procs`` for process handling): local clusters.
+- ``hexmq.cli``: only ``python -m hexmq.cli``, which runs the ``hexmq`` command. The command
+  and the local-cluster tooling are the package ``hexmq_cli``, which nothing here imports.
 - ``hexmq.netaddr``, ``hexmq.service``: address parsing and process scaffolding for services.
 """
 

@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 
-from hexmq import clusterstate, procs
+from hexmq_cli import clusterstate, procs
 from tests.support import start_bounds
 from tests.support.ports import LOW, ephemeral_low, worker_window
 
@@ -47,7 +47,7 @@ collect_ignore = ["third_party"]
 
 
 def pick_base_port(nodes: int = 1, *, attempts: int = 100) -> int:
-    """A base port whose whole cluster port range (see hexmq.clusterstate) is free right now.
+    """A base port whose whole cluster port range (see hexmq_cli.clusterstate) is free right now.
 
     Random rather than fixed, so that test runs of several people on one machine rarely
     collide; `hexmq_cluster` also retries `up` on another base port if one is taken meanwhile.

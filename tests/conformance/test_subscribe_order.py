@@ -25,7 +25,6 @@ from collections.abc import Callable
 
 import pytest
 
-from hexmq.clusterstate import DEFAULT_PARTITIONS
 from hexmq.hashring import partition_of
 from hexmq.mqtt import (
     ConnAck,
@@ -42,6 +41,7 @@ from hexmq.mqtt import (
     UnsubAck,
     Unsubscribe,
 )
+from hexmq_cli.clusterstate import DEFAULT_PARTITIONS
 from tests.conftest import HexmqCluster
 from tests.support import placement
 from tests.support import v5client as v5

@@ -78,7 +78,7 @@ def _reexec(argv: list[str], timeout: float, cluster_dir: Path | None = None) ->
         os.killpg(child.pid, signal.SIGKILL)
         child.wait()
         if cluster_dir is not None:
-            from hexmq import clusterstate, procs
+            from hexmq_cli import clusterstate, procs
 
             for pid in procs.pids_with_env(clusterstate.ENV_MARKER, str(cluster_dir)):
                 ident = procs.identity_of(pid)

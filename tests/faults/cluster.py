@@ -21,12 +21,12 @@ from typing import Any
 
 import grpc
 
-from hexmq import clusterstate, localsecurity, procs
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.membership.v1 import membership_pb2_grpc as mpb_grpc
 from hexmq.api.partition.v1 import partition_pb2 as ppb
 from hexmq.api.partition.v1 import partition_pb2_grpc as ppb_grpc
 from hexmq.trust.identity import MEMBERSHIP, PARTITION, Identity
+from hexmq_cli import clusterstate, localsecurity, procs
 from tests.support.trust import cluster_channel, node_redis
 
 HEXMQ = Path(sys.executable).with_name("hexmq")

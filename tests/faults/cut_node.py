@@ -63,7 +63,7 @@ def heal() -> None:
 
 
 def _metrics_links(host: str, port: int) -> dict[str, Any]:
-    from hexmq import linkstatus
+    from hexmq_cli import linkstatus
 
     return linkstatus.read(host, {"edge": port}, timeout=1.0)
 

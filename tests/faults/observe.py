@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hexmq import linkstatus
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as ppb
+from hexmq_cli import linkstatus
 from services.membership.plan import failover_records
 from tests.faults.cluster import FaultCluster
 
@@ -179,7 +179,7 @@ class ViewRecorder:
         self._last = view
 
 
-# The metrics the link watch reads (hexmq/linkstatus.py parses them).
+# The metrics the link watch reads (hexmq_cli/linkstatus.py parses them).
 LINK_METRICS = (
     "hexmq_links_down",
     "hexmq_sessions_waiting_for_master",

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from hexmq import procs
+from hexmq_cli import procs
 from tests.conftest import HEXMQ
-from tests.support.agent_cluster import AgentCluster, Node, end, spawn, wait_until
+from tests.support.agent_cluster import AgentCluster, Node, spawn, wait_until
 from tests.support.ports import free_port, free_ports
+from tests.support.processes import end
 from tests.support.start_bounds import step_timeout
 
 

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from hexmq import clusterstate
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.membership.v1 import membership_pb2_grpc as mpb_grpc
 from hexmq.hashring import assign, partition_of
 from hexmq.mqtt import ConnAck, Connect
 from hexmq.trust.identity import MEMBERSHIP, Identity
+from hexmq_cli import clusterstate
 from services.edge.auth import PasswordFile
 from tests.conftest import HEXMQ, HexmqCluster, pick_base_port, run_up, running_processes
 from tests.support import start_bounds

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hexmq import clusterstate
+from hexmq_cli import clusterstate
 from tests import conftest
 
 

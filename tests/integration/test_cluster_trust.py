@@ -24,7 +24,6 @@ import grpc
 import pytest
 import redis
 
-from hexmq import clusterstate, localsecurity
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.membership.v1 import membership_pb2_grpc as mpb_grpc
 from hexmq.api.partition.v1 import partition_pb2 as pb
@@ -33,6 +32,7 @@ from hexmq.node_protocol import THIS_RELEASE
 from hexmq.trust import certs
 from hexmq.trust.grpc_tls import ClusterTLS, TLSFiles
 from hexmq.trust.identity import EDGE, MEMBERSHIP, OPERATOR, PARTITION, Identity
+from hexmq_cli import clusterstate, localsecurity
 from tests.conftest import HexmqCluster
 from tests.support.trust import cluster_tls, tls_for
 

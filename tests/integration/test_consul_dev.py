@@ -222,7 +222,7 @@ async def test_a_change_it_cannot_persist_is_a_500_and_it_exits_1(
 
 
 def test_the_command_is_registered_with_its_options(capsys: pytest.CaptureFixture[str]) -> None:
-    from hexmq import cli
+    from hexmq_cli import cli
 
     assert cli.main(["consul-dev", "--help"]) == 0
     out = capsys.readouterr().out

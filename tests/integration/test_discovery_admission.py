@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hexmq import procs
+from hexmq_cli import procs
 from tests.conftest import HEXMQ
 from tests.support.agent_cluster import (
     AGENT_FLAGS,

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from hexmq import procs
+from hexmq_cli import procs
 from tests.support.cluster_watch import (
     assert_balanced,
     drain,

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from hexmq import clusterstate, procs
+from hexmq_cli import clusterstate, procs
 from tests.conftest import HEXMQ
 from tests.support.cluster_watch import (
     assert_balanced,

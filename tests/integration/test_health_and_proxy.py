@@ -28,6 +28,7 @@ from hexmq.trust.identity import MEMBERSHIP, PARTITION, Identity
 from tests.support.edgeproc import edge_process
 from tests.support.eventually import eventually_sync
 from tests.support.ports import free_ports
+from tests.support.processes import end
 from tests.support.rawclient import RawClient
 from tests.support.trust import cluster_channel
 
@@ -158,12 +159,7 @@ def haproxy_in_front_of(edge_port: int, workdir: Path) -> Iterator[int]:
             time.sleep(0.05)
         yield front
     finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        end(proc, grace=5)
 
 
 async def connect_from(

@@ -24,7 +24,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import sysconfig
@@ -39,6 +38,7 @@ from hexmq.trust import certs
 from tests.support import trust
 from tests.support.dockerfile import DockerIgnore, Stage, parse_dockerfile
 from tests.support.ports import free_ports
+from tests.support.processes import end
 
 ROOT = Path(__file__).resolve().parents[2]
 DEBIAN_PYTHON = Path("/usr/bin/python3.11")
@@ -90,7 +90,7 @@ def test_final_stage_runs_hexmq_as_a_non_root_user_with_a_healthcheck(stages: li
 
 def test_dockerignore_keeps_the_context_to_what_the_build_copies() -> None:
     ignore = DockerIgnore.load(ROOT / ".dockerignore")
-    for kept in ("pyproject.toml", "README.md", "constraints.txt", "hexmq/cli.py"):
+    for kept in ("pyproject.toml", "README.md", "constraints.txt", "hexmq_cli/cli.py"):
         assert not ignore.excluded(kept), kept
     for left_out in (
         ".venv/bin/python",
@@ -248,13 +248,7 @@ def started(argv: list[str], env: dict[str, str], log: Path) -> Iterator[subproc
     try:
         yield proc
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        end(proc)
 
 
 def uid_of(pid: int) -> int:

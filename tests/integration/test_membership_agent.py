@@ -15,9 +15,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from hexmq import procs
 from hexmq.api.membership.v1 import membership_pb2 as pb
 from hexmq.trust.identity import PARTITION
+from hexmq_cli import procs
 from services.membership.consul_client import make_consul
 from tests.conftest import HEXMQ
 from tests.support.agent_cluster import (

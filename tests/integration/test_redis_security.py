@@ -24,13 +24,13 @@ import pytest
 import redis.asyncio as redis
 from redis.exceptions import NoPermissionError
 
-from hexmq import procs
 from hexmq.api.common.v1 import common_pb2 as common_pb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.mqtt import PubAck, Publish
 from hexmq.redis_security import acl_lines, generate_password, tls_lines
 from hexmq.trust.certs import CertFiles, issue, issue_server, make_ca
 from hexmq.trust.identity import Identity
+from hexmq_cli import procs
 from services.partition.keys import (
     handoff_key,
     meta_key,
@@ -47,8 +47,9 @@ from services.partition.replication import DEL, HSET, Op
 from services.partition.store import RedisStore, StoredPartition, redis_client
 from services.partition.write_batch import apply_ops, put_position
 from tests.conftest import HEXMQ
-from tests.support.agent_cluster import end, wait_until
+from tests.support.agent_cluster import wait_until
 from tests.support.ports import free_ports
+from tests.support.processes import end
 from tests.support.rawclient import RawClient
 from tests.support.unique import uid
 

@@ -36,10 +36,10 @@ import grpc
 import pytest
 import redis
 
-from hexmq import clusterstate
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
 from hexmq.hashring import assign, partition_of
+from hexmq_cli import clusterstate
 from tests.conftest import HEXMQ, HexmqCluster, pick_base_port, running_processes
 from tests.support.cluster_watch import failovers_from
 from tests.support.unique import uid

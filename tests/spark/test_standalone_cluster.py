@@ -25,8 +25,8 @@ from pyspark.testing import assertDataFrameEqual
 from spark.hexmq_traces import job
 from tests.spark.test_job import _trace_lines
 from tests.support import start_bounds
-from tests.support.agent_cluster import end
 from tests.support.ports import free_ports
+from tests.support.processes import end
 
 ROOT = Path(__file__).resolve().parents[2]
 SPARK_HOME = Path(pyspark.__file__).resolve().parent

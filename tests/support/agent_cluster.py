@@ -17,11 +17,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from hexmq import procs
 from hexmq.api.membership.v1 import membership_pb2 as pb
 from hexmq.api.membership.v1 import membership_pb2_grpc as pb_grpc
 from hexmq.trust.identity import MEMBERSHIP, OPERATOR, PARTITION, Identity
+from hexmq_cli import procs
 from tests.conftest import HEXMQ
+from tests.support.processes import end
 from tests.support.trust import env_for, operator_tls, own_ca, tls_for
 from tests.support.unique import uid
 
@@ -39,17 +40,6 @@ def spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subp
             start_new_session=True,
             env={**os.environ, **(env or {})},
         )
-
-
-def end(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM, grace: float = 10) -> None:
-    """Signal `process`, give it `grace` seconds to exit, then kill it."""
-    if process.poll() is None:
-        process.send_signal(sig)
-        try:
-            process.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=grace)
 
 
 def wait_until(what: str, check: Callable[[], bool], timeout: float, step: float = 0.05) -> float:

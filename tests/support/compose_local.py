@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from hexmq.cli import SERVICE_MODULES
+from hexmq_cli.cli import SERVICE_MODULES
 from tests.support.ports import free_port
 
 LOOPBACK = "127.0.0.1"

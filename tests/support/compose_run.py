@@ -62,7 +62,7 @@ from typing import Any
 
 import yaml
 
-from hexmq import procs
+from hexmq_cli import procs
 from tests.support.compose_local import LOOPBACK, ComposeError, LocalService, LocalTopology
 
 HEXMQ = Path(sys.executable).with_name("hexmq")

@@ -26,7 +26,6 @@ import json
 import os
 import resource
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -36,6 +35,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tests.support.processes import end
 
 COMPOSE_BINARY = Path(sys.executable).parent / "docker-compose"
 PROJECT_LABEL = "com.docker.compose.project"
@@ -96,12 +97,7 @@ class ContainerEngine:
                 time.sleep(0.5)
             yield engine
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+            end(proc, grace=30)
 
     # --- the engine's CLI ------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from typing import Any
 from hexmq.trust.identity import EDGE
 from tests.conftest import HEXMQ
 from tests.support.ports import free_ports
+from tests.support.processes import end
 from tests.support.trust import cluster_env
 
 
@@ -33,14 +34,8 @@ class EdgeProcess:
         return self.log.read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            # The plain stop (SIGTERM would first wait up to 5 s for its node to leave).
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        # The plain stop (SIGTERM would first wait up to 5 s for its node to leave).
+        end(self.proc, signal.SIGINT)
 
 
 def membership_addr(cluster: Any, node: int = 1) -> str:

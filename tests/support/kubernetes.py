@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from hexmq.cli import SERVICE_MODULES
+from hexmq_cli.cli import SERVICE_MODULES
 from tests.support.dockerfile import parse_dockerfile
 
 ROOT = Path(__file__).resolve().parents[2]

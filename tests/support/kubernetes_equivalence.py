@@ -9,7 +9,7 @@ The manifests' side is tests/support/kubernetes.py: each pod's containers, comma
 environments resolved as the kubelet would. A hexmq container is parsed by its service's real
 parser, HEXMQ_* variables included (tests/support/options.py): a flag or variable the service
 does not have, or a value it refuses, is a problem. The local side is
-`hexmq.localcluster.plan_up` and `planned_processes` for the overlay's shape (nodes, partitions,
+`hexmq_cli.localcluster.plan_up` and `planned_processes` for the overlay's shape (nodes, partitions,
 RF, cluster name; the embedded agreement server when the overlay runs consul-dev, else `up
 --consul ADDR`), parsed the same way. The two are compared option by option, Redis's directive by
 directive (the local redis.conf against the container's arguments). Any other difference is a
@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hexmq import localcluster
 from hexmq.trust.identity import EDGE, MEMBERSHIP, PARTITION
+from hexmq_cli import localcluster
 from tests.support.kubernetes import (
     OVERLAYS,
     Container,

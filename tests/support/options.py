@@ -7,7 +7,8 @@ import importlib
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
-from hexmq import cli, envoptions
+from hexmq import envoptions
+from hexmq_cli import cli
 
 
 def service_parser(service: str) -> argparse.ArgumentParser:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import functools
 
-from hexmq import clusterstate
 from hexmq.hashring import assign, partition_of
+from hexmq_cli import clusterstate
 from tests.support.unique import uid
 
 

@@ -20,11 +20,11 @@ from typing import Any
 import grpc
 import redis
 
-from hexmq.clusterstate import REDIS_OPERATOR_FILE
 from hexmq.redis_security import OPERATOR_USER
 from hexmq.trust import certs
 from hexmq.trust.grpc_tls import ClusterTLS, TLSFiles
 from hexmq.trust.identity import OPERATOR, Identity
+from hexmq_cli.clusterstate import REDIS_OPERATOR_FILE
 
 _OWN_CA: Path | None = None
 

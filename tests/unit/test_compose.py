@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 import yaml
 
-from hexmq import cli, secrets_cli
-from hexmq.cli import SERVICE_MODULES
 from hexmq.redis_security import HEXMQ_USER
 from hexmq.trust import certs
 from hexmq.trust.identity import Identity
+from hexmq_cli import cli, secrets_cli
+from hexmq_cli.cli import SERVICE_MODULES
 from tests.support.compose_local import (
     ComposeError,
     LocalTopology,

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hexmq import cli, envoptions
+from hexmq import envoptions
+from hexmq_cli import cli
 from tests.support.options import service_parser
 
 ROOT = Path(__file__).resolve().parents[2]

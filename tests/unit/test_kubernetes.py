@@ -21,9 +21,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from hexmq import __version__, localcluster
+from hexmq import __version__
 from hexmq.trust import certs
 from hexmq.trust.identity import Identity
+from hexmq_cli import localcluster
 from tests.support.kubernetes import Image, kubectl, pods, render
 from tests.support.kubernetes_equivalence import (
     CONSUL_DEV,
@@ -198,7 +199,7 @@ def make_secrets(tmp_path: Path, nodes: int, edges: int) -> dict[str, dict[str, 
     content."""
     env = {
         **os.environ,
-        "HEXMQ": f"{sys.executable} -m hexmq.cli",
+        "HEXMQ": f"{sys.executable} -m hexmq_cli",
         "KUBECTL": kubectl(),
         "PYTHONPATH": str(ROOT),
     }

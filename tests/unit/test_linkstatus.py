@@ -1,10 +1,10 @@
 """`hexmq cluster status` shows the links that are down and the connections waiting on them
-(issue 30, G9), read from the services' metrics over HTTP (hexmq/linkstatus.py)."""
+(issue 30, G9), read from the services' metrics over HTTP (hexmq_cli/linkstatus.py)."""
 
 from __future__ import annotations
 
-from hexmq import linkstatus
 from hexmq.telemetry.metrics import Metrics, start_metrics_server
+from hexmq_cli import linkstatus
 from tests.support.ports import free_port
 
 

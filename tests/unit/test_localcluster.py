@@ -20,10 +20,11 @@ from typing import Any, cast
 
 import pytest
 
-from hexmq import cli, clusterstate, localcluster, localmembers, procs
-from hexmq.clusterstate import NodePorts
+from hexmq import __version__
 from hexmq.readiness import Readiness
 from hexmq.telemetry.metrics import start_metrics_server
+from hexmq_cli import cli, clusterstate, localcluster, localmembers, procs
+from hexmq_cli.clusterstate import NodePorts
 from tests.conftest import pick_base_port, running_processes
 
 # --- port scheme ----------------------------------------------------------------------------
@@ -195,11 +196,41 @@ def test_help_works_for_every_subcommand(capsys: pytest.CaptureFixture[str]) -> 
 
 def test_cluster_commands_do_not_import_the_services() -> None:
     code = (
-        "import sys; from hexmq import cli; cli.build_parser(); "
+        "import sys; from hexmq_cli import cli; cli.build_parser(); "
         "print([m for m in sys.modules if m.startswith(('services', 'grpc'))])"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]"
+
+
+def test_python_m_hexmq_cli_still_runs_the_command() -> None:
+    # What every cluster.json records, of this release and the ones before it (and what
+    # check_interpreter imports): the command's old module path runs the command...
+    ran = subprocess.run(
+        [sys.executable, "-P", "-m", "hexmq.cli", "--version"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (ran.returncode, ran.stdout.strip(), ran.stderr) == (0, f"hexmq {__version__}", "")
+    ran = subprocess.run(
+        [sys.executable, "-P", "-m", "hexmq.cli", "cluster", "status", "--dir", "/nonexistent"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert ran.returncode == 1
+    assert "no cluster in /nonexistent" in ran.stderr
+    # ... but importing it (as check_interpreter does) loads nothing of the command's package,
+    # nor the services or gRPC it would bring.
+    code = (
+        "import sys, hexmq.cli; "
+        "print(sorted(m for m in sys.modules if m.startswith(('hexmq_cli', 'services', 'grpc'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-P", "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "[]"
 
@@ -835,7 +866,7 @@ def test_cluster_up_refuses_a_discovery_it_does_not_run(
     assert not (tmp_path / "c").exists()
 
 
-# --- adding a node (hexmq.localmembers) -------------------------------------------------------
+# --- adding a node (hexmq_cli.localmembers) -------------------------------------------------------
 
 
 def test_an_added_node_skips_the_agreement_servers_block_and_keeps_the_extra_arguments(

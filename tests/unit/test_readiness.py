@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from hexmq import health, healthprobe
+from hexmq import health
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.hashring import assign
 from hexmq.readiness import (
@@ -24,6 +24,7 @@ from hexmq.readiness import (
     declared_by_health,
 )
 from hexmq.telemetry import start_metrics_server
+from hexmq_cli import healthprobe
 from services.edge.readiness import edge_readiness
 from services.membership.main import membership_readiness
 

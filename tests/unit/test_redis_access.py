@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from hexmq import cli
+from hexmq_cli import cli
 from services.partition.redis_access import (
     PASSWORD_VARIABLE,
     RedisAccess,

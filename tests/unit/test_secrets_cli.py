@@ -1,4 +1,4 @@
-"""`hexmq secrets init` (hexmq/secrets_cli.py): the files it makes, their modes and owners, that
+"""`hexmq secrets init` (hexmq_cli/secrets_cli.py): the files it makes, their modes and owners, that
 a second run keeps everything, and that what it makes works: the Redis ACL file loads in a real
 redis-server, which then refuses a client without the password."""
 
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from hexmq import cli, procs, secrets_cli
 from hexmq.redis_security import HEXMQ_USER, acl_lines
 from hexmq.trust import certs
 from hexmq.trust.identity import NODE_ROLES, Identity
+from hexmq_cli import cli, procs, secrets_cli
 from tests.support.ports import free_ports
 
 NODES = ["n1", "n2", "n3"]

@@ -8,7 +8,10 @@ function-level ones too):
   hexmq.membership holds the agent's client and the view's readings);
 - the partition service speaks no MQTT: it imports no module of the codec (hexmq.mqtt); the
   edge turns its outcomes into reason codes (services/edge/outcomes.py);
-- the shared package imports no service, but for the `hexmq` command's dispatch (KNOWN).
+- the shared package imports no service and nothing of the `hexmq` command's package
+  (hexmq_cli/, which may import everything); no service imports the command's package either.
+  (`python -m hexmq.cli` still runs the command, by module name only: hexmq/cli.py imports
+  nothing of hexmq_cli; tests/unit/test_localcluster.py checks that importing it loads none.)
 
 Each rule is also run on a small tree with one violating import, so that a rule that could
 never fail would show.
@@ -23,17 +26,8 @@ import pytest
 from tests.support.imports import circles, graph, reaching, within, write_tree
 
 SERVICES = ("services.edge", "services.partition", "services.membership")
-
-# The shared package's imports of a service that are known and allowed: the `hexmq` command
-# (hexmq/cli.py) runs the services' own subcommands. Nothing else in hexmq/ may import one.
-KNOWN: dict[str, set[str]] = {
-    "hexmq.cli": {
-        "services.edge",
-        "services.edge.passwd",
-        "services.membership.consul_client",
-        "services.membership.consul_client.parse_consul_addr",
-    },
-}
+# The `hexmq` command and the local-cluster tooling: above the services and the shared package.
+COMMAND = "hexmq_cli"
 
 
 def import_circles(package: str, root: Path | None = None) -> list[list[str]]:
@@ -51,16 +45,19 @@ def mqtt_imports(package: str, root: Path | None = None) -> dict[str, set[str]]:
     return reaching(edges, "hexmq.mqtt")
 
 
-def service_imports(root: Path | None = None) -> dict[str, set[str]]:
-    """The modules of hexmq/ that import a service, but for KNOWN."""
+def upward_imports(root: Path | None = None) -> dict[str, set[str]]:
+    """The modules of hexmq/ that import a service or the command's package, and what of it."""
     edges = graph("hexmq") if root is None else graph("hexmq", root)
-    found = reaching(edges, "services")
-    return {
-        name: extra for name, names in found.items() if (extra := names - KNOWN.get(name, set()))
-    }
+    return reaching(edges, "services", COMMAND)
 
 
-@pytest.mark.parametrize("package", [*SERVICES, "hexmq"])
+def command_imports(service: str, root: Path | None = None) -> dict[str, set[str]]:
+    """The modules of `service` that import the command's package, and what of it."""
+    edges = graph(service) if root is None else graph(service, root)
+    return reaching(edges, COMMAND)
+
+
+@pytest.mark.parametrize("package", [*SERVICES, "hexmq", COMMAND])
 def test_no_import_circle(package: str) -> None:
     assert len(graph(package)) > 1
     assert import_circles(package) == []
@@ -75,14 +72,13 @@ def test_the_partition_imports_no_mqtt_module() -> None:
     assert mqtt_imports("services.partition") == {}
 
 
-def test_the_shared_package_imports_no_service_but_the_known_ones() -> None:
-    assert service_imports() == {}
+def test_the_shared_package_imports_no_service_nor_the_command() -> None:
+    assert upward_imports() == {}
 
 
-def test_the_known_exceptions_are_still_there() -> None:
-    # An exception no longer needed goes from KNOWN, so that it cannot come back unseen.
-    found = reaching(graph("hexmq"), "services")
-    assert {name: found.get(name, set()) & allowed for name, allowed in KNOWN.items()} == KNOWN
+@pytest.mark.parametrize("service", SERVICES)
+def test_a_service_imports_nothing_of_the_command(service: str) -> None:
+    assert command_imports(service) == {}
 
 
 # ----- each rule fails when someone adds a violating import --------------------------------
@@ -132,16 +128,31 @@ def test_an_mqtt_import_in_the_partition_is_found(tmp_path: Path) -> None:
     }
 
 
-def test_a_service_import_in_the_shared_package_is_found(tmp_path: Path) -> None:
+def test_a_service_or_command_import_in_the_shared_package_is_found(tmp_path: Path) -> None:
     root = write_tree(
         tmp_path,
         {
             "hexmq/__init__.py": "",
-            "hexmq/cli.py": "from services.edge import passwd\nimport services.partition.main\n",
+            "hexmq/cli.py": "import runpy\ndef main():\n    from hexmq_cli.cli import main\n",
             "hexmq/view.py": "from services.membership.changes import has_left\n",
+            "hexmq/topics.py": "from hexmq import mqtt\nfrom hexmq.mqtt import errors\n",
         },
     )
-    assert service_imports(root) == {
-        "hexmq.cli": {"services.partition.main"},
+    assert upward_imports(root) == {
+        "hexmq.cli": {"hexmq_cli.cli", "hexmq_cli.cli.main"},
         "hexmq.view": {"services.membership.changes", "services.membership.changes.has_left"},
+    }
+
+
+def test_a_command_import_in_a_service_is_found(tmp_path: Path) -> None:
+    root = write_tree(
+        tmp_path,
+        {
+            "services/membership/__init__.py": "",
+            "services/membership/main.py": "from hexmq import envoptions\nimport hexmq_cli\n",
+            "services/membership/agent.py": "from hexmq.membership import client\n",
+        },
+    )
+    assert command_imports("services.membership", root) == {
+        "services.membership.main": {"hexmq_cli"}
     }

@@ -1,6 +1,6 @@
 """The test suite's own rules: mypy does not check tests/ (make typecheck covers hexmq,
-services and spark), so a `type: ignore` comment there would be read by nothing; make test
-hands out its longest files first (tests/conftest.py)."""
+services, hexmq_cli and spark), so a `type: ignore` comment there would be read by nothing; make
+test hands out its longest files first (tests/conftest.py)."""
 
 from __future__ import annotations
 

@@ -250,7 +250,7 @@ def test_a_client_presents_renewed_files_from_its_next_channel(n1_partition: TLS
 def test_hexmq_certs_cluster_makes_what_every_service_starts_with(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from hexmq.cli import main
+    from hexmq_cli.cli import main
 
     assert main(["certs", "cluster", "--dir", str(tmp_path), "--nodes", "n1,n2"]) == 0
     for node in ("n1", "n2"):

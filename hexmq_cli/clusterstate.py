@@ -4,7 +4,7 @@ A node is four processes: redis-server, `hexmq membership`, `hexmq partition`, `
 (SERVICES, in start order). The cluster has one more: its agreement server, `hexmq consul-dev`
 (the embedded Consul-API server), started before the nodes and stopped after them, unless the
 membership agents use an external Consul (`--consul ADDR`). Nothing here starts or signals a
-process (that is hexmq.localcluster); this module says where everything is and what each
+process (that is hexmq_cli.localcluster); this module says where everything is and what each
 command line is.
 
 Port scheme, from the base port P (default 1883), for node i (1-based):
@@ -55,9 +55,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from hexmq import procs
 from hexmq.netaddr import parse_hostport
-from hexmq.procs import LOOPBACK, ProcessIdentity
+from hexmq_cli import procs
+from hexmq_cli.procs import LOOPBACK, ProcessIdentity
 
 SERVICES: Final = ("redis", "membership", "partition", "edge")
 # Each hexmq service serves Prometheus metrics on its node block's port: base + slot.
@@ -71,7 +71,7 @@ DEFAULT_PARTITIONS: Final = 256
 
 STATE_FILE: Final = "cluster.json"
 # node<i>/redis.password: the node's Redis password for its partition service, and
-# redis-operator.password the operator's (hexmq.localsecurity makes them).
+# redis-operator.password the operator's (hexmq_cli.localsecurity makes them).
 REDIS_PASSWORD_FILE: Final = "redis.password"
 REDIS_OPERATOR_FILE: Final = "redis-operator.password"
 MEMBERS_FILE: Final = "members"
@@ -263,7 +263,7 @@ class NodeState:
     ports: NodePorts
     dir: Path
     processes: dict[str, ProcessRecord]
-    # How its services secure the cluster's links (hexmq.localsecurity.MODES). A cluster.json
+    # How its services secure the cluster's links (hexmq_cli.localsecurity.MODES). A cluster.json
     # written before TLS has none: its nodes run in plain text.
     security: str = "plain"
     # Its Redis asks for the node's password (node<i>/redis.password) as the hexmq ACL user.

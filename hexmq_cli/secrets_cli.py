@@ -7,7 +7,7 @@ of Kubernetes Secrets; docs/deploy.md).
 What it writes under DIR, keeping every file that exists (a second run changes nothing, a run
 with more nodes adds theirs):
 
-    tls/                    exactly what `hexmq certs cluster` writes (hexmq.trust.cli): ca.crt,
+    tls/                    exactly what `hexmq certs cluster` writes (hexmq_cli.certs_cli): ca.crt,
                             ca.key, <node>/{edge,partition,membership}.crt|key, operator/<name>.*
     consul.token            the Consul ACL token the membership agents send (--consul-token-file)
     consul-acl.json         with --consul-config: the Consul agent's ACL config, ACLs on, default
@@ -44,8 +44,8 @@ from typing import Final
 
 from hexmq.redis_security import HEXMQ_USER, acl_lines, generate_password
 from hexmq.trust import certs
-from hexmq.trust import cli as certs_cli
 from hexmq.trust.identity import DEFAULT_TRUST_DOMAIN, NODE_ROLES, Identity, IdentityError
+from hexmq_cli import certs_cli
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 

@@ -1,11 +1,11 @@
 """Local clusters: N hexmq nodes on one machine as background processes (dev, tests, demos).
 
 The lifecycle behind `hexmq cluster`: up, start, stop, kill, status (add and leave are in
-hexmq.localmembers). The cluster's agreement
+hexmq_cli.localmembers). The cluster's agreement
 server (`hexmq consul-dev`, unless the agents use an external Consul) starts first and stops
 last; a node's processes start in SERVICES order, each once the previous one serves, and stop
-in reverse. Where everything lives (ports, DIR, cluster.json) is hexmq.clusterstate, and how a
-process is spawned and signalled safely is hexmq.procs.
+in reverse. Where everything lives (ports, DIR, cluster.json) is hexmq_cli.clusterstate, and how a
+process is spawned and signalled safely is hexmq_cli.procs.
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from hexmq import linkstatus, localsecurity, procs
-from hexmq.clusterstate import (
+from hexmq.hashring import partition_of
+from hexmq.membership.view import master_of
+from hexmq_cli import linkstatus, localsecurity, procs
+from hexmq_cli.clusterstate import (
     AGREEMENT_SERVER,
     DEFAULT_BASE_PORT,
     DEFAULT_PARTITIONS,
@@ -49,8 +51,6 @@ from hexmq.clusterstate import (
     validate_cluster_args,
     write_config,
 )
-from hexmq.hashring import partition_of
-from hexmq.membership.view import master_of
 
 if TYPE_CHECKING:
     from hexmq.api.common.v1 import common_pb2
@@ -538,7 +538,7 @@ class PlannedProcess:
     service: str
     argv: tuple[str, ...]
     # The variables `hexmq cluster` gives it on top of its own environment (secrets by file
-    # name: hexmq.localsecurity).
+    # name: hexmq_cli.localsecurity).
     env: Mapping[str, str]
     # Redis: the redis.conf its argv names, as `up` writes it (secrets hashed).
     config: str | None = None

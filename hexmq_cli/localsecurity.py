@@ -32,9 +32,9 @@ import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from hexmq.clusterstate import REDIS_OPERATOR_FILE, REDIS_PASSWORD_FILE, ClusterState, NodeState
 from hexmq.redis_security import HEXMQ_USER as REDIS_USER
 from hexmq.redis_security import OPERATOR_USER as REDIS_OPERATOR
+from hexmq_cli.clusterstate import REDIS_OPERATOR_FILE, REDIS_PASSWORD_FILE, ClusterState, NodeState
 
 if TYPE_CHECKING:
     import grpc

@@ -28,8 +28,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from hexmq import localcluster, localsecurity
-from hexmq.clusterstate import (
+from hexmq_cli import localcluster, localsecurity
+from hexmq_cli.clusterstate import (
     ClusterError,
     ClusterState,
     NodeState,

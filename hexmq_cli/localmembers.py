@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from hexmq import localsecurity, procs
-from hexmq.clusterstate import (
+from hexmq_cli import localsecurity, procs
+from hexmq_cli.clusterstate import (
     INTERNAL_OFFSET,
     MAX_NODES,
     METRICS_SLOTS,
@@ -39,14 +39,14 @@ from hexmq.clusterstate import (
     wrapper_argv,
     write_config,
 )
-from hexmq.localcluster import (
+from hexmq_cli.localcluster import (
     DEFAULT_GRACE,
     DEFAULT_TIMEOUT,
     _start_nodes,
     _stop_processes,
     partition_status,
 )
-from hexmq.procs import LOOPBACK
+from hexmq_cli.procs import LOOPBACK
 
 if TYPE_CHECKING:
     from hexmq.api.membership.v1 import membership_pb2
