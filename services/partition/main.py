@@ -55,7 +55,7 @@ from services.partition.delivery import (
     DEFAULT_MAX_SUBSCRIPTIONS,
     QueueLimits,
 )
-from services.partition.group_commit import GroupCommit
+from services.partition.group_commit import GroupCommit, release_batches
 from services.partition.node import PartitionNode
 from services.partition.peers import ReplicationDriver
 from services.partition.qos2_seen import DEFAULT_RETENTION_S, SeenOrigins
@@ -277,10 +277,11 @@ def run(args: argparse.Namespace) -> int:
         # This process's incarnation: the view admits the node only with the partition service
         # that runs now (a restart is a new incarnation, docs/failover.md).
         incarnation = time.time_ns()
-        # Built in the order they need each other: the handlers gather into the group commit's
-        # core (queue), the replication driver hands the node its roles, and the group commit
-        # carries out the node's effects and hands durable batches to the driver, which
-        # releases them once the followers have them.
+        # Built in the order they need each other, each given its collaborators when built:
+        # the handlers gather into the group commit's core (queue), the replication driver
+        # hands the node its roles and releases the queue's batches once the followers have
+        # them, and the group commit carries out the node's effects and hands durable batches
+        # to the driver.
         queue = CommitQueue(FlushPacer(full=FULL_COMMIT))
         store = RedisStore(client)
         limits = QueueLimits(
@@ -308,6 +309,7 @@ def run(args: argparse.Namespace) -> int:
             store,
             storage_failed,
             roles=node,
+            release=functools.partial(release_batches, queue, node.carry_out),
             tick_s=TICK_S,
             incarnation=incarnation,
             agent=agent,
@@ -324,7 +326,6 @@ def run(args: argparse.Namespace) -> int:
             on_durable=replication.master_durable,
             write_timeout=args.redis_timeout,
         )
-        replication.release_with(commit.release)
         ready = asyncio.Event()
 
         async def on_view(view: mpb.View) -> None:

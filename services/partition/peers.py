@@ -328,6 +328,7 @@ class ReplicationDriver:
         on_failure: Callable[[BaseException], None],
         *,
         roles: RoleListener | None = None,
+        release: Release = _no_release,
         tick_s: float = 0.1,
         incarnation: int = 0,
         agent: AgreementClient | None = None,
@@ -349,7 +350,9 @@ class ReplicationDriver:
         self.roles = roles
         self._agent = agent
         self._on_failure = on_failure
-        self._release: Release = _no_release
+        # What releases the master's batches once every in-sync follower has them
+        # (group_commit.release_batches over the node's commit queue).
+        self._release = release
         # The view's members: node -> (partition service address, whether it serves TLS).
         self._peers: dict[str, tuple[str, bool]] = {}
         self._links: dict[str, MasterLink] = {}
@@ -458,12 +461,6 @@ class ReplicationDriver:
         task.set_name(name)
         self._asks.add(task)
         task.add_done_callback(self._asks.discard)
-
-    def release_with(self, release: Release) -> None:
-        """What releases the master's batches once every in-sync follower has them: the group
-        commit's `release` (services/partition/group_commit.py). Given once that is built: it
-        needs this driver, for `master_durable`."""
-        self._release = release
 
     def master_durable(
         self, entries: list[Entry], token: object, aborted: frozenset[int], lazy: bool
