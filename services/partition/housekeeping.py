@@ -10,6 +10,7 @@ from hexmq import telemetry
 from services.partition.commit_queue import CommitQueue
 from services.partition.node import PartitionNode
 from services.partition.replication import Replicator
+from services.partition.replication_status import lag_by_follower
 from services.partition.roles import WAIT_S
 
 log = logging.getLogger("hexmq.partition")
@@ -68,7 +69,7 @@ async def report_metrics(node: PartitionNode, queue: CommitQueue, replicator: Re
         m.partition_roles.labels("catching_up").set(
             sum(1 for fd in replicator.followed.values() if fd.loading)
         )
-        for follower, lag in replicator.lag_by_follower().items():
+        for follower, lag in lag_by_follower(replicator).items():
             m.replication_lag.labels(follower).set(lag)
         m.queue_depth.labels("queued_messages").set(node.queued_messages())
         m.queue_depth.labels("sessions").set(len(node.sessions))
