@@ -16,6 +16,7 @@ from services.partition.master_link import MasterLinks
 from services.partition.peers import ReplicationDriver
 from services.partition.replication import HSET, Persist, Ready, SnapshotRead
 from services.partition.replication_feeds import FollowerFeeds
+from tests.unit.test_follower_writes import Transactions
 
 
 class Core:
@@ -95,25 +96,12 @@ async def test_the_driver_hands_what_to_persist_to_its_writer() -> None:
         durable.append(persist_id)
         written.set()
 
-    class Pipe:
-        def __init__(self) -> None:
-            self.commands = 0
-
-        def __len__(self) -> int:
-            return self.commands
-
-        def hset(self, *args: Any, **kwargs: Any) -> None:
-            self.commands += 1
-
-        async def execute(self) -> None:
-            await asyncio.sleep(0)
-
     core = SimpleNamespace(
         ready=lambda: ready.pop() if ready else Ready(),
         follower_durable=follower_durable,
         tick=lambda: None,
     )
-    client = SimpleNamespace(pipeline=lambda transaction: Pipe())
+    client = Transactions()
     driver = ReplicationDriver(
         cast(Any, core),
         cast(Any, SimpleNamespace(client=client)),
@@ -127,3 +115,4 @@ async def test_the_driver_hands_what_to_persist_to_its_writer() -> None:
     finally:
         await driver.stop()
     assert durable == [1]
+    assert client.sizes == [1]  # its one write, in one transaction
