@@ -49,7 +49,7 @@ HEXMQ_COMMANDS: Final = (
     "hello",
     "auth",
     "select",
-    # The start check (services/partition/main.py).
+    # The start check (services/partition/redis_check.py).
     "ping",
     # Loading partitions, positions and snapshots (RedisStore).
     "hgetall",

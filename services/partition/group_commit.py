@@ -59,6 +59,18 @@ def carry_out_released(released: Iterable[Released], carry_out: Callable[[Effect
             carry_out(item)
 
 
+def release_batches(
+    queue: CommitQueue,
+    carry_out: Callable[[Effect], None],
+    tokens: Iterable[tuple[object, frozenset[int]]],
+) -> None:
+    """Carry out the effects of batches that are now replicated (their tokens, each with the
+    partitions aborted meanwhile), in order (CommitQueue.release). Needs only the queue and
+    `carry_out`, so the replication driver is given it when built, before the GroupCommit,
+    which needs the driver (for `on_durable`)."""
+    carry_out_released(queue.release(tokens), carry_out)
+
+
 class GroupCommit:
     """Commits the batches `queue` seals, strictly one after another (one MULTI/EXEC in flight),
     through `client`, with `replicator` sequencing each partition's writes as one log entry;
@@ -116,9 +128,8 @@ class GroupCommit:
                 await self._commit(self._queue.seal())
 
     def release(self, tokens: Iterable[tuple[object, frozenset[int]]]) -> None:
-        """Carry out the effects of batches that are now replicated (their tokens, each with
-        the partitions aborted meanwhile), in order (CommitQueue.release)."""
-        carry_out_released(self._queue.release(tokens), self._carry_out)
+        """Carry out the effects of batches that are now replicated (`release_batches`)."""
+        release_batches(self._queue, self._carry_out, tokens)
 
     async def _run(self) -> None:
         queue = self._queue

@@ -25,6 +25,7 @@ from services.partition.links import EdgeLink
 from services.partition.node import PartitionNode
 from services.partition.peers import ReplicationDriver
 from services.partition.replication import Replicator
+from services.partition.replication_status import follower_status
 from services.partition.sessions import Session
 
 log = logging.getLogger(__name__)
@@ -134,8 +135,8 @@ def status_reply(node: PartitionNode, replicator: Replicator) -> pb.StatusReply:
             sequence=replicator.position(p)[1],
             sessions=len(per_partition[p]),
             queued_messages=sum(len(s.queue) for s in per_partition[p]),
-            followers=replicator.follower_status(
-                p, functools.partial(state_bytes, node, p, per_partition[p])
+            followers=follower_status(
+                replicator, p, functools.partial(state_bytes, node, p, per_partition[p])
             ),
         )
         for p, epoch in sorted(node.mastered.items())

@@ -1,7 +1,7 @@
 """What the partition's command handling takes from outside itself: the time and new ids.
 
 Handlers read no clock: the adapter (services/partition/server.py for edge commands, the
-housekeeping loop of services/partition/main.py for sweeps) gives each the time as `now`, unix
+loop of services/partition/housekeeping.py for sweeps) gives each the time as `now`, unix
 milliseconds. What runs after a batch is durable reads the node's `clock`. Ids come from an
 `IdSource` (services/partition/id_source.py): random in a service (here), counted in tests.
 """

@@ -31,7 +31,7 @@ from services.partition.sessions import LiveConnection, Session
 log = logging.getLogger(__name__)
 
 # How long a takeover's answer waits for the old connection's edge to confirm the close. The
-# node checks once a second (services/partition/main.py, _sweep): at most about 3 s in all.
+# node checks once a second (services/partition/housekeeping.py, sweep): at most about 3 s in all.
 KICK_ACK_BOUND_MS = 2_000
 
 

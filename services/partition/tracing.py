@@ -14,6 +14,7 @@ from hexmq.api.partition.v1 import partition_pb2 as pb
 from services.partition.commit_queue import DurableBatch
 from services.partition.effects import EndAppendSpans
 from services.partition.replication import Replicator
+from services.partition.replication_status import in_sync_followers, lag
 
 
 class AppendTracer:
@@ -82,7 +83,7 @@ class AppendTracer:
             return
         context = trace.set_span_in_context(append)
         kind = telemetry.SPAN_KIND[telemetry.SpanName.REPLICATE]
-        for fp in replicator.in_sync_followers(p):
+        for fp in in_sync_followers(replicator, p):
             span = self.tracing.tracer.start_span(
                 telemetry.SpanName.REPLICATE, context=context, kind=kind, start_time=durable_ns
             )
@@ -92,7 +93,7 @@ class AppendTracer:
                         node=self.node_id, partition=p, epoch=epoch, seq=seq, follower=fp.node
                     )
                 )
-                span.set_attribute(telemetry.Attr.REPLICATION_LAG, replicator.lag(p, fp))
+                span.set_attribute(telemetry.Attr.REPLICATION_LAG, lag(replicator, p, fp))
             span.end()
 
 

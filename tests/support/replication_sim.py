@@ -77,6 +77,7 @@ from services.partition.replication import (
     Stored,
     on_history,
 )
+from services.partition.replication_status import follower_status
 from tests.support.scenario_script import ScriptError, ScriptRunner, SimError
 
 Token = tuple[str, int, int]  # (master, incarnation, n)
@@ -760,7 +761,7 @@ class Sim:
         return out
 
     def follower(self, master: str, p: int, f: str) -> Any:
-        for status in self.rep(master).follower_status(p):
+        for status in follower_status(self.rep(master), p):
             if status.node_id == f:
                 return status
         raise ScriptError(f"{f} is not a follower of p{p} on {master}")
@@ -1091,7 +1092,7 @@ class Script(ScriptRunner["Sim"]):
 
     def check_in_sync(self, a: list[str]) -> None:
         """check in-sync n1 p0 [n2 ...]: exactly these followers are in sync."""
-        statuses = self.s.rep(self.node(a[0])).follower_status(self.part(a[1]))
+        statuses = follower_status(self.s.rep(self.node(a[0])), self.part(a[1]))
         have = sorted(st.node_id for st in statuses if st.in_sync)
         self.expect("in sync", have, sorted(self.node(n) for n in a[2:]))
 

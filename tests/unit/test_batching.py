@@ -251,7 +251,7 @@ async def test_a_partition_link_sends_a_lone_answer_at_once_and_gathers_the_next
 
 
 async def test_a_replication_feed_gathers_entries_within_the_interval() -> None:
-    from services.partition.peers import MAX_ITEMS_PER_FRAME, Outbox
+    from services.partition.replication_feeds import MAX_ITEMS_PER_FRAME, Outbox
 
     outbox = Outbox(FlushPacer(interval=0.05, full=MAX_ITEMS_PER_FRAME))
     item = pb.ReplicationItem(start=pb.FeedStart(partition=1, epoch=1, from_seq=1))
@@ -366,7 +366,7 @@ async def test_a_batch_of_acknowledgements_alone_waits_for_company(
 async def test_a_replication_feed_holds_a_lazy_batch_until_company_or_the_linger(
     lazy_linger_of_half_a_second: None,
 ) -> None:
-    from services.partition.peers import MAX_ITEMS_PER_FRAME, Outbox
+    from services.partition.replication_feeds import MAX_ITEMS_PER_FRAME, Outbox
 
     outbox = Outbox(FlushPacer(interval=0.0, full=MAX_ITEMS_PER_FRAME))
     loop = asyncio.get_running_loop()

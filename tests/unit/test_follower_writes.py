@@ -1,5 +1,6 @@
 """A follower writes replicated entries in transactions of at most about MAX_OPS_PER_WRITE
-storage ops, and steps a frame's items in slices of about as many (services/partition/peers.py).
+storage ops (services/partition/replica_writer.py), and steps a frame's items in slices of about
+as many (services/partition/master_link.py).
 redis-py packs a transaction and reads its replies without yielding to the event loop: a node
 joining a loaded cluster wrote every pending frame of a hundred partitions in one transaction,
 its loop stalled for about a second, every agent's health probe of it timed out, and it was
@@ -16,11 +17,10 @@ import grpc
 
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
-from hexmq.trust.grpc_tls import ClusterTLS
-from services.partition import peers
-from services.partition.replication import HSET, Persist, Ready
+from services.partition import master_link, replica_writer
+from services.partition.replication import HSET, Persist
 
-MAX = peers.MAX_OPS_PER_WRITE
+MAX = replica_writer.MAX_OPS_PER_WRITE
 
 
 def persist(n: int, ops: int) -> Persist:
@@ -31,10 +31,10 @@ def persist(n: int, ops: int) -> Persist:
 
 def test_a_transaction_takes_whole_persists_up_to_the_bound() -> None:
     backlog = [persist(n, 1000) for n in range(10)]
-    assert peers.persists_within(backlog, MAX) == MAX // 1000
+    assert replica_writer.persists_within(backlog, MAX) == MAX // 1000
     # One persist larger than the bound still goes, alone.
-    assert peers.persists_within([persist(1, 3 * MAX), persist(2, 1)], MAX) == 1
-    assert peers.persists_within([persist(1, 10), persist(2, 10)], MAX) == 2
+    assert replica_writer.persists_within([persist(1, 3 * MAX), persist(2, 1)], MAX) == 1
+    assert replica_writer.persists_within([persist(1, 10), persist(2, 10)], MAX) == 2
 
 
 def entry(ops: int) -> pb.ReplicationItem:
@@ -52,10 +52,10 @@ def test_a_frame_is_stepped_in_slices_of_about_the_bound() -> None:
     chunk = pb.ReplicationItem(snapshot=pb.SnapshotChunk(partition=1, packed_ops=b"x"))
     start = pb.ReplicationItem(start=pb.FeedStart(partition=1, epoch=1))
     items = [start, *(entry(100) for _ in range(100)), chunk, chunk]
-    slices = list(peers.item_slices(items, MAX))
+    slices = list(master_link.item_slices(items, MAX))
     assert [x for s in slices for x in s] == items  # every item, in order
     assert len(slices) == 3  # 10,000 entry ops and two packed chunks counted as 512 each
-    assert list(peers.item_slices([entry(3 * MAX)], MAX)) == [[entry(3 * MAX)]]
+    assert list(master_link.item_slices([entry(3 * MAX)], MAX)) == [[entry(3 * MAX)]]
 
 
 class Transactions:
@@ -97,12 +97,12 @@ async def test_a_follower_backlog_is_written_in_bounded_transactions() -> None:
         if len(durable) == 40:
             all_durable.set()
 
-    core = SimpleNamespace(follower_durable=follower_durable, ready=Ready)
-    driver = peers.ReplicationDriver(
+    core = SimpleNamespace(follower_durable=follower_durable)
+    replicas = replica_writer.ReplicaWriter(
         cast(Any, core),
         cast(Any, SimpleNamespace(client=client)),
+        process=lambda: None,
         on_failure=lambda exc: None,
-        tls=ClusterTLS.insecure(),
     )
 
     async def other_work() -> None:
@@ -115,11 +115,10 @@ async def test_a_follower_backlog_is_written_in_bounded_transactions() -> None:
         Persist(n, ops=[(HSET, f"hx:1:k{n}-{i}", b"f", b"v") for i in range(900)])
         for n in range(1, 41)
     ]
-    writer = asyncio.create_task(driver._write_loop())
+    writer = asyncio.create_task(replicas.run())
     ticker = asyncio.create_task(other_work())
     try:
-        driver._persist.extend(backlog)
-        driver._persist_wake.set()
+        replicas.add(backlog)
         await all_durable.wait()
     finally:
         writer.cancel()
@@ -166,17 +165,18 @@ async def test_a_stream_the_master_ends_at_once_is_retried_with_growing_backoff(
                 six.set()
         await real_sleep(0)
 
-    monkeypatch.setattr(peers.asyncio, "sleep", sleep)
+    monkeypatch.setattr(master_link.asyncio, "sleep", sleep)
     core = SimpleNamespace(
         node_id="n2", link_open=lambda master: [], link_closed=lambda master: None, links=set()
     )
-    driver = SimpleNamespace(
-        core=core,
+    link = master_link.MasterLink(
+        cast(Any, core),
+        "n1",
+        f"127.0.0.1:{port}",
+        dial=lambda master, target: grpc.aio.insecure_channel(target),
         incarnation=1,
         process=lambda: None,
-        dial=lambda master, target: grpc.aio.insecure_channel(target),
     )
-    link = peers.MasterLink(cast(Any, driver), "n1", f"127.0.0.1:{port}")
     link.start()
     try:
         await asyncio.wait_for(six.wait(), 30)

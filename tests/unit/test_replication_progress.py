@@ -10,6 +10,12 @@ from typing import Any, cast
 from hexmq.api.common.v1.common_pb2 import Message
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from services.partition.replication import op_size
+from services.partition.replication_status import (
+    follower_status,
+    in_sync_followers,
+    lag,
+    lag_by_follower,
+)
 from services.partition.server import state_bytes
 from services.partition.sessions import Session
 from services.partition.write_batch import WriteBatch
@@ -23,7 +29,7 @@ def run(text: str) -> Script:
 
 
 def status(script: Script, master: str, follower: str, state: int = 0) -> tuple[str, int]:
-    for st in script.s.rep(master).follower_status(0, lambda: state):
+    for st in follower_status(script.s.rep(master), 0, lambda: state):
         if st.node_id == follower:
             return st.state, st.bytes_left
     raise AssertionError(f"{follower} does not follow p0 on {master}")
@@ -71,6 +77,31 @@ def test_a_snapshot_lacks_the_state_not_sent_yet_and_the_log_after_it() -> None:
     assert status(s, "n1", "n2", state=1000) == ("snapshot", 1000 - sent + after)
     s.run_line("deliver")
     assert status(s, "n1", "n2", state=1000) == ("live", 0)
+
+
+def test_the_followers_a_write_waits_for_and_their_lag() -> None:
+    """replication_status's other readings (the append spans', the gauges'): the followers a
+    write waits for, their lag in the partition, and per follower node."""
+    s = run(
+        """nodes 3 partitions 1 rf 3
+        deliver
+        write n1 p0 a=1
+        deliver
+        pause n1 n2
+        write n1 p0 b=2
+        write n1 p0 c=3
+        deliver
+        """
+    )
+    rep = s.s.rep("n1")
+    waited_for = in_sync_followers(rep, 0)
+    assert sorted(fp.node for fp in waited_for) == ["n2", "n3"]
+    assert {fp.node: lag(rep, 0, fp) for fp in waited_for} == {"n2": 2, "n3": 0}
+    assert lag_by_follower(rep) == {"n2": 2, "n3": 0}
+    assert {st.node_id: st.lag for st in follower_status(rep, 0)} == {"n2": 2, "n3": 0}
+    # A node that masters nothing waits for nobody.
+    assert in_sync_followers(s.s.rep("n2"), 0) == []
+    assert lag_by_follower(s.s.rep("n2")) == {}
 
 
 def test_a_partitions_state_is_estimated_as_its_snapshot_would_measure_it() -> None:

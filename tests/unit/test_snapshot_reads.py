@@ -1,6 +1,6 @@
 """A master reads at most SNAPSHOT_READS_AT_ONCE snapshots from Redis at once: a join asks for
 many partitions together, and unbounded reads exhausted redis-py's connection pool, which
-stopped the partition service (services/partition/peers.py)."""
+stopped the partition service (services/partition/replication_feeds.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ from typing import Any, cast
 
 import pytest
 
-from hexmq.trust.grpc_tls import ClusterTLS
-from services.partition import peers
-from services.partition.replication import Ready, SnapshotRead
+from services.partition import replication_feeds
+from services.partition.replication import SnapshotRead
 
 
 class CountingStore:
@@ -35,16 +34,16 @@ class CountingStore:
 
 async def test_snapshot_reads_wait_for_a_slot() -> None:
     store = CountingStore()
-    driver = peers.ReplicationDriver(
+    feeds = replication_feeds.FollowerFeeds(
         cast(Any, SimpleNamespace()),
         cast(Any, store),
+        process=lambda: None,
         on_failure=lambda exc: None,
-        tls=ClusterTLS.insecure(),
     )
     reads = [SnapshotRead("n2", p, (1, 1), p) for p in range(64)]
-    await asyncio.gather(*(driver._read_snapshot(r) for r in reads))
+    await asyncio.gather(*(feeds.read_snapshot(r) for r in reads))
     assert store.reads == 64
-    assert store.most == peers.SNAPSHOT_READS_AT_ONCE
+    assert store.most == replication_feeds.SNAPSHOT_READS_AT_ONCE
 
 
 class BrokenStore:
@@ -57,13 +56,15 @@ async def test_a_snapshot_read_that_fails_is_started_again() -> None:
     """The follower's repeated joins no longer restart a snapshot under way (a slow read was
     restarted for good), so a read that fails for another reason than Redis must be."""
     lost: list[SnapshotRead] = []
-    core = SimpleNamespace(snapshot_lost=lost.append, ready=Ready)
-    driver = peers.ReplicationDriver(
+    processed: list[None] = []
+    core = SimpleNamespace(snapshot_lost=lost.append)
+    feeds = replication_feeds.FollowerFeeds(
         cast(Any, core),
         cast(Any, BrokenStore()),
+        process=lambda: processed.append(None),
         on_failure=lambda exc: pytest.fail(f"not a storage failure: {exc}"),
-        tls=ClusterTLS.insecure(),
     )
     read = SnapshotRead("n2", 3, (1, 1), 7)
-    await driver._read_snapshot(read)
+    await feeds.read_snapshot(read)
     assert lost == [read]
+    assert processed  # what the state machine decided then is carried out
