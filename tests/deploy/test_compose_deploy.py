@@ -339,13 +339,21 @@ def test_compose_runs_for_real_and_survives_a_node_killed(deployment: Deployment
         sub.close()
         third.close()
 
-        # Without a Collector (no stand-in), each service says so once, not once per batch
-        # (the publisher's node: never restarted, each service one process all along).
+        # Without a Collector (no stand-in), each process says so once, not once per batch:
+        # the publisher's node's services (never killed), one line per process each. A
+        # container the engine restarted (its restart policy: a partition service that saw no
+        # view within its --startup-timeout on a loaded host exits) ran more than one, and its
+        # log holds every one's lines.
         pub_node = pub_edge.removeprefix("edge-")
-        logs = compose.run("logs", "--no-color", *[f"{r}-{pub_node}" for r in NODE_ROLES[:3]])
-        export_errors = [ln for ln in logs.splitlines() if "exporting traces" in ln]
-        results["otlp_export_error_lines"] = len(export_errors)
-        assert len(export_errors) <= 3, export_errors[:5]
+        restarts = engine.restarts(compose.project)
+        export_errors: dict[str, list[str]] = {}
+        for service in [f"{r}-{pub_node}" for r in NODE_ROLES[:3]]:
+            logs = compose.run("logs", "--no-color", service)
+            export_errors[service] = [ln for ln in logs.splitlines() if "exporting traces" in ln]
+        results["otlp_export_error_lines"] = sum(len(lines) for lines in export_errors.values())
+        results["restarts"] = {s: n for s, n in restarts.items() if n}
+        for service, lines in export_errors.items():
+            assert len(lines) <= 1 + restarts.get(service, 0), (service, restarts, lines)
 
     # Every service's log, with the engine's timestamps, for what a run measured (down -v
     # deletes the containers and their logs).
