@@ -385,7 +385,9 @@ def gap_within(times: Any, window: tuple[float, float]) -> tuple[float, float]:
     ordered = sorted(times)
     inside = [t for t in ordered if start <= t <= end]
     before = [t for t in ordered if t < start][-1:]
-    after = [t for t in ordered if t > end][:1]
+    # Nothing after the window (none yet, or none came): the gap open at its end counts up to
+    # it (a publisher never acknowledged again showed a longest gap of 0).
+    after = [t for t in ordered if t > end][:1] or [end]
     points = [*before, *inside, *after]
     gaps = [(b - a, a - start) for a, b in itertools.pairwise(points)]
     return max(gaps, default=(0.0, 0.0))
