@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -169,14 +170,31 @@ def looks_gone(code: object) -> bool:
     return bool(code == grpc.StatusCode.UNAVAILABLE)
 
 
+def name_gone(exc: socket.gaierror) -> bool:
+    """A lookup answered "no such name" (NXDOMAIN; EAI_NONAME), not one that got no answer
+    (EAI_AGAIN: the DNS server is down or cut off, which is silence)."""
+    return exc.errno == socket.EAI_NONAME
+
+
 async def tcp_refused(addr: str, timeout_s: float) -> bool:
-    """True only if a TCP connect to `addr` is refused or reset: nothing listens there."""
+    """True only if nothing is there: a TCP connect to `addr` is refused or reset, or its host
+    name no longer exists.
+
+    A container engine's DNS (Docker's, podman's aardvark-dns) drops a container's name as
+    soon as the container stops, and Kubernetes a pod's once the pod is deleted: a killed
+    container refuses connections for only the ~0.1-0.2 s before its network is torn down
+    (measured under podman), and then its name is gone. Taken as silence, that needed a
+    majority of reports after --suspect-after (longer after false alarms) where a refusal
+    needs one: a compose node's kill failed over in 0.5 s or in 2-8 s, depending on which
+    the confirming connect met (issue 27)."""
     host, port = parse_hostport(addr)
     try:
         async with asyncio.timeout(timeout_s):
             _, writer = await asyncio.open_connection(host, port)
     except (ConnectionRefusedError, ConnectionResetError):
         return True
+    except socket.gaierror as exc:
+        return name_gone(exc)
     except (TimeoutError, OSError):
         return False  # unreachable or slow: silence, not a refusal
     writer.close()

@@ -153,6 +153,15 @@ class ContainerEngine:
                 )
         return rows
 
+    def restarts(self, project: str) -> dict[str, int]:
+        """How often each service's container of the project was restarted by the engine (its
+        restart policy; the same field in Docker and podman)."""
+        counts = {}
+        for c in self.project_containers(project):
+            out = self.run("inspect", "--format", "{{.RestartCount}}", c["Id"])
+            counts[c["Service"]] = int(out.strip() or 0)
+        return counts
+
     def project_leftovers(self, project: str) -> dict[str, list[str]]:
         """Containers, volumes and networks of the project still there (labels or names)."""
         label = f"label={PROJECT_LABEL}={project}"

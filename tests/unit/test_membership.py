@@ -332,6 +332,30 @@ async def test_a_tcp_connect_confirms_a_refusal_only_when_nothing_listens() -> N
     assert await tcp_refused(f"127.0.0.1:{port}", 1.0)
 
 
+@pytest.mark.parametrize(
+    ("errno", "gone"),
+    [
+        # No such name: a container engine's DNS dropped a stopped container's name (Docker,
+        # podman), Kubernetes a deleted pod's: nothing is there, as when refused.
+        (socket.EAI_NONAME, True),
+        # No answer from the DNS server (down, cut off): silence, never strong evidence.
+        (socket.EAI_AGAIN, False),
+    ],
+)
+async def test_a_peer_whose_name_is_gone_is_refused_not_silent(
+    monkeypatch: pytest.MonkeyPatch, errno: int, gone: bool
+) -> None:
+    looked_up: list[str] = []
+
+    def lookup(host: str, *args: Any, **kwargs: Any) -> Any:
+        looked_up.append(host)
+        raise socket.gaierror(errno, "lookup failed")
+
+    monkeypatch.setattr(socket, "getaddrinfo", lookup)
+    assert await tcp_refused("partition-3:7001", 1.0) is gone
+    assert looked_up == ["partition-3"]
+
+
 async def test_a_health_probe_tells_an_answering_process_from_a_gone_one() -> None:
     server = grpc.aio.server()
     health = add_health(server)

@@ -195,6 +195,24 @@ def test_a_minority_cannot_remove_a_majority() -> None:
     assert members(next_view(view, observed(N5, {**minority, **majority}))) == N5[:3]
 
 
+def test_members_that_suspect_each_other_are_not_all_removed_by_silence() -> None:
+    # Every agent stalls (a loaded host): n3 reports n1 and n2, n1 and n2 report each other.
+    # Each has two reporters of three members; removing both left n3 alone with every
+    # partition (make test-deploy at load 60). One goes, the other waits: in the next view
+    # n1's report no longer counts, and n2 stays.
+    view = first_view(N3)
+    mutual = {"n1": {"n2": SILENT}, "n2": {"n1": SILENT}, "n3": {"n1": SILENT, "n2": SILENT}}
+    new = next_view(view, observed(N3, mutual))
+    assert members(new) == ["n2", "n3"]
+    assert plan(new, observed(N3, mutual), config("n3"), NOW) is None
+    # Five members: two go by silence at once (three stay), not three.
+    five = {r: {s: SILENT for s in N5[:3] if s != r} for r in N5}
+    assert members(next_view(first_view(N5), observed(N5, five))) == N5[2:]
+    # Hard evidence is not held back: refused, gone from the registry.
+    refused = {**mutual, "n3": {"n1": REFUSED, "n2": REFUSED}}
+    assert members(next_view(view, observed(N3, refused))) == ["n3"]
+
+
 def test_reports_count_only_from_registered_view_members() -> None:
     view = first_view(N3)
     outsider = {"n9": {"n2": REFUSED}}  # registered, not a member (it joins; n2 stays)
