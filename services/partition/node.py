@@ -8,8 +8,8 @@ effects they leave, as data (effects.py), by one table (`_CARRY_OUT`): those on 
 outbox as soon as the call that left them returns, those on the group commit's queue when
 their batch is durable and replicated (GroupCommit calls `carry_out`).
 
-Its public methods are what the service (main.py, server.py) and the replication driver
-(peers.py, as RoleListener) call.
+Its public methods are what the service's other adapters (server.py, housekeeping.py,
+view_door.py) and the replication driver (peers.py, as RoleListener) call.
 """
 
 from __future__ import annotations
