@@ -255,12 +255,16 @@ class PartitionNode:
         self._flush()
 
     def _flush(self) -> None:
-        """Carry out, in order, what was put on the outbox to go at once."""
+        """Carry out, in order, what was put on the outbox to go at once (and what carrying it
+        out puts there). Each round takes the outbox's entries off it first, so that a flush
+        from inside one (an index barrier released at once sends through `_send_now`) never
+        carries out an effect twice."""
         out = self.state.outbox
-        if out:
-            for effect in out:
-                _CARRY_OUT[type(effect)](self, effect)
+        while out:
+            taken = out.copy()
             out.clear()
+            for effect in taken:
+                _CARRY_OUT[type(effect)](self, effect)
 
     def _pump_released(self) -> None:
         delivery.pump_released(self.state)

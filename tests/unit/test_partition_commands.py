@@ -377,3 +377,17 @@ def test_qos2_claims_carry_origin_ids_from_the_injected_source() -> None:
         b"origin:000000001",
         b"origin:000000002",
     ]
+
+
+def test_what_goes_at_once_goes_once_when_carrying_it_out_sends_more() -> None:
+    """The outbox is carried out in order, and a send that carrying out an effect adds (an
+    index barrier nobody waits on releases at once) goes after it, each event once."""
+    node, _ = make_node()
+    edge = Edge(node, "e1")
+    first, second = (
+        pb.PartitionEvent(result=pb.Result(request_id=rid, status=SC.STATUS_CODE_UNAVAILABLE))
+        for rid in (1, 2)
+    )
+    node.state.outbox.extend([Send(edge.link, first), AfterIndexed(edge.link, second, 0)])
+    node.hand_out_wills(clock_of(edge).now)
+    assert edge.events() == [first, second]
