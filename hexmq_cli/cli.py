@@ -880,8 +880,11 @@ def _watch(cluster_dir: Path) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     state = _start_cluster(args)
-    print(_banner(state), flush=True)
     try:
+        # The banner inside the try: a Ctrl-C that arrives while it is going out (the user has
+        # read "Ctrl-C stops the cluster" before print returns) stops the cluster like any
+        # other rather than leaving it running behind an "interrupted".
+        print(_banner(state), flush=True)
         _watch(state.dir)
     except KeyboardInterrupt:
         pass
