@@ -39,8 +39,10 @@ QUIET_DAEMON_START_S = 12.0
 SUBMIT_BOUND_S = 900  # the job's driver and executor JVMs and its stages, on a loaded machine
 
 # Two JVM daemons, spark-submit's driver and the worker's executor, then the job in local mode
-# for comparison: minutes on a loaded machine. A hang detector, not a speed check.
-pytestmark = pytest.mark.timeout(1200)
+# for comparison: minutes on a loaded machine (468 s of make test's 3,337 in a quiet run, the
+# longest file by far), so it runs in make test-deploy, with the other runs of a deployment.
+# The timeout is a hang detector, not a speed check.
+pytestmark = [pytest.mark.deploy, pytest.mark.timeout(1200)]
 
 
 def spark_env(tmp_path: Path) -> dict[str, str]:
