@@ -126,13 +126,11 @@ test-interop: $(STAMP) system-deps
 # stand-in base images made from Debian packages where no registry answers
 # (scripts/deploy-images.sh, compose.standin.yaml). Root or sudo for podman. Not in make test
 # (docs/deploy.md, "Running it for real": before every release). DEPLOY_RESULTS: a JSON file
-# for the figures it measures. Then the trace job on a standalone Spark cluster (four JVMs on
-# loopback, docs/traces.md), the other deployment run for real.
+# for the figures it measures.
 DEPLOY_RESULTS ?=
 test-deploy: $(STAMP) system-deps
 	scripts/deploy-deps.sh
-	HEXMQ_DEPLOY_RESULTS=$(DEPLOY_RESULTS) $(BIN)/pytest -m deploy tests/deploy \
-	  tests/spark/test_standalone_cluster.py -s -p no:xdist $(PYTEST_ARGS)
+	HEXMQ_DEPLOY_RESULTS=$(DEPLOY_RESULTS) $(BIN)/pytest -m deploy tests/deploy -s -p no:xdist $(PYTEST_ARGS)
 
 # Throughput and latency beside mosquitto (BENCH_ARGS), the moderate-load suite (fixed rates,
 # deliveries per CPU-second, memory per connection; MODERATE_ARGS), then the failover benchmark
