@@ -731,3 +731,31 @@ class _HandlerCallDetails(grpc.HandlerCallDetails):  # type: ignore[misc]
     def __init__(self, method: str, invocation_metadata: Any) -> None:
         self.method = method
         self.invocation_metadata = invocation_metadata
+
+
+class NodeServers:
+    """A co-located node's in-process servers (`hexmq node`): its membership agent's and its
+    partition service's, which the node's other services call instead of dialling them. Each
+    service registers its servicer here beside its gRPC server, which still serves the other
+    nodes."""
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        self.membership = LocalServer("membership")
+        self.partition = LocalServer("partition")
+
+    def to_membership(self, caller_role: str, trust_domain: str) -> LocalChannel:
+        """A channel to the node's agent, calling as the node's service `caller_role`."""
+        return self.membership.channel(Identity(caller_role, self.node_id), trust_domain)
+
+    def to_partition(self, caller_role: str, trust_domain: str) -> LocalChannel:
+        return self.partition.channel(Identity(caller_role, self.node_id), trust_domain)
+
+
+async def stop_servers(grace: float, server: grpc.aio.Server, local: LocalServer | None) -> None:
+    """Stop a service's gRPC server and, in a co-located node, its in-process twin, together
+    (the same grace for the calls of both)."""
+    if local is None:
+        await server.stop(grace=grace)
+    else:
+        await asyncio.gather(server.stop(grace=grace), local.stop(grace))
