@@ -184,6 +184,13 @@ def _add_cluster_shape(p: argparse.ArgumentParser) -> None:
         "(each service logs a warning); by default every link is mutual TLS with the "
         "certificates made under DIR/tls (docs/security.md)",
     )
+    p.add_argument(
+        "--colocated",
+        action="store_true",
+        help="run each node's membership agent, partition service and edge as one process "
+        "(`hexmq node`), calling each other in process; by default each is a process of its "
+        'own (docs/operations.md, "Co-located nodes")',
+    )
     for service in ("edge", "partition", "membership"):
         p.add_argument(
             f"--{service}-arg",
@@ -625,6 +632,7 @@ def _start_cluster(args: argparse.Namespace) -> clusterstate.ClusterState:
         **_placement(args),
         discovery=args.discovery,
         insecure_cluster=args.insecure_cluster,
+        colocated=args.colocated,
     )
 
 
