@@ -10,6 +10,10 @@ nodes (with its own certificate), and the node's own services call each other in
 (hexmq/inproc.py: the same servicer methods, the messages themselves, no serialisation,
 socket or TLS).
 
+What is the process's rather than a service's: the log (the most verbose --log-level of the
+sections) and the pacing of batches (--batch-interval-us, --batch-interval-max-us,
+--ack-linger-us: the sections that take them must give the same values).
+
 The environment: each section reads HEXMQ_<OPTION> as its service does, and, winning over it,
 HEXMQ_NODE_<SERVICE>_<OPTION> (HEXMQ_NODE_EDGE_CLUSTER_CERT: the edge's certificate), for
 the options whose values differ between the services of one node.
@@ -48,6 +52,9 @@ SECTIONS: Final = {
 # Stop order of a plain stop: the reverse.
 STOP_ORDER: Final = ("edge", "partition", "membership")
 SEPARATOR: Final = "--"
+# Options that configure the process, not the service (hexmq.pacing): the sections that take
+# them must agree.
+PROCESS_WIDE: Final = ("batch_interval_us", "batch_interval_max_us", "ack_linger_us")
 NODE_PREFIX: Final = envoptions.PREFIX + "NODE_"
 
 USAGE = (
@@ -126,7 +133,21 @@ def parse_sections(argv: Sequence[str], env: Mapping[str, str]) -> list[Section]
     if len(nodes) != 1:
         named = ", ".join(f"{s.service} {s.args.node_id}" for s in out)
         raise NodeUsageError(f"the sections name different nodes ({named})")
+    for option in PROCESS_WIDE:
+        given = {s.service: getattr(s.args, option) for s in out if hasattr(s.args, option)}
+        if len(set(given.values())) > 1:
+            named = ", ".join(f"{service} {value}" for service, value in given.items())
+            raise NodeUsageError(
+                f"--{option.replace('_', '-')} differs between the sections ({named}): it "
+                "sets the pacing of the whole process"
+            )
     return out
+
+
+def log_level(sections: Sequence[Section]) -> str:
+    """The most verbose of the sections' --log-level (one process has one log)."""
+    levels: list[str] = [s.args.log_level.upper() for s in sections]
+    return min(levels, key=lambda name: logging.getLevelNamesMapping().get(name, logging.INFO))
 
 
 def main(argv: Sequence[str], env: Mapping[str, str]) -> int:
@@ -141,7 +162,7 @@ def main(argv: Sequence[str], env: Mapping[str, str]) -> int:
     except SystemExit as exc:  # a section's --help or usage error (argparse printed it)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     first = sections[0].args
-    setup_logging("node", first.node_id, first.log_level)
+    setup_logging("node", first.node_id, log_level(sections))
     colocated = NodeServers(first.node_id)
     mains: dict[str, ServiceMain] = {}
     for section in sections:

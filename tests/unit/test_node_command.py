@@ -185,3 +185,20 @@ async def test_a_colocated_edge_calls_its_own_partition_service_in_process_only(
     assert not isinstance(_edge(None)._dial_partition("n1", "127.0.0.1:7002"), LocalChannel)
     to_agent = colocated.to_membership(PARTITION, "hexmq")
     assert to_agent._caller == Identity(PARTITION, "n1")
+
+
+def test_the_process_wide_pacing_must_be_the_same_in_every_section() -> None:
+    at_edge = [*SECTIONS, "--batch-interval-us", "500"]
+    with pytest.raises(node.NodeUsageError, match="--batch-interval-us differs"):
+        node.parse_sections(at_edge, {})
+    everywhere = {"HEXMQ_BATCH_INTERVAL_US": "500"}
+    sections = node.parse_sections(SECTIONS, everywhere)
+    assert {s.args.batch_interval_us for s in sections if "batch_interval_us" in vars(s.args)} == {
+        500
+    }
+
+
+def test_the_log_is_as_verbose_as_the_most_verbose_section() -> None:
+    argv = [*SECTIONS[:8], "--log-level", "debug", *SECTIONS[8:]]
+    assert node.log_level(node.parse_sections(argv, {})) == "DEBUG"
+    assert node.log_level(node.parse_sections(SECTIONS, {})) == "INFO"
