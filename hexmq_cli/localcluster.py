@@ -756,11 +756,17 @@ def node_status(state: ClusterState, node: NodeState) -> dict[str, Any]:
         "colocated": node.colocated,
         "partitions": partition_status(state, node) if node.record("partition").running() else None,
         # Links down and connections waiting on them, from the services' metrics (G9).
-        "links": linkstatus.read(
-            node.ports.host,
-            {s: node.ports.metrics(s) for s in ("edge", "partition") if node.record(s).running()},
-        ),
+        "links": linkstatus.read(node.ports.host, _link_metrics(node)),
     }
+
+
+def _link_metrics(node: NodeState) -> dict[str, int]:
+    """Where to read a node's links from: its edge's and partition service's metrics ports,
+    or, co-located, one of them (the process has one registry: each port shows it all)."""
+    if node.colocated:
+        alive = node.processes[NODE_PROCESS].running()
+        return {NODE_PROCESS: node.ports.metrics("edge")} if alive else {}
+    return {s: node.ports.metrics(s) for s in ("edge", "partition") if node.record(s).running()}
 
 
 def partition_status(state: ClusterState, node: NodeState, timeout: float = 2.0) -> dict[str, Any]:

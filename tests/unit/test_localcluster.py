@@ -1176,6 +1176,8 @@ def test_a_colocated_cluster_json_says_so_and_loads_back(tmp_path: Path) -> None
     # A node's processes stop in reverse: the node (edge, partition, membership inside), redis.
     assert localcluster._layers(loaded.nodes) == ["redis", "node"]
     assert loaded.nodes[0].ports.of_process("node") == (31001, 31002, 30000)
+    # Its links come from one metrics port (the process's one registry), none while it is down.
+    assert localcluster._link_metrics(loaded.nodes[0]) == {}
 
 
 def test_a_node_added_to_a_colocated_cluster_is_colocated_with_node_1s_extras(
