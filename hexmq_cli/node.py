@@ -89,9 +89,13 @@ def split_sections(argv: Sequence[str]) -> dict[str, list[str]]:
             continue
         current.append(word)
     missing = [s for s in SECTIONS if s not in sections]
-    if missing:
+    if missing and not any(_asks_help(words) for words in sections.values()):
         raise NodeUsageError(f"no {' or '.join(missing)} section")
     return sections
+
+
+def _asks_help(words: Sequence[str]) -> bool:
+    return any(w in ("-h", "--help") for w in words)
 
 
 def section_environment(service: str, env: Mapping[str, str]) -> dict[str, str]:
@@ -116,8 +120,11 @@ def parse_sections(argv: Sequence[str], env: Mapping[str, str]) -> list[Section]
     """Each service's options, parsed by its own parser (in SECTIONS order). SystemExit for
     --help and argparse's usage errors, NodeUsageError for the rest."""
     words = split_sections(argv)
+    helped = [service for service, given in words.items() if _asks_help(given)]
     out = []
     for service, module_name in SECTIONS.items():
+        if helped and service not in helped:
+            continue
         module = importlib.import_module(module_name)
         parser = argparse.ArgumentParser(
             prog=f"hexmq node -- {service}", description=f"The {service} section of hexmq node."

@@ -83,6 +83,9 @@ def test_hexmq_node_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> N
     assert "first word must be --" in capsys.readouterr().err
     assert cli.main(["node", "--help"], env={}) == 0
     assert "HEXMQ_NODE_<SERVICE>_<OPTION>" in capsys.readouterr().out
+    # A section's --help is its service's, whatever else is (not) given.
+    assert cli.main(["node", "--", "edge", "--help"], env={}) == 0
+    assert "--max-connections" in capsys.readouterr().out
 
 
 class _Services:
