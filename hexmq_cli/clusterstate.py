@@ -582,6 +582,42 @@ def node_argv(
     return argv
 
 
+def colocated_processes(
+    state: ClusterState,
+    node: NodeState,
+    *,
+    wrapper: Sequence[str],
+    python: str,
+    redis_server: str,
+    discovery: str | None,
+    service_args: Mapping[str, Sequence[str]] | None,
+) -> dict[str, ProcessRecord]:
+    """A co-located node's processes: its Redis and its `hexmq node` (node_argv), each under
+    the node wrapper."""
+    words = wrapper_argv(wrapper, node.node)
+    return {
+        "redis": ProcessRecord(
+            argv=[
+                *words,
+                *service_argv("redis", state, node, python=python, redis_server=redis_server),
+            ],
+            log=node.dir / "redis.log",
+        ),
+        NODE_PROCESS: ProcessRecord(
+            argv=words
+            + node_argv(
+                state,
+                node,
+                python=python,
+                redis_server=redis_server,
+                discovery=discovery,
+                service_args=service_args,
+            ),
+            log=node.dir / f"{NODE_PROCESS}.log",
+        ),
+    }
+
+
 def node_sections(argv: Sequence[str]) -> dict[str, list[str]]:
     """{service: its section's words after the service's name} of a `hexmq node` argv."""
     start = list(argv).index(NODE_PROCESS)
@@ -702,25 +738,15 @@ def plan_cluster(
     ]
     for node in state.nodes:
         if colocated:
-            wrapper = wrapper_argv(node_wrapper, node.node)
-            node.processes = {
-                "redis": ProcessRecord(
-                    argv=[*wrapper, redis_server, str(node.dir / "redis.conf")],
-                    log=node.dir / "redis.log",
-                ),
-                NODE_PROCESS: ProcessRecord(
-                    argv=wrapper
-                    + node_argv(
-                        state,
-                        node,
-                        python=python,
-                        redis_server=redis_server,
-                        discovery=discovery,
-                        service_args=service_args,
-                    ),
-                    log=node.dir / f"{NODE_PROCESS}.log",
-                ),
-            }
+            node.processes = colocated_processes(
+                state,
+                node,
+                wrapper=node_wrapper,
+                python=python,
+                redis_server=redis_server,
+                discovery=discovery,
+                service_args=service_args,
+            )
             continue
         for service in SERVICES:
             argv = wrapper_argv(node_wrapper, node.node)

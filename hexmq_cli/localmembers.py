@@ -24,7 +24,6 @@ from hexmq_cli.clusterstate import (
     INTERNAL_OFFSET,
     MAX_NODES,
     METRICS_SLOTS,
-    NODE_PROCESS,
     NODE_STRIDE,
     SERVICES,
     ClusterError,
@@ -34,7 +33,7 @@ from hexmq_cli.clusterstate import (
     ProcessRecord,
     UsageError,
     cluster_lock,
-    node_argv,
+    colocated_processes,
     node_sections,
     parse_hosts,
     require_state,
@@ -163,24 +162,15 @@ def plan_added_node(state: ClusterState, host: str | None = None) -> NodeState:
                 service, state, first, python=python, redis_server=redis_server, discovery=discovery
             )
             extras[service] = sections[service][len(own) - 5 :]
-        node.processes = {
-            "redis": ProcessRecord(
-                argv=[*wrapper_argv(wrapper, number), redis_server, str(node.dir / "redis.conf")],
-                log=node.dir / "redis.log",
-            ),
-            NODE_PROCESS: ProcessRecord(
-                argv=wrapper_argv(wrapper, number)
-                + node_argv(
-                    state,
-                    node,
-                    python=python,
-                    redis_server=redis_server,
-                    discovery=discovery,
-                    service_args=extras,
-                ),
-                log=node.dir / f"{NODE_PROCESS}.log",
-            ),
-        }
+        node.processes = colocated_processes(
+            state,
+            node,
+            wrapper=wrapper,
+            python=python,
+            redis_server=redis_server,
+            discovery=discovery,
+            service_args=extras,
+        )
         return node
     for service in SERVICES:
         # What `up` appended to node 1's command line after its own arguments.
