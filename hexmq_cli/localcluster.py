@@ -934,7 +934,7 @@ def cluster_status(
     agreement = agreement_status(state)
     membership = (
         membership_status(state)
-        if any(n["processes"]["membership"]["alive"] for n in nodes)
+        if any(n.record("membership").running() for n in state.nodes)
         else None
     )
     known = {p["pid"] for n in nodes for p in n["processes"].values() if p["alive"]}

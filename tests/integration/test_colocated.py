@@ -1,0 +1,96 @@
+"""Co-located nodes (`hexmq cluster up --colocated`, `hexmq node`; issue 28): each node's
+membership agent, partition service and edge in one process, calling each other in process
+(hexmq/inproc.py), their gRPC servers still serving the other nodes over mutual TLS.
+
+A killed node's process takes all three services with it: the survivors fail over as with
+separate processes, and nothing acknowledged is lost; what the node's own services may do in
+process, a remote caller with another certificate still may not."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import grpc
+import pytest
+
+from hexmq.api.membership.v1 import membership_pb2 as mpb
+from hexmq.api.membership.v1 import membership_pb2_grpc as mpb_grpc
+from hexmq.trust.identity import EDGE, PARTITION
+from tests.support.cluster_watch import drain, members, start_workload
+from tests.support.eventually import eventually_sync as wait_for
+from tests.support.trust import cluster_ca, tls_for
+from tests.support.unique import uid
+from tests.support.workload import DEEP_QUEUES, check
+
+PARTITIONS = 32
+
+
+def test_a_killed_colocated_node_fails_over_and_loses_nothing(hexmq_cluster: Any) -> None:
+    """RF 3, three co-located nodes: QoS 1 and QoS 2 publishers and persistent subscribers on
+    every node; node 1's process (and its Redis) is killed. The survivors remove it and take
+    over its partitions; their publishers see no error, their subscribers keep receiving, and
+    every acknowledged message reaches every subscriber. Node 1 starts again as one process
+    and rejoins the view."""
+    cluster = hexmq_cluster(
+        nodes=3, partitions=PARTITIONS, extra=["--rf", "3", "--colocated", DEEP_QUEUES]
+    )
+    for i in (1, 2, 3):
+        assert set(cluster.pids(i)) == {"redis", "node"}
+    status = cluster.status()
+    assert all(n["colocated"] for n in status["nodes"])
+    assert all(n["partitions"] and "error" not in n["partitions"] for n in status["nodes"])
+    tag = uid()
+    pubs, subs = start_workload(cluster, [1, 2, 3], tag)
+    time.sleep(2)
+    cluster.kill(1)
+    wait_for(lambda: "n1" not in members(cluster), 15, "n1 removed from the view")
+    killed = time.monotonic()
+    survivors = [p for p in pubs if p.port != cluster.mqtt_port(1)]
+    wait_for(
+        lambda: all(max(list(p.acked.values()), default=0) > killed for p in survivors),
+        60,
+        "acknowledgements through the survivors after the kill",
+    )
+    time.sleep(2)
+    for p in pubs:
+        p.stop()
+    for s in subs:
+        if s.port == cluster.mqtt_port(1):
+            assert s.move(cluster.mqtt_port(2)), f"{s.client_id}: session present 0"
+    drain(subs, pubs)
+    report = check(pubs, subs)
+    report.assert_clean()
+    report.assert_once_while_connected(subs)
+    for p in survivors:
+        assert not p.refused, (p.client_id, p.refused)
+        assert not p.unanswered, (p.client_id, p.unanswered)
+    for s in subs:
+        s.close()
+    cluster.start(1)
+    wait_for(lambda: "n1" in members(cluster), 30, "n1 back in the view")
+    assert set(cluster.pids(1)) == {"redis", "node"}
+
+
+def test_a_colocated_nodes_servers_still_check_remote_callers(hexmq_cluster: Any) -> None:
+    """What node 1's own partition service does in process (Propose to its agent), a remote
+    caller with another node's partition certificate, or node 1's edge certificate, may not
+    do over gRPC; one without a client certificate does not get in at all."""
+    cluster = hexmq_cluster(nodes=2, partitions=PARTITIONS, extra=["--colocated"])
+    node1 = cluster.node(1)
+    target = f"{node1['host']}:{node1['membership_port']}"
+    ca = cluster_ca(cluster.dir)
+    request = mpb.ProposeRequest(incarnation=1)
+    for role, node in ((PARTITION, "n2"), (EDGE, "n1")):
+        tls = tls_for(ca, role, node)
+        with tls.sync_channel(target, peer="membership") as channel:
+            stub = mpb_grpc.MembershipServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.Propose(request, timeout=10)
+            assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, (role, node)
+            # Reading the view is every member's right, in process or not.
+            assert stub.GetView(mpb.GetViewRequest(), timeout=10).epoch >= 1
+    with grpc.insecure_channel(target) as plain:
+        with pytest.raises(grpc.RpcError) as no_tls:
+            mpb_grpc.MembershipServiceStub(plain).GetView(mpb.GetViewRequest(), timeout=5)
+        assert no_tls.value.code() == grpc.StatusCode.UNAVAILABLE
