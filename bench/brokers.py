@@ -215,7 +215,12 @@ class Hexmq(Broker):
         self.pids = {key(node, role): pid for node in nodes for role, pid in node["pids"].items()}
         self.node_pids = [dict(node["pids"]) for node in nodes]
         self.metrics_ports = [
-            port for node in nodes for port in (node.get("metrics_ports") or {}).values() if port
+            port
+            for node in nodes
+            for role, port in (node.get("metrics_ports") or {}).items()
+            # A co-located node's process has one registry, which each of its ports shows:
+            # one of them, or its counters would count three times.
+            if port and (role == "edge" or not node.get("colocated"))
         ]
         self.agreement_pid = (summary.get("consul") or {}).get("pid")
         if self.agreement_pid:
