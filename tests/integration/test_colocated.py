@@ -8,6 +8,8 @@ process, a remote caller with another certificate still may not."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from typing import Any
 
@@ -17,11 +19,12 @@ import pytest
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.membership.v1 import membership_pb2_grpc as mpb_grpc
 from hexmq.trust.identity import EDGE, PARTITION
-from tests.support.cluster_watch import drain, members, start_workload
+from hexmq_cli import procs
+from tests.support.cluster_watch import drain, failovers_from, members, rebalanced, start_workload
 from tests.support.eventually import eventually_sync as wait_for
 from tests.support.trust import cluster_ca, tls_for
 from tests.support.unique import uid
-from tests.support.workload import DEEP_QUEUES, check
+from tests.support.workload import DEEP_QUEUES, Publisher, Subscriber, check
 
 PARTITIONS = 32
 
@@ -94,3 +97,52 @@ def test_a_colocated_nodes_servers_still_check_remote_callers(hexmq_cluster: Any
         with pytest.raises(grpc.RpcError) as no_tls:
             mpb_grpc.MembershipServiceStub(plain).GetView(mpb.GetViewRequest(), timeout=5)
         assert no_tls.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_sigterm_to_a_colocated_node_is_a_leave_and_its_plain_stop_needs_no_kill(
+    hexmq_cluster: Any,
+) -> None:
+    """SIGTERM to node 3's one process (an orchestrator stopping the node): its three services
+    leave together, so the view drops it by handover, without a failover, and the QoS 1
+    publishers on the other nodes are never refused. `hexmq cluster stop 1` (SIGINT) then
+    stops node 1's edge, partition service and agent in turn within the grace."""
+    cluster = hexmq_cluster(
+        nodes=3, partitions=PARTITIONS, extra=["--rf", "2", "--colocated", DEEP_QUEUES]
+    )
+    tag = uid()
+    pubs = [
+        Publisher(f"p-{tag}-n{i}", cluster.mqtt_port(i), f"t/{tag}/n{i}", qos=1) for i in (1, 2)
+    ]
+    subs = [Subscriber(f"s-{tag}-n{i}", cluster.mqtt_port(i), f"t/{tag}/#") for i in (1, 2)]
+    for s in subs:
+        s.connect()
+    for p in pubs:
+        p.start(interval=0.01)
+    time.sleep(1)
+    node3 = procs.identity_of(cluster.pids(3)["node"])
+    assert node3 is not None
+    os.kill(node3.pid, signal.SIGTERM)
+    wait_for(lambda: not procs.is_running(node3), 60, "node 3's process exited")
+    assert "n3" not in members(cluster)
+    assert not failovers_from(cluster, "n3", log="node.log")
+    log = (cluster.dir / "node3" / "node.log").read_text()
+    assert "left the cluster" in log, log[-2000:]
+    wait_for(lambda: rebalanced(cluster), 30, "RF restored on nodes 1 and 2")
+    left = time.monotonic()
+    wait_for(
+        lambda: all(max(list(p.acked.values()), default=0) > left for p in pubs),
+        60,
+        "acknowledgements after node 3 left",
+    )
+    for p in pubs:
+        p.stop()
+    drain(subs, pubs)
+    check(pubs, subs).assert_clean()
+    for p in pubs:
+        assert not p.refused, (p.client_id, p.refused)
+        assert not p.unanswered, (p.client_id, p.unanswered)
+    for s in subs:
+        s.close()
+    stopped = cluster.cli("stop", "1")
+    assert "killed" not in stopped.stderr, stopped.stderr
+    assert "stopped 2 process(es)" in stopped.stderr, stopped.stderr
