@@ -19,7 +19,7 @@ import pytest
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.membership.v1 import membership_pb2_grpc as mpb_grpc
 from hexmq.trust.identity import EDGE, PARTITION
-from hexmq_cli import procs
+from hexmq_cli import clusterstate, procs
 from tests.support.cluster_watch import drain, failovers_from, members, rebalanced, start_workload
 from tests.support.eventually import eventually_sync as wait_for
 from tests.support.trust import cluster_ca, tls_for
@@ -146,3 +146,16 @@ def test_sigterm_to_a_colocated_node_is_a_leave_and_its_plain_stop_needs_no_kill
     stopped = cluster.cli("stop", "1")
     assert "killed" not in stopped.stderr, stopped.stderr
     assert "stopped 2 process(es)" in stopped.stderr, stopped.stderr
+
+
+def test_a_node_added_to_a_colocated_cluster_is_one_process_too(hexmq_cluster: Any) -> None:
+    """`hexmq cluster add` gives a co-located cluster a co-located node, with node 1's extra
+    service arguments in their sections; it joins and takes its share."""
+    extra = ["--rf", "2", "--colocated", "--edge-arg=--sys-interval=1"]
+    cluster = hexmq_cluster(nodes=2, partitions=PARTITIONS, extra=extra)
+    assert cluster.add() == 3
+    wait_for(lambda: "n3" in members(cluster), 30, "n3 in the view")
+    assert set(cluster.pids(3)) == {"redis", "node"}
+    argv = clusterstate.require_state(cluster.dir).node(3).processes["node"].argv
+    assert clusterstate.node_sections(argv)["edge"][-1] == "--sys-interval=1"
+    wait_for(lambda: rebalanced(cluster), 60, "the join's rebalance finished")
