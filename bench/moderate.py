@@ -20,6 +20,9 @@ suite says what a message costs and how long it takes at fixed, moderate rates:
   again once they left, for N more (the warm figure: what a connection keeps, without what
   a fresh process grows by the first time).
 
+`--colocated` (on by default) adds each topology co-located, as `hexmq-colo` (`hexmq cluster
+up --colocated`: a node's three services in one process), and `--plain` (on) one with the
+cluster's links in plain text, `hexmq-plain`; they take turns with the default.
 mosquitto runs each rate once, during the first topology. `--baseline PYTHON` adds a second
 hexmq started with another checkout's interpreter (its venv: `/path/.venv/bin/python`), named
 `hexmq-base`: within each topology and rate the runs take turns (hexmq, hexmq-base,
@@ -135,6 +138,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="also run each hexmq topology with its cluster links in plain text "
         "(--insecure-cluster), as hexmq-plain, taking turns with the default mutual TLS: "
         "what TLS inside the cluster costs (default: on)",
+    )
+    p.add_argument(
+        "--colocated",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run each hexmq topology co-located (`hexmq cluster up --colocated`: each "
+        "node's agent, partition service and edge in one process, calling each other in "
+        "process), as hexmq-colo, taking turns with separate processes (default: on)",
     )
     p.add_argument(
         "--profile",
@@ -329,6 +340,8 @@ class ModerateSuite:
         variants = [Hexmq(nodes, rf)]
         if self.args.plain:
             variants.append(Hexmq(nodes, rf, variant="plain", insecure=True))
+        if self.args.colocated:
+            variants.append(Hexmq(nodes, rf, variant="colo", colocated=True))
         if self.args.baseline:
             variants.append(Hexmq(nodes, rf, python=self.args.baseline, variant="base"))
         return variants
@@ -351,7 +364,8 @@ class ModerateSuite:
                         pids = {
                             role: pid
                             for role, pid in cluster.node_pids[0].items()
-                            if role in ("edge", "partition", "redis")
+                            # A co-located node's "node" holds its edge.
+                            if role in ("edge", "partition", "redis", "node")
                         }
                         self.doc["memory"][cluster.name] = measure_memory(
                             cluster, pids, args.memory

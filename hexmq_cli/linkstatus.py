@@ -52,7 +52,7 @@ def read(host: str, ports: Mapping[str, int], timeout: float = 2.0) -> dict[str,
             continue
         found = parse(text)
         status["down"] += [{"service": service, **d} for d in found.pop("down")]
-        if service == "edge":  # (every service has the gauges; only an edge sets them)
+        if service in ("edge", "node"):  # (every service has the gauges; only an edge sets them)
             status.update(found)
     return status
 

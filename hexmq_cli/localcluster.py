@@ -4,8 +4,9 @@ The lifecycle behind `hexmq cluster`: up, start, stop, kill, status (add and lea
 hexmq_cli.localmembers). The cluster's agreement
 server (`hexmq consul-dev`, unless the agents use an external Consul) starts first and stops
 last; a node's processes start in SERVICES order, each once the previous one serves, and stop
-in reverse. Where everything lives (ports, DIR, cluster.json) is hexmq_cli.clusterstate, and how a
-process is spawned and signalled safely is hexmq_cli.procs.
+in reverse (a co-located node, `up --colocated`: redis, then `hexmq node`, which runs the three
+hexmq services in one process). Where everything lives (ports, DIR, cluster.json) is
+hexmq_cli.clusterstate, and how a process is spawned and signalled safely is hexmq_cli.procs.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from hexmq_cli.clusterstate import (
     DEFAULT_BASE_PORT,
     DEFAULT_PARTITIONS,
     ENV_MARKER,
+    NODE_PROCESS,
     SERVICES,
     STATE_FILE,
     ClusterError,
@@ -86,7 +88,15 @@ def _ready(service: str, node: NodeState) -> bool:
     port, host = node.ports.of(service), node.ports.host
     if service == "redis":
         return procs.redis_ready(port, host=host, credentials=localsecurity.redis_login(node))
-    return procs.tcp_accepts(port, host=host)
+    return all(procs.tcp_accepts(p, host=host) for p in node.ports.of_process(service))
+
+
+def _layers(nodes: Sequence[NodeState]) -> list[str]:
+    """The processes of `nodes` in start order: SERVICES, or a co-located node's redis and
+    node."""
+    order = [*SERVICES, NODE_PROCESS]
+    present = {p for n in nodes for p in n.process_names()}
+    return [p for p in order if p in present]
 
 
 def _check_alive(started: Sequence[tuple[NodeState, str]]) -> None:
@@ -171,7 +181,7 @@ def agreed_view(
 
     best = None
     for node in nodes:
-        if not node.processes["membership"].running():
+        if not node.record("membership").running():
             continue
         try:
             with localsecurity.node_channel(state, node, "membership") as channel:
@@ -237,7 +247,7 @@ def _wait_mqtt(
             edge, master = pending[0]
             code = last.get((edge.node, master))
             said = "no CONNACK" if code is None else f"CONNACK return code {code}"
-            log_path = edge.processes["edge"].log
+            log_path = edge.record("edge").log
             addr = edge.ports.addr(edge.ports.mqtt)
             raise StartFailure(
                 f"node {edge.node} does not accept MQTT clients whose session lives on {master} "
@@ -275,7 +285,7 @@ def _wait_admitted(
             return view
         if time.monotonic() >= deadline:
             node = targets[0]
-            log_path = node.processes["membership"].log
+            log_path = node.record("membership").log
             seen = (
                 "no view agreed"
                 if view is None
@@ -358,8 +368,10 @@ def _start_nodes(state: ClusterState, targets: Sequence[NodeState], timeout: flo
     agreement_started = False
     try:
         agreement_started = start_agreement(state, timeout)
-        for service in SERVICES:
-            todo = [n for n in targets if not n.processes[service].running()]
+        for service in _layers(targets):
+            todo = [
+                n for n in targets if service in n.processes and not n.processes[service].running()
+            ]
             _start_layer(state, todo, service, timeout, started)
         _wait_mqtt(state, targets, timeout, started)
     except BaseException:
@@ -420,6 +432,7 @@ def up(
     node_wrapper: Sequence[str] = (),
     discovery: str | None = None,
     insecure_cluster: bool = False,
+    colocated: bool = False,
 ) -> ClusterState:
     """Start a cluster in `cluster_dir` and wait until every node answers MQTT CONNECT.
     `service_args` adds arguments to a service's command line on every node (e.g.
@@ -432,7 +445,8 @@ def up(
     Secure by default (docs/security.md): the cluster's CA and a certificate per service
     (mutual TLS on every gRPC link), and the embedded agreement server's ACL token, are made
     under DIR (kept across restarts of the same DIR). `insecure_cluster`: the nodes' links in
-    plain text instead (each service logs a warning)."""
+    plain text instead (each service logs a warning). `colocated`: each node's hexmq services
+    run as one process (`hexmq node`), calling each other in process."""
     validate_cluster_args(nodes=nodes, base_port=base_port, partitions=partitions, rf=rf)
     cluster_dir = cluster_dir.absolute()
     try:
@@ -470,6 +484,7 @@ def up(
             node_wrapper=node_wrapper,
             discovery=discovery,
             insecure_cluster=insecure_cluster,
+            colocated=colocated,
         )
         state.served = previous is not None and previous.served
         busy = busy_ports(
@@ -502,6 +517,7 @@ def plan_up(
     node_wrapper: Sequence[str] = (),
     discovery: str | None = None,
     insecure_cluster: bool = False,
+    colocated: bool = False,
 ) -> ClusterState:
     """The cluster `up` starts (its arguments, less `timeout`): every process planned, with
     the secrets it is given made under `cluster_dir` (kept when they exist), and nothing
@@ -523,6 +539,7 @@ def plan_up(
         agreement_listen=agreement_listen,
         node_wrapper=node_wrapper,
         discovery=discovery,
+        colocated=colocated,
     )
     secure(state, insecure_cluster=insecure_cluster)
     return state
@@ -562,7 +579,7 @@ def planned_processes(state: ClusterState) -> list[PlannedProcess]:
             redis_config(node, redis_acl(node)) if service == "redis" else None,
         )
         for node in state.nodes
-        for service in SERVICES
+        for service in node.process_names()
     )
     return out
 
@@ -632,9 +649,11 @@ def start_node(
             set_interpreter(node, interpreter)
             save_state(state)
         busy = [
-            f"{node.ports.addr(node.ports.of(s))} (node {number} {s})"
+            f"{node.ports.addr(port)} (node {number} {s})"
             for s, r in node.processes.items()
-            if not r.running() and procs.port_in_use(node.ports.of(s), node.ports.host)
+            if not r.running()
+            for port in node.ports.of_process(s)
+            if procs.port_in_use(port, node.ports.host)
         ]
         if busy:
             raise ClusterError(f"port(s) already in use: {', '.join(busy)}")
@@ -657,7 +676,7 @@ def _stop_processes(
     leave the cluster first (docs/operations.md, "Leaving"). Redis gets SIGTERM."""
     notes = []
     try:
-        for service in reversed(SERVICES):
+        for service in reversed(_layers([n for n, _ in targets])):
             layer = [
                 (node, node.processes[service].identity) for node, s in targets if s == service
             ]
@@ -686,7 +705,7 @@ def stop_nodes(
     with cluster_lock(cluster_dir):
         state = require_state(cluster_dir)
         nodes = state.nodes if numbers is None else [state.node(i) for i in numbers]
-        targets = [(n, s) for n in nodes for s in SERVICES if n.processes[s].running()]
+        targets = [(n, s) for n in nodes for s in n.process_names() if n.processes[s].running()]
         notes = _stop_processes(targets, grace)
         count = len(targets)
         if numbers is None:  # the whole cluster: its agreement server last
@@ -734,13 +753,20 @@ def node_status(state: ClusterState, node: NodeState) -> dict[str, Any]:
         "alive": all(p["alive"] for p in processes.values()),
         "processes": processes,
         "security": node.security,
-        "partitions": partition_status(state, node) if processes["partition"]["alive"] else None,
+        "colocated": node.colocated,
+        "partitions": partition_status(state, node) if node.record("partition").running() else None,
         # Links down and connections waiting on them, from the services' metrics (G9).
-        "links": linkstatus.read(
-            node.ports.host,
-            {s: node.ports.metrics(s) for s in ("edge", "partition") if processes[s]["alive"]},
-        ),
+        "links": linkstatus.read(node.ports.host, _link_metrics(node)),
     }
+
+
+def _link_metrics(node: NodeState) -> dict[str, int]:
+    """Where to read a node's links from: its edge's and partition service's metrics ports,
+    or, co-located, one of them (the process has one registry: each port shows it all)."""
+    if node.colocated:
+        alive = node.processes[NODE_PROCESS].running()
+        return {NODE_PROCESS: node.ports.metrics("edge")} if alive else {}
+    return {s: node.ports.metrics(s) for s in ("edge", "partition") if node.record(s).running()}
 
 
 def partition_status(state: ClusterState, node: NodeState, timeout: float = 2.0) -> dict[str, Any]:
@@ -809,7 +835,7 @@ def membership_status(state: ClusterState, timeout: float = 2.0) -> dict[str, An
     from hexmq.api.membership.v1 import membership_pb2, membership_pb2_grpc
 
     for node in state.nodes:
-        if not node.processes["membership"].running():
+        if not node.record("membership").running():
             continue
         try:
             with localsecurity.node_channel(state, node, "membership") as channel:
@@ -908,7 +934,7 @@ def cluster_status(
     agreement = agreement_status(state)
     membership = (
         membership_status(state)
-        if any(n["processes"]["membership"]["alive"] for n in nodes)
+        if any(n.record("membership").running() for n in state.nodes)
         else None
     )
     known = {p["pid"] for n in nodes for p in n["processes"].values() if p["alive"]}

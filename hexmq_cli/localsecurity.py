@@ -34,7 +34,13 @@ from typing import TYPE_CHECKING, Final
 
 from hexmq.redis_security import HEXMQ_USER as REDIS_USER
 from hexmq.redis_security import OPERATOR_USER as REDIS_OPERATOR
-from hexmq_cli.clusterstate import REDIS_OPERATOR_FILE, REDIS_PASSWORD_FILE, ClusterState, NodeState
+from hexmq_cli.clusterstate import (
+    NODE_PROCESS,
+    REDIS_OPERATOR_FILE,
+    REDIS_PASSWORD_FILE,
+    ClusterState,
+    NodeState,
+)
 
 if TYPE_CHECKING:
     import grpc
@@ -161,7 +167,14 @@ def _tls_variables(state: ClusterState, node: NodeState, service: str) -> dict[s
 
 def service_variables(state: ClusterState, node: NodeState, service: str) -> dict[str, str]:
     """The HEXMQ_* variables of one of a node's processes (none for its Redis, whose secrets
-    are in its redis.conf)."""
+    are in its redis.conf). A co-located node's `hexmq node` gets each service's as
+    HEXMQ_NODE_<SERVICE>_<OPTION>: the section of that service reads it (hexmq_cli/node.py)."""
+    if service == NODE_PROCESS:
+        return {
+            f"HEXMQ_NODE_{hexmq_service.upper()}_{name.removeprefix('HEXMQ_')}": value
+            for hexmq_service in HEXMQ_SERVICES
+            for name, value in service_variables(state, node, hexmq_service).items()
+        }
     if service not in HEXMQ_SERVICES:
         return {}
     out: dict[str, str] = {}
@@ -195,7 +208,8 @@ def agreement_variables(state: ClusterState) -> dict[str, str]:
 
 def environment(base: dict[str, str], variables: dict[str, str]) -> dict[str, str]:
     """`base` without any variable this module manages, plus `variables`."""
-    env = {k: v for k, v in base.items() if k not in _MANAGED}
+    node_sections = tuple(f"HEXMQ_NODE_{s.upper()}_" for s in HEXMQ_SERVICES)
+    env = {k: v for k, v in base.items() if k not in _MANAGED and not k.startswith(node_sections)}
     env.update(variables)
     return env
 

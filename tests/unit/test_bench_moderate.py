@@ -101,3 +101,16 @@ def test_the_memory_table_shows_the_fresh_and_the_warm_figure() -> None:
         ["old", "1,000", "edge", "3.57", "-"],
         ["broken", "1000", "failed", "refused", ""],
     ]
+
+
+def test_each_topology_also_runs_colocated_as_hexmq_colo_unless_told_not_to() -> None:
+    args = moderate.build_parser().parse_args(["--topologies", "3n-rf3", "--no-plain"])
+    suite = moderate.ModerateSuite(args, {"machine": {}, "runs": []}, "stem")
+    variants = suite.hexmqs(3, 3)
+    assert [(h.name, h.colocated, h.insecure) for h in variants] == [
+        ("hexmq", False, False),
+        ("hexmq-colo", True, False),
+    ]
+    args = moderate.build_parser().parse_args(["--no-plain", "--no-colocated"])
+    suite = moderate.ModerateSuite(args, {"machine": {}, "runs": []}, "stem")
+    assert [h.name for h in suite.hexmqs(1, 1)] == ["hexmq"]
