@@ -127,3 +127,17 @@ def parse_node(
     except node.NodeUsageError as exc:
         raise OptionsRefused(f"hexmq node: {exc}") from None
     return out
+
+
+def section_env(service: str, env: Mapping[str, str]) -> dict[str, str]:
+    """The variables one section of `hexmq node` reads, as its service alone would be given
+    them: HEXMQ_NODE_<SERVICE>_<OPTION> as HEXMQ_<OPTION> (winning), and no other section's
+    HEXMQ_NODE_<SERVICE>_* (HEXMQ_NODE_ID stays: it is --node-id)."""
+    from hexmq_cli import node
+
+    prefixes = tuple(f"{node.NODE_PREFIX}{s.upper()}_" for s in node.SECTIONS)
+    return {
+        k: v
+        for k, v in node.section_environment(service, env).items()
+        if not k.startswith(prefixes)
+    }
