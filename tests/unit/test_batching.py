@@ -363,6 +363,69 @@ async def test_a_batch_of_acknowledgements_alone_waits_for_company(
         await commit.stop()
 
 
+@pytest.fixture
+def removal_linger_of_a_third_of_a_second_and_no_lazy_linger() -> Any:
+    from hexmq import pacing
+
+    before = pacing.lazy_linger(), pacing.removal_linger()
+    pacing.configure_lazy_linger(0.0)
+    pacing.configure_removal_linger(0.3)
+    yield
+    pacing.configure_lazy_linger(before[0])
+    pacing.configure_removal_linger(before[1])
+
+
+async def test_deferred_removals_wait_for_the_next_write_up_to_the_removal_linger(
+    removal_linger_of_a_third_of_a_second_and_no_lazy_linger: None,
+) -> None:
+    """Issue 28: QoS 1 removals alone (the deferred batch) wait for the next write even with
+    no lazy linger, and both leave in one MULTI/EXEC; alone they leave after the removal
+    linger; a lazy write that may not wait that long (a PUBCOMP's) ends the wait at once."""
+    from services.partition.group_commit import GroupCommit
+
+    writer = RecordingWriter()
+    durable: list[bool] = []
+
+    def on_durable(entries: object, token: object, aborted: frozenset[int], lazy: bool) -> None:
+        durable.append(lazy)
+        commit.release([(token, aborted)])
+
+    queue = commit_queue()
+    commit = GroupCommit(
+        queue, writer, SequencingReplicator(), no_effects, lambda exc: None, on_durable=on_durable
+    )
+    answered: list[int] = []
+    loop = asyncio.get_running_loop()
+    commit.start()
+    try:
+        queue.deferred_batch.add(3, (HDEL, "hx:3:q:c", b"1", b""))
+        queue.after_ok(answered.append, 1, lazy=True, deferred=True)
+        await asyncio.sleep(0.05)
+        assert (writer.executed, answered) == ([], [])
+        queue.batch.add(4, (HSET, "hx:4:q:d", b"9", b"m"))
+        queue.after_ok(answered.append, 2)
+        await eventually(lambda: len(answered) == 2, 1.0, "the batch with company committed")
+        assert answered == [1, 2]
+        assert len(writer.executed) == 1
+        assert durable == [False]
+        started = loop.time()
+        queue.deferred_batch.add(3, (HDEL, "hx:3:q:c", b"2", b""))
+        queue.after_ok(answered.append, 3, lazy=True, deferred=True)
+        await eventually(lambda: len(answered) == 3, 2.0, "the deferred batch committed alone")
+        assert loop.time() - started >= 0.29
+        assert durable == [False, True]
+        started = loop.time()
+        queue.deferred_batch.add(3, (HDEL, "hx:3:q:c", b"3", b""))
+        await asyncio.sleep(0.05)
+        assert len(writer.executed) == 2
+        queue.lazy_batch.add(3, (HDEL, "hx:3:q:c", b"4", b""))
+        await eventually(lambda: len(writer.executed) == 3, 1.0, "the hurried batch committed")
+        assert loop.time() - started < 0.25
+        assert durable == [False, True, True]
+    finally:
+        await commit.stop()
+
+
 async def test_a_replication_feed_holds_a_lazy_batch_until_company_or_the_linger(
     lazy_linger_of_half_a_second: None,
 ) -> None:
