@@ -175,12 +175,16 @@ async def follow_contention(
         _interval = base
 
 
+def _linger(linger: float, what: str) -> float:
+    if linger < 0:
+        raise ValueError(f"the {what} must be 0 or more, not {linger!r}")
+    return linger
+
+
 def configure_lazy_linger(linger: float) -> None:
     """How long this process's stages hold lazy items at most (--ack-linger-us)."""
     global _lazy_linger
-    if linger < 0:
-        raise ValueError(f"the lazy linger must be 0 or more, not {linger!r}")
-    _lazy_linger = linger
+    _lazy_linger = _linger(linger, "lazy linger")
 
 
 def lazy_linger() -> float:
@@ -191,9 +195,7 @@ def configure_removal_linger(linger: float) -> None:
     """How long this process's group commit holds deferred writes at most
     (--removal-linger-us)."""
     global _removal_linger
-    if linger < 0:
-        raise ValueError(f"the removal linger must be 0 or more, not {linger!r}")
-    _removal_linger = linger
+    _removal_linger = _linger(linger, "removal linger")
 
 
 def removal_linger() -> float:

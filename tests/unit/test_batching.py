@@ -15,6 +15,8 @@ import pytest
 from hexmq.api.common.v1 import common_pb2 as cpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.pacing import FlushPacer, Linger
+from services.partition.commit_queue import CommitQueue
+from services.partition.group_commit import GroupCommit
 from services.partition.replication import DEL, HDEL, HSET, Op
 from services.partition.write_batch import apply_ops
 from tests.support.eventually import eventually
@@ -318,15 +320,9 @@ class RecordingWriter:
         return []
 
 
-async def test_a_batch_of_acknowledgements_alone_waits_for_company(
-    lazy_linger_of_half_a_second: None,
-) -> None:
-    """A group commit holding only lazy writes (delivery acknowledgements) does not pay a
-    MULTI/EXEC of its own while a write someone waits on may come within the linger; when one
-    comes, both leave in one transaction, and the acknowledgement's answer is not delayed past
-    it. Alone, they leave after the linger, marked lazy for the replication feed."""
-    from services.partition.group_commit import GroupCommit
-
+def recording_commit() -> tuple[CommitQueue, GroupCommit, RecordingWriter, list[bool]]:
+    """A group commit over a RecordingWriter whose batches are released as soon as they are
+    durable; the list says, per batch, whether it was lazy."""
     writer = RecordingWriter()
     durable: list[bool] = []
 
@@ -338,6 +334,17 @@ async def test_a_batch_of_acknowledgements_alone_waits_for_company(
     commit = GroupCommit(
         queue, writer, SequencingReplicator(), no_effects, lambda exc: None, on_durable=on_durable
     )
+    return queue, commit, writer, durable
+
+
+async def test_a_batch_of_acknowledgements_alone_waits_for_company(
+    lazy_linger_of_half_a_second: None,
+) -> None:
+    """A group commit holding only lazy writes (delivery acknowledgements) does not pay a
+    MULTI/EXEC of its own while a write someone waits on may come within the linger; when one
+    comes, both leave in one transaction, and the acknowledgement's answer is not delayed past
+    it. Alone, they leave after the linger, marked lazy for the replication feed."""
+    queue, commit, writer, durable = recording_commit()
     answered: list[int] = []
     commit.start()
     try:
@@ -381,19 +388,7 @@ async def test_deferred_removals_wait_for_the_next_write_up_to_the_removal_linge
     """Issue 28: QoS 1 removals alone (the deferred batch) wait for the next write even with
     no lazy linger, and both leave in one MULTI/EXEC; alone they leave after the removal
     linger; a lazy write that may not wait that long (a PUBCOMP's) ends the wait at once."""
-    from services.partition.group_commit import GroupCommit
-
-    writer = RecordingWriter()
-    durable: list[bool] = []
-
-    def on_durable(entries: object, token: object, aborted: frozenset[int], lazy: bool) -> None:
-        durable.append(lazy)
-        commit.release([(token, aborted)])
-
-    queue = commit_queue()
-    commit = GroupCommit(
-        queue, writer, SequencingReplicator(), no_effects, lambda exc: None, on_durable=on_durable
-    )
+    queue, commit, writer, durable = recording_commit()
     answered: list[int] = []
     loop = asyncio.get_running_loop()
     commit.start()
