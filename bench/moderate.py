@@ -260,6 +260,27 @@ def batching(
     return out
 
 
+# The stages whose batches are gRPC stream messages (edge link both ways, the replication feed
+# and its acknowledgements), and those that are Redis transactions (issue 28 counts both).
+STREAM_STAGES = ("edge_link", "partition_link", "replication_feed", "replication_acks")
+REDIS_STAGES = ("group_commit", "replica_write")
+
+
+def per_publish(run: dict[str, Any]) -> dict[str, float] | None:
+    """gRPC stream messages and Redis transactions per message published over a run (the
+    counters cover the whole run: warm-up, window and drain, as `sent` does); None without
+    batching counters or publishes."""
+    stages, sent = run.get("batching"), run.get("sent")
+    if not stages or not sent:
+        return None
+    streams = sum(stages.get(stage, {}).get("batches", 0) for stage in STREAM_STAGES)
+    redis = sum(stages.get(stage, {}).get("batches", 0) for stage in REDIS_STAGES)
+    return {
+        "stream_messages": round(streams / sent, 2),
+        "redis_transactions": round(redis / sent, 2),
+    }
+
+
 def rss_kib(pid: int) -> int | None:
     """Resident memory of a process, in KiB (None if it is gone)."""
     try:
@@ -538,6 +559,12 @@ def print_summary(doc: dict[str, Any], path: Path) -> None:
                 for stage, b in run["batching"].items()
             )
             print(f"  {run['label']} at {run['rate']:,}/s: {stages}")
+            each = per_publish(run)
+            if each is not None:
+                print(
+                    f"    per publish: {each['stream_messages']:.2f} gRPC stream messages, "
+                    f"{each['redis_transactions']:.2f} Redis transactions"
+                )
     if doc.get("memory"):
         print()
         print(report._table(*memory_rows(doc)))

@@ -68,6 +68,21 @@ def test_batching_is_the_difference_of_the_counters_per_stage() -> None:
     }
 
 
+def test_per_publish_counts_stream_messages_and_redis_transactions_over_what_was_sent() -> None:
+    batches = {
+        "edge_link": 200,
+        "partition_link": 300,
+        "replication_feed": 400,
+        "replication_acks": 400,
+        "group_commit": 300,
+        "replica_write": 300,
+    }
+    run = {"sent": 100, "batching": {stage: {"batches": n} for stage, n in batches.items()}}
+    assert moderate.per_publish(run) == {"stream_messages": 13.0, "redis_transactions": 6.0}
+    assert moderate.per_publish({"sent": 100}) is None  # (mosquitto, or a hexmq without them)
+    assert moderate.per_publish({"sent": 0, "batching": run["batching"]}) is None
+
+
 def test_the_options_parse_and_bad_ones_are_refused() -> None:
     args = moderate.build_parser().parse_args(
         ["--topologies", "1n,3n-rf3", "--rates", "1000,5000", "--profile", "3n-rf3@5000"]
