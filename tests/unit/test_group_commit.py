@@ -6,14 +6,17 @@ taking writes. (The core's own decisions: test_commit_queue.py.)"""
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
 import time
 
 import pytest
 import redis.asyncio as redis
+import uvloop
 
 from services.partition.commit_queue import StorageFailed
 from services.partition.group_commit import GroupCommit
-from services.partition.redis_tx import timed_execute
+from services.partition.redis_tx import STALL_S, timed_execute
 from services.partition.replication import HSET
 from tests.support.eventually import eventually
 from tests.support.partition_harness import SequencingReplicator, commit_queue, no_effects
@@ -81,6 +84,50 @@ async def test_a_process_stall_past_the_deadline_does_not_count_against_redis() 
     loop.call_later(0.01, time.sleep, 0.8)
     await timed_execute(pipe, 0.1)
     assert pipe.executed == 1
+
+
+class SocketPipe:
+    """A pipeline whose answer is a byte on a socket: read when the loop polls it."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.executed = 0
+
+    async def execute(self) -> list[object]:
+        self.executed += 1
+        reader, writer = await asyncio.open_connection(sock=self.sock)
+        try:
+            await reader.readexactly(1)
+        finally:
+            writer.close()
+        return []
+
+
+def test_a_stall_that_ends_just_past_the_deadline_does_not_count_against_redis() -> None:
+    """The same, when the process resumes less than STALL_S past the deadline and Redis answers
+    just after: a paused node's Redis was stopped too, and answers once resumed (make
+    test-fault, 2026-11-29: node 3 paused for 5.4 s against the 5 s write timeout; its partition
+    service stopped on resuming)."""
+    ours, theirs = socket.socketpair()
+    answer = threading.Timer(0.43, theirs.send, (b"+",))
+
+    async def write_through_a_stall() -> SocketPipe:
+        loop = asyncio.get_running_loop()
+        pipe = SocketPipe(ours)
+        # Stopped from 0.02 s to 0.40 s: the 0.1 s deadline is noticed 0.3 s late, under
+        # STALL_S; Redis answers 0.04 s after that.
+        assert STALL_S > 0.40 - 0.1
+        loop.call_later(0.01, answer.start)
+        loop.call_later(0.02, time.sleep, 0.38)
+        await timed_execute(pipe, 0.1)
+        return pipe
+
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            assert runner.run(write_through_a_stall()).executed == 1
+    finally:
+        answer.join()
+        theirs.close()
 
 
 async def test_a_redis_that_does_not_answer_still_fails_the_write() -> None:
