@@ -30,6 +30,7 @@ from hexmq_cli.clusterstate import (
     AGREEMENT_SERVER,
     DEFAULT_BASE_PORT,
     DEFAULT_PARTITIONS,
+    EDGE,
     ENV_MARKER,
     SERVICES,
     STATE_FILE,
@@ -47,6 +48,7 @@ from hexmq_cli.clusterstate import (
     redis_config,
     require_state,
     save_state,
+    service_of,
     set_interpreter,
     validate_cluster_args,
     write_config,
@@ -86,6 +88,10 @@ def _ready(service: str, node: NodeState) -> bool:
     port, host = node.ports.of(service), node.ports.host
     if service == "redis":
         return procs.redis_ready(port, host=host, credentials=localsecurity.redis_login(node))
+    if service != EDGE and service_of(service) == EDGE:
+        # A further edge of the node: its siblings may answer on the shared port already.
+        identity = node.processes[service].identity
+        return identity is not None and procs.listens_on(identity.pid, port, host)
     return procs.tcp_accepts(port, host=host)
 
 
@@ -125,27 +131,26 @@ def _spawn(state: ClusterState, node: NodeState, service: str) -> None:
 
 def _start_layer(
     state: ClusterState,
-    targets: Sequence[NodeState],
-    service: str,
+    targets: Sequence[tuple[NodeState, str]],
     timeout: float,
     started: list[tuple[NodeState, str]],
 ) -> None:
-    """Start `service` on every target node, then wait until each one serves."""
-    for node in targets:
-        _spawn(state, node, service)
-        started.append((node, service))
+    """Start each target (node, process) of one layer, then wait until each one serves."""
+    for node, name in targets:
+        _spawn(state, node, name)
+        started.append((node, name))
     deadline = time.monotonic() + timeout
     pending = list(targets)
     while pending:
         _check_alive(started)
-        pending = [n for n in pending if not _ready(service, n)]
+        pending = [(n, name) for n, name in pending if not _ready(name, n)]
         if pending and time.monotonic() >= deadline:
-            node = pending[0]
-            addr = node.ports.addr(node.ports.of(service))
+            node, name = pending[0]
+            addr = node.ports.addr(node.ports.of(name))
             raise StartFailure(
-                f"node {node.node} {service} is not serving on {addr} after {timeout:g} s "
-                f"(log: {node.processes[service].log})",
-                node.processes[service].log,
+                f"node {node.node} {name} is not serving on {addr} after {timeout:g} s "
+                f"(log: {node.processes[name].log})",
+                node.processes[name].log,
             )
         if pending:
             time.sleep(0.05)
@@ -246,14 +251,45 @@ def _wait_mqtt(
             )
         if pending:
             time.sleep(0.1)
+    _wait_edges_ready(targets, view.epoch, deadline, timeout, started)
     for node in targets:
         addr = node.ports.addr(node.ports.mqtt)
         log.info("node %d: accepting MQTT connections on %s", node.node, addr)
 
 
-def _routes_the_view(edge: NodeState, epoch: int) -> bool:
-    """Whether the edge's /readyz says it routes every partition of view `epoch` or later."""
-    ready_at = procs.ready_view_epoch(edge.ports.metrics("edge"), host=edge.ports.host)
+def _wait_edges_ready(
+    targets: Sequence[NodeState],
+    epoch: int,
+    deadline: float,
+    timeout: float,
+    started: list[tuple[NodeState, str]],
+) -> None:
+    """With several edges per node the MQTT probes reach whichever edge the kernel picks: wait
+    until each edge of the targets routes every partition of view `epoch` (its /readyz)."""
+    pending = [(n, name) for n in targets if len(n.edges) > 1 for name in n.edges]
+    while pending:
+        _check_alive(started)
+        pending = [
+            (n, name)
+            for n, name in pending
+            if not _routes_the_view(n, epoch, n.ports.metrics(name))
+        ]
+        if pending and time.monotonic() >= deadline:
+            node, name = pending[0]
+            raise StartFailure(
+                f"node {node.node} {name} does not route every partition of view {epoch} after "
+                f"{timeout:g} s (its /readyz; log: {node.processes[name].log})",
+                node.processes[name].log,
+            )
+        if pending:
+            time.sleep(0.1)
+
+
+def _routes_the_view(edge: NodeState, epoch: int, metrics_port: int | None = None) -> bool:
+    """Whether the edge's /readyz (default: the node's first edge's) says it routes every
+    partition of view `epoch` or later."""
+    port = edge.ports.metrics(EDGE) if metrics_port is None else metrics_port
+    ready_at = procs.ready_view_epoch(port, host=edge.ports.host)
     return ready_at is not None and ready_at >= epoch
 
 
@@ -359,8 +395,13 @@ def _start_nodes(state: ClusterState, targets: Sequence[NodeState], timeout: flo
     try:
         agreement_started = start_agreement(state, timeout)
         for service in SERVICES:
-            todo = [n for n in targets if not n.processes[service].running()]
-            _start_layer(state, todo, service, timeout, started)
+            todo = [
+                (n, name)
+                for n in targets
+                for name in n.processes_of(service)
+                if not n.processes[name].running()
+            ]
+            _start_layer(state, todo, timeout, started)
         _wait_mqtt(state, targets, timeout, started)
     except BaseException:
         if started:
@@ -420,6 +461,7 @@ def up(
     node_wrapper: Sequence[str] = (),
     discovery: str | None = None,
     insecure_cluster: bool = False,
+    edges_per_node: int = 1,
 ) -> ClusterState:
     """Start a cluster in `cluster_dir` and wait until every node answers MQTT CONNECT.
     `service_args` adds arguments to a service's command line on every node (e.g.
@@ -432,8 +474,16 @@ def up(
     Secure by default (docs/security.md): the cluster's CA and a certificate per service
     (mutual TLS on every gRPC link), and the embedded agreement server's ACL token, are made
     under DIR (kept across restarts of the same DIR). `insecure_cluster`: the nodes' links in
-    plain text instead (each service logs a warning)."""
-    validate_cluster_args(nodes=nodes, base_port=base_port, partitions=partitions, rf=rf)
+    plain text instead (each service logs a warning). `edges_per_node`: edge processes per
+    node, sharing its MQTT port (--reuse-port), each with its own id (n<i>-e<k>), certificate
+    and metrics port."""
+    validate_cluster_args(
+        nodes=nodes,
+        base_port=base_port,
+        partitions=partitions,
+        rf=rf,
+        edges_per_node=edges_per_node,
+    )
     cluster_dir = cluster_dir.absolute()
     try:
         cluster_dir.mkdir(parents=True, exist_ok=True)
@@ -470,11 +520,13 @@ def up(
             node_wrapper=node_wrapper,
             discovery=discovery,
             insecure_cluster=insecure_cluster,
+            edges_per_node=edges_per_node,
         )
         state.served = previous is not None and previous.served
         busy = busy_ports(
             [n.ports for n in state.nodes],
             (state.consul_host, state.consul_port) if state.consul else None,
+            edges_per_node,
         )
         if busy:
             raise ClusterError(f"port(s) already in use: {', '.join(busy)}")
@@ -502,12 +554,19 @@ def plan_up(
     node_wrapper: Sequence[str] = (),
     discovery: str | None = None,
     insecure_cluster: bool = False,
+    edges_per_node: int = 1,
 ) -> ClusterState:
     """The cluster `up` starts (its arguments, less `timeout`): every process planned, with
     the secrets it is given made under `cluster_dir` (kept when they exist), and nothing
     started. `planned_processes` says what each process would run with. `up` itself starts
     from this; other deployments are checked against it (tests/support/kubernetes.py)."""
-    validate_cluster_args(nodes=nodes, base_port=base_port, partitions=partitions, rf=rf)
+    validate_cluster_args(
+        nodes=nodes,
+        base_port=base_port,
+        partitions=partitions,
+        rf=rf,
+        edges_per_node=edges_per_node,
+    )
     state = plan_cluster(
         cluster_dir.absolute(),
         nodes=nodes,
@@ -523,6 +582,7 @@ def plan_up(
         agreement_listen=agreement_listen,
         node_wrapper=node_wrapper,
         discovery=discovery,
+        edges_per_node=edges_per_node,
     )
     secure(state, insecure_cluster=insecure_cluster)
     return state
@@ -534,7 +594,8 @@ class PlannedProcess:
 
     # Its node's number, None for the cluster's agreement server.
     node: int | None
-    # redis, membership, partition, edge, or consul-dev (the agreement server).
+    # redis, membership, partition, edge (edge2 ...: the node's further edges), or consul-dev
+    # (the agreement server).
     service: str
     argv: tuple[str, ...]
     # The variables `hexmq cluster` gives it on top of its own environment (secrets by file
@@ -562,7 +623,7 @@ def planned_processes(state: ClusterState) -> list[PlannedProcess]:
             redis_config(node, redis_acl(node)) if service == "redis" else None,
         )
         for node in state.nodes
-        for service in SERVICES
+        for service in node.processes
     )
     return out
 
@@ -632,15 +693,29 @@ def start_node(
             set_interpreter(node, interpreter)
             save_state(state)
         busy = [
-            f"{node.ports.addr(node.ports.of(s))} (node {number} {s})"
+            f"{node.ports.addr(port)} (node {number} {s})"
             for s, r in node.processes.items()
-            if not r.running() and procs.port_in_use(node.ports.of(s), node.ports.host)
+            if not r.running()
+            for port in _own_ports(node, s)
+            if procs.port_in_use(port, node.ports.host)
         ]
         if busy:
             raise ClusterError(f"port(s) already in use: {', '.join(busy)}")
         write_config(state)
         _start_nodes(state, [node], timeout)
         return node
+
+
+def _own_ports(node: NodeState, name: str) -> list[int]:
+    """The ports a process of the node binds that no other process may hold: a further edge's
+    metrics port (its MQTT port is its siblings' too), the node's MQTT port for its first edge
+    only while none of the others runs."""
+    if service_of(name) != EDGE:
+        return [node.ports.of(name)]
+    if name != EDGE:
+        return [node.ports.metrics(name)]
+    siblings = any(node.processes[e].running() for e in node.edges if e != EDGE)
+    return [] if siblings else [node.ports.mqtt]
 
 
 # --- stopping -------------------------------------------------------------------------------
@@ -659,15 +734,17 @@ def _stop_processes(
     try:
         for service in reversed(SERVICES):
             layer = [
-                (node, node.processes[service].identity) for node, s in targets if s == service
+                (node, name, node.processes[name].identity)
+                for node, name in targets
+                if service_of(name) == service
             ]
-            idents = [i for _, i in layer if i is not None]
+            idents = [i for _, _, i in layer if i is not None]
             sig = signal.SIGTERM if leave or service == "redis" else signal.SIGINT
             killed = set(procs.terminate(idents, grace, sig))
             notes += [
-                f"node {node.node} {service} (pid {ident.pid}) did not stop within {grace:g} s "
+                f"node {node.node} {name} (pid {ident.pid}) did not stop within {grace:g} s "
                 "and was killed"
-                for node, ident in layer
+                for node, name, ident in layer
                 if ident in killed
             ]
     except KeyboardInterrupt:
@@ -686,7 +763,7 @@ def stop_nodes(
     with cluster_lock(cluster_dir):
         state = require_state(cluster_dir)
         nodes = state.nodes if numbers is None else [state.node(i) for i in numbers]
-        targets = [(n, s) for n in nodes for s in SERVICES if n.processes[s].running()]
+        targets = [(n, s) for n in nodes for s, r in n.processes.items() if r.running()]
         notes = _stop_processes(targets, grace)
         count = len(targets)
         if numbers is None:  # the whole cluster: its agreement server last
@@ -738,7 +815,7 @@ def node_status(state: ClusterState, node: NodeState) -> dict[str, Any]:
         # Links down and connections waiting on them, from the services' metrics (G9).
         "links": linkstatus.read(
             node.ports.host,
-            {s: node.ports.metrics(s) for s in ("edge", "partition") if processes[s]["alive"]},
+            {s: node.ports.metrics(s) for s in (*node.edges, "partition") if processes[s]["alive"]},
         ),
     }
 

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any, Final
 
 from hexmq_cli import localsecurity, procs
 from hexmq_cli.clusterstate import (
+    EDGE,
     INTERNAL_OFFSET,
     MAX_NODES,
     METRICS_SLOTS,
     NODE_STRIDE,
-    SERVICES,
     ClusterError,
     ClusterState,
     NodePorts,
@@ -32,10 +32,12 @@ from hexmq_cli.clusterstate import (
     ProcessRecord,
     UsageError,
     cluster_lock,
+    edges_per_node,
     parse_hosts,
     require_state,
     save_state,
     service_argv,
+    service_of,
     wrapper_argv,
     write_config,
 )
@@ -149,15 +151,28 @@ def plan_added_node(state: ClusterState, host: str | None = None) -> NodeState:
         security=state.nodes[-1].security,
         redis_auth=state.nodes[-1].redis_auth,
     )
-    for service in SERVICES:
+    edges = edges_per_node(state)
+    for service in first.processes:
         # What `up` appended to node 1's command line after its own arguments.
         own = service_argv(
-            service, state, first, python=python, redis_server=redis_server, discovery=discovery
+            service,
+            state,
+            first,
+            python=python,
+            redis_server=redis_server,
+            discovery=discovery,
+            edges_per_node=edges,
         )
         extra = first.processes[service].argv[first_wrapped + len(own) :]
         argv = wrapper_argv(wrapper, number)
         argv += service_argv(
-            service, state, node, python=python, redis_server=redis_server, discovery=discovery
+            service,
+            state,
+            node,
+            python=python,
+            redis_server=redis_server,
+            discovery=discovery,
+            edges_per_node=edges,
         )
         node.processes[service] = ProcessRecord(argv=argv + extra, log=node.dir / f"{service}.log")
     return node
@@ -182,8 +197,8 @@ def add_node(
         node = plan_added_node(state, host)
         busy = [
             f"{port} ({service})"
-            for service in SERVICES
-            for port in (node.ports.of(service), *_metrics_port(node, service))
+            for service in node.processes
+            for port in _ports_of(node, service)
             if procs.port_in_use(port, node.ports.host)
         ]
         if busy:
@@ -208,8 +223,13 @@ def add_node(
         return node
 
 
-def _metrics_port(node: NodeState, service: str) -> list[int]:
-    return [node.ports.metrics(service)] if service in METRICS_SLOTS else []
+def _ports_of(node: NodeState, name: str) -> list[int]:
+    """The ports one of the node's processes binds (a further edge: only its metrics port of
+    its own; its MQTT port is the first edge's too)."""
+    if service_of(name) == EDGE and name != EDGE:
+        return [node.ports.metrics(name)]
+    metrics = [node.ports.metrics(name)] if name in METRICS_SLOTS else []
+    return [node.ports.of(name), *metrics]
 
 
 # --- leave ----------------------------------------------------------------------------------
@@ -325,7 +345,7 @@ def leave_node(
             reply.view_epoch,
             took,
         )
-        targets = [(node, s) for s in SERVICES if node.processes[s].running()]
+        targets = [(node, s) for s, r in node.processes.items() if r.running()]
         notes = _stop_processes(targets, grace, leave=True)
         return LeaveOutcome(reply.view_epoch, took, len(targets), notes)
 

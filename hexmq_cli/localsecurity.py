@@ -4,6 +4,7 @@
 
     tls/ca.crt, tls/ca.key             the cluster CA (hexmq.trust.certs)
     tls/n<i>/{edge,partition,membership}.{crt,key}
+    tls/n<i>-e<k>/edge.{crt,key}       the node's edge k > 1 (`up --edges-per-node`)
     tls/operator/admin.{crt,key}        what the `hexmq cluster` commands present
     consul.token                        the embedded agreement server's ACL token
     node<i>/redis.password              the node's Redis password (its redis.conf has the hash)
@@ -34,7 +35,13 @@ from typing import TYPE_CHECKING, Final
 
 from hexmq.redis_security import HEXMQ_USER as REDIS_USER
 from hexmq.redis_security import OPERATOR_USER as REDIS_OPERATOR
-from hexmq_cli.clusterstate import REDIS_OPERATOR_FILE, REDIS_PASSWORD_FILE, ClusterState, NodeState
+from hexmq_cli.clusterstate import (
+    REDIS_OPERATOR_FILE,
+    REDIS_PASSWORD_FILE,
+    ClusterState,
+    NodeState,
+    service_of,
+)
 
 if TYPE_CHECKING:
     import grpc
@@ -115,8 +122,10 @@ def ensure_certificates(state: ClusterState, nodes: list[NodeState] | None = Non
     if not certs.identity_files(directory, operator).cert.exists():
         certs.issue(directory, operator)
     for node in state.nodes if nodes is None else nodes:
-        for service in HEXMQ_SERVICES:
-            identity = Identity(service, node.node_id)
+        for name in node.processes or HEXMQ_SERVICES:
+            if service_of(name) not in HEXMQ_SERVICES:
+                continue
+            identity = Identity(service_of(name), node.process_id(name))
             if not certs.identity_files(directory, identity).cert.exists():
                 certs.issue(directory, identity, ip_addresses=[node.ports.host])
 
@@ -146,12 +155,12 @@ def redis_login(node: NodeState) -> tuple[str, str] | None:
 # --- what each process is given ---------------------------------------------------------------
 
 
-def _tls_variables(state: ClusterState, node: NodeState, service: str) -> dict[str, str]:
+def _tls_variables(state: ClusterState, node: NodeState, process: str) -> dict[str, str]:
     from hexmq.trust import certs
     from hexmq.trust.identity import Identity
 
     directory = tls_dir(state)
-    files = certs.identity_files(directory, Identity(service, node.node_id))
+    files = certs.identity_files(directory, Identity(service_of(process), node.process_id(process)))
     return {
         "HEXMQ_CLUSTER_CA": str(directory / certs.CA_CERT),
         "HEXMQ_CLUSTER_CERT": str(files.cert),
@@ -161,8 +170,8 @@ def _tls_variables(state: ClusterState, node: NodeState, service: str) -> dict[s
 
 def service_variables(state: ClusterState, node: NodeState, service: str) -> dict[str, str]:
     """The HEXMQ_* variables of one of a node's processes (none for its Redis, whose secrets
-    are in its redis.conf)."""
-    if service not in HEXMQ_SERVICES:
+    are in its redis.conf); `service` names the process (`edge2`: the node's second edge)."""
+    if service_of(service) not in HEXMQ_SERVICES:
         return {}
     out: dict[str, str] = {}
     mode = node.security

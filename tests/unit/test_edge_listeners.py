@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import socket
 from types import SimpleNamespace
 from typing import cast
 
 import pytest
 
+from hexmq_cli import procs
 from services.edge import main as edge_main
 from services.edge.config import EdgeConfig
 from services.edge.connection import ConnectionHost
@@ -88,3 +90,15 @@ def test_edge_id_is_for_a_nodes_further_edges_only() -> None:
         edge_main.edge_id_of(args("n1-e2", standalone=True))
     with pytest.raises(ValueError, match="empty or with spaces"):
         edge_main.edge_id_of(args(" n1-e2"))
+
+
+async def test_the_cluster_tool_tells_which_process_listens_on_a_shared_port() -> None:
+    first = await start_listeners(_edge(0, reuse_port=True), None)
+    port = _port_of(first[0])
+    try:
+        assert procs.listens_on(os.getpid(), port)
+        assert not procs.listens_on(os.getpid(), port, "127.0.0.2")
+        assert not procs.listens_on(os.getppid(), port)
+    finally:
+        await _close(first)
+    assert not procs.listens_on(os.getpid(), port)

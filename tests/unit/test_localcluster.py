@@ -481,6 +481,73 @@ def test_plan_up_gives_every_process_what_up_starts_it_with_and_starts_nothing(
     assert "HEXMQ_CONSUL_TOKEN_FILE" not in external[1].env
 
 
+def test_edges_per_node_plans_edges_sharing_the_mqtt_port_each_with_its_own_id(
+    tmp_path: Path,
+) -> None:
+    cluster_dir = tmp_path / "hexmq"
+    state = localcluster.plan_up(
+        cluster_dir,
+        nodes=2,
+        base_port=30000,
+        partitions=16,
+        rf=1,
+        edges_per_node=3,
+        service_args={"edge": ["--sys-interval=1"]},
+    )
+    n2 = state.nodes[1]
+    assert list(n2.processes) == [*clusterstate.SERVICES, "edge2", "edge3"]
+    assert n2.edges == ["edge", "edge2", "edge3"]
+    assert [n2.process_id(e) for e in n2.edges] == ["n2", "n2-e2", "n2-e3"]
+    assert n2.processes_of("edge") == ["edge", "edge2", "edge3"]
+    assert n2.processes["edge"].argv[4:] == [
+        *("edge", "--node-id", "n2", "--metrics-listen", "127.0.0.1:31013"),
+        *("--listen", "127.0.0.1:30001", "--membership", "127.0.0.1:31011"),
+        *("--reuse-port", "--sys-interval=1"),
+    ]
+    # Edge k: its own id and metrics port (the block's slot 4+k), the node's MQTT port.
+    assert n2.processes["edge3"].argv[4:] == [
+        *("edge", "--node-id", "n2", "--edge-id", "n2-e3"),
+        *("--metrics-listen", "127.0.0.1:31017"),
+        *("--listen", "127.0.0.1:30001", "--membership", "127.0.0.1:31011"),
+        *("--reuse-port", "--sys-interval=1"),
+    ]
+    assert n2.processes["edge2"].log == cluster_dir / "node2" / "edge2.log"
+    assert n2.summary()["metrics_ports"] == {
+        "edge": 31013,
+        "partition": 31014,
+        "membership": 31015,
+        "edge2": 31016,
+        "edge3": 31017,
+    }
+    # Each edge presents a certificate of its own id.
+    by = {(p.node, p.service): p for p in localcluster.planned_processes(state)}
+    cert = Path(by[2, "edge2"].env["HEXMQ_CLUSTER_CERT"])
+    assert cert == cluster_dir / "tls" / "n2-e2" / "edge.crt"
+    assert cert.is_file()
+    assert by[2, "edge"].env["HEXMQ_CLUSTER_CERT"] == str(cluster_dir / "tls" / "n2" / "edge.crt")
+    # cluster.json keeps them, in start order.
+    clusterstate.save_state(state)
+    loaded = clusterstate.load_state(cluster_dir)
+    assert loaded is not None
+    assert loaded.to_json() == state.to_json()
+    assert list(loaded.nodes[0].processes) == [*clusterstate.SERVICES, "edge2", "edge3"]
+    assert clusterstate.edges_per_node(loaded) == 3
+    # One edge per node: the command lines as before.
+    single = clusterstate.plan_cluster(
+        tmp_path, nodes=1, base_port=30000, partitions=16, rf=1, python="py", redis_server="rs"
+    )
+    assert "--reuse-port" not in single.nodes[0].processes["edge"].argv
+    assert single.nodes[0].edges == ["edge"]
+
+
+@pytest.mark.parametrize("count", [0, clusterstate.MAX_EDGES_PER_NODE + 1])
+def test_edges_per_node_beyond_the_metrics_slots_is_a_usage_error(
+    tmp_path: Path, count: int
+) -> None:
+    with pytest.raises(clusterstate.UsageError, match="--edges-per-node must be between 1 and 5"):
+        localcluster.plan_up(tmp_path, nodes=1, edges_per_node=count)
+
+
 def test_plan_places_each_node_on_its_host_and_wraps_its_command_lines(tmp_path: Path) -> None:
     state = clusterstate.plan_cluster(
         tmp_path,
