@@ -250,7 +250,8 @@ def listens_on(pid: int, port: int, host: str = LOOPBACK) -> bool:
     wanted = f"{_proc_net_addr(host)}:{port:04X}"
     inodes = set()
     try:
-        with open("/proc/net/tcp") as table:
+        # The process's own network namespace's table (a node may run in one of its own).
+        with open(f"/proc/{pid}/net/tcp") as table:
             next(table)
             for line in table:
                 fields = line.split()
