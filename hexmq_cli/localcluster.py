@@ -139,21 +139,36 @@ def _start_layer(
     for node, name in targets:
         _spawn(state, node, name)
         started.append((node, name))
+
+    def failure(node: NodeState, name: str) -> StartFailure:
+        addr = node.ports.addr(node.ports.of(name))
+        return StartFailure(
+            f"node {node.node} {name} is not serving on {addr} after {timeout:g} s "
+            f"(log: {node.processes[name].log})",
+            node.processes[name].log,
+        )
+
     deadline = time.monotonic() + timeout
-    pending = list(targets)
+    _wait_each(targets, lambda n, name: _ready(name, n), deadline, started, failure, 0.05)
+
+
+def _wait_each(
+    pending: Sequence[tuple[NodeState, str]],
+    ready: Callable[[NodeState, str], bool],
+    deadline: float,
+    started: list[tuple[NodeState, str]],
+    failure: Callable[[NodeState, str], StartFailure],
+    pause: float,
+) -> None:
+    """Until `ready` holds for every pending (node, process), failing fast if anything this
+    command started died; at the deadline, `failure` of the first one still waiting."""
     while pending:
         _check_alive(started)
-        pending = [(n, name) for n, name in pending if not _ready(name, n)]
+        pending = [(n, name) for n, name in pending if not ready(n, name)]
         if pending and time.monotonic() >= deadline:
-            node, name = pending[0]
-            addr = node.ports.addr(node.ports.of(name))
-            raise StartFailure(
-                f"node {node.node} {name} is not serving on {addr} after {timeout:g} s "
-                f"(log: {node.processes[name].log})",
-                node.processes[name].log,
-            )
+            raise failure(*pending[0])
         if pending:
-            time.sleep(0.05)
+            time.sleep(pause)
 
 
 def _client_id_mastered_by(master: str, table: Sequence[tuple[str, ...]]) -> str:
@@ -266,23 +281,22 @@ def _wait_edges_ready(
 ) -> None:
     """With several edges per node the MQTT probes reach whichever edge the kernel picks: wait
     until each edge of the targets routes every partition of view `epoch` (its /readyz)."""
-    pending = [(n, name) for n in targets if len(n.edges) > 1 for name in n.edges]
-    while pending:
-        _check_alive(started)
-        pending = [
-            (n, name)
-            for n, name in pending
-            if not _routes_the_view(n, epoch, n.ports.metrics(name))
-        ]
-        if pending and time.monotonic() >= deadline:
-            node, name = pending[0]
-            raise StartFailure(
-                f"node {node.node} {name} does not route every partition of view {epoch} after "
-                f"{timeout:g} s (its /readyz; log: {node.processes[name].log})",
-                node.processes[name].log,
-            )
-        if pending:
-            time.sleep(0.1)
+
+    def failure(node: NodeState, name: str) -> StartFailure:
+        return StartFailure(
+            f"node {node.node} {name} does not route every partition of view {epoch} after "
+            f"{timeout:g} s (its /readyz; log: {node.processes[name].log})",
+            node.processes[name].log,
+        )
+
+    _wait_each(
+        [(n, name) for n in targets if len(n.edges) > 1 for name in n.edges],
+        lambda n, name: _routes_the_view(n, epoch, n.ports.metrics(name)),
+        deadline,
+        started,
+        failure,
+        0.1,
+    )
 
 
 def _routes_the_view(edge: NodeState, epoch: int, metrics_port: int | None = None) -> bool:
