@@ -202,10 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=_edges_list,
         default=[1],
         metavar="LIST",
-        help="single suite: one hexmq node per value, with that many edge processes sharing "
-        "its MQTT port (`hexmq cluster up --edges-per-node`), taking turns within each "
-        "scenario; e.g. 1,2 shows what a second core for connection handling gives (named "
-        "hexmq and hexmq-2e; default 1)",
+        help="one hexmq node (single suite) or cluster (cluster suite, each replication "
+        "factor) per value, with that many edge processes per node sharing its MQTT port "
+        "(`hexmq cluster up --edges-per-node`), taking turns within each scenario; e.g. 1,2 "
+        "shows what a second core for connection handling gives (hexmq and hexmq-2e; "
+        "default 1)",
     )
     cluster = p.add_argument_group("cluster suite")
     cluster.add_argument(
@@ -945,8 +946,9 @@ def main(argv: list[str] | None = None) -> int:
             clusters: list[Hexmq] = []
             if "hexmq" in names:
                 for rf in args.rf:
-                    clusters.append(Hexmq(args.nodes, rf))
-                    bench.start(clusters[-1])
+                    for edges in args.edges_per_node:
+                        clusters.append(Hexmq(args.nodes, rf, edges=edges))
+                        bench.start(clusters[-1])
                 if args.plain:
                     # What TLS inside the cluster costs, where it costs most: the highest RF.
                     plain = Hexmq(args.nodes, args.rf[-1], variant="plain", insecure=True)
