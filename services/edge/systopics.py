@@ -138,7 +138,9 @@ class SysTopics:
 
         def on_own(result: pb.Result) -> None:
             if result.status == OK:
-                self._publish_node({**result.node_stats.counters, **counters})
+                # The node's figures are the answer's: the reports of all its edges added up,
+                # this one's included (an answer without them: this edge's own).
+                self._publish_node({**counters, **result.node_stats.counters})
             else:
                 self._publish_node(counters)
             if totals is not None:

@@ -57,9 +57,11 @@ class _Link:
         self.node_id = node_id
         self.connected = True
         self.requests: list[pb.EdgeCommand] = []
+        self.callbacks: list[Callable[[pb.Result], None]] = []
 
-    def request(self, cmd: pb.EdgeCommand, _callback: Callable[[pb.Result], None]) -> None:
+    def request(self, cmd: pb.EdgeCommand, callback: Callable[[pb.Result], None]) -> None:
         self.requests.append(cmd)
+        self.callbacks.append(callback)
 
 
 class _Published(SysTopics):
@@ -97,12 +99,20 @@ def test_a_nodes_further_edge_reports_to_its_node_and_publishes_nothing() -> Non
     assert sys_topics.published == []
 
 
-def test_a_nodes_first_edge_publishes_as_before() -> None:
+def test_a_nodes_first_edge_publishes_the_figures_of_all_its_edges() -> None:
     edge, links = _edge_of_node_1("")
     sys_topics = _Published(edge)
     sys_topics.tick()
     assert links["n1"].requests[0].node_stats.report
     assert len(links["n2"].requests) == 1  # the cluster totals' question
+    # The partition service answers with its node's edges added up (this one's 4 and 6).
+    answer = pb.Result(status=pb.StatusCode.STATUS_CODE_OK)
+    answer.node_stats.counters.update({"clients/connected": 10, "sessions": 3})
+    links["n1"].callbacks[0](answer)
+    assert ("$SYS/broker/nodes/n1/clients/connected", b"10") in sys_topics.published
+    assert ("$SYS/broker/nodes/n1/sessions", b"3") in sys_topics.published
+    # Without its partition service: its own figures.
+    sys_topics.published.clear()
     links["n1"].connected = False
     sys_topics.tick()
     assert ("$SYS/broker/nodes/n1/clients/connected", b"4") in sys_topics.published
