@@ -540,6 +540,29 @@ def test_edges_per_node_plans_edges_sharing_the_mqtt_port_each_with_its_own_id(
     assert single.nodes[0].edges == ["edge"]
 
 
+def test_an_added_node_runs_as_many_edges_as_the_others(tmp_path: Path) -> None:
+    state = clusterstate.plan_cluster(
+        tmp_path,
+        nodes=1,
+        base_port=30000,
+        partitions=16,
+        rf=1,
+        python="py",
+        redis_server="rs",
+        service_args={"edge": ["--sys-interval=1"]},
+        edges_per_node=2,
+    )
+    n2 = localmembers.plan_added_node(state)
+    assert n2.edges == ["edge", "edge2"]
+    assert n2.processes["edge2"].argv[4:] == [
+        *("edge", "--node-id", "n2", "--edge-id", "n2-e2"),
+        *("--metrics-listen", f"127.0.0.1:{n2.ports.redis + 6}"),
+        *("--listen", "127.0.0.1:30001", "--membership", f"127.0.0.1:{n2.ports.membership}"),
+        *("--reuse-port", "--sys-interval=1"),
+    ]
+    assert n2.processes["edge"].argv[-2:] == ["--reuse-port", "--sys-interval=1"]
+
+
 @pytest.mark.parametrize("count", [0, clusterstate.MAX_EDGES_PER_NODE + 1])
 def test_edges_per_node_beyond_the_metrics_slots_is_a_usage_error(
     tmp_path: Path, count: int
