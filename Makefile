@@ -56,9 +56,10 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 # The deployment files, checked every way that runs without a Docker engine: the Compose v2
-# binary (rejects unknown keys, undefined dependencies; also with node 4's file and with the
-# stand-ins of make test-deploy), the compose-spec JSON schema (also on compose.yaml +
-# compose.node4.yaml as Compose merges them), hadolint, haproxy -c, and the checks of what no
+# binary (rejects unknown keys, undefined dependencies; also with node 4's file, with the
+# co-located nodes' file and with the stand-ins of make test-deploy), the compose-spec JSON
+# schema (also on compose.yaml + compose.node4.yaml and compose.yaml + compose.colocated.yaml
+# as Compose merges them), hadolint, haproxy -c, and the checks of what no
 # tool checks (tests/unit/test_deploy_files.py: one image build, a healthcheck with a timeout
 # that holds on a loaded host for every long-running service, stop grace periods, HAProxy's
 # resolvers and open files; HAProxy started with the file's config under 1024 open files). Then
@@ -76,6 +77,11 @@ deploy-check: $(STAMP) system-deps
 	@merged=$$(mktemp --suffix=.yaml) && trap 'rm -f "$$merged"' EXIT && \
 	  $(COMPOSE) -f $(COMPOSE_DIR)/compose.yaml -f $(COMPOSE_DIR)/compose.node4.yaml config > "$$merged" && \
 	  echo "check-jsonschema: compose.yaml + compose.node4.yaml, merged" && \
+	  $(BIN)/check-jsonschema --builtin-schema vendor.compose-spec "$$merged"
+	$(COMPOSE) -f $(COMPOSE_DIR)/compose.yaml -f $(COMPOSE_DIR)/compose.colocated.yaml config -q
+	@merged=$$(mktemp --suffix=.yaml) && trap 'rm -f "$$merged"' EXIT && \
+	  $(COMPOSE) -f $(COMPOSE_DIR)/compose.yaml -f $(COMPOSE_DIR)/compose.colocated.yaml config > "$$merged" && \
+	  echo "check-jsonschema: compose.yaml + compose.colocated.yaml, merged" && \
 	  $(BIN)/check-jsonschema --builtin-schema vendor.compose-spec "$$merged"
 	$(COMPOSE) -f $(COMPOSE_DIR)/compose.yaml -f $(COMPOSE_DIR)/compose.standin.yaml config -q
 	$(BIN)/hadolint Dockerfile
@@ -126,13 +132,11 @@ test-interop: $(STAMP) system-deps
 # stand-in base images made from Debian packages where no registry answers
 # (scripts/deploy-images.sh, compose.standin.yaml). Root or sudo for podman. Not in make test
 # (docs/deploy.md, "Running it for real": before every release). DEPLOY_RESULTS: a JSON file
-# for the figures it measures. Then the trace job on a standalone Spark cluster (four JVMs on
-# loopback, docs/traces.md), the other deployment run for real.
+# for the figures it measures.
 DEPLOY_RESULTS ?=
 test-deploy: $(STAMP) system-deps
 	scripts/deploy-deps.sh
-	HEXMQ_DEPLOY_RESULTS=$(DEPLOY_RESULTS) $(BIN)/pytest -m deploy tests/deploy \
-	  tests/spark/test_standalone_cluster.py -s -p no:xdist $(PYTEST_ARGS)
+	HEXMQ_DEPLOY_RESULTS=$(DEPLOY_RESULTS) $(BIN)/pytest -m deploy tests/deploy -s -p no:xdist $(PYTEST_ARGS)
 
 # Throughput and latency beside mosquitto (BENCH_ARGS), the moderate-load suite (fixed rates,
 # deliveries per CPU-second, memory per connection; MODERATE_ARGS), then the failover benchmark

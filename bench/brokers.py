@@ -130,9 +130,11 @@ class Hexmq(Broker):
     `hexmq-<variant>`: the moderate-load suite compares a baseline commit with this one in
     one session of runs (bench/moderate.py --baseline). `insecure`: the cluster's links in
     plain text (`up --insecure-cluster`) instead of mutual TLS, to show what TLS costs
-    (variant "plain"). `edges`: edge processes per node (`up --edges-per-node`, sharing the
-    node's MQTT port), named `hexmq-<edges>e` unless a variant names it; each edge's CPU is
-    counted as its own role (edge, edge2 ...)."""
+    (variant "plain"). `colocated`: each node's services as one process (`up --colocated`,
+    `hexmq node`; variant "colo"), calling each other in process, beside separate processes.
+    `edges`: edge processes per node (`up --edges-per-node`, sharing the node's MQTT port;
+    separate processes only), named `hexmq-<edges>e` unless a variant names it; each edge's CPU
+    is counted as its own role (edge, edge2 ...)."""
 
     def __init__(
         self,
@@ -142,6 +144,7 @@ class Hexmq(Broker):
         python: str | None = None,
         variant: str = "",
         insecure: bool = False,
+        colocated: bool = False,
         settings: dict[str, str] | None = None,
         edges: int = 1,
     ) -> None:
@@ -149,10 +152,12 @@ class Hexmq(Broker):
         super().__init__(f"hexmq-{variant}" if variant else "hexmq", nodes=nodes, rf=rf)
         self.python = python or sys.executable
         self.insecure = insecure
+        self.colocated = colocated
         self.edges = edges
         # HEXMQ_* variables for every service of the cluster (`hexmq cluster` passes them on).
         self.settings = HEXMQ_SETTINGS if settings is None else settings
-        # Per node (in order), its processes by role: what --profile attaches to.
+        # Per node (in order), its processes by role (a co-located node: redis and node): what
+        # --profile attaches to.
         self.node_pids: list[dict[str, int]] = []
         # The cluster's agreement server (hexmq consul-dev), counted with the cluster's CPU.
         self.agreement_pid: int | None = None
@@ -198,6 +203,7 @@ class Hexmq(Broker):
             "--base-port",
             str(self._base_port()),
             *(["--insecure-cluster"] if self.insecure else []),
+            *(["--colocated"] if self.colocated else []),
             *(["--edges-per-node", str(self.edges)] if self.edges > 1 else []),
             timeout=90,
         )
@@ -218,7 +224,12 @@ class Hexmq(Broker):
         self.pids = {key(node, role): pid for node in nodes for role, pid in node["pids"].items()}
         self.node_pids = [dict(node["pids"]) for node in nodes]
         self.metrics_ports = [
-            port for node in nodes for port in (node.get("metrics_ports") or {}).values() if port
+            port
+            for node in nodes
+            for role, port in (node.get("metrics_ports") or {}).items()
+            # A co-located node's process has one registry, which each of its ports shows:
+            # one of them, or its counters would count three times.
+            if port and (role == "edge" or not node.get("colocated"))
         ]
         self.agreement_pid = (summary.get("consul") or {}).get("pid")
         if self.agreement_pid:

@@ -20,6 +20,9 @@ suite says what a message costs and how long it takes at fixed, moderate rates:
   again once they left, for N more (the warm figure: what a connection keeps, without what
   a fresh process grows by the first time).
 
+`--colocated` (on by default) adds each topology co-located, as `hexmq-colo` (`hexmq cluster
+up --colocated`: a node's three services in one process), and `--plain` (on) one with the
+cluster's links in plain text, `hexmq-plain`; they take turns with the default.
 mosquitto runs each rate once, during the first topology. `--baseline PYTHON` adds a second
 hexmq started with another checkout's interpreter (its venv: `/path/.venv/bin/python`), named
 `hexmq-base`: within each topology and rate the runs take turns (hexmq, hexmq-base,
@@ -137,6 +140,14 @@ def build_parser() -> argparse.ArgumentParser:
         "what TLS inside the cluster costs (default: on)",
     )
     p.add_argument(
+        "--colocated",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run each hexmq topology co-located (`hexmq cluster up --colocated`: each "
+        "node's agent, partition service and edge in one process, calling each other in "
+        "process), as hexmq-colo, taking turns with separate processes (default: on)",
+    )
+    p.add_argument(
         "--profile",
         type=_profile_spec,
         action="append",
@@ -249,6 +260,27 @@ def batching(
     return out
 
 
+# The stages whose batches are gRPC stream messages (edge link both ways, the replication feed
+# and its acknowledgements), and those that are Redis transactions (issue 28 counts both).
+STREAM_STAGES = ("edge_link", "partition_link", "replication_feed", "replication_acks")
+REDIS_STAGES = ("group_commit", "replica_write")
+
+
+def per_publish(run: dict[str, Any]) -> dict[str, float] | None:
+    """gRPC stream messages and Redis transactions per message published over a run (the
+    counters cover the whole run: warm-up, window and drain, as `sent` does); None without
+    batching counters or publishes."""
+    stages, sent = run.get("batching"), run.get("sent")
+    if not stages or not sent:
+        return None
+    streams = sum(stages.get(stage, {}).get("batches", 0) for stage in STREAM_STAGES)
+    redis = sum(stages.get(stage, {}).get("batches", 0) for stage in REDIS_STAGES)
+    return {
+        "stream_messages": round(streams / sent, 2),
+        "redis_transactions": round(redis / sent, 2),
+    }
+
+
 def rss_kib(pid: int) -> int | None:
     """Resident memory of a process, in KiB (None if it is gone)."""
     try:
@@ -329,6 +361,8 @@ class ModerateSuite:
         variants = [Hexmq(nodes, rf)]
         if self.args.plain:
             variants.append(Hexmq(nodes, rf, variant="plain", insecure=True))
+        if self.args.colocated:
+            variants.append(Hexmq(nodes, rf, variant="colo", colocated=True))
         if self.args.baseline:
             variants.append(Hexmq(nodes, rf, python=self.args.baseline, variant="base"))
         return variants
@@ -351,7 +385,8 @@ class ModerateSuite:
                         pids = {
                             role: pid
                             for role, pid in cluster.node_pids[0].items()
-                            if role in ("edge", "partition", "redis")
+                            # A co-located node's "node" holds its edge.
+                            if role in ("edge", "partition", "redis", "node")
                         }
                         self.doc["memory"][cluster.name] = measure_memory(
                             cluster, pids, args.memory
@@ -524,6 +559,12 @@ def print_summary(doc: dict[str, Any], path: Path) -> None:
                 for stage, b in run["batching"].items()
             )
             print(f"  {run['label']} at {run['rate']:,}/s: {stages}")
+            each = per_publish(run)
+            if each is not None:
+                print(
+                    f"    per publish: {each['stream_messages']:.2f} gRPC stream messages, "
+                    f"{each['redis_transactions']:.2f} Redis transactions"
+                )
     if doc.get("memory"):
         print()
         print(report._table(*memory_rows(doc)))

@@ -14,6 +14,9 @@ time from /proc over the window), so per message sent plus message received.
   transport.
 - ``grpclib``: the pure-Python, asyncio-only gRPC implementation (same wire protocol), when it
   is installed (``pip install grpclib``): no poller thread.
+- ``inproc``: hexmq/inproc.py, the in-process channel of a co-located node's services
+  (`hexmq node`): the same servicer and stub API with no serialisation, socket or second
+  process; client and server are this one process, so its CPU per message is both ends'.
 
 One gRPC stream message costs each process it passes through its write or its read, and
 each message of a hexmq publish crosses about a dozen of them at RF 3 when nothing batches
@@ -38,7 +41,7 @@ from bench.stats import CLOCK_TICKS, latency_summary, process_ticks
 from tests.support.ports import free_port
 
 METHOD = "/hexmq.bench.Echo/Stream"
-TRANSPORTS = ("grpc", "asyncio", "grpclib")
+TRANSPORTS = ("grpc", "asyncio", "grpclib", "inproc")
 _HEADER = struct.Struct(">I")
 
 
@@ -243,6 +246,35 @@ async def _client_grpclib(port: int, run: Callable[[Send, asyncio.Queue[bytes]],
         channel.close()
 
 
+async def _client_inproc(run: Callable[[Send, asyncio.Queue[bytes]], Any]) -> Any:
+    import grpc
+
+    from hexmq.inproc import LocalServer
+    from hexmq.trust.identity import EDGE, Identity
+
+    async def stream(requests: Any, _context: Any) -> Any:
+        async for message in requests:
+            yield message
+
+    server = LocalServer("echo")
+    service, name = METHOD.strip("/").split("/")
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                service, {name: grpc.stream_stream_rpc_method_handler(stream)}
+            ),
+        )
+    )
+    await server.start()
+    async with server.channel(Identity(EDGE, "bench")) as channel:
+        call = channel.stream_stream(METHOD)()
+        try:
+            return await _reading(call, call.write, run)
+        finally:
+            call.cancel()
+            await server.stop(None)
+
+
 _SERVERS = {"grpc": _serve_grpc, "asyncio": _serve_asyncio, "grpclib": _serve_grpclib}
 _CLIENTS = {"grpc": _client_grpc, "asyncio": _client_asyncio, "grpclib": _client_grpclib}
 
@@ -259,6 +291,8 @@ def available(kind: str) -> bool:
 
 def measure(kind: str, rates: list[int], duration: float, port: int) -> list[dict[str, Any]]:
     """Start `kind`'s server process, run each rate against it from this process."""
+    if kind == "inproc":
+        return measure_in_process(rates, duration)
     server = subprocess.Popen(
         [sys.executable, "-m", "bench.transport", "--serve", kind, "--port", str(port)],
         stdin=subprocess.PIPE,
@@ -302,6 +336,34 @@ def measure(kind: str, rates: list[int], duration: float, port: int) -> list[dic
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+def measure_in_process(rates: list[int], duration: float) -> list[dict[str, Any]]:
+    """The in-process channel: both ends in this process (its CPU is both ends'; server 0)."""
+
+    async def run(send: Send, received: asyncio.Queue[bytes]) -> list[dict[str, Any]]:
+        rows = []
+        await _drive(200, 0.5, send, received)
+        for rate in rates:
+            mine = process_ticks(os.getpid())
+            samples, count = await _drive(rate, duration, send, received)
+            mine_after = process_ticks(os.getpid())
+            assert mine is not None
+            assert mine_after is not None
+            rows.append(
+                {
+                    "transport": "inproc",
+                    "rate": rate,
+                    "messages": count,
+                    "echoed": len(samples),
+                    "client_us": _per_message(mine_after - mine, count),
+                    "server_us": 0.0,
+                    "latency": latency_summary(samples),
+                }
+            )
+        return rows
+
+    return _run_on_uvloop(_client_inproc(run))
 
 
 def _per_message(ticks: int, count: int) -> float:

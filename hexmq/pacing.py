@@ -39,6 +39,15 @@ their acknowledgements, about a third of the frames of a message at 3 nodes and 
 14). A stage whose queue holds only lazy items waits up to `lazy_linger()` (default 10 ms,
 `--ack-linger-us`) for an item that someone waits on, and they all leave together; after the
 linger they leave on their own. Their order against other items never changes.
+
+Deferred writes. At the master, a QoS 1 message's removal (its client acknowledged it) waits
+longer: up to `removal_linger()` (default 100 ms, the partition's `--removal-linger-us`) in
+the group commit for the next write, and goes with it: its MULTI/EXEC, its replication entry
+to each follower and their acknowledgements, and its answer to the edge in the frame of the
+answers and deliveries that batch releases (issue 28). Nothing waits on it: the session's
+window has room as soon as the acknowledgement arrives, and a removal lost with its master is
+a redelivery after a failover, which QoS 1 allows (the edge carries the acknowledgement again
+when it re-attaches the session, until the answer comes).
 """
 
 from __future__ import annotations
@@ -64,6 +73,11 @@ DEFAULT_MAX_INTERVAL = 0.016
 # How long lazy items wait for company at most (seconds).
 DEFAULT_LAZY_LINGER = 0.010
 _lazy_linger = DEFAULT_LAZY_LINGER
+# How long deferred writes (QoS 1 removals) wait for company at most (seconds): one
+# replication tick. At 50-200 msg/s over 3 masters the next write comes within it most of the
+# time (docs/benchmarks.md, "Fewer stream messages per publish").
+DEFAULT_REMOVAL_LINGER = 0.100
+_removal_linger = DEFAULT_REMOVAL_LINGER
 
 
 def configure(interval: float, ceiling: float | None = None) -> None:
@@ -161,16 +175,31 @@ async def follow_contention(
         _interval = base
 
 
+def _linger(linger: float, what: str) -> float:
+    if linger < 0:
+        raise ValueError(f"the {what} must be 0 or more, not {linger!r}")
+    return linger
+
+
 def configure_lazy_linger(linger: float) -> None:
     """How long this process's stages hold lazy items at most (--ack-linger-us)."""
     global _lazy_linger
-    if linger < 0:
-        raise ValueError(f"the lazy linger must be 0 or more, not {linger!r}")
-    _lazy_linger = linger
+    _lazy_linger = _linger(linger, "lazy linger")
 
 
 def lazy_linger() -> float:
     return _lazy_linger
+
+
+def configure_removal_linger(linger: float) -> None:
+    """How long this process's group commit holds deferred writes at most
+    (--removal-linger-us)."""
+    global _removal_linger
+    _removal_linger = _linger(linger, "removal linger")
+
+
+def removal_linger() -> float:
+    return _removal_linger
 
 
 async def wait_for_company(company: asyncio.Event, linger: float) -> float:

@@ -8,9 +8,10 @@ import gc
 import logging
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hexmq import telemetry
 from hexmq.netaddr import parse_hostport
@@ -60,9 +61,10 @@ def add_observability_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-# The running service's readiness, so that a stop signal withdraws it at once (load balancers
-# stop sending new clients while the service shuts down in stages).
-_readiness: LoopReadiness | None = None
+# The running services' readiness (one; three in a co-located node), so that a stop signal
+# withdraws it at once (load balancers stop sending new clients while the service shuts down in
+# stages).
+_readiness: list[LoopReadiness] = []
 
 
 @dataclass
@@ -89,12 +91,11 @@ def start_observability(service: str, node_id: str, args: argparse.Namespace) ->
     """Tracing (exporters from the environment and --trace-dir), the readiness (declared gRPC
     health until the service names its own probe) and the metrics endpoint. Call it from the
     service's running loop."""
-    global _readiness
     tracing = telemetry.setup_tracing(service, node_id, trace_dir=args.trace_dir)
     telemetry.METRICS.bind_tracing(tracing)
     readiness = LoopReadiness()
     readiness.bind(asyncio.get_running_loop(), declared_by_health)
-    _readiness = readiness
+    _readiness.append(readiness)
     server = None
     if args.metrics_listen:
         host, port = parse_hostport(args.metrics_listen, what="--metrics-listen")
@@ -141,7 +142,12 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-def run_service(main: Callable[[StopEvent], Awaitable[int]]) -> int:
+# A service's life on a running loop: serve until the event is set, stop in stages, return the
+# exit code (each service's `prepare` makes one; `run_service` runs one, `hexmq node` three).
+ServiceMain = Callable[["StopEvent"], Coroutine[Any, Any, int]]
+
+
+def run_service(main: ServiceMain) -> int:
     """Run `main(stop_event)` on uvloop (when installed); SIGTERM and SIGINT set the event, and
     `main` is expected to shut down in stages and return its exit code."""
     tune_gc()
@@ -151,8 +157,8 @@ def run_service(main: Callable[[StopEvent], Awaitable[int]]) -> int:
         loop = asyncio.get_running_loop()
 
         def on_signal(sig: signal.Signals) -> None:
-            if _readiness is not None:
-                _readiness.stopping()
+            for readiness in _readiness:
+                readiness.stopping()
             if sig == signal.SIGTERM and not stop.is_set():
                 stop.leave = True
             elif sig == signal.SIGINT:

@@ -1,6 +1,8 @@
 """The `hexmq` command: the three services of a node, and `hexmq cluster` for local clusters.
 
     hexmq edge|partition|membership ...     run one service in the foreground
+    hexmq node -- membership ... -- partition ... -- edge ...   a node's three services in one
+                                            process (hexmq_cli/node.py)
     hexmq consul-dev ...                    the embedded Consul HTTP API server (one machine)
     hexmq cluster up|run|status|stop|kill|start|add|leave|down ...
     hexmq passwd FILE USER [PASSWORD]       add or replace a user in a password file
@@ -192,6 +194,13 @@ def _add_cluster_shape(p: argparse.ArgumentParser) -> None:
         "(each service logs a warning); by default every link is mutual TLS with the "
         "certificates made under DIR/tls (docs/security.md)",
     )
+    p.add_argument(
+        "--colocated",
+        action="store_true",
+        help="run each node's membership agent, partition service and edge as one process "
+        "(`hexmq node`), calling each other in process; by default each is a process of its "
+        'own (docs/operations.md, "Co-located nodes")',
+    )
     for service in ("edge", "partition", "membership"):
         p.add_argument(
             f"--{service}-arg",
@@ -235,6 +244,12 @@ def build_parser() -> argparse.ArgumentParser:
         # Their options are added by the service module itself, in main(), only when needed.
         commands.add_parser(name, help=summary, description=f"Run {summary}.")
 
+    commands.add_parser(
+        "node",
+        add_help=False,
+        help="a node's membership agent, partition service and edge in one process: hexmq "
+        "node -- membership ... -- partition ... -- edge ... (see hexmq node --help)",
+    )
     cluster = commands.add_parser(
         "cluster",
         help="run a local cluster: N nodes as background processes on loopback addresses",
@@ -434,6 +449,8 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
         return _secrets(args_list[1:])
     if args_list[:1] == ["health"]:
         return _health(args_list[1:], environ)
+    if args_list[:1] == ["node"]:
+        return _node(args_list[1:], environ)
     parser = build_parser()
     service = _service_subcommand(args_list)
     module: Any = None
@@ -496,6 +513,13 @@ def _secrets(argv: list[str]) -> int:
         return secrets_cli.main(argv)
     except SystemExit as exc:  # --help, usage errors
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+
+
+def _node(argv: list[str], env: Mapping[str, str]) -> int:
+    """A node's three services in one process; each section parses its service's options."""
+    from hexmq_cli import node
+
+    return node.main(argv, env)
 
 
 def _health(argv: list[str], env: Mapping[str, str]) -> int:
@@ -619,6 +643,7 @@ def _start_cluster(args: argparse.Namespace) -> clusterstate.ClusterState:
         discovery=args.discovery,
         insecure_cluster=args.insecure_cluster,
         edges_per_node=args.edges_per_node,
+        colocated=args.colocated,
     )
 
 

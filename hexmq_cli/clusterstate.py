@@ -64,6 +64,11 @@ from hexmq_cli import procs
 from hexmq_cli.procs import LOOPBACK, ProcessIdentity
 
 SERVICES: Final = ("redis", "membership", "partition", "edge")
+HEXMQ_SERVICES: Final = ("membership", "partition", "edge")
+# A co-located node (`up --colocated`) runs its three hexmq services as one process,
+# `hexmq node` (hexmq_cli/node.py): its processes, in start order.
+NODE_PROCESS: Final = "node"
+COLOCATED_PROCESSES: Final = ("redis", NODE_PROCESS)
 # Each hexmq service serves Prometheus metrics on its node block's port: base + slot.
 METRICS_SLOTS: Final = {"edge": 3, "partition": 4, "membership": 5}
 # A node's further edges (`--edges-per-node`): edge k serves metrics on slot 4 + k, the block's
@@ -120,9 +125,17 @@ class NodePorts:
     host: str = LOOPBACK
 
     def of(self, service: str) -> int:
-        """The port a process serves on (every edge of the node: its MQTT port)."""
-        port: int = getattr(self, "mqtt" if service_of(service) == EDGE else service)
+        """The port a process serves on (every edge of the node: its MQTT port; a co-located
+        node's process: its MQTT port, which it listens on last)."""
+        mqtt = service_of(service) == EDGE or service == NODE_PROCESS
+        port: int = getattr(self, "mqtt" if mqtt else service)
         return port
+
+    def of_process(self, process: str) -> tuple[int, ...]:
+        """Every port a process of the node listens on (metrics aside)."""
+        if process == NODE_PROCESS:
+            return tuple(self.of(s) for s in HEXMQ_SERVICES)
+        return (self.of(process),)
 
     def metrics(self, service: str) -> int:
         """The Prometheus port of a hexmq process: the node block's slots 3, 4, 5, and 6-9
@@ -315,6 +328,8 @@ class NodeState:
     security: str = "plain"
     # Its Redis asks for the node's password (node<i>/redis.password) as the hexmq ACL user.
     redis_auth: bool = False
+    # Its hexmq services run as one process, `hexmq node` (processes: redis, node).
+    colocated: bool = False
 
     @property
     def node_id(self) -> str:
@@ -322,7 +337,8 @@ class NodeState:
 
     @property
     def edges(self) -> list[str]:
-        """The node's edge processes (`edge`, and `edge2` .. with `--edges-per-node`)."""
+        """The node's edge processes (`edge`, and `edge2` .. with `--edges-per-node`; none for a
+        co-located node, whose edge runs in its `node` process)."""
         return [name for name in self.processes if edge_number(name) is not None]
 
     def process_id(self, name: str) -> str:
@@ -332,8 +348,21 @@ class NodeState:
         return f"{self.node_id}-e{k}" if k is not None and k > 1 else self.node_id
 
     def processes_of(self, service: str) -> list[str]:
-        """The names of the node's processes that run `service` (SERVICES)."""
+        """The names of the node's processes that run `service` (SERVICES, or `node`: a
+        co-located node's one process for its three hexmq services)."""
         return [name for name in self.processes if service_of(name) == service]
+
+    def process_names(self) -> tuple[str, ...]:
+        """Its processes in start order: SERVICES and its further edges, or a co-located
+        node's COLOCATED_PROCESSES."""
+        return COLOCATED_PROCESSES if self.colocated else tuple(_process_names(self.processes))
+
+    def record(self, service: str) -> ProcessRecord:
+        """The process that runs `service` (redis, membership, partition or edge: the node's
+        first edge)."""
+        if self.colocated and service in HEXMQ_SERVICES:
+            return self.processes[NODE_PROCESS]
+        return self.processes[service]
 
     def summary(self) -> dict[str, Any]:
         """The node's entry in the JSON that `up` prints (a stable interface)."""
@@ -347,6 +376,7 @@ class NodeState:
             "membership_port": self.ports.membership,
             "metrics_ports": {s: self.ports.metrics(s) for s in [*METRICS_SLOTS, *self.edges[1:]]},
             "security": self.security,
+            "colocated": self.colocated,
             "pids": {
                 s: (r.identity.pid if r.identity else None) for s, r in self.processes.items()
             },
@@ -447,10 +477,16 @@ class ClusterState:
                 ),
                 dir=Path(n["dir"]),
                 processes={
-                    s: _record_from_json(n["processes"][s]) for s in _process_names(n["processes"])
+                    s: _record_from_json(n["processes"][s])
+                    for s in (
+                        COLOCATED_PROCESSES
+                        if n.get("colocated")
+                        else _process_names(n["processes"])
+                    )
                 },
                 security=n.get("security", "plain"),
                 redis_auth=bool(n.get("redis_auth", False)),
+                colocated=bool(n.get("colocated", False)),
             )
             for n in doc["nodes"]
         ]
@@ -610,6 +646,77 @@ def service_argv(
     raise ValueError(f"unknown service {service!r}")
 
 
+def node_argv(
+    state: ClusterState,
+    node: NodeState,
+    *,
+    python: str,
+    redis_server: str,
+    discovery: str | None = None,
+    service_args: Mapping[str, Sequence[str]] | None = None,
+) -> list[str]:
+    """The command line of a co-located node's `hexmq node`: a section per hexmq service, each
+    its own command line's options (service_argv) and then `service_args`'s for it."""
+    argv = [python, "-P", "-m", "hexmq.cli", NODE_PROCESS]
+    for service in HEXMQ_SERVICES:
+        own = service_argv(
+            service, state, node, python=python, redis_server=redis_server, discovery=discovery
+        )
+        argv += ["--", *own[4:], *(service_args or {}).get(service, ())]
+    return argv
+
+
+def colocated_processes(
+    state: ClusterState,
+    node: NodeState,
+    *,
+    wrapper: Sequence[str],
+    python: str,
+    redis_server: str,
+    discovery: str | None,
+    service_args: Mapping[str, Sequence[str]] | None,
+) -> dict[str, ProcessRecord]:
+    """A co-located node's processes: its Redis and its `hexmq node` (node_argv), each under
+    the node wrapper."""
+    words = wrapper_argv(wrapper, node.node)
+    return {
+        "redis": ProcessRecord(
+            argv=[
+                *words,
+                *service_argv("redis", state, node, python=python, redis_server=redis_server),
+            ],
+            log=node.dir / "redis.log",
+        ),
+        NODE_PROCESS: ProcessRecord(
+            argv=words
+            + node_argv(
+                state,
+                node,
+                python=python,
+                redis_server=redis_server,
+                discovery=discovery,
+                service_args=service_args,
+            ),
+            log=node.dir / f"{NODE_PROCESS}.log",
+        ),
+    }
+
+
+def node_sections(argv: Sequence[str]) -> dict[str, list[str]]:
+    """{service: its section's words after the service's name} of a `hexmq node` argv."""
+    start = list(argv).index(NODE_PROCESS)
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for word in argv[start + 1 :]:
+        if word == "--":
+            current = None
+        elif current is None:
+            current = sections[word] = []
+        else:
+            current.append(word)
+    return sections
+
+
 def _membership_discovery(state: ClusterState, discovery: str | None) -> list[str]:
     if discovery is None:
         return ["--expect", str(len(state.nodes))]
@@ -645,16 +752,16 @@ def edges_per_node(state: ClusterState) -> int:
 
 def interpreter_of(node: NodeState) -> str:
     """The Python whose hexmq the node's services run (argv[0] of each, the same for all)."""
-    return node.processes["partition"].argv[0]
+    return node.record("partition").argv[0]
 
 
 def set_interpreter(node: NodeState, python: str) -> None:
     """Run the node's services (not its Redis) from `python`'s installation of hexmq from
     their next start: another release's venv, for an upgrade or a rollback. Only argv[0]
     changes: every release takes the options the release before it was started with."""
-    for name, record in node.processes.items():
-        if name != "redis":
-            record.argv[0] = python
+    for process in node.process_names():
+        if process != "redis":
+            node.processes[process].argv[0] = python
 
 
 def cluster_name_of(cluster_dir: Path) -> str:
@@ -681,14 +788,16 @@ def plan_cluster(
     node_wrapper: Sequence[str] = (),
     discovery: str | None = None,
     edges_per_node: int = 1,
+    colocated: bool = False,
 ) -> ClusterState:
     """The cluster's full state before anything runs (pure: touches no file). `consul_addr`
-        names an external Consul; None: the cluster runs its own agreement server, on
-        `agreement_listen` (default 127.0.0.1 and the port after the last node's block). `hosts`:
-        node i binds hosts[i-1] (default 127.0.0.1 for all). `node_wrapper` prefixes every command
-        line of a node (its {node} replaced by the node number). `discovery`: how the agents
-        know who belongs (DISCOVERY_CHOICES, None: --expect N). `edges_per_node`: edge processes per
-    node, sharing its MQTT port."""
+    names an external Consul; None: the cluster runs its own agreement server, on
+    `agreement_listen` (default 127.0.0.1 and the port after the last node's block). `hosts`:
+    node i binds hosts[i-1] (default 127.0.0.1 for all). `node_wrapper` prefixes every command
+    line of a node (its {node} replaced by the node number). `discovery`: how the agents
+    know who belongs (DISCOVERY_CHOICES, None: --expect N). `edges_per_node`: edge processes per
+    node, sharing its MQTT port (separate processes only). `colocated`: each node's hexmq
+    services run as one process, `hexmq node`."""
     if hosts is not None and len(hosts) != nodes:
         raise UsageError(f"--hosts lists {len(hosts)} address(es) for {nodes} node(s)")
     if consul_addr is not None and agreement_listen is not None:
@@ -713,10 +822,23 @@ def plan_cluster(
             argv=agreement_argv(state, python), log=cluster_dir / "consul.log"
         )
     state.nodes = [
-        NodeState(node=i, ports=ports, dir=cluster_dir / f"node{i}", processes={})
+        NodeState(
+            node=i, ports=ports, dir=cluster_dir / f"node{i}", processes={}, colocated=colocated
+        )
         for i, ports in enumerate(cluster_ports(base_port, nodes, hosts), start=1)
     ]
     for node in state.nodes:
+        if colocated:
+            node.processes = colocated_processes(
+                state,
+                node,
+                wrapper=node_wrapper,
+                python=python,
+                redis_server=redis_server,
+                discovery=discovery,
+                service_args=service_args,
+            )
+            continue
         for name in [*SERVICES, *edge_names(edges_per_node)[1:]]:
             argv = wrapper_argv(node_wrapper, node.node)
             argv += service_argv(

@@ -56,7 +56,9 @@ def read(host: str, ports: Mapping[str, int], timeout: float = 2.0) -> dict[str,
             continue
         found = parse(text)
         status["down"] += [{"service": service, **d} for d in found.pop("down")]
-        if service.startswith("edge"):  # (every service has the gauges; only an edge sets them)
+        # (every service has the gauges; only an edge sets them: edge, edge2 ..., or the
+        # co-located node's process, whose one registry every port shows)
+        if service.startswith("edge") or service == "node":
             status.setdefault("connections", {})[service] = found.pop("connections", 0)
             for key, value in found.items():
                 status[key] = status.get(key, 0) + value

@@ -4,8 +4,9 @@ The lifecycle behind `hexmq cluster`: up, start, stop, kill, status (add and lea
 hexmq_cli.localmembers). The cluster's agreement
 server (`hexmq consul-dev`, unless the agents use an external Consul) starts first and stops
 last; a node's processes start in SERVICES order, each once the previous one serves, and stop
-in reverse. Where everything lives (ports, DIR, cluster.json) is hexmq_cli.clusterstate, and how a
-process is spawned and signalled safely is hexmq_cli.procs.
+in reverse (a co-located node, `up --colocated`: redis, then `hexmq node`, which runs the three
+hexmq services in one process). Where everything lives (ports, DIR, cluster.json) is
+hexmq_cli.clusterstate, and how a process is spawned and signalled safely is hexmq_cli.procs.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from hexmq_cli.clusterstate import (
     DEFAULT_PARTITIONS,
     EDGE,
     ENV_MARKER,
+    NODE_PROCESS,
     SERVICES,
     STATE_FILE,
     ClusterError,
@@ -92,7 +94,15 @@ def _ready(service: str, node: NodeState) -> bool:
         # A further edge of the node: its siblings may answer on the shared port already.
         identity = node.processes[service].identity
         return identity is not None and procs.listens_on(identity.pid, port, host)
-    return procs.tcp_accepts(port, host=host)
+    return all(procs.tcp_accepts(p, host=host) for p in node.ports.of_process(service))
+
+
+def _layers(nodes: Sequence[NodeState]) -> list[str]:
+    """The services of `nodes` in start order: SERVICES, or a co-located node's redis and
+    node (a layer starts every process of its service: a node's edges, `--edges-per-node`)."""
+    order = [*SERVICES, NODE_PROCESS]
+    present = {service_of(p) for n in nodes for p in n.process_names()}
+    return [p for p in order if p in present]
 
 
 def _check_alive(started: Sequence[tuple[NodeState, str]]) -> None:
@@ -191,7 +201,7 @@ def agreed_view(
 
     best = None
     for node in nodes:
-        if not node.processes["membership"].running():
+        if not node.record("membership").running():
             continue
         try:
             with localsecurity.node_channel(state, node, "membership") as channel:
@@ -257,7 +267,7 @@ def _wait_mqtt(
             edge, master = pending[0]
             code = last.get((edge.node, master))
             said = "no CONNACK" if code is None else f"CONNACK return code {code}"
-            log_path = edge.processes["edge"].log
+            log_path = edge.record("edge").log
             addr = edge.ports.addr(edge.ports.mqtt)
             raise StartFailure(
                 f"node {edge.node} does not accept MQTT clients whose session lives on {master} "
@@ -325,7 +335,7 @@ def _wait_admitted(
             return view
         if time.monotonic() >= deadline:
             node = targets[0]
-            log_path = node.processes["membership"].log
+            log_path = node.record("membership").log
             seen = (
                 "no view agreed"
                 if view is None
@@ -408,7 +418,7 @@ def _start_nodes(state: ClusterState, targets: Sequence[NodeState], timeout: flo
     agreement_started = False
     try:
         agreement_started = start_agreement(state, timeout)
-        for service in SERVICES:
+        for service in _layers(targets):
             todo = [
                 (n, name)
                 for n in targets
@@ -476,6 +486,7 @@ def up(
     discovery: str | None = None,
     insecure_cluster: bool = False,
     edges_per_node: int = 1,
+    colocated: bool = False,
 ) -> ClusterState:
     """Start a cluster in `cluster_dir` and wait until every node answers MQTT CONNECT.
     `service_args` adds arguments to a service's command line on every node (e.g.
@@ -490,7 +501,8 @@ def up(
     under DIR (kept across restarts of the same DIR). `insecure_cluster`: the nodes' links in
     plain text instead (each service logs a warning). `edges_per_node`: edge processes per
     node, sharing its MQTT port (--reuse-port), each with its own id (n<i>-e<k>), certificate
-    and metrics port."""
+    and metrics port (separate processes only). `colocated`: each node's hexmq services run as
+    one process (`hexmq node`), calling each other in process."""
     validate_cluster_args(
         nodes=nodes,
         base_port=base_port,
@@ -535,6 +547,7 @@ def up(
             discovery=discovery,
             insecure_cluster=insecure_cluster,
             edges_per_node=edges_per_node,
+            colocated=colocated,
         )
         state.served = previous is not None and previous.served
         busy = busy_ports(
@@ -569,6 +582,7 @@ def plan_up(
     discovery: str | None = None,
     insecure_cluster: bool = False,
     edges_per_node: int = 1,
+    colocated: bool = False,
 ) -> ClusterState:
     """The cluster `up` starts (its arguments, less `timeout`): every process planned, with
     the secrets it is given made under `cluster_dir` (kept when they exist), and nothing
@@ -597,6 +611,7 @@ def plan_up(
         node_wrapper=node_wrapper,
         discovery=discovery,
         edges_per_node=edges_per_node,
+        colocated=colocated,
     )
     secure(state, insecure_cluster=insecure_cluster)
     return state
@@ -637,7 +652,7 @@ def planned_processes(state: ClusterState) -> list[PlannedProcess]:
             redis_config(node, redis_acl(node)) if service == "redis" else None,
         )
         for node in state.nodes
-        for service in node.processes
+        for service in node.process_names()
     )
     return out
 
@@ -725,7 +740,7 @@ def _own_ports(node: NodeState, name: str) -> list[int]:
     metrics port (its MQTT port is its siblings' too), the node's MQTT port for its first edge
     only while none of the others runs."""
     if service_of(name) != EDGE:
-        return [node.ports.of(name)]
+        return list(node.ports.of_process(name))
     if name != EDGE:
         return [node.ports.metrics(name)]
     siblings = any(node.processes[e].running() for e in node.edges if e != EDGE)
@@ -746,7 +761,7 @@ def _stop_processes(
     leave the cluster first (docs/operations.md, "Leaving"). Redis gets SIGTERM."""
     notes = []
     try:
-        for service in reversed(SERVICES):
+        for service in reversed(_layers([n for n, _ in targets])):
             layer = [
                 (node, name, node.processes[name].identity)
                 for node, name in targets
@@ -777,7 +792,7 @@ def stop_nodes(
     with cluster_lock(cluster_dir):
         state = require_state(cluster_dir)
         nodes = state.nodes if numbers is None else [state.node(i) for i in numbers]
-        targets = [(n, s) for n in nodes for s, r in n.processes.items() if r.running()]
+        targets = [(n, s) for n in nodes for s in n.process_names() if n.processes[s].running()]
         notes = _stop_processes(targets, grace)
         count = len(targets)
         if numbers is None:  # the whole cluster: its agreement server last
@@ -825,12 +840,21 @@ def node_status(state: ClusterState, node: NodeState) -> dict[str, Any]:
         "alive": all(p["alive"] for p in processes.values()),
         "processes": processes,
         "security": node.security,
-        "partitions": partition_status(state, node) if processes["partition"]["alive"] else None,
+        "colocated": node.colocated,
+        "partitions": partition_status(state, node) if node.record("partition").running() else None,
         # Links down and connections waiting on them, from the services' metrics (G9).
-        "links": linkstatus.read(
-            node.ports.host,
-            {s: node.ports.metrics(s) for s in (*node.edges, "partition") if processes[s]["alive"]},
-        ),
+        "links": linkstatus.read(node.ports.host, _link_metrics(node)),
+    }
+
+
+def _link_metrics(node: NodeState) -> dict[str, int]:
+    """Where to read a node's links from: its edges' and partition service's metrics ports,
+    or, co-located, one of them (the process has one registry: each port shows it all)."""
+    if node.colocated:
+        alive = node.processes[NODE_PROCESS].running()
+        return {NODE_PROCESS: node.ports.metrics("edge")} if alive else {}
+    return {
+        s: node.ports.metrics(s) for s in (*node.edges, "partition") if node.processes[s].running()
     }
 
 
@@ -900,7 +924,7 @@ def membership_status(state: ClusterState, timeout: float = 2.0) -> dict[str, An
     from hexmq.api.membership.v1 import membership_pb2, membership_pb2_grpc
 
     for node in state.nodes:
-        if not node.processes["membership"].running():
+        if not node.record("membership").running():
             continue
         try:
             with localsecurity.node_channel(state, node, "membership") as channel:
@@ -999,7 +1023,7 @@ def cluster_status(
     agreement = agreement_status(state)
     membership = (
         membership_status(state)
-        if any(n["processes"]["membership"]["alive"] for n in nodes)
+        if any(n.record("membership").running() for n in state.nodes)
         else None
     )
     known = {p["pid"] for n in nodes for p in n["processes"].values() if p["alive"]}

@@ -21,10 +21,12 @@ from typing import TYPE_CHECKING, Any, Final
 from hexmq_cli import localsecurity, procs
 from hexmq_cli.clusterstate import (
     EDGE,
+    HEXMQ_SERVICES,
     INTERNAL_OFFSET,
     MAX_NODES,
     METRICS_SLOTS,
     NODE_STRIDE,
+    SERVICES,
     ClusterError,
     ClusterState,
     NodePorts,
@@ -32,7 +34,9 @@ from hexmq_cli.clusterstate import (
     ProcessRecord,
     UsageError,
     cluster_lock,
+    colocated_processes,
     edges_per_node,
+    node_sections,
     parse_hosts,
     require_state,
     save_state,
@@ -130,14 +134,14 @@ def plan_added_node(state: ClusterState, host: str | None = None) -> NodeState:
     number = len(state.nodes) + 1
     wrapper = state.node_wrapper
     if wrapper is None:  # a cluster.json from before the wrapper was recorded
-        if first.processes["membership"].argv[1:4] != ["-P", "-m", "hexmq.cli"]:
+        if first.record("membership").argv[1:4] != ["-P", "-m", "hexmq.cli"]:
             raise UsageError(
                 "cluster add: this cluster's processes run under a --node-wrapper that its "
                 "cluster.json does not record (made by an older hexmq); add cannot repeat it"
             )
         wrapper = []
     first_wrapped = len(wrapper_argv(wrapper, first.node))
-    membership_argv = first.processes["membership"].argv[first_wrapped:]
+    membership_argv = first.record("membership").argv[first_wrapped:]
     # `up --discovery static`: the new node's agent reads DIR/members too (add rewrites it).
     discovery = "static" if "--discovery" in membership_argv else None
     python = membership_argv[0]
@@ -150,7 +154,27 @@ def plan_added_node(state: ClusterState, host: str | None = None) -> NodeState:
         # As the newest node runs: a cluster switching to TLS adds nodes at its current step.
         security=state.nodes[-1].security,
         redis_auth=state.nodes[-1].redis_auth,
+        colocated=first.colocated,
     )
+    if first.colocated:
+        # What `up` appended to each section of node 1's `hexmq node` after its own options.
+        sections = node_sections(membership_argv)
+        extras: dict[str, list[str]] = {}
+        for service in HEXMQ_SERVICES:
+            own = service_argv(
+                service, state, first, python=python, redis_server=redis_server, discovery=discovery
+            )
+            extras[service] = sections[service][len(own) - 5 :]
+        node.processes = colocated_processes(
+            state,
+            node,
+            wrapper=wrapper,
+            python=python,
+            redis_server=redis_server,
+            discovery=discovery,
+            service_args=extras,
+        )
+        return node
     edges = edges_per_node(state)
     for service in first.processes:
         # What `up` appended to node 1's command line after its own arguments.
@@ -188,7 +212,7 @@ def add_node(
     cluster_dir = cluster_dir.absolute()
     with cluster_lock(cluster_dir):
         state = require_state(cluster_dir)
-        running = [n for n in state.nodes if n.processes["membership"].running()]
+        running = [n for n in state.nodes if n.record("membership").running()]
         if not running:
             raise ClusterError(
                 f"no node of the cluster in {cluster_dir} is running: a node joins a running "
@@ -197,7 +221,8 @@ def add_node(
         node = plan_added_node(state, host)
         busy = [
             f"{port} ({service})"
-            for service in node.processes
+            # By service: a co-located node's one process binds each service's ports.
+            for service in [*SERVICES, *node.edges[1:]]
             for port in _ports_of(node, service)
             if procs.port_in_use(port, node.ports.host)
         ]
@@ -291,13 +316,13 @@ def leave_node(
     with cluster_lock(cluster_dir):
         state = require_state(cluster_dir)
         node = state.node(number)
-        if not node.processes["membership"].running():
+        if not node.record("membership").running():
             raise ClusterError(
                 f"node {number}'s membership agent is not running, so it cannot leave (a "
                 "stopped node's partitions have failed over already); start it first, or "
                 "leave it stopped"
             )
-        others = [n for n in state.nodes if n is not node and n.processes["membership"].running()]
+        others = [n for n in state.nodes if n is not node and n.record("membership").running()]
         if not others:
             raise ClusterError(f"node {number} is the only running node: nobody to leave to")
         started = time.monotonic()
@@ -309,10 +334,10 @@ def leave_node(
             reply = _ask_leave(state, node, min(left_s, _PROGRESS_EVERY_S), rpc_timeout=5.0)
             if reply is None:
                 failures += 1
-                if failures >= 3 or not node.processes["membership"].running():
+                if failures >= 3 or not node.record("membership").running():
                     raise ClusterError(
                         f"node {number}'s membership agent does not answer the leave "
-                        f"(log: {node.processes['membership'].log})"
+                        f"(log: {node.record('membership').log})"
                     )
                 time.sleep(0.5)
                 continue
@@ -345,7 +370,7 @@ def leave_node(
             reply.view_epoch,
             took,
         )
-        targets = [(node, s) for s, r in node.processes.items() if r.running()]
+        targets = [(node, s) for s in node.process_names() if node.processes[s].running()]
         notes = _stop_processes(targets, grace, leave=True)
         return LeaveOutcome(reply.view_epoch, took, len(targets), notes)
 
@@ -411,7 +436,7 @@ def _partition_statuses(state: ClusterState) -> list[dict[str, Any]]:
     return [
         {"partitions": partition_status(state, n)}
         for n in state.nodes
-        if n.processes["partition"].running()
+        if n.record("partition").running()
     ]
 
 

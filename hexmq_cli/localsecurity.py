@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Final
 from hexmq.redis_security import HEXMQ_USER as REDIS_USER
 from hexmq.redis_security import OPERATOR_USER as REDIS_OPERATOR
 from hexmq_cli.clusterstate import (
+    NODE_PROCESS,
     REDIS_OPERATOR_FILE,
     REDIS_PASSWORD_FILE,
     ClusterState,
@@ -122,9 +123,8 @@ def ensure_certificates(state: ClusterState, nodes: list[NodeState] | None = Non
     if not certs.identity_files(directory, operator).cert.exists():
         certs.issue(directory, operator)
     for node in state.nodes if nodes is None else nodes:
-        for name in node.processes or HEXMQ_SERVICES:
-            if service_of(name) not in HEXMQ_SERVICES:
-                continue
+        # Each service's, and each further edge's (a co-located node's process has none).
+        for name in [*HEXMQ_SERVICES, *node.edges[1:]]:
             identity = Identity(service_of(name), node.process_id(name))
             if not certs.identity_files(directory, identity).cert.exists():
                 certs.issue(directory, identity, ip_addresses=[node.ports.host])
@@ -170,7 +170,15 @@ def _tls_variables(state: ClusterState, node: NodeState, process: str) -> dict[s
 
 def service_variables(state: ClusterState, node: NodeState, service: str) -> dict[str, str]:
     """The HEXMQ_* variables of one of a node's processes (none for its Redis, whose secrets
-    are in its redis.conf); `service` names the process (`edge2`: the node's second edge)."""
+    are in its redis.conf); `service` names the process (`edge2`: the node's second edge). A
+    co-located node's `hexmq node` gets each service's as HEXMQ_NODE_<SERVICE>_<OPTION>: the
+    section of that service reads it (hexmq_cli/node.py)."""
+    if service == NODE_PROCESS:
+        return {
+            f"HEXMQ_NODE_{hexmq_service.upper()}_{name.removeprefix('HEXMQ_')}": value
+            for hexmq_service in HEXMQ_SERVICES
+            for name, value in service_variables(state, node, hexmq_service).items()
+        }
     if service_of(service) not in HEXMQ_SERVICES:
         return {}
     out: dict[str, str] = {}
@@ -204,7 +212,8 @@ def agreement_variables(state: ClusterState) -> dict[str, str]:
 
 def environment(base: dict[str, str], variables: dict[str, str]) -> dict[str, str]:
     """`base` without any variable this module manages, plus `variables`."""
-    env = {k: v for k, v in base.items() if k not in _MANAGED}
+    node_sections = tuple(f"HEXMQ_NODE_{s.upper()}_" for s in HEXMQ_SERVICES)
+    env = {k: v for k, v in base.items() if k not in _MANAGED and not k.startswith(node_sections)}
     env.update(variables)
     return env
 

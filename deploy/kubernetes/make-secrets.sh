@@ -4,7 +4,9 @@
 #
 #   hexmq-membership-tls  ca.crt, and <node>.crt/.key for each node: spiffe://hexmq/membership/<node>
 #   hexmq-partition-tls   ca.crt, and <node>.crt/.key for each node: spiffe://hexmq/partition/<node>
-#   hexmq-edge-tls        ca.crt, and <edge>.crt/.key for each edge: spiffe://hexmq/edge/<edge>
+#   hexmq-edge-tls        ca.crt, and <edge>.crt/.key for each edge: spiffe://hexmq/edge/<edge>;
+#                         with --colocated also <node>.crt/.key for each node's own edge
+#                         (spiffe://hexmq/edge/<node>, which a co-located node pod reads)
 #   hexmq-redis           <node>.password (the partition service's) and <node>.acl (Redis's)
 #   hexmq-consul          token: the Consul ACL token the agents send (and consul-dev takes)
 #
@@ -13,8 +15,10 @@
 # what exists: run it again with more --nodes or --edges and the new ones are issued by the same
 # CA, the others unchanged. DIR holds the CA's key (tls/ca.key): keep it off the cluster.
 #
-# usage: make-secrets.sh --nodes N --edges M [--dir DIR] [--consul-token-file FILE]
-#                        [--trust-domain DOMAIN]
+# usage: make-secrets.sh --nodes N --edges M [--colocated] [--dir DIR]
+#                        [--consul-token-file FILE] [--trust-domain DOMAIN]
+#   --colocated          the nodes' own edges' certificates too (components/colocated);
+#                        --edges may then be 0 (no pool of standalone edges)
 #   --consul-token-file  the agents' token for an external Consul (docs/deploy.md has its
 #                        policy); default: DIR/consul.token, made here (what consul-dev takes)
 # Environment: HEXMQ (default: hexmq), KUBECTL (default: kubectl); nothing else is needed, no
@@ -23,11 +27,12 @@ set -euo pipefail
 
 usage() { sed -n '/^# usage:/,/^# Environment/p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
-nodes= edges= dir=hexmq-secrets token_file= trust_domain=hexmq
+nodes= edges= dir=hexmq-secrets token_file= trust_domain=hexmq colocated=
 while [ $# -gt 0 ]; do
   case "$1" in
     --nodes) nodes=${2:?}; shift 2 ;;
     --edges) edges=${2:?}; shift 2 ;;
+    --colocated) colocated=1; shift ;;
     --dir) dir=${2:?}; shift 2 ;;
     --consul-token-file) token_file=${2:?}; shift 2 ;;
     --trust-domain) trust_domain=${2:?}; shift 2 ;;
@@ -36,7 +41,7 @@ while [ $# -gt 0 ]; do
 done
 case "$nodes" in ''|*[!0-9]*) usage ;; esac
 case "$edges" in ''|*[!0-9]*) usage ;; esac
-[ "$nodes" -ge 1 ] && [ "$edges" -ge 1 ] || usage
+[ "$nodes" -ge 1 ] && { [ "$edges" -ge 1 ] || [ "$colocated" ]; } || usage
 
 read -r -a hexmq <<< "${HEXMQ:-hexmq}"
 kubectl=${KUBECTL:-kubectl}
@@ -65,6 +70,10 @@ for node in "${node_ids[@]}"; do
     cp "$dir/tls/$node/$role.crt" "$stage/$role/$node.crt"
     cp "$dir/tls/$node/$role.key" "$stage/$role/$node.key"
   done
+  if [ "$colocated" ]; then
+    cp "$dir/tls/$node/edge.crt" "$stage/edge/$node.crt"
+    cp "$dir/tls/$node/edge.key" "$stage/edge/$node.key"
+  fi
   cp "$dir/redis/$node.password" "$stage/redis/$node.password"
   cp "$dir/redis/$node.acl" "$stage/redis/$node.acl"
 done

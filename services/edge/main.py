@@ -12,12 +12,14 @@ import grpc
 
 from hexmq import telemetry
 from hexmq.health import add_health
+from hexmq.inproc import NodeServers
 from hexmq.membership.client import check_leave_timeout
 from hexmq.netaddr import parse_hostport
 from hexmq.node_protocol import ClusterProtocol
 from hexmq.pacing import apply_batch_interval, follow_contention
 from hexmq.readiness import follow_in_health
 from hexmq.service import (
+    ServiceMain,
     StopEvent,
     cancel_and_wait,
     run_service,
@@ -132,8 +134,16 @@ def edge_id_of(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    edge_id = args.node_id if args.edge_id is None else args.edge_id
-    setup_logging("edge", edge_id, args.log_level)
+    # By the edge's own id (checked in prepare): each edge of a node logs as itself.
+    setup_logging("edge", args.node_id if args.edge_id is None else args.edge_id, args.log_level)
+    main = prepare(args)
+    return main if isinstance(main, int) else run_service(main)
+
+
+def prepare(args: argparse.Namespace, colocated: NodeServers | None = None) -> ServiceMain | int:
+    """The edge's `main(stop)`, or the exit code when the options are wrong (logged).
+    `colocated`: the co-located node (`hexmq node`): the edge calls its node's agent and
+    partition service in process."""
     try:
         edge_id = edge_id_of(args)
         host, port = parse_hostport(args.listen, what="--listen")
@@ -238,7 +248,14 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             log.error("cannot serve metrics on %s: %s", args.metrics_listen, exc.strerror)
             return 1
-        edge = Edge(config, obs.tracing, access=access, tls=tls, cluster_tls=cluster_tls)
+        edge = Edge(
+            config,
+            obs.tracing,
+            access=access,
+            tls=tls,
+            cluster_tls=cluster_tls,
+            colocated=colocated,
+        )
         obs.ready_when(
             lambda: edge_readiness(
                 args.node_id, edge.router.view, edge.router.links, standalone=args.standalone
@@ -317,7 +334,7 @@ def run(args: argparse.Namespace) -> int:
         await obs.close()
         return 0
 
-    return run_service(main)
+    return main
 
 
 async def _stop_health(server: grpc.aio.Server | None) -> None:

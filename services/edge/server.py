@@ -19,11 +19,13 @@ from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.grpc_options import CLUSTER_CHANNEL_OPTIONS
 from hexmq.hashring import partition_of
+from hexmq.inproc import NodeServers
 from hexmq.membership.client import ViewWatcher
 from hexmq.membership.view import has_left
 from hexmq.node_protocol import THIS_RELEASE
+from hexmq.streams import Dial
 from hexmq.trust.grpc_tls import ClusterTLS
-from hexmq.trust.identity import MEMBERSHIP, PARTITION, Identity
+from hexmq.trust.identity import EDGE, MEMBERSHIP, PARTITION, Identity
 from services.edge.access import AccessControl
 from services.edge.config import EdgeConfig
 from services.edge.connection import ClientConnection, State
@@ -59,6 +61,7 @@ class Edge:
         access: AccessControl | None = None,
         tls: ssl.SSLContext | None = None,
         cluster_tls: ClusterTLS,
+        colocated: NodeServers | None = None,
     ) -> None:
         if (config.tls_listen or config.wss_listen) and tls is None:
             raise ValueError("--tls-listen and --wss-listen need --tls-cert and --tls-key")
@@ -71,6 +74,8 @@ class Edge:
         self._tls = tls
         # The cluster's links (to partition services and the node's agent), not MQTT's TLS.
         self._cluster_tls = cluster_tls
+        # A co-located node (`hexmq node`): its own agent and partition service in process.
+        self._colocated = colocated
         self.tracer = EdgeTracer(tracing or telemetry.Tracing.disabled(), config.node_id)
         self.router = Router()
         self.dispatcher = Dispatcher(self.router.links, config.failover_hold)
@@ -87,19 +92,19 @@ class Edge:
         self._sys_task: asyncio.Task[None] | None = None
         self.incarnation = time.time_ns()
         self._counter = itertools.count(1)
-        self._watcher = ViewWatcher(
+        dial_agent: Dial = functools.partial(
+            cluster_tls.channel,
             config.membership,
-            self._on_view,
-            dial=functools.partial(
-                cluster_tls.channel,
-                config.membership,
-                # Any node's membership agent (an edge may be deployed on its own and
-                # pointed at another node's): its role, not its node, is what must match.
-                peer=MEMBERSHIP,
-                # Pings: a watch only receives, and would not notice a dead connection.
-                options=CLUSTER_CHANNEL_OPTIONS,
-            ),
-            node_id=config.node_id,
+            # Any node's membership agent (an edge may be deployed on its own and pointed at
+            # another node's): its role, not its node, is what must match.
+            peer=MEMBERSHIP,
+            # Pings: a watch only receives, and would not notice a dead connection.
+            options=CLUSTER_CHANNEL_OPTIONS,
+        )
+        if colocated is not None:
+            dial_agent = functools.partial(colocated.to_membership, EDGE, cluster_tls.trust_domain)
+        self._watcher = ViewWatcher(
+            config.membership, self._on_view, dial=dial_agent, node_id=config.node_id
         )
         self._servers: list[asyncio.Server] = []
         # Inbound QoS 2: origin ids whose claims are settled, for their targets to forget.
@@ -297,6 +302,9 @@ class Edge:
     def _dial_partition(self, node: str, target: str) -> grpc.aio.Channel:
         """A channel to node `node`'s partition service, with TLS as the current view says it
         serves (PeerRefused when this edge may not dial it)."""
+        colocated = self._colocated
+        if colocated is not None and node == colocated.node_id:
+            return colocated.to_partition(EDGE, self._cluster_tls.trust_domain)
         view = self.router.view
         member = next((m for m in view.members if m.node_id == node), None) if view else None
         return self._cluster_tls.channel(

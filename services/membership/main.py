@@ -20,10 +20,12 @@ from hexmq.api.membership.v1 import membership_pb2_grpc as pb_grpc
 from hexmq.grpc_options import PING_POLICY
 from hexmq.hashring import DEFAULT_PARTITIONS
 from hexmq.health import add_health
+from hexmq.inproc import NodeServers, stop_servers
 from hexmq.membership.client import add_leave_timeout, check_leave_timeout, describe_leave
 from hexmq.netaddr import parse_hostport
 from hexmq.readiness import Readiness, follow_in_health
 from hexmq.service import (
+    ServiceMain,
     StopEvent,
     add_observability_arguments,
     cancel_and_wait,
@@ -278,6 +280,14 @@ def consul_credentials(args: argparse.Namespace) -> ConsulCredentials:
 
 def run(args: argparse.Namespace) -> int:
     setup_logging("membership", args.node_id, args.log_level)
+    main = prepare(args)
+    return main if isinstance(main, int) else run_service(main)
+
+
+def prepare(args: argparse.Namespace, colocated: NodeServers | None = None) -> ServiceMain | int:
+    """The agent's `main(stop)`, or the exit code when the options are wrong (logged).
+    `colocated`: the co-located node (`hexmq node`) whose services also call this agent in
+    process."""
     try:
         config = agent_config(args)
         discovery = (
@@ -304,7 +314,10 @@ def run(args: argparse.Namespace) -> int:
         # The node's services ping their watches and calls (hexmq/grpc_options.py).
         server = grpc.aio.server(options=PING_POLICY)
         guard = Guard(tls, "membership")
-        pb_grpc.add_MembershipServiceServicer_to_server(MembershipServicer(agent, guard), server)
+        servicer = MembershipServicer(agent, guard)
+        pb_grpc.add_MembershipServiceServicer_to_server(servicer, server)
+        if colocated is not None:
+            pb_grpc.add_MembershipServiceServicer_to_server(servicer, colocated.membership)
         health = add_health(server)
         try:
             tls.add_port(server, args.listen)
@@ -314,6 +327,8 @@ def run(args: argparse.Namespace) -> int:
             return 1
         await agent.start()
         await server.start()
+        if colocated is not None:
+            await colocated.membership.start()
         health_follower = asyncio.create_task(follow_in_health(obs.readiness, health))
         log.info(
             "membership agent of %s on %s (%s): cluster %r at Consul %s, discovery %s, "
@@ -340,12 +355,12 @@ def run(args: argparse.Namespace) -> int:
         await cancel_and_wait(health_follower)
         # Stop serving first (the node's services see the agent go), then end the session:
         # its keys vanish at once and the peers remove this node without waiting for its TTL.
-        await server.stop(grace=1.0)
+        await stop_servers(1.0, server, colocated.membership if colocated else None)
         await agent.stop()
         await obs.close()
         return 1 if agent.failed else 0
 
-    return run_service(main)
+    return main
 
 
 def discovery_context(config: AgentConfig) -> DiscoveryContext:

@@ -4,14 +4,17 @@ own (the adapter passes `now`), no asyncio, no Redis: services/partition/group_c
 its decisions out.
 
 The life of a batch:
-- gather: handlers put storage ops on `batch` (or `lazy_batch`: writes nothing waits on) and
-  what may happen only once those are durable and replicated on `after` (effects,
+- gather: handlers put storage ops on `batch` (or `lazy_batch`: writes nothing waits on; or
+  `deferred_batch`: writes nothing waits on whose loss at a failover costs only a redelivery)
+  and what may happen only once those are durable and replicated on `after` (effects,
   services/partition/effects.py) and `after_ok` (plain OK answers);
-- due: `next(now, linger)` says what the committer does now: wait for something to be gathered
-  (IDLE), wait for company (a batch of lazy writes alone waits up to the lazy linger for a write
-  someone waits on, hexmq/pacing.py), wait out the pacing interval (one MULTI/EXEC per interval
-  at most, unless the batch is full), or commit the batch it hands over (`Sealed`: the finishers
-  have added their last writes);
+- due: `next(now, linger, deferral)` says what the committer does now: wait for something to be
+  gathered (IDLE), wait for company (a batch of lazy writes alone waits up to the lazy linger
+  for a write someone waits on, hexmq/pacing.py; a batch of deferred writes alone up to the
+  removal linger, so that they go with the next write instead of a MULTI/EXEC and a replication
+  round of their own), wait out the pacing interval (one MULTI/EXEC per interval at most,
+  unless the batch is full), or commit the batch it hands over (`Sealed`: the finishers have
+  added their last writes);
 - durable: once the sealed batch is in Redis, `durable` makes it a DurableBatch, the token the
   replication driver hands back once every in-sync follower has it; `fail` if it could not be
   written (nothing more is then);
@@ -160,13 +163,15 @@ class CommitQueue:
         self._oks: list[tuple[Callable[[int], None], int, Scope | None]] = []
         # Set once the batch being gathered has a write or an effect someone waits on.
         self._company = False
+        # Set once it has a lazy write or answer that may wait only the lazy linger, not the
+        # removal linger (`next`).
+        self._hurried = False
         self._finishers: list[Callable[[WriteBatch], None]] = []
         self._release_hooks: list[Callable[[], None]] = []
         self._wake: Callable[[bool], None] = _asleep
         # The round under way: since when it waits for company (None: it does not), until
         # when it waits out the pacing interval (None: it does not) and what it waited so far.
         self._company_since: float | None = None
-        self._company_until = 0.0
         self._paced_until: float | None = None
         self._lingered = 0.0
         # A batch could not be made durable: nothing more is written (the service stops).
@@ -182,7 +187,8 @@ class CommitQueue:
 
     def listen(self, wake: Callable[[bool], None]) -> None:
         """`wake(company)` is called whenever something is gathered (`company`: something
-        someone waits on): the committer (group_commit.py) waits for it."""
+        someone waits on, or a lazy write that ends a wait for company sooner): the committer
+        (group_commit.py) waits for it."""
         self._wake = wake
 
     def add_finisher(self, finisher: Callable[[WriteBatch], None]) -> None:
@@ -213,10 +219,27 @@ class CommitQueue:
     def lazy_batch(self) -> WriteBatch:
         """The batch being gathered, for writes nothing waits on: alone, they may wait up to
         the lazy linger for company."""
+        batch = self.deferred_batch
+        self._hurry()
+        return batch
+
+    @property
+    def deferred_batch(self) -> WriteBatch:
+        """The batch being gathered, for writes nothing waits on and whose loss at a failover
+        costs only a redelivery the protocol allows (a QoS 1 message's removal once its client
+        acknowledged it): alone, they may wait up to the removal linger for company."""
         if self._batch is None:
             self._batch = WriteBatch()
         self._wake(self._company)
         return self._batch
+
+    def _hurry(self) -> None:
+        """Something gathered may wait only the lazy linger; a longer wait under way for
+        deferred writes ends sooner (the committer is woken to ask `next` again)."""
+        if not self._hurried:
+            self._hurried = True
+            if self._company_since is not None:
+                self._wake(True)
 
     def after(self, effect: Effect) -> None:
         """Carry `effect` out once everything written so far is durable and replicated."""
@@ -224,13 +247,23 @@ class CommitQueue:
         self._company = True
         self._wake(True)
 
-    def after_ok(self, sink: Callable[[int], None], request_id: int, *, lazy: bool = False) -> None:
+    def after_ok(
+        self,
+        sink: Callable[[int], None],
+        request_id: int,
+        *,
+        lazy: bool = False,
+        deferred: bool = False,
+    ) -> None:
         """Call `sink(request_id)` once everything written so far is durable (after the
-        batch's actions). `lazy`: the edge does not wait on it."""
+        batch's actions). `lazy`: the edge does not wait on it; `deferred` too, and it may
+        wait as long as deferred writes (the answer to a removal of `deferred_batch`)."""
         self._oks.append((sink, request_id, self.scope))
-        if not lazy:
+        if not (lazy or deferred):
             self._company = True
         self._wake(self._company)
+        if not (self._company or deferred):
+            self._hurry()
 
     def pending(self) -> list[Effect]:
         """The effects added since the last batch was sealed, in order (not the OKs)."""
@@ -248,26 +281,29 @@ class CommitQueue:
 
     # ----- due ----------------------------------------------------------------------------
 
-    def next(self, now: float, linger: float) -> Step:
+    def next(self, now: float, linger: float, deferral: float = 0.0) -> Step:
         """What the committer does at `now` (seconds, its clock): wait for something to be
-        gathered, wait for company (up to `linger` seconds from when it first looked), wait
-        out the pacing, or commit the batch it gets. One batch at a time: the committer asks
-        again once the last one is durable (or failed)."""
+        gathered, wait for company (from when it first looked, up to `linger` seconds, or up to
+        `deferral` if that is longer and only deferred writes are gathered), wait out the
+        pacing, or commit the batch it gets. One batch at a time: the committer asks again once
+        the last one is durable (or failed)."""
         if self.failed:
             return IDLE
         if self._paced_until is not None:
             if now < self._paced_until:
                 return AwaitPacing(self._paced_until)
             return self._take(now, self._lingered)
+        wait = linger if self._hurried else max(linger, deferral)
         if self._company_since is None:
             if self._batch is None and not self._actions and not self._oks:
                 return IDLE
-            if self._company or linger <= 0:
+            if self._company or wait <= 0:
                 return self._pace(now, 0.0)
-            self._company_since, self._company_until = now, now + linger
-            return AwaitCompany(self._company_until)
-        if not self._company and now < self._company_until:
-            return AwaitCompany(self._company_until)
+            self._company_since = now
+            return AwaitCompany(now + wait)
+        until = self._company_since + wait
+        if not self._company and now < until:
+            return AwaitCompany(until)
         waited = now - self._company_since
         self._company_since = None
         return self._pace(now, waited)
@@ -292,7 +328,7 @@ class CommitQueue:
         self._batch, self._actions, self._oks = None, [], []
         gathered = batch.size if batch is not None else 0
         lazy = not self._company
-        self._company = False
+        self._company = self._hurried = False
         self._company_since = self._paced_until = None
         if batch is not None:
             for finisher in self._finishers:

@@ -321,15 +321,22 @@ def delivery_ack(state: PartitionState, link: EdgeLink, cmd: pb.EdgeCommand, now
         return
     # Answered once the removals are durable: the edge then forgets these acknowledgements.
     # Nothing else waits on them (the window has room at once, below): a batch of these
-    # alone may wait for company (hexmq/pacing.py); PUBRECs to release are not lazy.
+    # alone may wait for company (hexmq/pacing.py); PUBRECs to release are not lazy. Removals
+    # of QoS 1 messages alone are deferred: they wait longer, for the next write, since losing
+    # one with this master costs only a redelivery; a PUBCOMP's waits only the lazy linger.
+    queue = session.queue
+    deferred = not req.received_ids and all(
+        qm.qos == 1 for mid in req.message_ids if (qm := queue.get(mid)) is not None
+    )
     if cmd.request_id:
-        state.commit.after_ok(link.ok, cmd.request_id, lazy=True)
+        state.commit.after_ok(link.ok, cmd.request_id, lazy=True, deferred=deferred)
     # PUBACK / PUBCOMP from an earlier connection of the session (its acknowledgement still
     # on the way when the client reconnected elsewhere) still counts: the client has the
     # message, and dropping the ack would only make it come again.
     removed = session.acknowledge(list(req.message_ids))
     if removed:
-        state.commit.lazy_batch.delete_messages(session.partition, session.client_id, removed)
+        batch = state.commit.deferred_batch if deferred else state.commit.lazy_batch
+        batch.delete_messages(session.partition, session.client_id, removed)
     conn = session.connection
     if conn is None or conn.connection_id != req.connection_id:
         return

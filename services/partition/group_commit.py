@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, TypeAlias
 import redis.asyncio as redis
 
 from hexmq import telemetry
-from hexmq.pacing import lazy_linger, wait_for_company
+from hexmq.pacing import lazy_linger, removal_linger, wait_for_company
 from hexmq.service import cancel_and_wait
 from services.partition.commit_queue import (
     AnswerMoved,
@@ -162,10 +162,14 @@ class GroupCommit:
         loop = asyncio.get_running_loop()
         queue = self._queue
         while True:
-            step = queue.next(loop.time(), lazy_linger())
+            step = queue.next(loop.time(), lazy_linger(), removal_linger())
             if isinstance(step, Sealed):
                 return step
             if isinstance(step, AwaitCompany):
+                if not queue.company:
+                    # (Set by a lazy write that ends a wait for deferred ones sooner: the queue
+                    # has given the new deadline.)
+                    self._company.clear()
                 await wait_for_company(self._company, step.until - loop.time())
             elif isinstance(step, AwaitPacing):
                 await asyncio.sleep(step.until - loop.time())

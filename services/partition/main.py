@@ -19,10 +19,18 @@ from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
 from hexmq.grpc_options import CLUSTER_CHANNEL_OPTIONS, LINK_OPTIONS
 from hexmq.health import NOT_SERVING, SERVING, add_health
+from hexmq.inproc import NodeServers, stop_servers
 from hexmq.membership.client import ViewWatcher, describe_leave, leave_cluster
 from hexmq.node_protocol import THIS_RELEASE
 from hexmq.pacing import follow_contention
-from hexmq.service import StopEvent, run_service, setup_logging, start_observability
+from hexmq.service import (
+    ServiceMain,
+    StopEvent,
+    run_service,
+    setup_logging,
+    start_observability,
+)
+from hexmq.streams import Dial
 from hexmq.trust.grpc_tls import ClusterTLS, RenewingChannel
 from hexmq.trust.guard import Guard
 from hexmq.trust.identity import MEMBERSHIP, PARTITION, Identity
@@ -49,6 +57,14 @@ log = logging.getLogger("hexmq.partition")
 
 def run(args: argparse.Namespace) -> int:
     setup_logging("partition", args.node_id, args.log_level)
+    main = prepare(args)
+    return main if isinstance(main, int) else run_service(main)
+
+
+def prepare(args: argparse.Namespace, colocated: NodeServers | None = None) -> ServiceMain | int:
+    """The service's `main(stop)`, or the exit code when the options are wrong (logged).
+    `colocated`: the co-located node (`hexmq node`): the service calls its agent in process, and
+    serves the node's edge in process too."""
     try:
         access, warnings = check_options(args)
         tls = ClusterTLS.from_args(args, Identity(PARTITION, args.node_id))
@@ -56,14 +72,18 @@ def run(args: argparse.Namespace) -> int:
         log.error("%s", exc)
         return 2
     tls.warn_if_insecure()
-    # The node's own membership agent serves as this process does.
-    dial_agent = functools.partial(
-        tls.channel,
-        args.membership,
-        peer=Identity(MEMBERSHIP, args.node_id),
-        # Pings: a watch only receives, and would not notice a dead connection.
-        options=CLUSTER_CHANNEL_OPTIONS,
-    )
+    dial_agent: Dial
+    if colocated is not None:
+        dial_agent = functools.partial(colocated.to_membership, PARTITION, tls.trust_domain)
+    else:
+        # The node's own membership agent serves as this process does.
+        dial_agent = functools.partial(
+            tls.channel,
+            args.membership,
+            peer=Identity(MEMBERSHIP, args.node_id),
+            # Pings: a watch only receives, and would not notice a dead connection.
+            options=CLUSTER_CHANNEL_OPTIONS,
+        )
     for warning in warnings:
         log.warning("%s", warning)
     redis_at = redacted(args.redis)
@@ -136,9 +156,10 @@ def run(args: argparse.Namespace) -> int:
         )
         server = grpc.aio.server(options=LINK_OPTIONS)
         guard = Guard(tls, "partition")
-        pb_grpc.add_PartitionServiceServicer_to_server(
-            PartitionServicer(node, replication, ready, guard), server
-        )
+        servicer = PartitionServicer(node, replication, ready, guard)
+        pb_grpc.add_PartitionServiceServicer_to_server(servicer, server)
+        if colocated is not None:
+            pb_grpc.add_PartitionServiceServicer_to_server(servicer, colocated.partition)
         health = add_health(server)
         try:
             tls.add_port(server, args.listen)
@@ -149,6 +170,8 @@ def run(args: argparse.Namespace) -> int:
         # process from the start, and edges wait on `ready` for their links.
         await health.set("", NOT_SERVING)
         await server.start()
+        if colocated is not None:
+            await colocated.partition.start()
         commit.start()
         replication.start()
         watcher.start()
@@ -180,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
         sweeper.cancel()
         metrics.cancel()
         pacing.cancel()
-        await server.stop(grace=2.0)
+        await stop_servers(2.0, server, colocated.partition if colocated else None)
         await commit.stop()
         await replication.stop()
         await watcher.stop()
@@ -190,4 +213,4 @@ def run(args: argparse.Namespace) -> int:
         await obs.close()
         return exit_code
 
-    return run_service(main)
+    return main

@@ -10,7 +10,12 @@ from pathlib import Path
 
 from hexmq.membership.client import add_leave_timeout, check_leave_timeout
 from hexmq.netaddr import parse_hostport
-from hexmq.pacing import add_batch_interval_argument, apply_batch_interval
+from hexmq.pacing import (
+    DEFAULT_REMOVAL_LINGER,
+    add_batch_interval_argument,
+    apply_batch_interval,
+    configure_removal_linger,
+)
 from hexmq.service import add_observability_arguments
 from hexmq.trust.grpc_tls import add_cluster_tls_arguments
 from services.partition import redis_access
@@ -142,6 +147,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "partitions fail over (default %(default)g)",
     )
     add_batch_interval_argument(parser)
+    parser.add_argument(
+        "--removal-linger-us",
+        type=int,
+        default=round(DEFAULT_REMOVAL_LINGER * 1_000_000),
+        metavar="US",
+        help="a QoS 1 message's removal, once its client acknowledged it, waits up to this many "
+        "microseconds for the next write of this master and goes with it (its Redis "
+        "transaction, replication frames and answer), instead of a round of its own; below "
+        "--ack-linger-us, that is the wait (default %(default)s)",
+    )
     parser.add_argument("--log-level", default="INFO")
     add_observability_arguments(parser)
     add_cluster_tls_arguments(parser)
@@ -180,6 +195,9 @@ def check_options(args: argparse.Namespace) -> tuple[RedisAccess, list[str]]:
         environ=os.environ,
     )
     apply_batch_interval(args)
+    if args.removal_linger_us < 0:
+        raise ValueError("--removal-linger-us must be 0 or more")
+    configure_removal_linger(args.removal_linger_us / 1_000_000)
     return access, warnings
 
 

@@ -64,7 +64,7 @@ def build_session(
         # spark-submit's settings (--master, --conf) are system properties of its driver JVM;
         # a SparkConf reads them only through the gateway to it, so connect first. Without
         # this the job saw none, and ran in local mode whatever --master said (found by
-        # tests/spark/test_standalone_cluster.py).
+        # the standalone cluster test of tests/spark/test_job.py).
         SparkContext._ensure_initialized()
     preset = dict(SparkConf().getAll()) if submitted else {}
     master = master or preset.get("spark.master") or "local[*]"

@@ -11,6 +11,9 @@ The file is secure by default (its one-shot `secrets` service makes the CA, cert
 passwords and the Consul token in volume `secrets`, here a folder of the test's): the test's
 own gRPC calls present an operator certificate of that volume's CA, and the attacks the issue
 lists against the compose topology's configuration are refused.
+
+compose.colocated.yaml, merged on it as Compose merges the two, runs the same way: each node
+one `hexmq node` process beside its Redis.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import socket
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,7 +39,7 @@ from hexmq.api.partition.v1 import partition_pb2_grpc as pb_grpc
 from hexmq.node_protocol import THIS_RELEASE
 from hexmq.trust.identity import OPERATOR, Identity
 from tests.support import start_bounds
-from tests.support.compose_local import LocalTopology, load_local_topology
+from tests.support.compose_local import LocalTopology, load_local_topology, merge_files
 from tests.support.compose_run import LocalCompose
 from tests.support.eventually import eventually_sync as wait_for
 from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan
@@ -46,6 +49,7 @@ from tests.support.workload import Publisher, Subscriber, check
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "deploy" / "compose" / "compose.yaml"
+COLOCATED = ROOT / "deploy" / "compose" / "compose.colocated.yaml"
 NODE_ROLES = ("edge", "partition", "membership", "redis")
 MQTT_BACKEND = "edges-mqtt"
 
@@ -109,14 +113,23 @@ def secrets_dir(topo: LocalTopology) -> Path:
 
 
 @contextlib.contextmanager
-def running_topology(workdir: Path, interpolation: dict[str, str]) -> Iterator[Running]:
-    topo = load_local_topology(COMPOSE, interpolation, volumes=volumes(workdir))
+def running_topology(
+    workdir: Path, interpolation: dict[str, str], overrides: tuple[Path, ...] = ()
+) -> Iterator[Running]:
+    """compose.yaml running, with `overrides` merged on it as `docker compose -f` would
+    (compose_local.merge_files)."""
+    compose_file = COMPOSE
+    if overrides:
+        workdir.mkdir(parents=True, exist_ok=True)
+        merged = workdir / "compose.merged.json"
+        compose_file = merge_files([COMPOSE, *overrides], merged, interpolation)
+    topo = load_local_topology(compose_file, interpolation, volumes=volumes(workdir))
     edges = [s.name for s in topo.with_alias("edges")]
     collector = OtlpReceiver(port=topo.port("otel-collector", 4317)).start()
     began = time.monotonic()
     run: Running | None = None
     try:
-        with LocalCompose(topo, COMPOSE, workdir) as compose:
+        with LocalCompose(topo, compose_file, workdir) as compose:
             # A start of the whole topology (a secrets job, Consul, three nodes, HAProxy): its
             # bounds follow the machine's pace (tests/support/start_bounds.py; a clean clone
             # under CI once took more than 40 s).
@@ -225,28 +238,48 @@ def test_compose_topology_round_trip_through_haproxy_and_clients_resume_after_a_
             10,
         )
 
-        victim = next(s for s in run.subs if run.placed[s.client_id] != run.publisher_edge)
-        node = run.placed[victim.client_id].removeprefix("edge-")
-        run.compose.kill([f"{role}-{node}" for role in NODE_ROLES])
-        wait_for(lambda: not victim.connected(), 5, f"{victim.client_id} sees its edge die")
-        # At once, before HAProxy's checks can have marked the dead edge down.
-        started = time.monotonic()
-        assert victim.move(run.mqtt, timeout=10), "session present after the reconnect"
-        resumed_in = time.monotonic() - started
-        assert run.compose.haproxy_servers(MQTT_BACKEND)[f"edge-{node}"].connections == 0
+        kill_a_node_and_resume(run, lambda n: [f"{role}-{n}" for role in NODE_ROLES])
 
-        run.acked_after(10, timeout=15)
-        publisher = run.finish()
-        assert victim.resumed == [True]
-        assert all(s.connected() for s in run.subs if s is not victim)
-        wait_for(
-            lambda: run.servers()[f"edge-{node}"] == "DOWN", 10, f"HAProxy marks edge-{node} down"
-        )
-        print(
-            f"up and every edge UP in HAProxy after {run.serving_after:.1f} s; resumed through "
-            f"HAProxy in {resumed_in:.2f} s; the publisher's longest gap between acks "
-            f"{publisher.longest_gap():.2f} s"
-        )
+
+def kill_a_node_and_resume(run: Running, processes: Callable[[str], list[str]]) -> None:
+    """Kill the node (`processes` of its number) of a subscriber not sharing the publisher's
+    edge: that subscriber reconnects through HAProxy at once and resumes its session on
+    another edge, the others stay connected, the publisher sees no error and loses nothing,
+    and HAProxy takes the dead edge out."""
+    victim = next(s for s in run.subs if run.placed[s.client_id] != run.publisher_edge)
+    edge = run.placed[victim.client_id]
+    run.compose.kill(processes(edge.rpartition("-")[2]))
+    wait_for(lambda: not victim.connected(), 5, f"{victim.client_id} sees its edge die")
+    # At once, before HAProxy's checks can have marked the dead edge down.
+    started = time.monotonic()
+    assert victim.move(run.mqtt, timeout=10), "session present after the reconnect"
+    resumed_in = time.monotonic() - started
+    assert run.compose.haproxy_servers(MQTT_BACKEND)[edge].connections == 0
+
+    run.acked_after(10, timeout=15)
+    publisher = run.finish()
+    assert victim.resumed == [True]
+    assert all(s.connected() for s in run.subs if s is not victim)
+    wait_for(lambda: run.servers()[edge] == "DOWN", 10, f"HAProxy marks {edge} down")
+    print(
+        f"up and every edge UP in HAProxy after {run.serving_after:.1f} s; resumed through "
+        f"HAProxy in {resumed_in:.2f} s; the publisher's longest gap between acks "
+        f"{publisher.longest_gap():.2f} s"
+    )
+
+
+def test_colocated_compose_topology_round_trip_and_clients_resume_after_a_node_is_killed(
+    tmp_path: Path, cluster_prerequisites: None
+) -> None:
+    """compose.yaml with compose.colocated.yaml, as `docker compose -f ... -f ...` merges them:
+    each node one `hexmq node` process (its commands and variables from the file, sections and
+    all) beside its Redis, healthy once in the view; HAProxy finds the nodes' edges by the
+    `edges` alias and checks their /readyz. A round trip through HAProxy, then a node's
+    process and Redis killed: its subscriber resumes through HAProxy on another node."""
+    with running_topology(tmp_path / "compose", {}, (COLOCATED,)) as run:
+        assert sorted(run.servers()) == ["node-1", "node-2", "node-3"]
+        assert run.compose.topology.services["node-1"].argv[:2] == ["hexmq", "node"]
+        kill_a_node_and_resume(run, lambda n: [f"node-{n}", f"redis-{n}"])
 
 
 @pytest.mark.fault

@@ -272,3 +272,25 @@ def test_a_killed_agent_is_removed_when_its_session_lapses(agents: AgentCluster)
     took = agents.wait_members(1, {"n1": 1001, "n2": 1002}, timeout=35, step=0.2)
     # Consul invalidates a session between TTL and 2 x TTL after its last renewal.
     assert 5 < took < 30, f"removal took {took:.1f} s"
+
+
+@pytest.mark.timeout(90)
+def test_agents_and_standins_take_the_plain_stop_when_started_with_sigint_ignored(
+    agents: AgentCluster,
+) -> None:
+    # A shell starts a background job (`make test &`, a CI runner's) with SIGINT ignored, and
+    # its children inherit that: the plain stop (SIGINT) must still end every process rather
+    # than wait out end()'s grace and kill it.
+    ignored = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        agents.start()
+    finally:
+        signal.signal(signal.SIGINT, ignored)
+    agents.wait_members(1, ALL, timeout=15)
+    processes = [p for n in agents.nodes for p in (n.agent, n.standin) if p is not None]
+    assert len(processes) == 6
+
+    agents.stop()
+
+    killed = [p.args for p in processes if p.returncode == -signal.SIGKILL]
+    assert killed == [], f"ended only by SIGKILL after the grace: {killed}"

@@ -145,16 +145,24 @@ def spark(spark_shared: SharedSession, request: pytest.FixtureRequest) -> Iterat
         warnings.simplefilter("ignore", ResourceWarning)
         session = spark_shared.usable()
         gc.collect()
+    with watched(spark_shared, request):
+        yield session
+
+
+@contextlib.contextmanager
+def watched(shared: SharedSession, request: pytest.FixtureRequest) -> Iterator[None]:
+    """Spark calls made inside end with the test's timeout: a watchdog kills the JVM a grace
+    period after it (see the module's docstring)."""
     # The test's time left: pytest-timeout's alarm (else the timeout it will set, func_only).
     left = signal.getitimer(signal.ITIMER_REAL)[0] or start_bounds.configured_timeout(request.node)
     if not left:
-        yield session
+        yield
         return
-    watchdog = threading.Timer(left + WATCHDOG_GRACE_S, spark_shared.kill_jvm)
+    watchdog = threading.Timer(left + WATCHDOG_GRACE_S, shared.kill_jvm)
     watchdog.daemon = True
     watchdog.start()
     try:
-        yield session
+        yield
     finally:
         watchdog.cancel()
         _collect_py4j_sockets()

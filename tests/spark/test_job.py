@@ -1,9 +1,13 @@
-"""The job end to end on a few hand-written OTLP JSON lines, and the synthetic trace generator."""
+"""The job end to end on a few hand-written OTLP JSON lines, in local mode and on a standalone
+Spark cluster, and the synthetic trace generator."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +17,8 @@ from pyspark.testing import assertDataFrameEqual
 
 from spark.hexmq_traces import job, synth
 from spark.hexmq_traces.schema import STAGES, SpanName
+from tests.spark import standalone
+from tests.spark.conftest import SharedSession, watched
 
 # The whole job (JVM stages, Parquet writes and reads) on local[2]: near the end of `make test`
 # the 2 cores are shared with other workers' clusters, and main() alone took 96 s there (make
@@ -159,17 +165,44 @@ def _trace_lines() -> list[str]:
 SPANS_WRITTEN = 8 + 9 + 11 + 1 + 2
 
 
-def test_main_writes_tables_and_a_report_naming_bad_messages(
-    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    traces = tmp_path / "traces"
+@dataclass(frozen=True)
+class LocalRun:
+    """The job run once in local mode on the hand-written traces: what it wrote and printed."""
+
+    traces: Path
+    out: Path
+    code: int
+    printed: str
+
+
+@pytest.fixture(scope="module")
+def local_run(
+    spark_shared: SharedSession,
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
+) -> LocalRun:
+    """Once for this file's tests of the whole job: its first run in a fresh JVM takes minutes
+    on a loaded machine (JIT and planning about 25 small Spark jobs, not data), and both the
+    local-mode test and the cluster test's comparison need exactly this run."""
+    spark_shared.usable()
+    base = tmp_path_factory.mktemp("local-run")
+    traces = base / "traces"
     traces.mkdir()
     lines = _trace_lines()
     (traces / "edge-n1.jsonl").write_text("\n".join(lines[:3]) + "\n")
     (traces / "edge-n1.jsonl.000001").write_text("\n".join(lines[3:]) + "\n")
-    out = tmp_path / "out"
+    out = base / "out"
+    printed = io.StringIO()
+    with watched(spark_shared, request), contextlib.redirect_stdout(printed):
+        code = job.main([str(traces), "--out", str(out), "--late-ms", "500"])
+    return LocalRun(traces, out, code, printed.getvalue())
 
-    assert job.main([str(traces), "--out", str(out), "--late-ms", "500"]) == 0
+
+def test_main_writes_tables_and_a_report_naming_bad_messages(
+    spark: SparkSession, local_run: LocalRun
+) -> None:
+    out = local_run.out
+    assert local_run.code == 0, local_run.printed
 
     assert spark.read.parquet(str(out / "spans")).count() == SPANS_WRITTEN
     assertDataFrameEqual(
@@ -213,7 +246,34 @@ def test_main_writes_tables_and_a_report_naming_bad_messages(
     assert sorted(p.name for p in (out / "charts").iterdir()) == [
         "latency.png", "partitions.png", "replication.png", "stages.png"
     ]  # fmt: skip
-    assert "lost 1, duplicated 1, late 1" in capsys.readouterr().out
+    assert "lost 1, duplicated 1, late 1" in local_run.printed
+
+
+# Two JVM daemons, spark-submit's driver and the worker's executor: minutes on a loaded machine.
+# A hang detector, not a speed check.
+@pytest.mark.timeout(1200)
+def test_the_job_on_a_standalone_cluster_writes_the_tables_of_local_mode(
+    spark: SparkSession, local_run: LocalRun, tmp_path: Path
+) -> None:
+    assert local_run.code == 0, local_run.printed
+    on_cluster, local = tmp_path / "cluster", local_run.out
+
+    with standalone.standalone_cluster(tmp_path) as (url, master_log):
+        done = standalone.submit(url, local_run.traces, on_cluster, tmp_path)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        # It ran on the cluster: the master registered the job and gave it an executor.
+        registered = master_log.read_text(errors="replace")
+        assert "Registering app " in registered, registered[-3000:]
+        assert "Launching executor" in registered, registered[-3000:]
+
+    tables = standalone.tables(local)
+    assert standalone.tables(on_cluster) == tables
+    assert {"spans", "deliveries", "messages", "failover_timeline"} <= set(tables)
+    for table in tables:
+        assertDataFrameEqual(
+            spark.read.parquet(str(on_cluster / table)), spark.read.parquet(str(local / table))
+        )
+    assert standalone.summary(on_cluster) == standalone.summary(local)
 
 
 def test_main_refuses_missing_input(tmp_path: Path, spark: SparkSession) -> None:

@@ -80,11 +80,13 @@ def assert_balanced(cluster: Any, nodes: int, partitions: int) -> None:
     assert max(masters.values()) <= 1.25 * partitions / nodes, masters
 
 
-def failovers_from(cluster: Any, node_id: str, log_node: int = 1) -> list[str]:
-    """View changes (node `log_node`'s membership log) that failed a partition over from
-    `node_id` once its leave had started: a leave moves master roles by handover only. (A
-    failover before, of a node that a loaded machine stalled past the failure timeout, is
-    failure detection doing its job, not the leave.)"""
-    lines = (cluster.dir / f"node{log_node}" / "membership.log").read_text().splitlines()
+def failovers_from(
+    cluster: Any, node_id: str, log_node: int = 1, log: str = "membership.log"
+) -> list[str]:
+    """View changes (node `log_node`'s membership log; `log`: node.log for a co-located node)
+    that failed a partition over from `node_id` once its leave had started: a leave moves
+    master roles by handover only. (A failover before, of a node that a loaded machine stalled
+    past the failure timeout, is failure detection doing its job, not the leave.)"""
+    lines = (cluster.dir / f"node{log_node}" / log).read_text().splitlines()
     start = next((i for i, line in enumerate(lines) if f"leaving {node_id}" in line), 0)
     return [line for line in lines[start:] if "failover p" in line and f" {node_id}->" in line]

@@ -21,6 +21,9 @@ host path, and every path under a service's mount target in its environment, com
 healthcheck (`/secrets/tls/ca.crt`, `-config-file=/secrets/x.json`) becomes the local one; so the
 one-shot `secrets` service writes the secrets where the services it serves read them.
 
+Several files (an override on compose.yaml): `merge_files` has the Compose binary merge them
+into one, which this reads.
+
 The consul service is not started from the file: the embedded Consul-API server
 (`hexmq consul-dev`) stands in for it on `topo.address("consul", 8500)`.
 """
@@ -37,6 +40,7 @@ from typing import Any
 import yaml
 
 from hexmq_cli.cli import SERVICE_MODULES
+from hexmq_cli.clusterstate import NODE_PROCESS
 from tests.support.ports import free_port
 
 LOOPBACK = "127.0.0.1"
@@ -223,7 +227,7 @@ def _kind(name: str, spec: Mapping[str, Any], argv: list[str]) -> str:
 
 
 def _command(spec: Mapping[str, Any]) -> list[str]:
-    command = spec.get("command", [])
+    command = spec.get("command") or []
     if isinstance(command, str):
         return shlex.split(command)
     return [str(c) for c in command]
@@ -338,7 +342,7 @@ def load_local_topology(
             raise ComposeError(f"service {name}: extends is not supported here; load one file")
         command = _command(spec)
         kind = _kind(name, spec, command)
-        commands = (*SERVICE_MODULES, *ONE_SHOT_COMMANDS)
+        commands = (*SERVICE_MODULES, NODE_PROCESS, *ONE_SHOT_COMMANDS)
         if kind == "hexmq" and (not command or command[0] not in commands):
             raise ComposeError(
                 f"service {name}: a hexmq service's command must start with one of "
@@ -381,7 +385,9 @@ def load_local_topology(
     def rewrite(owner: str, value: str, what: str) -> str:
         def one(match: re.Match[str]) -> str:
             host, port = match.group(1), int(match.group(2))
-            if host in _WILDCARDS:
+            # A container's loopback is its own (a co-located node's healthcheck asks
+            # 127.0.0.1:9101, its agent section's port).
+            if host in _WILDCARDS or host == LOOPBACK:
                 return f"{LOOPBACK}:{local_port(owner, port)}"
             if host in services:
                 return f"{LOOPBACK}:{local_port(host, port)}"
@@ -415,6 +421,34 @@ def load_local_topology(
             for mapping in spec_ports(doc["services"][svc.name]):
                 local_port(svc.name, mapping)
     return LocalTopology(services=services, start_order=_start_order(services))
+
+
+def merge_files(files: Sequence[Path], dest: Path, env: Mapping[str, str] | None = None) -> Path:
+    """The compose files as Compose v2 merges them (`extends`, `!override`, profiles: the
+    default ones only), interpolated with `env`, written to `dest` (JSON, which
+    load_local_topology reads as YAML): what `docker compose -f A -f B up` runs. The
+    docker-compose binary of the dev dependencies; no engine needed."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    binary = Path(sys.executable).parent / "docker-compose"
+    argv = [str(binary)]
+    for path in files:
+        argv += ["-f", str(path.resolve())]
+    # Only what is given is interpolated, as load_local_topology's `env`.
+    environ = {"PATH": os.environ.get("PATH", os.defpath), **(env or {})}
+    out = subprocess.run(
+        [*argv, "config", "--format", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=environ,
+        cwd=files[0].parent,
+    ).stdout
+    dest.write_text(json.dumps(json.loads(out), indent=1))
+    return dest
 
 
 def spec_ports(spec: Mapping[str, Any]) -> Iterator[int]:

@@ -460,6 +460,10 @@ def depends_on_conditions(name: str, spec: dict[str, Any]) -> list[tuple[str, st
 def _haproxy_config_source(name: str, spec: dict[str, Any]) -> str:
     """The host side of the volume that mounts HAProxy's config in the file."""
     for volume in spec.get("volumes", []):
+        if isinstance(volume, dict):  # long syntax (Compose's merged files)
+            if volume.get("target") == "/usr/local/etc/haproxy/haproxy.cfg":
+                return str(volume["source"])
+            continue
         host, _, rest = str(volume).partition(":")
         if rest.startswith("/usr/local/etc/haproxy/haproxy.cfg"):
             return host

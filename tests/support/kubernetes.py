@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from hexmq_cli.cli import SERVICE_MODULES
+from hexmq_cli.clusterstate import NODE_PROCESS
 from tests.support.dockerfile import parse_dockerfile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,6 +34,8 @@ DOCKERFILE = ROOT / "Dockerfile"
 # The image the hexmq containers run (kustomize's `images:` may rename and retag it).
 HEXMQ_IMAGE = "hexmq"
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+# What a hexmq container may run: a service, or `hexmq node` (a co-located node's three).
+HEXMQ_COMMANDS = (*SERVICE_MODULES, NODE_PROCESS)
 
 
 class ManifestError(ValueError):
@@ -80,11 +83,14 @@ class Container:
     image_env: frozenset[str]
     # What it runs with, once parsed: a hexmq service's options, or Redis's directives.
     options: dict[str, Any] = field(default_factory=dict)
+    # A section of a `hexmq node` container (`section_views`): that container's.
+    process: Container | None = None
 
     @property
     def hexmq(self) -> str | None:
-        """The hexmq service it runs (edge, partition, ...), None for another program."""
-        if self.argv[:1] == ["hexmq"] and len(self.argv) > 1 and self.argv[1] in SERVICE_MODULES:
+        """The hexmq service it runs (edge, partition, ...; `node` for a co-located node's
+        process), None for another program."""
+        if self.argv[:1] == ["hexmq"] and len(self.argv) > 1 and self.argv[1] in HEXMQ_COMMANDS:
             return self.argv[1]
         return None
 
@@ -123,7 +129,31 @@ class Container:
         return None
 
     def __str__(self) -> str:
+        if self.process is not None:
+            return f"{self.process} section {self.name}"
         return f"pod {self.pod.name} container {self.name}"
+
+
+def section_views(container: Container) -> dict[str, Container]:
+    """A `hexmq node` container's sections, each as the container of its service would be:
+    `hexmq SERVICE WORDS` with the environment that section reads (HEXMQ_NODE_<SERVICE>_*
+    as HEXMQ_*, hexmq_cli/node.py), the container's spec (ports, probes, mounts)."""
+    from hexmq_cli import node
+    from tests.support.options import section_env
+
+    views = {}
+    for service, words in node.split_sections(container.argv[2:]).items():
+        env = section_env(service, container.env)
+        views[service] = Container(
+            container.pod,
+            service,
+            container.spec,
+            ["hexmq", service, *words],
+            env,
+            container.image_env,
+            process=container,
+        )
+    return views
 
 
 @dataclass
@@ -135,6 +165,8 @@ class Pod:
     spec: dict[str, Any]
     claims: list[dict[str, Any]]
     containers: dict[str, Container] = field(default_factory=dict)
+    # A co-located node pod's `hexmq node` sections, by service (section_views).
+    sections: dict[str, Container] = field(default_factory=dict)
 
     def volume(self, name: str) -> dict[str, Any]:
         for v in self.spec.get("volumes", []):

@@ -18,7 +18,10 @@ problem, and so is one in EXPECTED whose value is not what its check wants.
 Which pod stands for which local process: node pod hexmq-node-<i> for node i+1 (Redis,
 membership, partition), every edge pod for node 1's edge (a local node's edge; the manifests'
 edges belong to no node), the dev overlay's consul-dev for the local cluster's own agreement
-server.
+server. An overlay whose node pods run `hexmq node` (components/colocated) is compared with `up
+--colocated`: node pod hexmq-node-<i> for node i+1's Redis and `hexmq node`, section by section
+(each parsed by its service's parser from the environment that section reads), the node's own
+edge its edge section, with no edge pods.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from typing import Any
 
 from hexmq.trust.identity import EDGE, MEMBERSHIP, PARTITION
 from hexmq_cli import localcluster
+from hexmq_cli.clusterstate import NODE_PROCESS, node_sections
 from tests.support.kubernetes import (
     OVERLAYS,
     Container,
@@ -43,12 +47,15 @@ from tests.support.kubernetes import (
     pods,
     redis_directives,
     render,
+    section_views,
 )
-from tests.support.options import OptionsRefused, parse_service
+from tests.support.options import OptionsRefused, parse_node, parse_service, section_env
 
 # The workloads, by the names the manifests give them.
 NODES, EDGES, CONSUL_DEV = "hexmq-node", "hexmq-edge", "hexmq-consul-dev"
 NODE_CONTAINERS = ("redis", "membership", "partition")
+# A co-located node pod's: Redis, and `hexmq node` (its sections: membership, partition, edge).
+COLOCATED_CONTAINERS = ("redis", NODE_PROCESS)
 
 
 @dataclass
@@ -65,7 +72,8 @@ class Context:
         return self.container.pod
 
     def sibling(self, name: str) -> Container:
-        return self.pod.containers[name]
+        """A container of the pod, or a section of its `hexmq node` (a co-located node)."""
+        return self.pod.sections.get(name) or self.pod.containers[name]
 
     def service(self, name: str) -> dict[str, Any]:
         for d in self.docs:
@@ -107,6 +115,8 @@ def _metrics(ctx: Context, value: Any) -> str | None:
     if not isinstance(value, str) or not value.startswith("0.0.0.0:"):
         return "expected 0.0.0.0:PORT (the pod's address, for the kubelet's probes)"
     port = int(value.rpartition(":")[2])
+    if ctx.container.process is not None:
+        return _section_metrics(ctx, value, port)
     if probes != {port}:
         return f"the probes ask port(s) {sorted(p for p in probes if p)}, not {port}"
     taken = [
@@ -115,6 +125,23 @@ def _metrics(ctx: Context, value: Any) -> str | None:
         if c is not ctx.container and c.env.get("HEXMQ_METRICS_LISTEN") == value
     ]
     return f"{value} is also {', '.join(taken)}'s" if taken else None
+
+
+def _section_metrics(ctx: Context, value: str, port: int) -> str | None:
+    """A `hexmq node` section's: a container port of its own (each section still serves its
+    metrics endpoint, on the process's one registry), and the process's liveness probe asks
+    one of the sections' ports."""
+    try:
+        ctx.container.port(port)
+    except ManifestError as exc:
+        return str(exc)
+    served = {s.name: s.options.get("metrics_listen") for s in ctx.pod.sections.values()}
+    taken = [name for name, v in served.items() if name != ctx.container.name and v == value]
+    if taken:
+        return f"{value} is also the {', '.join(taken)} section's"
+    ports = {int(str(v).rpartition(":")[2]) for v in served.values() if v}
+    probed = ctx.container.probe_port("livenessProbe")
+    return None if probed in ports else f"the liveness probe asks {probed}, no section's port"
 
 
 def _pod_name(ctx: Context, value: Any) -> str | None:
@@ -368,6 +395,28 @@ EXPECTED: dict[str, dict[str, Expected]] = {
     },
 }
 
+# Where a co-located node (`hexmq node`, against `up --colocated`) differs otherwise: its edge
+# section is the node's own edge, as up's, reaching its agent in process.
+COLOCATED_EXPECTED: dict[str, dict[str, Expected]] = {
+    "membership": {
+        **EXPECTED["membership"],
+        "mqtt_addr": Expected(
+            "the address clients use (ConfigMap hexmq mqtt-addr): Service hexmq-mqtt, in front "
+            "of every node's edge (cluster up: its node's edge's)",
+            _host_port,
+        ),
+    },
+    "partition": EXPECTED["partition"],
+    "consul-dev": EXPECTED["consul-dev"],
+    "edge": {
+        **{k: v for k, v in EXPECTED["edge"].items() if k not in ("standalone", "node_id")},
+        "node_id": NODE_ID,
+        "membership": Expected(
+            "the agent in the same process, on its own port", _in_pod("membership")
+        ),
+    },
+}
+
 # Redis directive -> why the manifests differ there, and their check. Every other directive
 # (appendonly, appendfsync, save, bind ...) must be equal.
 REDIS_EXPECTED: dict[str, Expected] = {
@@ -501,6 +550,19 @@ def _local_args(planned: localcluster.PlannedProcess) -> list[str]:
     return argv[start + 1 :]
 
 
+def _local_sections(
+    planned: localcluster.PlannedProcess,
+) -> list[tuple[str, localcluster.PlannedProcess]]:
+    """`up --colocated`'s `hexmq node` process as the three processes its sections stand for:
+    each section's words as `hexmq SERVICE WORDS`, with the variables that section reads."""
+    out = []
+    for service, words in node_sections(planned.argv).items():
+        env = section_env(service, planned.env)
+        argv = ("hexmq.cli", service, *words)
+        out.append((service, localcluster.PlannedProcess(planned.node, service, argv, env)))
+    return out
+
+
 def shape(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The cluster the manifests make: nodes, partitions, RF, its name, its Consul."""
     (config,) = [d for d in docs if d["kind"] == "ConfigMap" and "rf" in d.get("data", {})]
@@ -524,27 +586,45 @@ def compare(overlay: Path, workdir: Path, docs: list[dict[str, Any]] | None = No
     all_pods = pods(docs, image)
     size = shape(docs)
     embedded = any(p.workload == CONSUL_DEV for p in all_pods)
+    colocated = any(NODE_PROCESS in p.containers for p in all_pods if p.workload == NODES)
     state = localcluster.plan_up(
         workdir / size["cluster"],
         nodes=size["nodes"],
         partitions=size["partitions"],
         rf=size["rf"],
         consul=None if embedded else size["consul"],
+        colocated=colocated,
     )
     planned = {(p.node, p.service): p for p in localcluster.planned_processes(state)}
     edges = sum(p.workload == EDGES for p in all_pods)
-    result.processes = (
-        f"{size['nodes']} node pods of {', '.join(NODE_CONTAINERS)} (cluster up's nodes 1-"
-        f"{size['nodes']}, less their edges); {edges} edge pods of their own (each against node "
-        f"1's edge); agreement: "
-        + ("consul-dev (cluster up's own)" if embedded else f"external Consul {size['consul']}")
-    )
+    agreement = "consul-dev (cluster up's own)" if embedded else f"external Consul {size['consul']}"
+    if colocated:
+        result.processes = (
+            f"{size['nodes']} node pods of {', '.join(COLOCATED_CONTAINERS)} (cluster up "
+            f"--colocated's nodes 1-{size['nodes']}, `hexmq node` section by section); "
+            f"{edges} edge pods; agreement: {agreement}"
+        )
+    else:
+        result.processes = (
+            f"{size['nodes']} node pods of {', '.join(NODE_CONTAINERS)} (cluster up's nodes 1-"
+            f"{size['nodes']}, less their edges); {edges} edge pods of their own (each against "
+            f"node 1's edge); agreement: {agreement}"
+        )
+    tables = COLOCATED_EXPECTED if colocated else EXPECTED
 
     def read(container: Container, service: str) -> bool:
         """Parse what the container runs into container.options; False (a problem) if it
         does not run `service` or its service refuses what it is given."""
         try:
-            if service == "redis":
+            if container.process is not None:
+                container.options = _parse(
+                    service,
+                    container.argv[2:],
+                    container.env,
+                    container.image_env | frozenset(container.process.env),
+                    container,
+                )
+            elif service == "redis":
                 if container.argv[0] != "redis-server":
                     raise ManifestError(f"runs {container.argv[0]}, not redis-server")
                 container.options = redis_directives(container.argv[1:])
@@ -567,7 +647,7 @@ def compare(overlay: Path, workdir: Path, docs: list[dict[str, Any]] | None = No
             table = REDIS_EXPECTED
         else:
             theirs = _parse(service, _local_args(local), local.env, frozenset())
-            table = EXPECTED[service]
+            table = tables[service]
         ours = container.options
         ctx = Context(docs, all_pods, container, theirs)
         same = result.same.setdefault(service, set())
@@ -600,7 +680,32 @@ def compare(overlay: Path, workdir: Path, docs: list[dict[str, Any]] | None = No
     # Which local process each container stands for.
     pairs: list[tuple[Container, localcluster.PlannedProcess]] = []
     for pod in all_pods:
-        if pod.workload == NODES:
+        if pod.workload == NODES and colocated:
+            if sorted(pod.containers) != sorted(COLOCATED_CONTAINERS):
+                result.problems.append(
+                    f"pod {pod.name} runs {sorted(pod.containers)}, a co-located node is "
+                    f"{list(COLOCATED_CONTAINERS)}"
+                )
+                continue
+            node = pod.containers[NODE_PROCESS]
+            try:
+                if node.hexmq != NODE_PROCESS:
+                    raise ManifestError(f"runs {node.argv[:2]}, not hexmq {NODE_PROCESS}")
+                # What only the node as a whole checks: every variable read by some section,
+                # one node id, the process-wide pacing agreed.
+                parse_node(
+                    node.argv[2:], node.env, allowed_unknown=node.image_env, check_agent=False
+                )
+                pod.sections = section_views(node)
+            except (OptionsRefused, ManifestError) as exc:
+                result.problems.append(f"{node}: {exc}")
+                continue
+            pairs.append((pod.containers["redis"], planned[pod.ordinal + 1, "redis"]))
+            pairs += [
+                (pod.sections[service], section)
+                for service, section in _local_sections(planned[pod.ordinal + 1, NODE_PROCESS])
+            ]
+        elif pod.workload == NODES:
             if sorted(pod.containers) != sorted(NODE_CONTAINERS):
                 result.problems.append(
                     f"pod {pod.name} runs {sorted(pod.containers)}, a node is "
@@ -618,7 +723,7 @@ def compare(overlay: Path, workdir: Path, docs: list[dict[str, Any]] | None = No
             pairs.append((container, planned[None, "consul-dev"]))
         else:
             result.problems.append(f"StatefulSet {pod.workload}: no local process stands for it")
-    if not any(p.workload == EDGES for p in all_pods):
+    if not colocated and not any(p.workload == EDGES for p in all_pods):
         result.problems.append(f"no {EDGES} pods: nothing serves MQTT")
     read_ok = [read(container, local.service) for container, local in pairs]
     for ok, (container, local) in zip(read_ok, pairs, strict=True):

@@ -77,3 +77,67 @@ def parse_service(
     if unknown:
         raise OptionsRefused(f"hexmq {service} has no option for {', '.join(unknown)}")
     return namespace
+
+
+def parse_node(
+    args: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    allowed_unknown: frozenset[str] = frozenset(),
+    check_agent: bool = True,
+) -> dict[str, argparse.Namespace]:
+    """`hexmq node ARGS` with `env` as `hexmq node` parses them (hexmq_cli/node.py): each
+    section by its service's real parser (parse_service), from HEXMQ_<OPTION> and, winning,
+    HEXMQ_NODE_<SERVICE>_<OPTION>; then the node's own checks (one node id, the process-wide
+    pacing agreed). {service: its options}, or OptionsRefused. A HEXMQ_* variable no section
+    reads is refused, as parse_service refuses one its service does not read."""
+    from hexmq_cli import node
+
+    try:
+        sections = node.split_sections(list(args))
+    except node.NodeUsageError as exc:
+        raise OptionsRefused(f"hexmq node: {exc}") from None
+    known: set[str] = set(envoptions.NOT_OPTIONS)
+    for service in node.SECTIONS:
+        for action in envoptions.options(service_parser(service)):
+            variable = envoptions.variable_for(action)
+            known.add(variable)
+            known.add(node.NODE_PREFIX + service.upper() + "_" + variable[len(envoptions.PREFIX) :])
+    unknown = sorted(
+        k
+        for k in env
+        if k.startswith(envoptions.PREFIX) and k not in known and k not in allowed_unknown
+    )
+    if unknown:
+        raise OptionsRefused(f"no section of hexmq node has an option for {', '.join(unknown)}")
+    # What one section reads and another does not is the other's, not unknown.
+    others = frozenset(k for k in env if k.startswith(envoptions.PREFIX)) | allowed_unknown
+    out = {
+        service: parse_service(
+            service,
+            sections.get(service, []),
+            node.section_environment(service, env),
+            allowed_unknown=others,
+            check_agent=check_agent,
+        )
+        for service in node.SECTIONS
+    }
+    try:
+        node.parse_sections(list(args), env)
+    except node.NodeUsageError as exc:
+        raise OptionsRefused(f"hexmq node: {exc}") from None
+    return out
+
+
+def section_env(service: str, env: Mapping[str, str]) -> dict[str, str]:
+    """The variables one section of `hexmq node` reads, as its service alone would be given
+    them: HEXMQ_NODE_<SERVICE>_<OPTION> as HEXMQ_<OPTION> (winning), and no other section's
+    HEXMQ_NODE_<SERVICE>_* (HEXMQ_NODE_ID stays: it is --node-id)."""
+    from hexmq_cli import node
+
+    prefixes = tuple(f"{node.NODE_PREFIX}{s.upper()}_" for s in node.SECTIONS)
+    return {
+        k: v
+        for k, v in node.section_environment(service, env).items()
+        if not k.startswith(prefixes)
+    }

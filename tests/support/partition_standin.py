@@ -6,8 +6,8 @@ probe) and watches its agent with an incarnation (what admits the node to the vi
         --membership HOST:PORT     # HEXMQ_CLUSTER_CA/CERT/KEY: its partition certificate
 
 SIGUSR1 stops the health server while the watch stays open (the process is alive to its own
-agent but refuses its peers' probes); SIGTERM ends it. It prints "serving <incarnation>" once
-its health server is up, and "view <epoch>" for every view it receives.
+agent but refuses its peers' probes); SIGTERM or SIGINT ends it. It prints "serving
+<incarnation>" once its health server is up, and "view <epoch>" for every view it receives.
 """
 
 from __future__ import annotations
@@ -61,7 +61,11 @@ async def main(args: argparse.Namespace) -> None:
     stop = asyncio.Event()
     refuse = asyncio.Event()
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    # SIGINT too, explicitly (AgentCluster.stop's plain stop): started from a shell's background
+    # job (`make test &`) it inherits SIGINT ignored, and then waited out end()'s 10 s grace
+    # to be killed, three times a test (30 s of every membership agent test's teardown).
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGUSR1, refuse.set)
     either = [asyncio.create_task(stop.wait()), asyncio.create_task(refuse.wait())]
     await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)

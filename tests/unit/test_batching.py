@@ -15,6 +15,8 @@ import pytest
 from hexmq.api.common.v1 import common_pb2 as cpb
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.pacing import FlushPacer, Linger
+from services.partition.commit_queue import CommitQueue
+from services.partition.group_commit import GroupCommit
 from services.partition.replication import DEL, HDEL, HSET, Op
 from services.partition.write_batch import apply_ops
 from tests.support.eventually import eventually
@@ -318,15 +320,9 @@ class RecordingWriter:
         return []
 
 
-async def test_a_batch_of_acknowledgements_alone_waits_for_company(
-    lazy_linger_of_half_a_second: None,
-) -> None:
-    """A group commit holding only lazy writes (delivery acknowledgements) does not pay a
-    MULTI/EXEC of its own while a write someone waits on may come within the linger; when one
-    comes, both leave in one transaction, and the acknowledgement's answer is not delayed past
-    it. Alone, they leave after the linger, marked lazy for the replication feed."""
-    from services.partition.group_commit import GroupCommit
-
+def recording_commit() -> tuple[CommitQueue, GroupCommit, RecordingWriter, list[bool]]:
+    """A group commit over a RecordingWriter whose batches are released as soon as they are
+    durable; the list says, per batch, whether it was lazy."""
     writer = RecordingWriter()
     durable: list[bool] = []
 
@@ -338,6 +334,17 @@ async def test_a_batch_of_acknowledgements_alone_waits_for_company(
     commit = GroupCommit(
         queue, writer, SequencingReplicator(), no_effects, lambda exc: None, on_durable=on_durable
     )
+    return queue, commit, writer, durable
+
+
+async def test_a_batch_of_acknowledgements_alone_waits_for_company(
+    lazy_linger_of_half_a_second: None,
+) -> None:
+    """A group commit holding only lazy writes (delivery acknowledgements) does not pay a
+    MULTI/EXEC of its own while a write someone waits on may come within the linger; when one
+    comes, both leave in one transaction, and the acknowledgement's answer is not delayed past
+    it. Alone, they leave after the linger, marked lazy for the replication feed."""
+    queue, commit, writer, durable = recording_commit()
     answered: list[int] = []
     commit.start()
     try:
@@ -359,6 +366,57 @@ async def test_a_batch_of_acknowledgements_alone_waits_for_company(
         await eventually(lambda: len(answered) == 3, 2.0, "the lazy batch committed alone")
         assert loop.time() - started >= 0.49
         assert durable == [False, True]
+    finally:
+        await commit.stop()
+
+
+@pytest.fixture
+def removal_linger_of_a_third_of_a_second_and_no_lazy_linger() -> Any:
+    from hexmq import pacing
+
+    before = pacing.lazy_linger(), pacing.removal_linger()
+    pacing.configure_lazy_linger(0.0)
+    pacing.configure_removal_linger(0.3)
+    yield
+    pacing.configure_lazy_linger(before[0])
+    pacing.configure_removal_linger(before[1])
+
+
+async def test_deferred_removals_wait_for_the_next_write_up_to_the_removal_linger(
+    removal_linger_of_a_third_of_a_second_and_no_lazy_linger: None,
+) -> None:
+    """Issue 28: QoS 1 removals alone (the deferred batch) wait for the next write even with
+    no lazy linger, and both leave in one MULTI/EXEC; alone they leave after the removal
+    linger; a lazy write that may not wait that long (a PUBCOMP's) ends the wait at once."""
+    queue, commit, writer, durable = recording_commit()
+    answered: list[int] = []
+    loop = asyncio.get_running_loop()
+    commit.start()
+    try:
+        queue.deferred_batch.add(3, (HDEL, "hx:3:q:c", b"1", b""))
+        queue.after_ok(answered.append, 1, lazy=True, deferred=True)
+        await asyncio.sleep(0.05)
+        assert (writer.executed, answered) == ([], [])
+        queue.batch.add(4, (HSET, "hx:4:q:d", b"9", b"m"))
+        queue.after_ok(answered.append, 2)
+        await eventually(lambda: len(answered) == 2, 1.0, "the batch with company committed")
+        assert answered == [1, 2]
+        assert len(writer.executed) == 1
+        assert durable == [False]
+        started = loop.time()
+        queue.deferred_batch.add(3, (HDEL, "hx:3:q:c", b"2", b""))
+        queue.after_ok(answered.append, 3, lazy=True, deferred=True)
+        await eventually(lambda: len(answered) == 3, 2.0, "the deferred batch committed alone")
+        assert loop.time() - started >= 0.29
+        assert durable == [False, True]
+        started = loop.time()
+        queue.deferred_batch.add(3, (HDEL, "hx:3:q:c", b"3", b""))
+        await asyncio.sleep(0.05)
+        assert len(writer.executed) == 2
+        queue.lazy_batch.add(3, (HDEL, "hx:3:q:c", b"4", b""))
+        await eventually(lambda: len(writer.executed) == 3, 1.0, "the hurried batch committed")
+        assert loop.time() - started < 0.25
+        assert durable == [False, True, True]
     finally:
         await commit.stop()
 

@@ -68,6 +68,21 @@ def test_batching_is_the_difference_of_the_counters_per_stage() -> None:
     }
 
 
+def test_per_publish_counts_stream_messages_and_redis_transactions_over_what_was_sent() -> None:
+    batches = {
+        "edge_link": 200,
+        "partition_link": 300,
+        "replication_feed": 400,
+        "replication_acks": 400,
+        "group_commit": 300,
+        "replica_write": 300,
+    }
+    run = {"sent": 100, "batching": {stage: {"batches": n} for stage, n in batches.items()}}
+    assert moderate.per_publish(run) == {"stream_messages": 13.0, "redis_transactions": 6.0}
+    assert moderate.per_publish({"sent": 100}) is None  # (mosquitto, or a hexmq without them)
+    assert moderate.per_publish({"sent": 0, "batching": run["batching"]}) is None
+
+
 def test_the_options_parse_and_bad_ones_are_refused() -> None:
     args = moderate.build_parser().parse_args(
         ["--topologies", "1n,3n-rf3", "--rates", "1000,5000", "--profile", "3n-rf3@5000"]
@@ -101,3 +116,16 @@ def test_the_memory_table_shows_the_fresh_and_the_warm_figure() -> None:
         ["old", "1,000", "edge", "3.57", "-"],
         ["broken", "1000", "failed", "refused", ""],
     ]
+
+
+def test_each_topology_also_runs_colocated_as_hexmq_colo_unless_told_not_to() -> None:
+    args = moderate.build_parser().parse_args(["--topologies", "3n-rf3", "--no-plain"])
+    suite = moderate.ModerateSuite(args, {"machine": {}, "runs": []}, "stem")
+    variants = suite.hexmqs(3, 3)
+    assert [(h.name, h.colocated, h.insecure) for h in variants] == [
+        ("hexmq", False, False),
+        ("hexmq-colo", True, False),
+    ]
+    args = moderate.build_parser().parse_args(["--no-plain", "--no-colocated"])
+    suite = moderate.ModerateSuite(args, {"machine": {}, "runs": []}, "stem")
+    assert [h.name for h in suite.hexmqs(1, 1)] == ["hexmq"]

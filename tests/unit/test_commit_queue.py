@@ -160,6 +160,70 @@ def test_a_linger_of_zero_never_waits_for_company() -> None:
     assert sealed(queue.next(100.0, 0.0)).lazy
 
 
+DEFERRAL = 0.100
+
+
+def test_deferred_writes_alone_wait_up_to_the_removal_linger_even_with_no_lazy_linger() -> None:
+    queue = make_queue()
+    queue.deferred_batch.add(3, ACK)
+    queue.after_ok(Edge().ok, 1, lazy=True, deferred=True)
+    assert queue.next(100.0, 0.0, DEFERRAL) == AwaitCompany(100.0 + DEFERRAL)
+    assert queue.next(100.05, 0.0, DEFERRAL) == AwaitCompany(100.0 + DEFERRAL)
+    batch = sealed(queue.next(100.0 + DEFERRAL, 0.0, DEFERRAL))
+    assert batch.lazy
+    assert batch.lingered == pytest.approx(DEFERRAL)
+
+
+def test_deferred_writes_go_with_the_next_write_in_one_batch_with_their_answers() -> None:
+    queue = make_queue()
+    edge = Edge()
+    queue.deferred_batch.add(3, ACK)
+    queue.after_ok(edge.ok, 1, lazy=True, deferred=True)
+    assert isinstance(queue.next(100.0, 0.0, DEFERRAL), AwaitCompany)
+    queue.batch.add(4, WRITE)
+    queue.after_ok(edge.ok, 2)
+    batch = sealed(queue.next(100.04, 0.0, DEFERRAL))
+    assert not batch.lazy
+    assert batch.batch is not None
+    assert batch.batch.ops == {3: [ACK], 4: [WRITE]}
+    assert carry(queue.release([(durable(queue, batch), frozenset())])) == [("ok", 1), ("ok", 2)]
+
+
+def test_a_hurried_lazy_write_shortens_the_wait_and_wakes_the_committer() -> None:
+    queue = make_queue()
+    told: list[bool] = []
+    queue.listen(told.append)
+    queue.deferred_batch.add(3, ACK)
+    assert queue.next(100.0, LINGER, DEFERRAL) == AwaitCompany(100.0 + DEFERRAL)
+    assert told == [False]
+    queue.lazy_batch.add(3, ACK)  # (a PUBCOMP's removal: the lazy linger only)
+    assert told[-1] is True  # asked again: the deadline moved
+    assert not queue.company
+    assert queue.next(100.001, LINGER, DEFERRAL) == AwaitCompany(100.0 + LINGER)
+    assert sealed(queue.next(100.0 + LINGER, LINGER, DEFERRAL)).lazy
+    # The next batch of deferred writes alone waits the removal linger again.
+    queue.deferred_batch.add(3, ACK)
+    assert queue.next(101.0, LINGER, DEFERRAL) == AwaitCompany(101.0 + DEFERRAL)
+
+
+def test_a_lazy_answer_hurries_deferred_writes_and_a_deferred_one_does_not() -> None:
+    queue = make_queue()
+    queue.deferred_batch.add(3, ACK)
+    queue.after_ok(Edge().ok, 1, lazy=True, deferred=True)
+    assert queue.next(100.0, LINGER, DEFERRAL) == AwaitCompany(100.0 + DEFERRAL)
+    queue.after_ok(Edge().ok, 2, lazy=True)
+    assert queue.next(100.0, LINGER, DEFERRAL) == AwaitCompany(100.0 + LINGER)
+
+
+def test_a_removal_linger_under_the_lazy_linger_waits_the_lazy_linger() -> None:
+    queue = make_queue()
+    queue.deferred_batch.add(3, ACK)
+    assert queue.next(100.0, LINGER, 0.001) == AwaitCompany(100.0 + LINGER)
+    queue.seal()
+    queue.deferred_batch.add(3, ACK)
+    assert sealed(queue.next(101.0, 0.0, 0.0)).lazy  # both 0: at once
+
+
 def test_a_batch_soon_after_the_last_waits_out_the_pacing_interval() -> None:
     queue = make_queue()
     queue.batch.add(3, WRITE)

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from hexmq.telemetry import Metrics
@@ -158,17 +159,21 @@ def seconds(duration: str) -> float:
 # Every container's probe starts at once on `up`; on a loaded 2-core host they took 5-6 s,
 # and a 3 s timeout failed `up` ("container hexmq-partition-1-1 is unhealthy", issue 27).
 MIN_HEALTHCHECK_TIMEOUT_S = 15.0
+# The combinations of files make deploy-check validates (besides compose.yaml alone).
+NODE4 = ("compose.yaml", "compose.node4.yaml")
+COLOCATED = ("compose.yaml", "compose.colocated.yaml")
 
 
 def test_healthchecks_hold_on_a_loaded_small_host() -> None:
-    checked = 0
-    for name, spec in merged_compose("compose.yaml", "compose.node4.yaml")["services"].items():
-        healthcheck = spec.get("healthcheck")
-        if healthcheck is None or healthcheck.get("disable"):
-            continue
-        checked += 1
-        assert seconds(healthcheck["timeout"]) >= MIN_HEALTHCHECK_TIMEOUT_S, name
-    assert checked >= 14
+    for files, at_least in ((NODE4, 14), (COLOCATED, 8)):
+        checked = 0
+        for name, spec in merged_compose(*files)["services"].items():
+            healthcheck = spec.get("healthcheck")
+            if healthcheck is None or healthcheck.get("disable"):
+                continue
+            checked += 1
+            assert seconds(healthcheck["timeout"]) >= MIN_HEALTHCHECK_TIMEOUT_S, (files, name)
+        assert checked >= at_least, files
 
 
 def test_haproxy_asks_no_more_open_files_than_a_host_grants() -> None:
@@ -238,8 +243,9 @@ def needs(services: dict[str, Any], name: str) -> set[str]:
 
 def test_the_hexmq_image_is_built_once() -> None:
     """One service builds each image; the others that run it only name it (a `build` on each
-    hexmq service built the same image ten times). Node 4's file adds no build either."""
-    for files in (("compose.yaml",), ("compose.yaml", "compose.node4.yaml")):
+    hexmq service built the same image ten times). Node 4's and the co-located file add no
+    build either."""
+    for files in (("compose.yaml",), NODE4, COLOCATED):
         services = merged_compose(*files)["services"]
         builds: dict[str, list[str]] = {}
         for name, spec in services.items():
@@ -247,7 +253,7 @@ def test_the_hexmq_image_is_built_once() -> None:
                 builds.setdefault(spec["image"], []).append(name)
         assert builds == {"hexmq:0.1.0": ["secrets"], "hexmq-traces:0.1.0": ["spark"]}, files
         hexmq = [n for n, s in services.items() if s.get("image") == "hexmq:0.1.0"]
-        assert len(hexmq) >= 10
+        assert len(hexmq) >= (4 if files == COLOCATED else 10)
         # Built before anything runs it: every other service of the image waits for `secrets`
         # (node 4's through secrets-4).
         for name in hexmq:
@@ -261,13 +267,15 @@ def test_every_long_running_service_has_a_healthcheck() -> None:
     """Every service that stays up (a restart policy; not a one-shot) says when it is
     healthy, the observability and traces services too; HAProxy's asks the monitor-uri of
     its config, and the Collector's client comes from the one-shot it waits for."""
-    services = merged_compose("compose.yaml", "compose.node4.yaml")["services"]
-    long_running = [n for n, s in services.items() if s.get("restart") == "unless-stopped"]
-    assert {"haproxy", "otel-collector", "jaeger", "prometheus", "grafana"} <= set(long_running)
-    for name in long_running:
-        healthcheck = services[name].get("healthcheck") or {}
-        assert healthcheck.get("test"), name
-        assert not healthcheck.get("disable"), name
+    for files in (NODE4, COLOCATED):
+        merged = merged_compose(*files)["services"]
+        long_running = [n for n, s in merged.items() if s.get("restart") == "unless-stopped"]
+        assert {"haproxy", "otel-collector", "jaeger", "prometheus", "grafana"} <= set(long_running)
+        for name in long_running:
+            healthcheck = merged[name].get("healthcheck") or {}
+            assert healthcheck.get("test"), (files, name)
+            assert not healthcheck.get("disable"), (files, name)
+    services = merged_compose(*NODE4)["services"]
     stats = haproxy_sections()["frontend stats"]
     (port,) = [w[1].lstrip(":") for w in stats if w[0] == "bind"]
     (uri,) = [w[1] for w in stats if w[0] == "monitor-uri"]
@@ -289,17 +297,78 @@ def test_stop_grace_periods_let_a_leave_finish_and_the_rest_stop_in_time() -> No
     """SIGTERM to a hexmq service is a leave of up to --leave-timeout: the grace is longer,
     or the engine's SIGKILL cuts it short. Redis, Consul and HAProxy have one of their own
     (HAProxy's soft stop closes what is left by hard-stop-after, within it)."""
-    services = merged_compose("compose.yaml", "compose.node4.yaml")["services"]
-    for name, spec in services.items():
-        command = spec.get("command") or []
-        if spec.get("image") == "hexmq:0.1.0" and command[:1] in (
-            ["membership"],
-            ["partition"],
-            ["edge"],
-        ):
-            leave_timeout = float(spec["environment"].get("HEXMQ_LEAVE_TIMEOUT", 60))
-            assert seconds(spec["stop_grace_period"]) > leave_timeout + 10, name
-        elif name.startswith("redis-") or name in ("consul", "haproxy"):
-            assert 5 <= seconds(spec["stop_grace_period"]) <= 30, name
+    nodes = 0
+    for files in (NODE4, COLOCATED):
+        services = merged_compose(*files)["services"]
+        for name, spec in services.items():
+            command = spec.get("command") or []
+            if spec.get("image") == "hexmq:0.1.0" and command[:1] in (
+                ["membership"],
+                ["partition"],
+                ["edge"],
+                ["node"],
+            ):
+                # A co-located node's sections leave together (SIGTERM tells all three).
+                leave_timeout = float(spec["environment"].get("HEXMQ_LEAVE_TIMEOUT", 60))
+                assert seconds(spec["stop_grace_period"]) > leave_timeout + 10, (files, name)
+                nodes += command[:1] == ["node"]
+            elif name.startswith("redis-") or name in ("consul", "haproxy"):
+                assert 5 <= seconds(spec["stop_grace_period"]) <= 30, (files, name)
+    assert nodes == 3
     (hard_stop,) = [w for w in haproxy_sections()["global"] if w[0] == "hard-stop-after"]
     assert seconds(hard_stop[1]) < seconds(services["haproxy"]["stop_grace_period"])
+
+
+def test_the_colocated_file_runs_each_node_as_one_process_in_place_of_its_three() -> None:
+    """compose.colocated.yaml: per node one `hexmq node` container, each section accepted by
+    its service's parser (HEXMQ_NODE_<SERVICE>_* included) with its own node's and role's
+    certificate and a port of its own; healthy once the node is in the view (the agent's
+    /readyz); the edge section where HAProxy and Prometheus look (alias `edges`, metrics on the
+    port both probe); nothing of the separate services left to start."""
+    from tests.support.options import parse_node
+
+    separate = merged_compose("compose.yaml")["services"]
+    services = merged_compose(*COLOCATED)["services"]
+    edge_metrics = separate["edge-1"]["environment"]["HEXMQ_METRICS_LISTEN"]
+    for n in (1, 2, 3):
+        for role in ("membership", "partition", "edge"):
+            assert f"{role}-{n}" not in services
+        spec = services[f"node-{n}"]
+        assert spec["command"][0] == "node"
+        sections = parse_node(spec["command"][1:], spec["environment"], check_agent=False)
+        for role, args in sections.items():
+            assert args.node_id == f"n{n}"
+            assert str(args.cluster_ca) == "/secrets/tls/ca.crt"
+            assert str(args.cluster_cert) == f"/secrets/tls/n{n}/{role}.crt", role
+            assert str(args.cluster_key) == f"/secrets/tls/n{n}/{role}.key", role
+        listens = [a.listen for a in sections.values()]
+        metrics = [a.metrics_listen for a in sections.values()]
+        assert len(set(listens + metrics)) == 6, (listens, metrics)
+        assert sections["edge"].metrics_listen == edge_metrics
+        assert sections["membership"].advertise == f"node-{n}:7000"
+        assert sections["membership"].partition_addr == f"node-{n}:7001"
+        assert sections["partition"].redis == f"redis://redis-{n}:6379/0"
+        assert str(sections["partition"].redis_password_file) == f"/secrets/redis/n{n}.password"
+        assert str(sections["membership"].consul_token_file) == "/secrets/consul.token"
+        agent_port = sections["membership"].metrics_listen.rpartition(":")[2]
+        assert spec["healthcheck"]["test"][-1] == f"http://127.0.0.1:{agent_port}/readyz"
+        assert spec["networks"]["default"]["aliases"] == ["edges"]
+        assert spec["depends_on"][f"redis-{n}"]["condition"] == "service_healthy"
+        assert spec["depends_on"]["consul"]["condition"] == "service_healthy"
+        # The rest of the separate edge's container: its stop grace, secrets, image.
+        for key in ("stop_grace_period", "volumes", "image", "restart", "init"):
+            assert spec[key] == separate[f"edge-{n}"][key], key
+    assert set(services["haproxy"]["depends_on"]) == {"node-1", "node-2", "node-3"}
+
+
+def test_a_node_variable_no_section_reads_or_a_section_refuses_would_be_caught() -> None:
+    from tests.support.options import OptionsRefused, parse_node
+
+    spec = merged_compose(*COLOCATED)["services"]["node-1"]
+    argv, env = spec["command"][1:], spec["environment"]
+    with pytest.raises(OptionsRefused, match="no section of hexmq node has an option for"):
+        parse_node(argv, {**env, "HEXMQ_NODE_EDGE_FAILOVER_HOLDD": "5"}, check_agent=False)
+    with pytest.raises(OptionsRefused, match="HEXMQ_MAX_PACKET_SIZE='1M'"):
+        parse_node(argv, {**env, "HEXMQ_NODE_EDGE_MAX_PACKET_SIZE": "1M"}, check_agent=False)
+    with pytest.raises(OptionsRefused, match="the sections name different nodes"):
+        parse_node(argv, {**env, "HEXMQ_NODE_EDGE_NODE_ID": "n2"}, check_agent=False)

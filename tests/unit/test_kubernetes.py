@@ -42,6 +42,9 @@ OVERLAYS = sorted(p for p in (KUBERNETES / "overlays").iterdir() if p.is_dir())
 # the newest kubernetes-validate has schemas of. The Makefile's deploy-check uses the same.
 KUBERNETES_VERSIONS = ("1.27.0", "1.37.0")
 IDS = [p.name for p in OVERLAYS]
+# The overlays built on dev (consul-dev in the cluster), and the one of co-located nodes.
+ON_DEV = ("dev", "colocated")
+COLOCATED = "colocated"
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +52,8 @@ def rendered() -> dict[str, list[dict[str, Any]]]:
     return {p.name: render(p) for p in OVERLAYS}
 
 
-def test_there_is_a_dev_and_a_production_overlay() -> None:
-    assert {"dev", "production"} <= {p.name for p in OVERLAYS}
+def test_there_is_a_dev_a_production_and_a_colocated_overlay() -> None:
+    assert {"dev", "production", COLOCATED} <= {p.name for p in OVERLAYS}
 
 
 @pytest.mark.parametrize("overlay", IDS)
@@ -108,8 +111,12 @@ def test_every_overlay_runs_what_hexmq_cluster_up_runs(
     assert {"max_queued_messages", "redis_user", "replica_lag_timeout"} <= result.same["partition"]
     assert {"failover_hold", "max_packet_size", "proxy_protocol"} <= result.same["edge"]
     assert {"appendonly", "appendfsync", "save"} <= result.same["redis"]
-    assert ("edge", "standalone") in result.differences
-    assert ("consul-dev" in result.compared) == (overlay == "dev")
+    # A co-located node's edge is its node's own, as `up --colocated`'s: not standalone.
+    assert (("edge", "standalone") in result.differences) == (overlay != COLOCATED)
+    if overlay == COLOCATED:
+        assert result.compared["edge"] == 3
+        assert "standalone" in result.same["edge"]
+    assert ("consul-dev" in result.compared) == (overlay in ON_DEV)
 
 
 def problems_of(overlay: str, docs: list[dict[str, Any]], tmp_path: Path) -> list[str]:
@@ -178,6 +185,33 @@ def test_a_difference_on_purpose_must_still_say_the_right_thing(
     assert "pod hexmq-node-1 container membership: cluster_cert=" in problems
 
 
+def test_a_colocated_nodes_sections_are_checked_as_its_services_would_be(
+    rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    """Each section of a co-located node pod's `hexmq node` against its service in `up
+    --colocated`: a variable no section reads, a value a section differs in unsaid, a section
+    given another role's certificate, two sections on one metrics port."""
+    docs = copy.deepcopy(rendered[COLOCATED])
+    node = container(docs, NODES, "node")
+    set_env(node, "HEXMQ_NODE_EDGE_FAILOVER_HOLDD", "5")
+    problems = "\n".join(problems_of(COLOCATED, docs, tmp_path))
+    assert "no section of hexmq node has an option for HEXMQ_NODE_EDGE_FAILOVER_HOLDD" in problems
+    docs = copy.deepcopy(rendered[COLOCATED])
+    node = container(docs, NODES, "node")
+    set_env(node, "HEXMQ_NODE_EDGE_MAX_PACKET_SIZE", "1000")
+    set_env(node, "HEXMQ_NODE_PARTITION_CLUSTER_CERT", "/etc/hexmq/tls/edge/$(HEXMQ_NODE_ID).crt")
+    set_env(node, "HEXMQ_NODE_EDGE_METRICS_LISTEN", "0.0.0.0:9101")
+    problems = "\n".join(problems_of(COLOCATED, docs, tmp_path))
+    assert "container node section edge: max_packet_size is 1000, `hexmq cluster up` gives" in (
+        problems
+    )
+    assert (
+        "section partition: cluster_cert='/etc/hexmq/tls/edge/hexmq-node-0.crt': expected key "
+        "hexmq-node-0.crt of Secret hexmq-partition-tls, got ('hexmq-edge-tls'" in problems
+    )
+    assert "0.0.0.0:9101 is also the partition section's" in problems
+
+
 def test_the_first_view_waits_for_no_more_nodes_than_the_statefulset_has(
     rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
@@ -194,7 +228,9 @@ def test_the_first_view_waits_for_no_more_nodes_than_the_statefulset_has(
 # --- Secrets -----------------------------------------------------------------------------------
 
 
-def make_secrets(tmp_path: Path, nodes: int, edges: int) -> dict[str, dict[str, bytes]]:
+def make_secrets(
+    tmp_path: Path, nodes: int, edges: int, *, colocated: bool = False
+) -> dict[str, dict[str, bytes]]:
     """deploy/kubernetes/make-secrets.sh, run with this checkout's hexmq: Secret -> key ->
     content."""
     env = {
@@ -207,6 +243,7 @@ def make_secrets(tmp_path: Path, nodes: int, edges: int) -> dict[str, dict[str, 
         [
             str(KUBERNETES / "make-secrets.sh"),
             *("--nodes", str(nodes), "--edges", str(edges), "--dir", str(tmp_path / "s")),
+            *(["--colocated"] if colocated else []),
         ],
         capture_output=True,
         text=True,
@@ -230,15 +267,24 @@ def dev_secrets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str,
     return make_secrets(tmp_path_factory.mktemp("secrets"), nodes=3, edges=4)
 
 
+@pytest.fixture(scope="module")
+def colocated_secrets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, bytes]]:
+    # The co-located overlay's: --nodes 3 --edges 0 --colocated (no pool of edges).
+    return make_secrets(tmp_path_factory.mktemp("secrets"), nodes=3, edges=0, colocated=True)
+
+
 @pytest.mark.parametrize("overlay", IDS)
 def test_make_secrets_makes_every_file_the_containers_name(
     overlay: str,
     rendered: dict[str, list[dict[str, Any]]],
     dev_secrets: dict[str, dict[str, bytes]],
+    colocated_secrets: dict[str, dict[str, bytes]],
     tmp_path: Path,
 ) -> None:
     from tests.support.kubernetes import secret_files
 
+    if overlay == COLOCATED:
+        dev_secrets = colocated_secrets
     named = secret_files(pods(rendered[overlay], Image.load()))
     assert {s for s, _ in named} == {
         "hexmq-membership-tls",
@@ -310,26 +356,45 @@ def test_nodes_are_ready_in_the_view_leave_gracefully_and_go_one_at_a_time(
     assert "maxUnavailable" not in spec["updateStrategy"].get("rollingUpdate", {})
     # The leave (--leave-timeout, default 60 s) fits in the grace period.
     assert spec["template"]["spec"]["terminationGracePeriodSeconds"] > 60
+    if overlay == COLOCATED:
+        colocated_node_lifecycle(docs, by_name)
+    else:
+        separate_node_lifecycle(docs, by_name)
+    # Discovery lists pods before they are ready (a node is ready once admitted).
+    assert by_name["Service", NODES]["spec"]["publishNotReadyAddresses"] is True
+    # No <SERVICE>_PORT variables next to the HEXMQ_* options.
+    for d in docs:
+        if d["kind"] == "StatefulSet":
+            assert d["spec"]["template"]["spec"]["enableServiceLinks"] is False
+    assert (("StatefulSet", CONSUL_DEV) in by_name) == (overlay in ON_DEV)
+
+
+def env_value(spec: dict[str, Any], name: str) -> str:
+    (value,) = [e["value"] for e in spec["env"] if e["name"] == name]
+    return str(value)
+
+
+def budget_fits(by_name: dict[tuple[str, str], Any], workload: str) -> None:
+    """Evictions: one pod of the workload at a time."""
+    budget = by_name["PodDisruptionBudget", workload]["spec"]
+    assert budget["maxUnavailable"] == 1
+    selected = by_name["StatefulSet", workload]["spec"]["selector"]["matchLabels"]
+    assert budget["selector"]["matchLabels"] == selected
+
+
+def separate_node_lifecycle(
+    docs: list[dict[str, Any]], by_name: dict[tuple[str, str], Any]
+) -> None:
     # Ready: the membership agent's /readyz (the view lists this node).
     membership = container(docs, NODES, "membership")
     assert membership["readinessProbe"]["httpGet"]["path"] == "/readyz"
     # Redis stays up until the partition service, done leaving, has exited.
     redis = container(docs, NODES, "redis")
-    partition_metrics = next(
-        e["value"]
-        for e in container(docs, NODES, "partition")["env"]
-        if e["name"] == "HEXMQ_METRICS_LISTEN"
-    )
+    partition_metrics = env_value(container(docs, NODES, "partition"), "HEXMQ_METRICS_LISTEN")
     wait = " ".join(redis["lifecycle"]["preStop"]["exec"]["command"])
     assert f"127.0.0.1:{partition_metrics.rpartition(':')[2]}/healthz" in wait
-    # Discovery lists pods before they are ready (a node is ready once admitted).
-    assert by_name["Service", NODES]["spec"]["publishNotReadyAddresses"] is True
-    # Evictions: one node, one edge at a time.
     for workload in (NODES, EDGES):
-        budget = by_name["PodDisruptionBudget", workload]["spec"]
-        assert budget["maxUnavailable"] == 1
-        selected = by_name["StatefulSet", workload]["spec"]["selector"]["matchLabels"]
-        assert budget["selector"]["matchLabels"] == selected
+        budget_fits(by_name, workload)
     # Edges: standalone, ready by gRPC health, a short drain before SIGTERM.
     edges = by_name["StatefulSet", EDGES]["spec"]["template"]["spec"]
     edge = container(docs, EDGES, "edge")
@@ -339,8 +404,31 @@ def test_nodes_are_ready_in_the_view_leave_gracefully_and_go_one_at_a_time(
         int(edge["lifecycle"]["preStop"]["exec"]["command"][1])
         < (edges["terminationGracePeriodSeconds"])
     )
-    # No <SERVICE>_PORT variables next to the HEXMQ_* options.
-    for d in docs:
-        if d["kind"] == "StatefulSet":
-            assert d["spec"]["template"]["spec"]["enableServiceLinks"] is False
-    assert (("StatefulSet", CONSUL_DEV) in by_name) == (overlay == "dev")
+
+
+def colocated_node_lifecycle(
+    docs: list[dict[str, Any]], by_name: dict[tuple[str, str], Any]
+) -> None:
+    """A co-located node pod: Redis and `hexmq node`, ready when its edge takes clients (the
+    node in the view, every partition routed), the clients' Service in front of the node pods,
+    no pool of edges."""
+    node = container(docs, NODES, "node")
+    assert node["args"][0] == "node"
+    health = env_value(node, "HEXMQ_HEALTH_LISTEN")
+    assert node["readinessProbe"]["grpc"]["port"] == int(health.rpartition(":")[2])
+    # Redis stays up until the process, its partition section done leaving, has exited.
+    redis = container(docs, NODES, "redis")
+    partition_metrics = env_value(node, "HEXMQ_NODE_PARTITION_METRICS_LISTEN")
+    wait = " ".join(redis["lifecycle"]["preStop"]["exec"]["command"])
+    assert f"127.0.0.1:{partition_metrics.rpartition(':')[2]}/healthz" in wait
+    grace = by_name["StatefulSet", NODES]["spec"]["template"]["spec"]
+    assert int(node["lifecycle"]["preStop"]["exec"]["command"][1]) < (
+        grace["terminationGracePeriodSeconds"] - 60
+    )
+    budget_fits(by_name, NODES)
+    for kind in ("StatefulSet", "Service", "PodDisruptionBudget"):
+        assert (kind, EDGES) not in by_name
+    labels = by_name["StatefulSet", NODES]["spec"]["template"]["metadata"]["labels"]
+    mqtt = by_name["Service", "hexmq-mqtt"]["spec"]
+    assert all(labels.get(k) == v for k, v in mqtt["selector"].items())
+    assert {p["targetPort"] for p in mqtt["ports"]} <= {p["name"] for p in node["ports"]}

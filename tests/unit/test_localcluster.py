@@ -1201,3 +1201,94 @@ def test_a_leave_of_a_node_whose_agent_knows_no_leave_is_refused_saying_what_to_
     said = str(refused.value)
     assert "node 2 cannot leave gracefully" in said
     assert "`hexmq cluster stop 2`" in said
+
+
+# --- co-located nodes (`up --colocated`, hexmq node) --------------------------------------------
+
+
+def test_a_colocated_node_runs_redis_and_one_hexmq_node_with_each_services_options(
+    tmp_path: Path,
+) -> None:
+    from hexmq_cli import node as node_command
+
+    cluster_dir = tmp_path / "hexmq"
+    separate = localcluster.plan_up(cluster_dir, nodes=2, base_port=30000, partitions=64, rf=2)
+    state = localcluster.plan_up(
+        cluster_dir,
+        nodes=2,
+        base_port=30000,
+        partitions=64,
+        rf=2,
+        colocated=True,
+        service_args={"edge": ["--sys-interval=1"]},
+    )
+    n2 = state.nodes[1]
+    assert n2.colocated
+    assert list(n2.processes) == ["redis", "node"] == list(n2.process_names())
+    assert n2.record("edge") is n2.record("membership") is n2.processes["node"]
+    assert n2.record("redis") is n2.processes["redis"]
+    assert n2.processes["node"].log == cluster_dir / "node2" / "node.log"
+    argv = n2.processes["node"].argv
+    assert argv[1:5] == ["-P", "-m", "hexmq.cli", "node"]
+    # Each section holds what the service's own process would run with (plus --edge-arg's).
+    sections = clusterstate.node_sections(argv)
+    for service in clusterstate.HEXMQ_SERVICES:
+        alone = separate.nodes[1].processes[service].argv[5:]
+        extra = ["--sys-interval=1"] if service == "edge" else []
+        assert sections[service] == [*alone, *extra]
+    # hexmq node takes that command line, with the variables `up` gives the process.
+    planned = {(p.node, p.service): p for p in localcluster.planned_processes(state)}
+    assert [s for n, s in planned if n == 2] == ["redis", "node"]
+    env = planned[2, "node"].env
+    assert env["HEXMQ_NODE_EDGE_CLUSTER_CERT"] == str(cluster_dir / "tls" / "n2" / "edge.crt")
+    assert env["HEXMQ_NODE_PARTITION_REDIS_USER"] == "hexmq"
+    assert "HEXMQ_CLUSTER_CERT" not in env
+    parsed = {s.service: s.args for s in node_command.parse_sections(argv[5:], env)}
+    assert parsed["edge"].cluster_cert == cluster_dir / "tls" / "n2" / "edge.crt"
+    assert parsed["partition"].cluster_cert == cluster_dir / "tls" / "n2" / "partition.crt"
+    assert parsed["edge"].sys_interval == 1
+    assert parsed["membership"].listen == "127.0.0.1:31011"
+
+
+def test_a_colocated_cluster_json_says_so_and_loads_back(tmp_path: Path) -> None:
+    state = localcluster.plan_up(
+        tmp_path, nodes=2, base_port=30000, partitions=64, rf=1, colocated=True
+    )
+    state.nodes[1].processes["node"].identity = procs.ProcessIdentity(42, 1234, "boot")
+    clusterstate.save_state(state)
+    loaded = clusterstate.load_state(tmp_path)
+    assert loaded is not None
+    assert [n.colocated for n in loaded.nodes] == [True, True]
+    assert loaded.node(2).record("partition").identity == procs.ProcessIdentity(42, 1234, "boot")
+    summary = loaded.summary()["nodes"][1]
+    assert summary["colocated"] is True
+    assert summary["pids"] == {"redis": None, "node": 42}
+    # A node's processes stop in reverse: the node (edge, partition, membership inside), redis.
+    assert localcluster._layers(loaded.nodes) == ["redis", "node"]
+    assert loaded.nodes[0].ports.of_process("node") == (31001, 31002, 30000)
+    # Its links come from one metrics port (the process's one registry), none while it is down.
+    assert localcluster._link_metrics(loaded.nodes[0]) == {}
+
+
+def test_a_node_added_to_a_colocated_cluster_is_colocated_with_node_1s_extras(
+    tmp_path: Path,
+) -> None:
+    from hexmq_cli import localmembers
+
+    state = localcluster.plan_up(
+        tmp_path,
+        nodes=2,
+        base_port=30000,
+        partitions=64,
+        rf=1,
+        colocated=True,
+        service_args={"edge": ["--sys-interval=1"], "partition": ["--log-level=DEBUG"]},
+    )
+    added = localmembers.plan_added_node(state)
+    assert added.colocated
+    assert list(added.processes) == ["redis", "node"]
+    sections = clusterstate.node_sections(added.processes["node"].argv)
+    assert sections["edge"][-1] == "--sys-interval=1"
+    assert sections["partition"][-1] == "--log-level=DEBUG"
+    assert sections["membership"][:2] == ["--node-id", "n3"]
+    assert "--log-level=DEBUG" not in sections["membership"]

@@ -13,11 +13,13 @@ import pytest
 from hexmq.api.common.v1.common_pb2 import Message
 from hexmq.api.partition.v1 import partition_pb2 as pb
 from hexmq.node_protocol import THIS_RELEASE
+from services.partition.commit_queue import AwaitCompany, Sealed
 from services.partition.effects import (
     AfterIndexed,
     ConnectionReady,
     HandOutWills,
     MessageDurable,
+    Pump,
     Send,
 )
 from services.partition.keys import queue_key, sessions_key
@@ -306,6 +308,66 @@ def test_a_qos1_publish_is_queued_durably_and_delivered_once_durable() -> None:
     commit.durable()
     assert commit.written[-1][1][:3] == (HDEL, queue_key(P, "s"), b"1")
     assert not session.queue
+
+
+def delivered(edge: Edge, commit: InstantCommit, cid: str, *qos: int) -> list[int]:
+    """Messages of these QoS queued durably for `cid` (connected through `edge`) and delivered
+    to it; their ids."""
+    session = edge.node.sessions[cid]
+    for qs in qos:
+        qm = pb.QueuedMessage(message_id=session.next_message_id(), qos=qs)
+        qm.message.topic, qm.message.payload = "t", b"m"
+        session.enqueue(qm)
+        session.durable_mid = qm.message_id
+    commit.queue.after(Pump(session))  # (as a release that made them durable would)
+    commit.durable()
+    _, deliveries = edge.heard()
+    return [qm.message_id for d in deliveries for qm in d.messages]
+
+
+def test_a_qos1_acknowledgement_is_removed_with_the_next_write_not_on_its_own() -> None:
+    """Issue 28: a QoS 1 message's removal waits for the next write up to the removal linger,
+    even with no lazy linger, and leaves with it; its answer is released with that batch."""
+    node, commit = make_node()
+    sub, pub = Edge(node, "e1"), Edge(node, "e2")
+    connect(sub, "s", "e1.1")
+    commit.durable()
+    assert delivered(sub, commit, "s", 1, 1) == [1, 2]
+    ack = sub.command(
+        "s", delivery_ack=pb.DeliveryAck(client_id="s", connection_id="e1.1", message_ids=[1, 2])
+    )
+    assert not node.sessions["s"].queue  # the window has room at once
+    assert isinstance(commit.queue.next(100.0, 0.0, 0.1), AwaitCompany)
+    assert sub.heard() == ({}, [])
+    written = len(commit.written)
+    rid = pub.command("p", close_session=pb.CloseSession(client_id="p", connection_id="e2.1"))
+    assert commit.queue.company
+    commit.durable()
+    assert [(op[0], op[1]) for _, op in commit.written[written:]][:1] == [(HDEL, queue_key(P, "s"))]
+    assert ack in sub.heard()[0]
+    assert rid in pub.heard()[0]
+
+
+def test_a_qos2_completion_or_a_pubrec_is_not_deferred() -> None:
+    node, commit = make_node()
+    edge = Edge(node, "e1")
+    connect(edge, "s", "e1.1")
+    commit.durable()
+    assert delivered(edge, commit, "s", 2, 1) == [1, 2]
+    edge.command(
+        "s", delivery_ack=pb.DeliveryAck(client_id="s", connection_id="e1.1", received_ids=[1])
+    )
+    assert isinstance(commit.queue.next(100.0, 0.0, 0.1), Sealed)  # a PUBREL waits on it
+    commit.durable()
+    edge.heard()
+    # PUBCOMP of the QoS 2 one with the PUBACK of the QoS 1 one: the lazy linger only (0).
+    edge.command(
+        "s",
+        delivery_ack=pb.DeliveryAck(client_id="s", connection_id="e1.1", message_ids=[1, 2]),
+    )
+    step = commit.queue.next(101.0, 0.0, 0.1)
+    assert isinstance(step, Sealed)
+    assert step.lazy
 
 
 def test_a_lost_connection_makes_its_will_due_after_the_delay_by_the_clock() -> None:

@@ -1,6 +1,6 @@
-"""The trace job on a Spark cluster: a standalone master and worker started from the installed
-pyspark (loopback only), the job submitted to it with spark-submit, and the tables it writes
-the same as local mode's for the same traces (docs/traces.md says how to run it on a cluster).
+"""A standalone Spark cluster for the trace job's test on a Spark cluster (tests/spark/test_job.py):
+a master and a worker started from the installed pyspark (loopback only), and spark-submit's
+command line for it (docs/traces.md says how to run the job on a cluster).
 
 Nothing of hexmq is installed for the cluster's executors: the job uses only built-in Spark SQL
 functions, so only the driver (spark-submit's) imports spark.hexmq_traces.
@@ -19,11 +19,7 @@ from pathlib import Path
 
 import pyspark
 import pytest
-from pyspark.sql import SparkSession
-from pyspark.testing import assertDataFrameEqual
 
-from spark.hexmq_traces import job
-from tests.spark.test_job import _trace_lines
 from tests.support import start_bounds
 from tests.support.ports import free_ports
 from tests.support.processes import end
@@ -37,12 +33,6 @@ CLASS = {
 DAEMON_START_BOUND_S = 600  # a JVM each: 10-15 s here at load 15; JVM starts took 290 s loaded
 QUIET_DAEMON_START_S = 12.0
 SUBMIT_BOUND_S = 900  # the job's driver and executor JVMs and its stages, on a loaded machine
-
-# Two JVM daemons, spark-submit's driver and the worker's executor, then the job in local mode
-# for comparison: minutes on a loaded machine (468 s of make test's 3,337 in a quiet run, the
-# longest file by far), so it runs in make test-deploy, with the other runs of a deployment.
-# The timeout is a hang detector, not a speed check.
-pytestmark = [pytest.mark.deploy, pytest.mark.timeout(1200)]
 
 
 def spark_env(tmp_path: Path) -> dict[str, str]:
@@ -118,65 +108,33 @@ def standalone_cluster(tmp_path: Path) -> Iterator[tuple[str, Path]]:
             end(process, grace=30)  # a JVM's shutdown hooks, on a loaded machine
 
 
+def submit(url: str, traces: Path, out: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """spark-submit the job to the cluster at `url`: its tables and summary into `out`."""
+    argv = [
+        str(SPARK_HOME / "bin" / "spark-submit"),
+        *("--master", url),
+        *("--conf", "spark.driver.host=127.0.0.1"),
+        *("--conf", "spark.driver.bindAddress=127.0.0.1"),
+        *("--conf", "spark.ui.enabled=false"),
+        # As the shared local session's: every shuffle partition is a task, and a task on
+        # a standalone executor costs more than in local mode.
+        *("--conf", "spark.sql.shuffle.partitions=2"),
+        *("--executor-memory", "512m"),
+        str(ROOT / "spark" / "hexmq_traces" / "job.py"),
+        *(str(traces), "--out", str(out), "--late-ms", "500"),
+    ]
+    return subprocess.run(
+        argv,
+        env=spark_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=SUBMIT_BOUND_S,
+        check=False,
+    )
+
+
 def tables(out: Path) -> list[str]:
     return sorted(p.name for p in out.iterdir() if (p / "_SUCCESS").exists())
-
-
-def test_the_job_on_a_standalone_cluster_writes_the_tables_of_local_mode(
-    spark: SparkSession, tmp_path: Path
-) -> None:
-    traces = tmp_path / "traces"
-    traces.mkdir()
-    (traces / "edge-n1.jsonl").write_text("\n".join(_trace_lines()) + "\n")
-    on_cluster, local = tmp_path / "cluster", tmp_path / "local"
-
-    with standalone_cluster(tmp_path) as (url, master_log):
-        submit = [
-            str(SPARK_HOME / "bin" / "spark-submit"),
-            "--master",
-            url,
-            "--conf",
-            "spark.driver.host=127.0.0.1",
-            "--conf",
-            "spark.driver.bindAddress=127.0.0.1",
-            "--conf",
-            "spark.ui.enabled=false",
-            # As the shared local session's: every shuffle partition is a task, and a task on
-            # a standalone executor costs more than in local mode.
-            "--conf",
-            "spark.sql.shuffle.partitions=2",
-            "--executor-memory",
-            "512m",
-            str(ROOT / "spark" / "hexmq_traces" / "job.py"),
-            str(traces),
-            "--out",
-            str(on_cluster),
-            "--late-ms",
-            "500",
-        ]
-        done = subprocess.run(
-            submit,
-            env=spark_env(tmp_path),
-            capture_output=True,
-            text=True,
-            timeout=SUBMIT_BOUND_S,
-            check=False,
-        )
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        # It ran on the cluster: the master registered the job and gave it an executor.
-        registered = master_log.read_text(errors="replace")
-        assert "Registering app " in registered, registered[-3000:]
-        assert "Launching executor" in registered, registered[-3000:]
-
-    assert job.main([str(traces), "--out", str(local), "--late-ms", "500"]) == 0
-
-    assert tables(on_cluster) == tables(local)
-    assert {"spans", "deliveries", "messages", "failover_timeline"} <= set(tables(local))
-    for table in tables(local):
-        assertDataFrameEqual(
-            spark.read.parquet(str(on_cluster / table)), spark.read.parquet(str(local / table))
-        )
-    assert summary(on_cluster) == summary(local)
 
 
 def summary(out: Path) -> dict[str, object]:
