@@ -191,11 +191,22 @@ def highest_port(base_port: int, nodes: int) -> int:
 
 
 def validate_cluster_args(
-    *, nodes: int, base_port: int, partitions: int, rf: int, edges_per_node: int = 1
+    *,
+    nodes: int,
+    base_port: int,
+    partitions: int,
+    rf: int,
+    edges_per_node: int = 1,
+    colocated: bool = False,
 ) -> None:
     if not 1 <= edges_per_node <= MAX_EDGES_PER_NODE:
         raise UsageError(
             f"--edges-per-node must be between 1 and {MAX_EDGES_PER_NODE}, got {edges_per_node}"
+        )
+    if colocated and edges_per_node > 1:
+        raise UsageError(
+            f"--edges-per-node {edges_per_node} needs separate processes: a --colocated node "
+            "runs one edge, inside its `hexmq node` process (leave out one of the two)"
         )
     if not 1 <= nodes <= MAX_NODES:
         raise UsageError(f"--nodes must be between 1 and {MAX_NODES}, got {nodes}")

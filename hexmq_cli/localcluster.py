@@ -509,6 +509,7 @@ def up(
         partitions=partitions,
         rf=rf,
         edges_per_node=edges_per_node,
+        colocated=colocated,
     )
     cluster_dir = cluster_dir.absolute()
     try:
@@ -594,6 +595,7 @@ def plan_up(
         partitions=partitions,
         rf=rf,
         edges_per_node=edges_per_node,
+        colocated=colocated,
     )
     state = plan_cluster(
         cluster_dir.absolute(),

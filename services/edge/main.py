@@ -120,13 +120,19 @@ def _reload_acl(access: AccessControl) -> None:
 __all__ = ["add_arguments", "run"]
 
 
-def edge_id_of(args: argparse.Namespace) -> str:
-    """This edge process's own id: --edge-id, else the node's."""
+def edge_id_of(args: argparse.Namespace, *, colocated: bool = False) -> str:
+    """This edge process's own id: --edge-id, else the node's. `colocated`: the edge of a
+    co-located node (`hexmq node`), which is the node's own edge and keeps its id."""
     if args.edge_id is None:
         return str(args.node_id)
     if args.standalone:
         raise ValueError(
             "--edge-id is for a node's further edges: a --standalone edge's id is --node-id"
+        )
+    if colocated:
+        raise ValueError(
+            "--edge-id is for a node's further edge processes: the edge section of `hexmq "
+            "node` is the node's own edge, whose id is --node-id"
         )
     if not args.edge_id or args.edge_id.strip() != args.edge_id:
         raise ValueError(f"--edge-id {args.edge_id!r}: empty or with spaces")
@@ -145,7 +151,7 @@ def prepare(args: argparse.Namespace, colocated: NodeServers | None = None) -> S
     `colocated`: the co-located node (`hexmq node`): the edge calls its node's agent and
     partition service in process."""
     try:
-        edge_id = edge_id_of(args)
+        edge_id = edge_id_of(args, colocated=colocated is not None)
         host, port = parse_hostport(args.listen, what="--listen")
         tls_listen = _hostport(args.tls_listen, "--tls-listen")
         ws_listen = _hostport(args.ws_listen, "--ws-listen")

@@ -95,6 +95,10 @@ def test_port_scheme_fits_up_to_the_last_valid_base_port() -> None:
         (["--node-wrapper", "no-such-command-hexmq -x"], "'no-such-command-hexmq' not found"),
         (["--node-wrapper", "nice 'unclosed"], "--node-wrapper: No closing quotation"),
         (["--node-wrapper", " "], "--node-wrapper: empty command"),
+        (
+            ["--colocated", "--edges-per-node", "2"],
+            "--edges-per-node 2 needs separate processes: a --colocated node runs one edge",
+        ),
     ],
 )
 def test_up_rejects_bad_arguments_with_one_line_and_exit_2(
@@ -569,6 +573,13 @@ def test_edges_per_node_beyond_the_metrics_slots_is_a_usage_error(
 ) -> None:
     with pytest.raises(clusterstate.UsageError, match="--edges-per-node must be between 1 and 5"):
         localcluster.plan_up(tmp_path, nodes=1, edges_per_node=count)
+
+
+def test_several_edges_per_node_take_separate_processes(tmp_path: Path) -> None:
+    with pytest.raises(clusterstate.UsageError, match="needs separate processes"):
+        localcluster.plan_up(tmp_path, nodes=1, edges_per_node=2, colocated=True)
+    state = localcluster.plan_up(tmp_path, nodes=1, edges_per_node=1, colocated=True)
+    assert list(state.nodes[0].process_names()) == ["redis", "node"]
 
 
 def test_plan_places_each_node_on_its_host_and_wraps_its_command_lines(tmp_path: Path) -> None:
