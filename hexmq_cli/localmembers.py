@@ -221,9 +221,7 @@ def add_node(
         node = plan_added_node(state, host)
         busy = [
             f"{port} ({service})"
-            # By service: a co-located node's one process binds each service's ports.
-            for service in [*SERVICES, *node.edges[1:]]
-            for port in _ports_of(node, service)
+            for service, port in bound_ports(node)
             if procs.port_in_use(port, node.ports.host)
         ]
         if busy:
@@ -246,6 +244,12 @@ def add_node(
         )
         _start_nodes(state, [node], timeout)
         return node
+
+
+def bound_ports(node: NodeState) -> list[tuple[str, int]]:
+    """(service or further edge, port) for every port the node's processes bind, by service:
+    a co-located node's one process binds each service's ports."""
+    return [(name, port) for name in [*SERVICES, *node.edges[1:]] for port in _ports_of(node, name)]
 
 
 def _ports_of(node: NodeState, name: str) -> list[int]:

@@ -23,7 +23,7 @@ import pytest
 from hexmq import __version__
 from hexmq.readiness import Readiness
 from hexmq.telemetry.metrics import start_metrics_server
-from hexmq_cli import cli, clusterstate, localcluster, localmembers, procs
+from hexmq_cli import cli, clusterstate, localcluster, localmembers, localsecurity, procs
 from hexmq_cli.clusterstate import NodePorts
 from tests.conftest import pick_base_port, running_processes
 
@@ -1259,6 +1259,43 @@ def test_a_colocated_node_runs_redis_and_one_hexmq_node_with_each_services_optio
     assert parsed["partition"].cluster_cert == cluster_dir / "tls" / "n2" / "partition.crt"
     assert parsed["edge"].sys_interval == 1
     assert parsed["membership"].listen == "127.0.0.1:31011"
+
+
+def test_each_service_of_a_colocated_node_has_its_certificate(tmp_path: Path) -> None:
+    state = localcluster.plan_up(tmp_path, nodes=1, base_port=30000, rf=1, colocated=True)
+    added = localmembers.plan_added_node(state)
+    localsecurity.ensure_certificates(state, [added])
+    for node_id in ("n1", "n2"):
+        names = sorted(p.name for p in (tmp_path / "tls" / node_id).glob("*.crt"))
+        assert names == ["edge.crt", "membership.crt", "partition.crt"], node_id
+
+
+@pytest.mark.parametrize(("colocated", "edges"), [(True, 1), (False, 1), (False, 2)])
+def test_add_checks_every_port_an_added_nodes_processes_bind(
+    tmp_path: Path, colocated: bool, edges: int
+) -> None:
+    state = clusterstate.plan_cluster(
+        tmp_path,
+        nodes=1,
+        base_port=30000,
+        partitions=16,
+        rf=1,
+        python="py",
+        redis_server="rs",
+        colocated=colocated,
+        edges_per_node=edges,
+    )
+    n2 = localmembers.plan_added_node(state)
+    block = n2.ports.redis
+    ports = {
+        "redis": [block],
+        "membership": [block + 1, block + 5],
+        "partition": [block + 2, block + 4],
+        "edge": [30001, block + 3],
+        **({"edge2": [block + 6]} if edges == 2 else {}),
+    }
+    want = [(name, port) for name in ports for port in ports[name]]
+    assert sorted(localmembers.bound_ports(n2)) == sorted(want)
 
 
 def test_a_colocated_cluster_json_says_so_and_loads_back(tmp_path: Path) -> None:
