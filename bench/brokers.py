@@ -131,7 +131,10 @@ class Hexmq(Broker):
     one session of runs (bench/moderate.py --baseline). `insecure`: the cluster's links in
     plain text (`up --insecure-cluster`) instead of mutual TLS, to show what TLS costs
     (variant "plain"). `colocated`: each node's services as one process (`up --colocated`,
-    `hexmq node`; variant "colo"), calling each other in process, beside separate processes."""
+    `hexmq node`; variant "colo"), calling each other in process, beside separate processes.
+    `edges`: edge processes per node (`up --edges-per-node`, sharing the node's MQTT port;
+    separate processes only), named `hexmq-<edges>e` unless a variant names it; each edge's CPU
+    is counted as its own role (edge, edge2 ...)."""
 
     def __init__(
         self,
@@ -143,11 +146,14 @@ class Hexmq(Broker):
         insecure: bool = False,
         colocated: bool = False,
         settings: dict[str, str] | None = None,
+        edges: int = 1,
     ) -> None:
+        variant = variant or (f"{edges}e" if edges > 1 else "")
         super().__init__(f"hexmq-{variant}" if variant else "hexmq", nodes=nodes, rf=rf)
         self.python = python or sys.executable
         self.insecure = insecure
         self.colocated = colocated
+        self.edges = edges
         # HEXMQ_* variables for every service of the cluster (`hexmq cluster` passes them on).
         self.settings = HEXMQ_SETTINGS if settings is None else settings
         # Per node (in order), its processes by role (a co-located node: redis and node): what
@@ -169,11 +175,13 @@ class Hexmq(Broker):
         )
 
     def _base_port(self) -> int:
-        # MQTT on P..P+nodes-1; node i's internal services on P+1000+10*(i-1)+0..5: all free.
+        # MQTT on P..P+nodes-1; node i's internal services on P+1000+10*(i-1)+0..5, and its
+        # further edges' metrics on +6.. (one each): all free.
+        slots = 6 + self.edges - 1
         for _ in range(200):
             p = random.randrange(20000, 29000)
             wanted = [*range(p, p + self.nodes)]
-            wanted += [p + 1000 + 10 * i + k for i in range(self.nodes) for k in range(6)]
+            wanted += [p + 1000 + 10 * i + k for i in range(self.nodes) for k in range(slots)]
             if all(port_free(q) for q in wanted):
                 return p
         raise BrokerFailure("no free port range for hexmq")
@@ -196,6 +204,7 @@ class Hexmq(Broker):
             str(self._base_port()),
             *(["--insecure-cluster"] if self.insecure else []),
             *(["--colocated"] if self.colocated else []),
+            *(["--edges-per-node", str(self.edges)] if self.edges > 1 else []),
             timeout=90,
         )
         if done.returncode != 0:
@@ -335,9 +344,9 @@ class Mosquitto(Broker):
         return log_findings([self.workdir / "mosquitto.log"])
 
 
-def make_broker(name: str, nodes: int = 1, rf: int = 1) -> Broker:
+def make_broker(name: str, nodes: int = 1, rf: int = 1, edges: int = 1) -> Broker:
     if name == "hexmq":
-        return Hexmq(nodes, rf)
+        return Hexmq(nodes, rf, edges=edges)
     if name == "mosquitto":
         return Mosquitto()
     raise ValueError(name)

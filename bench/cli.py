@@ -105,6 +105,17 @@ def _rf_list(text: str) -> list[int]:
     return values
 
 
+def _edges_list(text: str) -> list[int]:
+    """`--edges-per-node 1,2`: distinct counts of edges per node, 1-5, in the order given."""
+    try:
+        counts = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected e.g. 1,2") from None
+    if any(not 1 <= c <= 5 for c in counts) or len(set(counts)) != len(counts):
+        raise argparse.ArgumentTypeError(f"{text!r}: distinct counts from 1 to 5")
+    return counts
+
+
 def all_scenarios() -> list[Scenario]:
     single = [Scenario(0, "flood")] + [
         Scenario(q, m) for q in QOS_LEVELS for m in MODES if m != "flood"
@@ -185,6 +196,17 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive(float),
         metavar="MSG_S",
         help="pace at this total delivery rate (messages/s) instead of --pace",
+    )
+    p.add_argument(
+        "--edges-per-node",
+        type=_edges_list,
+        default=[1],
+        metavar="LIST",
+        help="one hexmq node (single suite) or cluster (cluster suite, each replication "
+        "factor) per value, with that many edge processes per node sharing its MQTT port "
+        "(`hexmq cluster up --edges-per-node`), taking turns within each scenario; e.g. 1,2 "
+        "shows what a second core for connection handling gives (hexmq and hexmq-2e; "
+        "default 1)",
     )
     cluster = p.add_argument_group("cluster suite")
     cluster.add_argument(
@@ -890,6 +912,7 @@ def main(argv: list[str] | None = None) -> int:
             "pace_basis": "fixed rate" if args.rate else args.pace_basis,
             "generator_processes": args.procs,
             "mqtt_protocol_level": args.mqtt,
+            "edges_per_node": args.edges_per_node,
             "cluster": {
                 "nodes": args.nodes,
                 "rf": args.rf,
@@ -911,7 +934,11 @@ def main(argv: list[str] | None = None) -> int:
         mosquitto = bench.start(make_broker("mosquitto")) if "mosquitto" in names else None
         others = [mosquitto] if mosquitto is not None else []
         if single:
-            one = [bench.start(make_broker("hexmq"))] if "hexmq" in names else []
+            one = (
+                [bench.start(make_broker("hexmq", edges=e)) for e in args.edges_per_node]
+                if "hexmq" in names
+                else []
+            )
             bench.suite(_groups(single, lambda s: s.qos), one + others)
             for b in one:
                 bench.retire(b)  # its idle processes stay out of the cluster suite
@@ -919,8 +946,9 @@ def main(argv: list[str] | None = None) -> int:
             clusters: list[Hexmq] = []
             if "hexmq" in names:
                 for rf in args.rf:
-                    clusters.append(Hexmq(args.nodes, rf))
-                    bench.start(clusters[-1])
+                    for edges in args.edges_per_node:
+                        clusters.append(Hexmq(args.nodes, rf, edges=edges))
+                        bench.start(clusters[-1])
                 if args.plain:
                     # What TLS inside the cluster costs, where it costs most: the highest RF.
                     plain = Hexmq(args.nodes, args.rf[-1], variant="plain", insecure=True)

@@ -111,6 +111,16 @@ def _add_cluster_shape(p: argparse.ArgumentParser) -> None:
         help="number of nodes (default: as many as --hosts lists, else 1)",
     )
     p.add_argument(
+        "--edges-per-node",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="edge processes per node, all on the node's MQTT port (SO_REUSEPORT: the kernel "
+        "spreads new connections over them), so that a node's connection handling uses N "
+        "cores; edge k > 1 is edge<k> in status, id n<i>-e<k>, metrics on the node block's "
+        f"slot 4+k (at most {clusterstate.MAX_EDGES_PER_NODE}; default 1)",
+    )
+    p.add_argument(
         "--hosts",
         default=None,
         metavar="A,B,...",
@@ -632,6 +642,7 @@ def _start_cluster(args: argparse.Namespace) -> clusterstate.ClusterState:
         **_placement(args),
         discovery=args.discovery,
         insecure_cluster=args.insecure_cluster,
+        edges_per_node=args.edges_per_node,
         colocated=args.colocated,
     )
 

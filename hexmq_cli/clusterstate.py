@@ -15,10 +15,13 @@ Port scheme, from the base port P (default 1883), for node i (1-based):
     edge metrics (HTTP)    P + 1000 + 10*(i-1) + 3      (Prometheus, GET /metrics)
     partition metrics      P + 1000 + 10*(i-1) + 4
     membership metrics     P + 1000 + 10*(i-1) + 5
-    reserved for later     P + 1000 + 10*(i-1) + 6..9   (WebSocket, TLS ...)
+    edge k's metrics       P + 1000 + 10*(i-1) + 4 + k  (k = 2..5: `--edges-per-node`)
 and for the cluster as a whole, in the block after the last node's (N nodes):
     agreement server       P + 1000 + 10*N + 0          (hexmq consul-dev, Consul's HTTP API)
     reserved for later     P + 1000 + 10*N + 1..9
+With `--edges-per-node N` (N > 1) a node runs N edge processes, `edge` (id n<i>) and `edge2`
+.. `edgeN` (ids n<i>-e2 ..), all on the node's MQTT port with --reuse-port (the kernel spreads
+new connections over them), each with its own metrics port, certificate and log.
 MQTT ports are consecutive so "node i listens on P+i-1" is easy to remember; every other port
 is in a separate block of ten per node. Everything binds 127.0.0.1, unless `--hosts` gives each
 node a loopback address of its own (node i then binds every port of it there, the port scheme
@@ -36,7 +39,8 @@ Layout of DIR:
     consul.log            its log
     members               the nodes and their partition addresses (`--discovery static`)
     node<i>/redis.conf    node<i>/redis/ (Redis data: append-only file)
-    node<i>/<service>.log one log per process, appended to across restarts
+    node<i>/<process>.log one log per process (edge2.log ... for further edges), appended to
+                          across restarts
 """
 
 from __future__ import annotations
@@ -67,6 +71,11 @@ NODE_PROCESS: Final = "node"
 COLOCATED_PROCESSES: Final = ("redis", NODE_PROCESS)
 # Each hexmq service serves Prometheus metrics on its node block's port: base + slot.
 METRICS_SLOTS: Final = {"edge": 3, "partition": 4, "membership": 5}
+# A node's further edges (`--edges-per-node`): edge k serves metrics on slot 4 + k, the block's
+# slots 6-9, so a node runs at most 5 edges.
+EDGE: Final = "edge"
+FURTHER_EDGE_SLOTS: Final = 4
+MAX_EDGES_PER_NODE: Final = 5
 MAX_NODES: Final = 100
 MIN_BASE_PORT: Final = 1024
 INTERNAL_OFFSET: Final = 1000
@@ -116,8 +125,10 @@ class NodePorts:
     host: str = LOOPBACK
 
     def of(self, service: str) -> int:
-        """A service's port; a co-located node's process: its MQTT port (it listens last)."""
-        port: int = getattr(self, "mqtt" if service in ("edge", NODE_PROCESS) else service)
+        """The port a process serves on (every edge of the node: its MQTT port; a co-located
+        node's process: its MQTT port, which it listens on last)."""
+        mqtt = service_of(service) == EDGE or service == NODE_PROCESS
+        port: int = getattr(self, "mqtt" if mqtt else service)
         return port
 
     def of_process(self, process: str) -> tuple[int, ...]:
@@ -127,12 +138,34 @@ class NodePorts:
         return (self.of(process),)
 
     def metrics(self, service: str) -> int:
-        """The Prometheus port of a hexmq service: the node block's slots 3, 4, 5."""
+        """The Prometheus port of a hexmq process: the node block's slots 3, 4, 5, and 6-9
+        for the edges edge2-edge5."""
+        k = edge_number(service)
+        if k is not None and k > 1:
+            return self.redis + FURTHER_EDGE_SLOTS + k
         return self.redis + METRICS_SLOTS[service]
 
     def addr(self, port: int) -> str:
         """HOST:PORT of one of this node's ports."""
         return f"{self.host}:{port}"
+
+
+def edge_names(count: int) -> list[str]:
+    """A node's edge processes: `edge`, then `edge2` .. `edge<count>`."""
+    return [EDGE, *(f"{EDGE}{k}" for k in range(2, count + 1))]
+
+
+def edge_number(name: str) -> int | None:
+    """1 for `edge`, k for `edge<k>`, None for a process that is no edge."""
+    if name == EDGE:
+        return 1
+    rest = name.removeprefix(EDGE)
+    return int(rest) if rest != name and rest.isdigit() else None
+
+
+def service_of(name: str) -> str:
+    """What a process of a node runs: its name, but `edge` for every one of its edges."""
+    return EDGE if edge_number(name) is not None else name
 
 
 def node_ports(base_port: int, node: int, host: str = LOOPBACK) -> NodePorts:
@@ -157,7 +190,24 @@ def highest_port(base_port: int, nodes: int) -> int:
     return base_port + INTERNAL_OFFSET + NODE_STRIDE * (nodes + 1) - 1
 
 
-def validate_cluster_args(*, nodes: int, base_port: int, partitions: int, rf: int) -> None:
+def validate_cluster_args(
+    *,
+    nodes: int,
+    base_port: int,
+    partitions: int,
+    rf: int,
+    edges_per_node: int = 1,
+    colocated: bool = False,
+) -> None:
+    if not 1 <= edges_per_node <= MAX_EDGES_PER_NODE:
+        raise UsageError(
+            f"--edges-per-node must be between 1 and {MAX_EDGES_PER_NODE}, got {edges_per_node}"
+        )
+    if colocated and edges_per_node > 1:
+        raise UsageError(
+            f"--edges-per-node {edges_per_node} needs separate processes: a --colocated node "
+            "runs one edge, inside its `hexmq node` process (leave out one of the two)"
+        )
     if not 1 <= nodes <= MAX_NODES:
         raise UsageError(f"--nodes must be between 1 and {MAX_NODES}, got {nodes}")
     if not MIN_BASE_PORT <= base_port <= 65535:
@@ -236,7 +286,11 @@ def cluster_ports(
     ]
 
 
-def busy_ports(ports: Sequence[NodePorts], agreement: tuple[str, int] | None = None) -> list[str]:
+def busy_ports(
+    ports: Sequence[NodePorts],
+    agreement: tuple[str, int] | None = None,
+    edges_per_node: int = 1,
+) -> list[str]:
     """'HOST:PORT (node I SERVICE)' for every port that is taken now (and the agreement
     server's (host, port), if given)."""
     wanted = [
@@ -247,6 +301,11 @@ def busy_ports(ports: Sequence[NodePorts], agreement: tuple[str, int] | None = N
             [(p.of(service), service)]
             + ([(p.metrics(service), f"{service} metrics")] if service in METRICS_SLOTS else [])
         )
+    ]
+    wanted += [
+        (p.host, p.metrics(name), f"node {i} {name} metrics")
+        for i, p in enumerate(ports, start=1)
+        for name in edge_names(edges_per_node)[1:]
     ]
     if agreement is not None:
         wanted.append((*agreement, "agreement server"))
@@ -287,12 +346,31 @@ class NodeState:
     def node_id(self) -> str:
         return f"n{self.node}"
 
+    @property
+    def edges(self) -> list[str]:
+        """The node's edge processes (`edge`, and `edge2` .. with `--edges-per-node`; none for a
+        co-located node, whose edge runs in its `node` process)."""
+        return [name for name in self.processes if edge_number(name) is not None]
+
+    def process_id(self, name: str) -> str:
+        """The id a process of the node goes by in the cluster, which its certificate names:
+        the node's, and for edge k > 1 n<i>-e<k> (its --edge-id)."""
+        k = edge_number(name)
+        return f"{self.node_id}-e{k}" if k is not None and k > 1 else self.node_id
+
+    def processes_of(self, service: str) -> list[str]:
+        """The names of the node's processes that run `service` (SERVICES, or `node`: a
+        co-located node's one process for its three hexmq services)."""
+        return [name for name in self.processes if service_of(name) == service]
+
     def process_names(self) -> tuple[str, ...]:
-        """Its processes in start order."""
-        return COLOCATED_PROCESSES if self.colocated else SERVICES
+        """Its processes in start order: SERVICES and its further edges, or a co-located
+        node's COLOCATED_PROCESSES."""
+        return COLOCATED_PROCESSES if self.colocated else tuple(_process_names(self.processes))
 
     def record(self, service: str) -> ProcessRecord:
-        """The process that runs `service` (redis, membership, partition or edge)."""
+        """The process that runs `service` (redis, membership, partition or edge: the node's
+        first edge)."""
         if self.colocated and service in HEXMQ_SERVICES:
             return self.processes[NODE_PROCESS]
         return self.processes[service]
@@ -307,7 +385,7 @@ class NodeState:
             "redis_port": self.ports.redis,
             "partition_port": self.ports.partition,
             "membership_port": self.ports.membership,
-            "metrics_ports": {s: self.ports.metrics(s) for s in METRICS_SLOTS},
+            "metrics_ports": {s: self.ports.metrics(s) for s in [*METRICS_SLOTS, *self.edges[1:]]},
             "security": self.security,
             "colocated": self.colocated,
             "pids": {
@@ -411,7 +489,11 @@ class ClusterState:
                 dir=Path(n["dir"]),
                 processes={
                     s: _record_from_json(n["processes"][s])
-                    for s in (COLOCATED_PROCESSES if n.get("colocated") else SERVICES)
+                    for s in (
+                        COLOCATED_PROCESSES
+                        if n.get("colocated")
+                        else _process_names(n["processes"])
+                    )
                 },
                 security=n.get("security", "plain"),
                 redis_auth=bool(n.get("redis_auth", False)),
@@ -433,6 +515,12 @@ class ClusterState:
             node_wrapper=doc.get("node_wrapper"),
             consul_acl=bool(doc.get("consul_acl", False)),
         )
+
+
+def _process_names(recorded: Mapping[str, Any]) -> list[str]:
+    """SERVICES, then the further edges a cluster.json records, in start order."""
+    further = [name for name in recorded if service_of(name) == EDGE and name != EDGE]
+    return [*SERVICES, *sorted(further, key=lambda name: edge_number(name) or 0)]
 
 
 def _record_to_json(r: ProcessRecord) -> dict[str, Any]:
@@ -523,16 +611,21 @@ def service_argv(
     python: str,
     redis_server: str,
     discovery: str | None = None,
+    edges_per_node: int = 1,
 ) -> list[str]:
-    """The exact command line of one process of a node."""
+    """The exact command line of one process of a node (`service`: a SERVICES name, or
+    `edge<k>`, the node's k-th edge)."""
     ports = node.ports
     if service == "redis":
         return [redis_server, str(node.dir / "redis.conf")]
+    process = service
+    service = service_of(process)
     # -P: the manager's working directory must not shadow the installed hexmq and services
     # packages (`python -m` would put it first on sys.path).
     hexmq = [
         *(python, "-P", "-m", "hexmq.cli", service, "--node-id", node.node_id),
-        *("--metrics-listen", ports.addr(ports.metrics(service))),
+        *(("--edge-id", node.process_id(process)) if process != service else ()),
+        *("--metrics-listen", ports.addr(ports.metrics(process))),
         *(("--trace-dir", str(state.trace_dir)) if state.trace_dir else ()),
     ]
     if service == "membership":
@@ -553,11 +646,13 @@ def service_argv(
             *("--redis", f"redis://{ports.addr(ports.redis)}/0"),
             *("--membership", ports.addr(ports.membership)),
         ]
-    if service == "edge":
+    if service == EDGE:
         return [
             *hexmq,
             *("--listen", ports.addr(ports.mqtt)),
             *("--membership", ports.addr(ports.membership)),
+            # Several edges of the node share its MQTT port.
+            *(("--reuse-port",) if edges_per_node > 1 else ()),
         ]
     raise ValueError(f"unknown service {service!r}")
 
@@ -661,6 +756,11 @@ def agreement_argv(state: ClusterState, python: str) -> list[str]:
     ]
 
 
+def edges_per_node(state: ClusterState) -> int:
+    """How many edge processes each node of the cluster runs (`up --edges-per-node`)."""
+    return len(state.nodes[0].edges) if state.nodes else 1
+
+
 def interpreter_of(node: NodeState) -> str:
     """The Python whose hexmq the node's services run (argv[0] of each, the same for all)."""
     return node.record("partition").argv[0]
@@ -698,6 +798,7 @@ def plan_cluster(
     agreement_listen: tuple[str, int] | None = None,
     node_wrapper: Sequence[str] = (),
     discovery: str | None = None,
+    edges_per_node: int = 1,
     colocated: bool = False,
 ) -> ClusterState:
     """The cluster's full state before anything runs (pure: touches no file). `consul_addr`
@@ -705,7 +806,8 @@ def plan_cluster(
     `agreement_listen` (default 127.0.0.1 and the port after the last node's block). `hosts`:
     node i binds hosts[i-1] (default 127.0.0.1 for all). `node_wrapper` prefixes every command
     line of a node (its {node} replaced by the node number). `discovery`: how the agents
-    know who belongs (DISCOVERY_CHOICES, None: --expect N). `colocated`: each node's hexmq
+    know who belongs (DISCOVERY_CHOICES, None: --expect N). `edges_per_node`: edge processes per
+    node, sharing its MQTT port (separate processes only). `colocated`: each node's hexmq
     services run as one process, `hexmq node`."""
     if hosts is not None and len(hosts) != nodes:
         raise UsageError(f"--hosts lists {len(hosts)} address(es) for {nodes} node(s)")
@@ -748,13 +850,19 @@ def plan_cluster(
                 service_args=service_args,
             )
             continue
-        for service in SERVICES:
+        for name in [*SERVICES, *edge_names(edges_per_node)[1:]]:
             argv = wrapper_argv(node_wrapper, node.node)
             argv += service_argv(
-                service, state, node, python=python, redis_server=redis_server, discovery=discovery
+                name,
+                state,
+                node,
+                python=python,
+                redis_server=redis_server,
+                discovery=discovery,
+                edges_per_node=edges_per_node,
             )
-            argv += (service_args or {}).get(service, ())
-            node.processes[service] = ProcessRecord(argv=argv, log=node.dir / f"{service}.log")
+            argv += (service_args or {}).get(service_of(name), ())
+            node.processes[name] = ProcessRecord(argv=argv, log=node.dir / f"{name}.log")
     return state
 
 

@@ -35,13 +35,17 @@ def parse(text: str) -> dict[str, Any]:
                 found["sessions_waiting_for_master"] = int(sample.value)
             elif sample.name == "hexmq_unreachable_disconnects_total":
                 found["unreachable_disconnects"] = int(sample.value)
+            elif sample.name == "hexmq_connections":
+                found["connections"] = int(sample.value)
     down.sort(key=lambda d: (d["link"], d["peer"]))
     return found
 
 
 def read(host: str, ports: Mapping[str, int], timeout: float = 2.0) -> dict[str, Any]:
-    """Ask each service (name -> metrics port on `host`). `down` lists every link down with
-    the service that has it; `errors` the services that did not answer."""
+    """Ask each service (name -> metrics port on `host`; edge, edge2 ...: a node's edges).
+    `down` lists every link down with the service that has it; `errors` the services that
+    did not answer; the edges' waits are added up over them, and `connections` holds each
+    edge's open client connections."""
     status: dict[str, Any] = {"down": [], "errors": {}}
     for service, port in ports.items():
         try:
@@ -52,8 +56,12 @@ def read(host: str, ports: Mapping[str, int], timeout: float = 2.0) -> dict[str,
             continue
         found = parse(text)
         status["down"] += [{"service": service, **d} for d in found.pop("down")]
-        if service in ("edge", "node"):  # (every service has the gauges; only an edge sets them)
-            status.update(found)
+        # (every service has the gauges; only an edge sets them: edge, edge2 ..., or the
+        # co-located node's process, whose one registry every port shows)
+        if service.startswith("edge") or service == "node":
+            status.setdefault("connections", {})[service] = found.pop("connections", 0)
+            for key, value in found.items():
+                status[key] = status.get(key, 0) + value
     return status
 
 

@@ -31,6 +31,7 @@ from hexmq_cli.clusterstate import (
     AGREEMENT_SERVER,
     DEFAULT_BASE_PORT,
     DEFAULT_PARTITIONS,
+    EDGE,
     ENV_MARKER,
     NODE_PROCESS,
     SERVICES,
@@ -49,6 +50,7 @@ from hexmq_cli.clusterstate import (
     redis_config,
     require_state,
     save_state,
+    service_of,
     set_interpreter,
     validate_cluster_args,
     write_config,
@@ -88,14 +90,18 @@ def _ready(service: str, node: NodeState) -> bool:
     port, host = node.ports.of(service), node.ports.host
     if service == "redis":
         return procs.redis_ready(port, host=host, credentials=localsecurity.redis_login(node))
+    if service != EDGE and service_of(service) == EDGE:
+        # A further edge of the node: its siblings may answer on the shared port already.
+        identity = node.processes[service].identity
+        return identity is not None and procs.listens_on(identity.pid, port, host)
     return all(procs.tcp_accepts(p, host=host) for p in node.ports.of_process(service))
 
 
 def _layers(nodes: Sequence[NodeState]) -> list[str]:
-    """The processes of `nodes` in start order: SERVICES, or a co-located node's redis and
-    node."""
+    """The services of `nodes` in start order: SERVICES, or a co-located node's redis and
+    node (a layer starts every process of its service: a node's edges, `--edges-per-node`)."""
     order = [*SERVICES, NODE_PROCESS]
-    present = {p for n in nodes for p in n.process_names()}
+    present = {service_of(p) for n in nodes for p in n.process_names()}
     return [p for p in order if p in present]
 
 
@@ -135,30 +141,44 @@ def _spawn(state: ClusterState, node: NodeState, service: str) -> None:
 
 def _start_layer(
     state: ClusterState,
-    targets: Sequence[NodeState],
-    service: str,
+    targets: Sequence[tuple[NodeState, str]],
     timeout: float,
     started: list[tuple[NodeState, str]],
 ) -> None:
-    """Start `service` on every target node, then wait until each one serves."""
-    for node in targets:
-        _spawn(state, node, service)
-        started.append((node, service))
+    """Start each target (node, process) of one layer, then wait until each one serves."""
+    for node, name in targets:
+        _spawn(state, node, name)
+        started.append((node, name))
+
+    def failure(node: NodeState, name: str) -> StartFailure:
+        addr = node.ports.addr(node.ports.of(name))
+        return StartFailure(
+            f"node {node.node} {name} is not serving on {addr} after {timeout:g} s "
+            f"(log: {node.processes[name].log})",
+            node.processes[name].log,
+        )
+
     deadline = time.monotonic() + timeout
-    pending = list(targets)
+    _wait_each(targets, lambda n, name: _ready(name, n), deadline, started, failure, 0.05)
+
+
+def _wait_each(
+    pending: Sequence[tuple[NodeState, str]],
+    ready: Callable[[NodeState, str], bool],
+    deadline: float,
+    started: list[tuple[NodeState, str]],
+    failure: Callable[[NodeState, str], StartFailure],
+    pause: float,
+) -> None:
+    """Until `ready` holds for every pending (node, process), failing fast if anything this
+    command started died; at the deadline, `failure` of the first one still waiting."""
     while pending:
         _check_alive(started)
-        pending = [n for n in pending if not _ready(service, n)]
+        pending = [(n, name) for n, name in pending if not ready(n, name)]
         if pending and time.monotonic() >= deadline:
-            node = pending[0]
-            addr = node.ports.addr(node.ports.of(service))
-            raise StartFailure(
-                f"node {node.node} {service} is not serving on {addr} after {timeout:g} s "
-                f"(log: {node.processes[service].log})",
-                node.processes[service].log,
-            )
+            raise failure(*pending[0])
         if pending:
-            time.sleep(0.05)
+            time.sleep(pause)
 
 
 def _client_id_mastered_by(master: str, table: Sequence[tuple[str, ...]]) -> str:
@@ -256,14 +276,44 @@ def _wait_mqtt(
             )
         if pending:
             time.sleep(0.1)
+    _wait_edges_ready(targets, view.epoch, deadline, timeout, started)
     for node in targets:
         addr = node.ports.addr(node.ports.mqtt)
         log.info("node %d: accepting MQTT connections on %s", node.node, addr)
 
 
-def _routes_the_view(edge: NodeState, epoch: int) -> bool:
-    """Whether the edge's /readyz says it routes every partition of view `epoch` or later."""
-    ready_at = procs.ready_view_epoch(edge.ports.metrics("edge"), host=edge.ports.host)
+def _wait_edges_ready(
+    targets: Sequence[NodeState],
+    epoch: int,
+    deadline: float,
+    timeout: float,
+    started: list[tuple[NodeState, str]],
+) -> None:
+    """With several edges per node the MQTT probes reach whichever edge the kernel picks: wait
+    until each edge of the targets routes every partition of view `epoch` (its /readyz)."""
+
+    def failure(node: NodeState, name: str) -> StartFailure:
+        return StartFailure(
+            f"node {node.node} {name} does not route every partition of view {epoch} after "
+            f"{timeout:g} s (its /readyz; log: {node.processes[name].log})",
+            node.processes[name].log,
+        )
+
+    _wait_each(
+        [(n, name) for n in targets if len(n.edges) > 1 for name in n.edges],
+        lambda n, name: _routes_the_view(n, epoch, n.ports.metrics(name)),
+        deadline,
+        started,
+        failure,
+        0.1,
+    )
+
+
+def _routes_the_view(edge: NodeState, epoch: int, metrics_port: int | None = None) -> bool:
+    """Whether the edge's /readyz (default: the node's first edge's) says it routes every
+    partition of view `epoch` or later."""
+    port = edge.ports.metrics(EDGE) if metrics_port is None else metrics_port
+    ready_at = procs.ready_view_epoch(port, host=edge.ports.host)
     return ready_at is not None and ready_at >= epoch
 
 
@@ -370,9 +420,12 @@ def _start_nodes(state: ClusterState, targets: Sequence[NodeState], timeout: flo
         agreement_started = start_agreement(state, timeout)
         for service in _layers(targets):
             todo = [
-                n for n in targets if service in n.processes and not n.processes[service].running()
+                (n, name)
+                for n in targets
+                for name in n.processes_of(service)
+                if not n.processes[name].running()
             ]
-            _start_layer(state, todo, service, timeout, started)
+            _start_layer(state, todo, timeout, started)
         _wait_mqtt(state, targets, timeout, started)
     except BaseException:
         if started:
@@ -432,6 +485,7 @@ def up(
     node_wrapper: Sequence[str] = (),
     discovery: str | None = None,
     insecure_cluster: bool = False,
+    edges_per_node: int = 1,
     colocated: bool = False,
 ) -> ClusterState:
     """Start a cluster in `cluster_dir` and wait until every node answers MQTT CONNECT.
@@ -445,9 +499,18 @@ def up(
     Secure by default (docs/security.md): the cluster's CA and a certificate per service
     (mutual TLS on every gRPC link), and the embedded agreement server's ACL token, are made
     under DIR (kept across restarts of the same DIR). `insecure_cluster`: the nodes' links in
-    plain text instead (each service logs a warning). `colocated`: each node's hexmq services
-    run as one process (`hexmq node`), calling each other in process."""
-    validate_cluster_args(nodes=nodes, base_port=base_port, partitions=partitions, rf=rf)
+    plain text instead (each service logs a warning). `edges_per_node`: edge processes per
+    node, sharing its MQTT port (--reuse-port), each with its own id (n<i>-e<k>), certificate
+    and metrics port (separate processes only). `colocated`: each node's hexmq services run as
+    one process (`hexmq node`), calling each other in process."""
+    validate_cluster_args(
+        nodes=nodes,
+        base_port=base_port,
+        partitions=partitions,
+        rf=rf,
+        edges_per_node=edges_per_node,
+        colocated=colocated,
+    )
     cluster_dir = cluster_dir.absolute()
     try:
         cluster_dir.mkdir(parents=True, exist_ok=True)
@@ -484,12 +547,14 @@ def up(
             node_wrapper=node_wrapper,
             discovery=discovery,
             insecure_cluster=insecure_cluster,
+            edges_per_node=edges_per_node,
             colocated=colocated,
         )
         state.served = previous is not None and previous.served
         busy = busy_ports(
             [n.ports for n in state.nodes],
             (state.consul_host, state.consul_port) if state.consul else None,
+            edges_per_node,
         )
         if busy:
             raise ClusterError(f"port(s) already in use: {', '.join(busy)}")
@@ -517,13 +582,21 @@ def plan_up(
     node_wrapper: Sequence[str] = (),
     discovery: str | None = None,
     insecure_cluster: bool = False,
+    edges_per_node: int = 1,
     colocated: bool = False,
 ) -> ClusterState:
     """The cluster `up` starts (its arguments, less `timeout`): every process planned, with
     the secrets it is given made under `cluster_dir` (kept when they exist), and nothing
     started. `planned_processes` says what each process would run with. `up` itself starts
     from this; other deployments are checked against it (tests/support/kubernetes.py)."""
-    validate_cluster_args(nodes=nodes, base_port=base_port, partitions=partitions, rf=rf)
+    validate_cluster_args(
+        nodes=nodes,
+        base_port=base_port,
+        partitions=partitions,
+        rf=rf,
+        edges_per_node=edges_per_node,
+        colocated=colocated,
+    )
     state = plan_cluster(
         cluster_dir.absolute(),
         nodes=nodes,
@@ -539,6 +612,7 @@ def plan_up(
         agreement_listen=agreement_listen,
         node_wrapper=node_wrapper,
         discovery=discovery,
+        edges_per_node=edges_per_node,
         colocated=colocated,
     )
     secure(state, insecure_cluster=insecure_cluster)
@@ -551,7 +625,8 @@ class PlannedProcess:
 
     # Its node's number, None for the cluster's agreement server.
     node: int | None
-    # redis, membership, partition, edge, or consul-dev (the agreement server).
+    # redis, membership, partition, edge (edge2 ...: the node's further edges), or consul-dev
+    # (the agreement server).
     service: str
     argv: tuple[str, ...]
     # The variables `hexmq cluster` gives it on top of its own environment (secrets by file
@@ -652,7 +727,7 @@ def start_node(
             f"{node.ports.addr(port)} (node {number} {s})"
             for s, r in node.processes.items()
             if not r.running()
-            for port in node.ports.of_process(s)
+            for port in _own_ports(node, s)
             if procs.port_in_use(port, node.ports.host)
         ]
         if busy:
@@ -660,6 +735,18 @@ def start_node(
         write_config(state)
         _start_nodes(state, [node], timeout)
         return node
+
+
+def _own_ports(node: NodeState, name: str) -> list[int]:
+    """The ports a process of the node binds that no other process may hold: a further edge's
+    metrics port (its MQTT port is its siblings' too), the node's MQTT port for its first edge
+    only while none of the others runs."""
+    if service_of(name) != EDGE:
+        return list(node.ports.of_process(name))
+    if name != EDGE:
+        return [node.ports.metrics(name)]
+    siblings = any(node.processes[e].running() for e in node.edges if e != EDGE)
+    return [] if siblings else [node.ports.mqtt]
 
 
 # --- stopping -------------------------------------------------------------------------------
@@ -678,15 +765,17 @@ def _stop_processes(
     try:
         for service in reversed(_layers([n for n, _ in targets])):
             layer = [
-                (node, node.processes[service].identity) for node, s in targets if s == service
+                (node, name, node.processes[name].identity)
+                for node, name in targets
+                if service_of(name) == service
             ]
-            idents = [i for _, i in layer if i is not None]
+            idents = [i for _, _, i in layer if i is not None]
             sig = signal.SIGTERM if leave or service == "redis" else signal.SIGINT
             killed = set(procs.terminate(idents, grace, sig))
             notes += [
-                f"node {node.node} {service} (pid {ident.pid}) did not stop within {grace:g} s "
+                f"node {node.node} {name} (pid {ident.pid}) did not stop within {grace:g} s "
                 "and was killed"
-                for node, ident in layer
+                for node, name, ident in layer
                 if ident in killed
             ]
     except KeyboardInterrupt:
@@ -761,12 +850,14 @@ def node_status(state: ClusterState, node: NodeState) -> dict[str, Any]:
 
 
 def _link_metrics(node: NodeState) -> dict[str, int]:
-    """Where to read a node's links from: its edge's and partition service's metrics ports,
+    """Where to read a node's links from: its edges' and partition service's metrics ports,
     or, co-located, one of them (the process has one registry: each port shows it all)."""
     if node.colocated:
         alive = node.processes[NODE_PROCESS].running()
         return {NODE_PROCESS: node.ports.metrics("edge")} if alive else {}
-    return {s: node.ports.metrics(s) for s in ("edge", "partition") if node.record(s).running()}
+    return {
+        s: node.ports.metrics(s) for s in (*node.edges, "partition") if node.processes[s].running()
+    }
 
 
 def partition_status(state: ClusterState, node: NodeState, timeout: float = 2.0) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from hexmq_cli import localsecurity, procs
 from hexmq_cli.clusterstate import (
+    EDGE,
     HEXMQ_SERVICES,
     INTERNAL_OFFSET,
     MAX_NODES,
@@ -34,11 +35,13 @@ from hexmq_cli.clusterstate import (
     UsageError,
     cluster_lock,
     colocated_processes,
+    edges_per_node,
     node_sections,
     parse_hosts,
     require_state,
     save_state,
     service_argv,
+    service_of,
     wrapper_argv,
     write_config,
 )
@@ -172,15 +175,28 @@ def plan_added_node(state: ClusterState, host: str | None = None) -> NodeState:
             service_args=extras,
         )
         return node
-    for service in SERVICES:
+    edges = edges_per_node(state)
+    for service in first.processes:
         # What `up` appended to node 1's command line after its own arguments.
         own = service_argv(
-            service, state, first, python=python, redis_server=redis_server, discovery=discovery
+            service,
+            state,
+            first,
+            python=python,
+            redis_server=redis_server,
+            discovery=discovery,
+            edges_per_node=edges,
         )
         extra = first.processes[service].argv[first_wrapped + len(own) :]
         argv = wrapper_argv(wrapper, number)
         argv += service_argv(
-            service, state, node, python=python, redis_server=redis_server, discovery=discovery
+            service,
+            state,
+            node,
+            python=python,
+            redis_server=redis_server,
+            discovery=discovery,
+            edges_per_node=edges,
         )
         node.processes[service] = ProcessRecord(argv=argv + extra, log=node.dir / f"{service}.log")
     return node
@@ -205,8 +221,7 @@ def add_node(
         node = plan_added_node(state, host)
         busy = [
             f"{port} ({service})"
-            for service in SERVICES
-            for port in (node.ports.of(service), *_metrics_port(node, service))
+            for service, port in bound_ports(node)
             if procs.port_in_use(port, node.ports.host)
         ]
         if busy:
@@ -231,8 +246,19 @@ def add_node(
         return node
 
 
-def _metrics_port(node: NodeState, service: str) -> list[int]:
-    return [node.ports.metrics(service)] if service in METRICS_SLOTS else []
+def bound_ports(node: NodeState) -> list[tuple[str, int]]:
+    """(service or further edge, port) for every port the node's processes bind, by service:
+    a co-located node's one process binds each service's ports."""
+    return [(name, port) for name in [*SERVICES, *node.edges[1:]] for port in _ports_of(node, name)]
+
+
+def _ports_of(node: NodeState, name: str) -> list[int]:
+    """The ports one of the node's processes binds (a further edge: only its metrics port of
+    its own; its MQTT port is the first edge's too)."""
+    if service_of(name) == EDGE and name != EDGE:
+        return [node.ports.metrics(name)]
+    metrics = [node.ports.metrics(name)] if name in METRICS_SLOTS else []
+    return [node.ports.of(name), *metrics]
 
 
 # --- leave ----------------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 
     tls/ca.crt, tls/ca.key             the cluster CA (hexmq.trust.certs)
     tls/n<i>/{edge,partition,membership}.{crt,key}
+    tls/n<i>-e<k>/edge.{crt,key}       the node's edge k > 1 (`up --edges-per-node`)
     tls/operator/admin.{crt,key}        what the `hexmq cluster` commands present
     consul.token                        the embedded agreement server's ACL token
     node<i>/redis.password              the node's Redis password (its redis.conf has the hash)
@@ -40,6 +41,7 @@ from hexmq_cli.clusterstate import (
     REDIS_PASSWORD_FILE,
     ClusterState,
     NodeState,
+    service_of,
 )
 
 if TYPE_CHECKING:
@@ -121,8 +123,9 @@ def ensure_certificates(state: ClusterState, nodes: list[NodeState] | None = Non
     if not certs.identity_files(directory, operator).cert.exists():
         certs.issue(directory, operator)
     for node in state.nodes if nodes is None else nodes:
-        for service in HEXMQ_SERVICES:
-            identity = Identity(service, node.node_id)
+        # Each service's, and each further edge's (a co-located node's process has none).
+        for name in [*HEXMQ_SERVICES, *node.edges[1:]]:
+            identity = Identity(service_of(name), node.process_id(name))
             if not certs.identity_files(directory, identity).cert.exists():
                 certs.issue(directory, identity, ip_addresses=[node.ports.host])
 
@@ -152,12 +155,12 @@ def redis_login(node: NodeState) -> tuple[str, str] | None:
 # --- what each process is given ---------------------------------------------------------------
 
 
-def _tls_variables(state: ClusterState, node: NodeState, service: str) -> dict[str, str]:
+def _tls_variables(state: ClusterState, node: NodeState, process: str) -> dict[str, str]:
     from hexmq.trust import certs
     from hexmq.trust.identity import Identity
 
     directory = tls_dir(state)
-    files = certs.identity_files(directory, Identity(service, node.node_id))
+    files = certs.identity_files(directory, Identity(service_of(process), node.process_id(process)))
     return {
         "HEXMQ_CLUSTER_CA": str(directory / certs.CA_CERT),
         "HEXMQ_CLUSTER_CERT": str(files.cert),
@@ -167,15 +170,16 @@ def _tls_variables(state: ClusterState, node: NodeState, service: str) -> dict[s
 
 def service_variables(state: ClusterState, node: NodeState, service: str) -> dict[str, str]:
     """The HEXMQ_* variables of one of a node's processes (none for its Redis, whose secrets
-    are in its redis.conf). A co-located node's `hexmq node` gets each service's as
-    HEXMQ_NODE_<SERVICE>_<OPTION>: the section of that service reads it (hexmq_cli/node.py)."""
+    are in its redis.conf); `service` names the process (`edge2`: the node's second edge). A
+    co-located node's `hexmq node` gets each service's as HEXMQ_NODE_<SERVICE>_<OPTION>: the
+    section of that service reads it (hexmq_cli/node.py)."""
     if service == NODE_PROCESS:
         return {
             f"HEXMQ_NODE_{hexmq_service.upper()}_{name.removeprefix('HEXMQ_')}": value
             for hexmq_service in HEXMQ_SERVICES
             for name, value in service_variables(state, node, hexmq_service).items()
         }
-    if service not in HEXMQ_SERVICES:
+    if service_of(service) not in HEXMQ_SERVICES:
         return {}
     out: dict[str, str] = {}
     mode = node.security

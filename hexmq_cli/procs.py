@@ -15,6 +15,7 @@ import secrets
 import signal
 import socket
 import struct
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -240,6 +241,39 @@ def port_in_use(port: int, host: str = LOOPBACK) -> bool:
         except OSError:
             return True
     return False
+
+
+def listens_on(pid: int, port: int, host: str = LOOPBACK) -> bool:
+    """Whether process `pid` holds a TCP socket listening on host:port (IPv4), read from
+    /proc: with SO_REUSEPORT several processes listen on one port, and a connection to it
+    does not say which one answered."""
+    wanted = f"{_proc_net_addr(host)}:{port:04X}"
+    inodes = set()
+    try:
+        # The process's own network namespace's table (a node may run in one of its own).
+        with open(f"/proc/{pid}/net/tcp") as table:
+            next(table)
+            for line in table:
+                fields = line.split()
+                # local_address, st 0A (LISTEN), inode
+                if fields[1] == wanted and fields[3] == "0A":
+                    inodes.add(f"socket:[{fields[9]}]")
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(fd) in inodes:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _proc_net_addr(host: str) -> str:
+    """An IPv4 address as /proc/net/tcp writes it (the 32-bit value in host byte order)."""
+    packed = socket.inet_aton(host)
+    return f"{int.from_bytes(packed, sys.byteorder):08X}"
 
 
 def tcp_accepts(port: int, timeout: float = 0.5, host: str = LOOPBACK) -> bool:

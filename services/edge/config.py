@@ -28,10 +28,18 @@ DEFAULT_SHUTDOWN_GRACE = 2.0
 
 @dataclass(frozen=True, slots=True)
 class EdgeConfig:
+    # The node this edge belongs to (a standalone edge: its own id).
     node_id: str
     host: str
     port: int
     membership: str
+    # This edge process's own id, for its link to each partition service (which keeps one link
+    # per edge id), its cluster certificate and its connection ids: the node id for a node's
+    # first edge, another (e.g. n1-e2) for each more edge of the node ("": node_id).
+    edge_id: str = ""
+    # Listen with SO_REUSEPORT, so that several edge processes of a node share its ports and
+    # the kernel spreads new connections over them (docs/operations.md, "Several edges").
+    reuse_port: bool = False
     max_packet_size: int = DEFAULT_MAX_PACKET_SIZE
     # Inbound QoS 1 publishes a client may have unacknowledged (announced to 5.0 clients).
     receive_maximum: int = DEFAULT_RECEIVE_MAXIMUM
@@ -80,3 +88,13 @@ class EdgeConfig:
     # Fault injection for tests only (services/edge/qos2_origins.py, fault_stall): QoS 2
     # publishes on topics with this prefix stall after their first target node ("": off).
     fault_stall_qos2_routing: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.edge_id:
+            object.__setattr__(self, "edge_id", self.node_id)
+
+    @property
+    def node_first_edge(self) -> bool:
+        """Whether this is its node's first edge (or a standalone one), the edge that publishes
+        the node's $SYS figures (services/edge/systopics.py)."""
+        return self.edge_id == self.node_id

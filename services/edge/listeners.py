@@ -5,11 +5,17 @@ Every listener hands its sockets to the same ClientConnection: TCP and TLS direc
 TLS transport does the handshake first, within the CONNECT timeout), WebSocket through the thin
 adapter in services.edge.websocket. A plain listener named in --proxy-protocol (tcp, ws) first
 reads the PROXY header its load balancer sends (services.edge.proxied).
+
+With --reuse-port every listener sets SO_REUSEPORT: several edge processes of one node then
+listen on the same ports and the kernel spreads new connections over them (by a hash of each
+connection's addresses), so that connection handling is not one core's work. Linux lets a
+process join such a port only if every socket on it set the option and runs as the same user.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import ssl
 from collections.abc import Callable
@@ -34,6 +40,19 @@ def tls_context(
 ) -> ssl.SSLContext:
     """A server TLS context (TLS 1.2 or newer); ValueError naming the file that cannot be used."""
     return tls_server.server_context(cert, key, ca, require_client_cert)
+
+
+def port_taken_hint(reuse_port: bool) -> str:
+    """What a listener's EADDRINUSE means, with or without --reuse-port."""
+    if reuse_port:
+        return (
+            "another process listens there without --reuse-port, or as another user (edges "
+            "share a port only if each of them has --reuse-port)"
+        )
+    return (
+        "another process listens there (several edges of a node share a port only if each "
+        "of them has --reuse-port)"
+    )
 
 
 async def start_listeners(edge: ConnectionHost, tls: ssl.SSLContext | None) -> list[asyncio.Server]:
@@ -69,10 +88,14 @@ async def start_listeners(edge: ConnectionHost, tls: ssl.SSLContext | None) -> l
                         ssl=context,
                         # The TLS handshake is bounded like the wait for CONNECT.
                         ssl_handshake_timeout=config.connect_timeout if context else None,
+                        reuse_port=config.reuse_port or None,
                     )
                 )
             except OSError as exc:
-                raise OSError(exc.errno, f"{flag} {host}:{port}: {exc.strerror}") from exc
+                why = exc.strerror
+                if exc.errno == errno.EADDRINUSE:
+                    why = f"{why}: {port_taken_hint(config.reuse_port)}"
+                raise OSError(exc.errno, f"{flag} {host}:{port}: {why}") from exc
     except BaseException:
         for server in servers:
             server.close()

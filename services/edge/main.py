@@ -120,8 +120,28 @@ def _reload_acl(access: AccessControl) -> None:
 __all__ = ["add_arguments", "run"]
 
 
+def edge_id_of(args: argparse.Namespace, *, colocated: bool = False) -> str:
+    """This edge process's own id: --edge-id, else the node's. `colocated`: the edge of a
+    co-located node (`hexmq node`), which is the node's own edge and keeps its id."""
+    if args.edge_id is None:
+        return str(args.node_id)
+    if args.standalone:
+        raise ValueError(
+            "--edge-id is for a node's further edges: a --standalone edge's id is --node-id"
+        )
+    if colocated:
+        raise ValueError(
+            "--edge-id is for a node's further edge processes: the edge section of `hexmq "
+            "node` is the node's own edge, whose id is --node-id"
+        )
+    if not args.edge_id or args.edge_id.strip() != args.edge_id:
+        raise ValueError(f"--edge-id {args.edge_id!r}: empty or with spaces")
+    return str(args.edge_id)
+
+
 def run(args: argparse.Namespace) -> int:
-    setup_logging("edge", args.node_id, args.log_level)
+    # By the edge's own id (checked in prepare): each edge of a node logs as itself.
+    setup_logging("edge", args.node_id if args.edge_id is None else args.edge_id, args.log_level)
     main = prepare(args)
     return main if isinstance(main, int) else run_service(main)
 
@@ -131,6 +151,7 @@ def prepare(args: argparse.Namespace, colocated: NodeServers | None = None) -> S
     `colocated`: the co-located node (`hexmq node`): the edge calls its node's agent and
     partition service in process."""
     try:
+        edge_id = edge_id_of(args, colocated=colocated is not None)
         host, port = parse_hostport(args.listen, what="--listen")
         tls_listen = _hostport(args.tls_listen, "--tls-listen")
         ws_listen = _hostport(args.ws_listen, "--ws-listen")
@@ -184,7 +205,7 @@ def prepare(args: argparse.Namespace, colocated: NodeServers | None = None) -> S
         tls = _tls(args)
         access = _access(args)
         apply_batch_interval(args)
-        cluster_tls = ClusterTLS.from_args(args, Identity(EDGE, args.node_id))
+        cluster_tls = ClusterTLS.from_args(args, Identity(EDGE, edge_id))
     except ValueError as exc:
         log.error("%s", exc)
         return 2
@@ -199,6 +220,8 @@ def prepare(args: argparse.Namespace, colocated: NodeServers | None = None) -> S
         host=host,
         port=port,
         membership=args.membership,
+        edge_id=edge_id,
+        reuse_port=args.reuse_port,
         max_packet_size=args.max_packet_size,
         receive_maximum=args.receive_maximum,
         max_inflight_v311=args.max_inflight_v311,
@@ -226,7 +249,8 @@ def prepare(args: argparse.Namespace, colocated: NodeServers | None = None) -> S
 
     async def main(stop: StopEvent) -> int:
         try:
-            obs = start_observability("edge", args.node_id, args)
+            # By the edge's own id: each edge of a node writes its own trace file.
+            obs = start_observability("edge", edge_id, args)
         except OSError as exc:
             log.error("cannot serve metrics on %s: %s", args.metrics_listen, exc.strerror)
             return 1
@@ -270,9 +294,10 @@ def prepare(args: argparse.Namespace, colocated: NodeServers | None = None) -> S
             await obs.close()
             return 1
         log.info(
-            "MQTT on %s:%d%s%s%s%s; at most %d connections",
+            "MQTT on %s:%d%s%s%s%s%s; at most %d connections",
             host,
             port,
+            " (shared: SO_REUSEPORT)" if config.reuse_port else "",
             f"; TLS on {args.tls_listen}" if tls_listen else "",
             f"; WebSocket on {args.ws_listen}" if ws_listen else "",
             f"; WebSocket over TLS on {args.wss_listen}" if wss_listen else "",
@@ -282,6 +307,8 @@ def prepare(args: argparse.Namespace, colocated: NodeServers | None = None) -> S
             edge.limit.maximum,
         )
         log.info("cluster links: %s", cluster_tls.describe())
+        if edge_id != args.node_id:
+            log.info("edge %s of node %s", edge_id, args.node_id)
         if args.standalone:
             log.info("standalone edge: %s belongs to no node (its stop is no leave)", args.node_id)
         metrics = asyncio.create_task(_report_metrics(edge))

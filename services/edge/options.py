@@ -43,6 +43,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "view, and a SIGTERM stops it without waiting for a node's leave (a pool of edges "
         "deployed on their own, e.g. a Kubernetes StatefulSet)",
     )
+    parser.add_argument(
+        "--edge-id",
+        default=None,
+        metavar="ID",
+        help="this edge process's own id when the node runs several edges (e.g. n1-e2; "
+        "default: --node-id): its link to every partition service, its cluster certificate "
+        "and its trace file go by it; each edge of a node needs its own (docs/operations.md, "
+        "'Several edges per node')",
+    )
     add_cluster_tls_arguments(parser)
     add_leave_timeout(parser)
     parser.add_argument(
@@ -164,6 +173,13 @@ def _add_transport_arguments(parser: argparse.ArgumentParser) -> None:
         "--wss-listen",
         metavar="HOST:PORT",
         help="also serve MQTT over WebSocket over TLS here (path /mqtt)",
+    )
+    group.add_argument(
+        "--reuse-port",
+        action="store_true",
+        help="listen with SO_REUSEPORT: several edge processes of a node, each with this "
+        "option and its own --edge-id, share the node's MQTT (TLS, WebSocket) ports and the "
+        "kernel spreads new connections over them",
     )
     group.add_argument(
         "--proxy-protocol",

@@ -145,7 +145,7 @@ class Edge:
             self._settled.set()
 
     def new_connection_id(self) -> str:
-        return f"{self.config.node_id}.{self.incarnation:x}.{next(self._counter)}"
+        return f"{self.config.edge_id}.{self.incarnation:x}.{next(self._counter)}"
 
     # ----- what sessions read (services/edge/session/state.py, EdgeServices) ---------------
 
@@ -270,7 +270,8 @@ class Edge:
         session partition moved, then send what the partitions that opened hold."""
         self.router.set_view(view)
         hello = pb.Hello(
-            edge_id=self.config.node_id,
+            # The partition services keep one link per edge id: each edge of a node has its own.
+            edge_id=self.config.edge_id,
             edge_incarnation=self.incarnation,
             protocol=THIS_RELEASE.to_proto(),
         )

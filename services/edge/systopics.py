@@ -11,6 +11,12 @@ Every --sys-interval seconds each edge
    publishes the totals under $SYS/broker/cluster/, counting each node that answered with a
    current report of its edge.
 
+A node with several edges (--edge-id, docs/operations.md "Several edges per node"): every one of
+them reports its counters in step 1, and the partition service adds up the reports of every
+edge linked to it, but only the node's first edge (edge id = node id) publishes, so each
+figure comes once; while the first edge is down the node's topics lapse, as they do today
+when a node's only edge is gone.
+
 Why ask the nodes rather than read their retained $SYS topics: a node's figures then come in
 one answer from one process, all taken at one moment, while its retained topics are spread over
 partitions by topic hash, so with any partition node down some of every node's topics would be
@@ -99,6 +105,8 @@ class SysTopics:
         self.interval = interval
         self.expiry_ms = int(max(EXPIRY_INTERVALS * interval, MIN_EXPIRY_S) * 1000)
         self.node_id = edge.config.node_id
+        # A node's further edges only report their counters (the module's docstring).
+        self.publishes = edge.config.node_first_edge
         self._publisher = f"$SYS/{self.node_id}"
 
     async def run(self) -> None:
@@ -115,7 +123,12 @@ class SysTopics:
         counters = edge.stats.counters(edge.connected_clients())
         own = links.get(self.node_id)
         if own is None or not own.connected:
-            self._publish_node(counters)  # without the partition service's figures
+            if self.publishes:
+                self._publish_node(counters)  # without the partition service's figures
+            return
+        if not self.publishes:
+            report = pb.NodeStatsQuery(edge_counters=counters, report=True)
+            own.request(pb.EdgeCommand(node_stats=report), _ignore)
             return
         live = sorted(node for node, link in links.items() if link.connected)
         totals = None
@@ -125,7 +138,9 @@ class SysTopics:
 
         def on_own(result: pb.Result) -> None:
             if result.status == OK:
-                self._publish_node({**result.node_stats.counters, **counters})
+                # The node's figures are the answer's: the reports of all its edges added up,
+                # this one's included (an answer without them: this edge's own).
+                self._publish_node({**counters, **result.node_stats.counters})
             else:
                 self._publish_node(counters)
             if totals is not None:
@@ -160,6 +175,10 @@ class SysTopics:
         publish_retained(
             self.edge.router, self.edge.dispatcher, self._publisher, messages, self.expiry_ms
         )
+
+
+def _ignore(_result: pb.Result) -> None:
+    """A further edge's report needs no answer: its node's first edge publishes."""
 
 
 def publish_retained(

@@ -41,3 +41,21 @@ def test_links_down_and_waiting_sessions_are_read_from_each_services_metrics() -
         "past --unreachable-disconnect)",
     ]
     assert linkstatus.describe("n1", {"down": [], "sessions_waiting_for_master": 0}) == []
+
+
+def test_a_nodes_edges_are_added_up_and_their_connections_shown_each() -> None:
+    first, second = Metrics(), Metrics()
+    first.sessions_waiting_for_master.set(2)
+    second.sessions_waiting_for_master.set(3)
+    first.connections.set(40)
+    second.connections.set(60)
+    second.links_down.labels("edge", "n2").set(1)
+    servers = [start_metrics_server("127.0.0.1", 0, registry=m.registry) for m in (first, second)]
+    try:
+        links = linkstatus.read("127.0.0.1", {"edge": servers[0].port, "edge2": servers[1].port})
+    finally:
+        for server in servers:
+            server.close()
+    assert links["sessions_waiting_for_master"] == 5
+    assert links["connections"] == {"edge": 40, "edge2": 60}
+    assert links["down"] == [{"service": "edge2", "link": "edge", "peer": "n2"}]

@@ -23,7 +23,7 @@ import pytest
 from hexmq import __version__
 from hexmq.readiness import Readiness
 from hexmq.telemetry.metrics import start_metrics_server
-from hexmq_cli import cli, clusterstate, localcluster, localmembers, procs
+from hexmq_cli import cli, clusterstate, localcluster, localmembers, localsecurity, procs
 from hexmq_cli.clusterstate import NodePorts
 from tests.conftest import pick_base_port, running_processes
 
@@ -95,6 +95,10 @@ def test_port_scheme_fits_up_to_the_last_valid_base_port() -> None:
         (["--node-wrapper", "no-such-command-hexmq -x"], "'no-such-command-hexmq' not found"),
         (["--node-wrapper", "nice 'unclosed"], "--node-wrapper: No closing quotation"),
         (["--node-wrapper", " "], "--node-wrapper: empty command"),
+        (
+            ["--colocated", "--edges-per-node", "2"],
+            "--edges-per-node 2 needs separate processes: a --colocated node runs one edge",
+        ),
     ],
 )
 def test_up_rejects_bad_arguments_with_one_line_and_exit_2(
@@ -479,6 +483,103 @@ def test_plan_up_gives_every_process_what_up_starts_it_with_and_starts_nothing(
     )
     assert [p.service for p in external] == list(clusterstate.SERVICES)
     assert "HEXMQ_CONSUL_TOKEN_FILE" not in external[1].env
+
+
+def test_edges_per_node_plans_edges_sharing_the_mqtt_port_each_with_its_own_id(
+    tmp_path: Path,
+) -> None:
+    cluster_dir = tmp_path / "hexmq"
+    state = localcluster.plan_up(
+        cluster_dir,
+        nodes=2,
+        base_port=30000,
+        partitions=16,
+        rf=1,
+        edges_per_node=3,
+        service_args={"edge": ["--sys-interval=1"]},
+    )
+    n2 = state.nodes[1]
+    assert list(n2.processes) == [*clusterstate.SERVICES, "edge2", "edge3"]
+    assert n2.edges == ["edge", "edge2", "edge3"]
+    assert [n2.process_id(e) for e in n2.edges] == ["n2", "n2-e2", "n2-e3"]
+    assert n2.processes_of("edge") == ["edge", "edge2", "edge3"]
+    assert n2.processes["edge"].argv[4:] == [
+        *("edge", "--node-id", "n2", "--metrics-listen", "127.0.0.1:31013"),
+        *("--listen", "127.0.0.1:30001", "--membership", "127.0.0.1:31011"),
+        *("--reuse-port", "--sys-interval=1"),
+    ]
+    # Edge k: its own id and metrics port (the block's slot 4+k), the node's MQTT port.
+    assert n2.processes["edge3"].argv[4:] == [
+        *("edge", "--node-id", "n2", "--edge-id", "n2-e3"),
+        *("--metrics-listen", "127.0.0.1:31017"),
+        *("--listen", "127.0.0.1:30001", "--membership", "127.0.0.1:31011"),
+        *("--reuse-port", "--sys-interval=1"),
+    ]
+    assert n2.processes["edge2"].log == cluster_dir / "node2" / "edge2.log"
+    assert n2.summary()["metrics_ports"] == {
+        "edge": 31013,
+        "partition": 31014,
+        "membership": 31015,
+        "edge2": 31016,
+        "edge3": 31017,
+    }
+    # Each edge presents a certificate of its own id.
+    by = {(p.node, p.service): p for p in localcluster.planned_processes(state)}
+    cert = Path(by[2, "edge2"].env["HEXMQ_CLUSTER_CERT"])
+    assert cert == cluster_dir / "tls" / "n2-e2" / "edge.crt"
+    assert cert.is_file()
+    assert by[2, "edge"].env["HEXMQ_CLUSTER_CERT"] == str(cluster_dir / "tls" / "n2" / "edge.crt")
+    # cluster.json keeps them, in start order.
+    clusterstate.save_state(state)
+    loaded = clusterstate.load_state(cluster_dir)
+    assert loaded is not None
+    assert loaded.to_json() == state.to_json()
+    assert list(loaded.nodes[0].processes) == [*clusterstate.SERVICES, "edge2", "edge3"]
+    assert clusterstate.edges_per_node(loaded) == 3
+    # One edge per node: the command lines as before.
+    single = clusterstate.plan_cluster(
+        tmp_path, nodes=1, base_port=30000, partitions=16, rf=1, python="py", redis_server="rs"
+    )
+    assert "--reuse-port" not in single.nodes[0].processes["edge"].argv
+    assert single.nodes[0].edges == ["edge"]
+
+
+def test_an_added_node_runs_as_many_edges_as_the_others(tmp_path: Path) -> None:
+    state = clusterstate.plan_cluster(
+        tmp_path,
+        nodes=1,
+        base_port=30000,
+        partitions=16,
+        rf=1,
+        python="py",
+        redis_server="rs",
+        service_args={"edge": ["--sys-interval=1"]},
+        edges_per_node=2,
+    )
+    n2 = localmembers.plan_added_node(state)
+    assert n2.edges == ["edge", "edge2"]
+    assert n2.processes["edge2"].argv[4:] == [
+        *("edge", "--node-id", "n2", "--edge-id", "n2-e2"),
+        *("--metrics-listen", f"127.0.0.1:{n2.ports.redis + 6}"),
+        *("--listen", "127.0.0.1:30001", "--membership", f"127.0.0.1:{n2.ports.membership}"),
+        *("--reuse-port", "--sys-interval=1"),
+    ]
+    assert n2.processes["edge"].argv[-2:] == ["--reuse-port", "--sys-interval=1"]
+
+
+@pytest.mark.parametrize("count", [0, clusterstate.MAX_EDGES_PER_NODE + 1])
+def test_edges_per_node_beyond_the_metrics_slots_is_a_usage_error(
+    tmp_path: Path, count: int
+) -> None:
+    with pytest.raises(clusterstate.UsageError, match="--edges-per-node must be between 1 and 5"):
+        localcluster.plan_up(tmp_path, nodes=1, edges_per_node=count)
+
+
+def test_several_edges_per_node_take_separate_processes(tmp_path: Path) -> None:
+    with pytest.raises(clusterstate.UsageError, match="needs separate processes"):
+        localcluster.plan_up(tmp_path, nodes=1, edges_per_node=2, colocated=True)
+    state = localcluster.plan_up(tmp_path, nodes=1, edges_per_node=1, colocated=True)
+    assert list(state.nodes[0].process_names()) == ["redis", "node"]
 
 
 def test_plan_places_each_node_on_its_host_and_wraps_its_command_lines(tmp_path: Path) -> None:
@@ -1158,6 +1259,43 @@ def test_a_colocated_node_runs_redis_and_one_hexmq_node_with_each_services_optio
     assert parsed["partition"].cluster_cert == cluster_dir / "tls" / "n2" / "partition.crt"
     assert parsed["edge"].sys_interval == 1
     assert parsed["membership"].listen == "127.0.0.1:31011"
+
+
+def test_each_service_of_a_colocated_node_has_its_certificate(tmp_path: Path) -> None:
+    state = localcluster.plan_up(tmp_path, nodes=1, base_port=30000, rf=1, colocated=True)
+    added = localmembers.plan_added_node(state)
+    localsecurity.ensure_certificates(state, [added])
+    for node_id in ("n1", "n2"):
+        names = sorted(p.name for p in (tmp_path / "tls" / node_id).glob("*.crt"))
+        assert names == ["edge.crt", "membership.crt", "partition.crt"], node_id
+
+
+@pytest.mark.parametrize(("colocated", "edges"), [(True, 1), (False, 1), (False, 2)])
+def test_add_checks_every_port_an_added_nodes_processes_bind(
+    tmp_path: Path, colocated: bool, edges: int
+) -> None:
+    state = clusterstate.plan_cluster(
+        tmp_path,
+        nodes=1,
+        base_port=30000,
+        partitions=16,
+        rf=1,
+        python="py",
+        redis_server="rs",
+        colocated=colocated,
+        edges_per_node=edges,
+    )
+    n2 = localmembers.plan_added_node(state)
+    block = n2.ports.redis
+    ports = {
+        "redis": [block],
+        "membership": [block + 1, block + 5],
+        "partition": [block + 2, block + 4],
+        "edge": [30001, block + 3],
+        **({"edge2": [block + 6]} if edges == 2 else {}),
+    }
+    want = [(name, port) for name in ports for port in ports[name]]
+    assert sorted(localmembers.bound_ports(n2)) == sorted(want)
 
 
 def test_a_colocated_cluster_json_says_so_and_loads_back(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from hexmq.inproc import LocalChannel, NodeServers
 from hexmq.service import StopEvent
 from hexmq.trust.identity import EDGE, PARTITION, Identity
 from hexmq_cli import cli, node
+from services.edge import main as edge_main
 from services.edge.config import EdgeConfig
 from services.edge.server import Edge
 from tests.support.options import service_parser
@@ -188,6 +189,18 @@ async def test_a_colocated_edge_calls_its_own_partition_service_in_process_only(
     assert not isinstance(_edge(None)._dial_partition("n1", "127.0.0.1:7002"), LocalChannel)
     to_agent = colocated.to_membership(PARTITION, "hexmq")
     assert to_agent._caller == Identity(PARTITION, "n1")
+
+
+def test_a_colocated_nodes_edge_keeps_the_nodes_id(caplog: pytest.LogCaptureFixture) -> None:
+    env = {"HEXMQ_INSECURE_CLUSTER": "true"}
+    sections = node.parse_sections([*SECTIONS, "--edge-id", "n1-e2"], env)
+    further = next(s.args for s in sections if s.service == "edge")
+    assert edge_main.prepare(further, NodeServers("n1")) == 2
+    assert "the edge section of `hexmq node` is the node's own edge" in caplog.text
+    # The same options make a further edge of a node of separate processes.
+    assert callable(edge_main.prepare(further))
+    own = next(s.args for s in node.parse_sections(SECTIONS, env) if s.service == "edge")
+    assert callable(edge_main.prepare(own, NodeServers("n1")))
 
 
 def test_the_process_wide_pacing_must_be_the_same_in_every_section() -> None:
