@@ -47,11 +47,16 @@ The scenario language (one command a line, `#` comments; tests/support/scenario_
     check committer company|pacing MS   # it waits for company | the pacing, MS more ms
     check last-batch removals N writes M    # the last batch written: its removals from
                                 # queues, and its other writes
+    check deferral              # each batch the committer took held each removal no longer
+                                # than its linger (removal: QoS 1; lazy: others) past its ack,
+                                # and took QoS 1 removals alone no sooner than the removal linger
+    check has-published c1      # c1 was sent every QoS >= 1 message answered to its publisher
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -132,14 +137,16 @@ class Client:
 
 @dataclass
 class Taken:
-    """A batch the committer took: when (ms), when it was free to take it (ms: its last batch
-    released, or the start), and the queue removals in it: (client, message id)."""
+    """A batch the committer took (or `durable` sealed: forced): when (ms), when the committer
+    was free to take it (ms: its last batch released, or the master's start), the removals
+    from queues in it, (client, message id), and its other writes."""
 
     sealed: Sealed
     at: int
     free_since: int
     removals: list[tuple[str, int]]
     writes: int
+    forced: bool = False
 
 
 # The committer's clock is the simulation's in ms (CommitQueue.next is unit-free): the
@@ -170,8 +177,24 @@ class Sim:
         # What the batches wrote (the Redis of the master and its followers): key -> hash.
         self.store: dict[str, dict[bytes, bytes]] = {}
         # Removals of acknowledged messages not durable yet: (client, message id) -> when (ms)
-        # the acknowledgement came; and the batches taken, the last one first once written.
-        self.unwritten: dict[tuple[str, int], int] = {}
+        # the acknowledgement came and the message's QoS; and the batches taken, the last one
+        # first once written.
+        self.unwritten: dict[tuple[str, int], tuple[int, int]] = {}
+        # When each command was asked (ms); the acknowledgements that only the removal linger
+        # should hold (PUBACKs only, of QoS 1 messages: the rule of issue 28); the QoS >= 1
+        # publishes asked, and those answered OK, by payload.
+        self.asked_at: dict[int, int] = {}
+        self.deferrable: set[int] = set()
+        # The acknowledgement each unwritten removal came with (its request id), and the
+        # commands answered: none may be before its removals are durable.
+        self.removed_by: dict[tuple[str, int], int] = {}
+        self.answered: set[int] = set()
+        self.publishing: dict[int, str] = {}
+        self.published: list[str] = []
+        # How many of `taken` the `deferral` check has seen, and the removals' ack times and
+        # QoS as they were taken.
+        self.checked = 0
+        self.taken_acks: dict[int, list[tuple[int, int]]] = {}
         self.taken: list[Taken] = []
         self.in_flight: Taken | None = None
         self.written: Taken | None = None
@@ -228,9 +251,8 @@ class Sim:
         self.step = step = self.commit.next(self._now(), LAZY_LINGER_MS, REMOVAL_LINGER_MS)
         if isinstance(step, Sealed):
             self.in_flight = self._taken(step)
-            self.taken.append(self.in_flight)
 
-    def _taken(self, sealed: Sealed) -> Taken:
+    def _taken(self, sealed: Sealed, *, forced: bool = False) -> Taken:
         removals: list[tuple[str, int]] = []
         writes = 0
         for ops in (sealed.batch.ops if sealed.batch is not None else {}).values():
@@ -239,7 +261,10 @@ class Sim:
                     removals.append((key.split(":", 3)[3], int(name)))
                 else:
                     writes += 1
-        return Taken(sealed, self.clock(), self.free_since, removals, writes)
+        taken = Taken(sealed, self.clock(), self.free_since, removals, writes, forced)
+        self.taken_acks[len(self.taken)] = [self.unwritten.get(r, (-1, 0)) for r in removals]
+        self.taken.append(taken)
+        return taken
 
     def due(self) -> int | None:
         """When (ms) the committer asks again on its own: the end of a wait for company or of
@@ -263,9 +288,7 @@ class Sim:
         while self.in_flight is not None:
             self.commit_taken()
         _ = self.commit.batch
-        taken = self._taken(self.commit.seal())
-        self.taken.append(taken)
-        self._write(taken)
+        self._write(self._taken(self.commit.seal(), forced=True))
 
     def _write(self, taken: Taken) -> None:
         sealed = taken.sealed
@@ -279,6 +302,7 @@ class Sim:
                     self.store.pop(key, None)
         for removal in taken.removals:
             self.unwritten.pop(removal, None)
+            self._answered_before(removal, self.removed_by.pop(removal, 0))
         self.written = taken
         queue = self.commit
         token = queue.durable(sealed, [], frozenset(), 0)
@@ -296,14 +320,24 @@ class Sim:
         for link in self.links.values():
             events, oks = link.take()
             for rid in oks:
-                self.asked.pop(rid, None)
+                self._answered(rid, ok=True)
             for event in events:
                 if event.HasField("result"):
-                    self.asked.pop(event.result.request_id, None)
+                    result = event.result
+                    self._answered(result.request_id, result.status == pb.STATUS_CODE_OK)
                 elif event.HasField("delivery"):
                     self._delivered(event.delivery)
                 elif event.HasField("publish_will"):
                     self.wills.append(event.publish_will)
+
+    def _answered_before(self, removal: tuple[str, int], rid: int) -> None:
+        if rid in self.answered:
+            raise SimError(f"command {rid} was answered before its removal {removal} was durable")
+
+    def _answered(self, rid: int, ok: bool) -> None:
+        self.answered.add(rid)
+        if self.asked.pop(rid, None) is not None and ok and rid in self.publishing:
+            self.published.append(self.publishing[rid])
 
     def _delivered(self, delivery: pb.Delivery) -> None:
         client = self.clients[delivery.client_id]
@@ -335,6 +369,9 @@ class Sim:
             request_id=rid, partition=partition, partition_epoch=self.epoch, **kind
         )
         self.asked[rid] = edge
+        self.asked_at[rid] = self.clock()
+        if kind.get("publish") is not None and kind["publish"].message.qos:
+            self.publishing[rid] = kind["publish"].message.payload.decode()
         held = commands.handle(self.state, self.links[edge], cmd, self.clock())
         if held is not None:
             raise SimError(f"command {rid} held for partition {held}")
@@ -345,11 +382,46 @@ class Sim:
         """`req` from `client`'s edge; the messages it removes from the session's queue are
         unwritten removals until a batch carries them."""
         session = self.state.conns.sessions.get(client.name)
-        before = set(session.queue) if session is not None else set()
-        self.command(client.edge, client.partition, delivery_ack=req)
+        before = dict(session.queue) if session is not None else {}
+        qos = [qm.qos for mid in req.message_ids if (qm := before.get(mid)) is not None]
+        rid = self.command(client.edge, client.partition, delivery_ack=req)
+        if not req.received_ids and all(q == 1 for q in qos):
+            self.deferrable.add(rid)
         after = set(session.queue) if session is not None else set()
-        for mid in before - after:
-            self.unwritten[(client.name, mid)] = self.clock()
+        for mid in before.keys() - after:
+            self.unwritten[(client.name, mid)] = (self.clock(), before[mid].qos)
+            self.removed_by[(client.name, mid)] = rid
+
+    def check_deferral(self) -> None:
+        """Each batch the committer took since the last check held each removal at most as long
+        as its linger allows (the removal linger for a QoS 1 message's, the lazy linger for
+        others, and the pacing) past its acknowledgement or the committer's being free,
+        whichever came last; and a batch of nothing but PUBACKs of QoS 1 messages went no
+        sooner than the removal linger after the first of them (or the committer's being
+        free)."""
+        for i in range(self.checked, len(self.taken)):
+            taken = self.taken[i]
+            if taken.forced:
+                continue
+            for removal, (acked, qos) in zip(taken.removals, self.taken_acks[i], strict=True):
+                linger = REMOVAL_LINGER_MS if qos == 1 else LAZY_LINGER_MS
+                since = max(acked, taken.free_since)
+                if acked >= 0 and taken.at > since + linger + PACING_MS:
+                    raise SimError(
+                        f"the removal of {removal} (QoS {qos}) went {taken.at - since} ms "
+                        f"after its acknowledgement or the committer's being free"
+                    )
+            sealed = taken.sealed
+            rids = [rid for _sink, rid, _scope in sealed.oks]
+            alone = sealed.lazy and not sealed.actions and not taken.writes
+            if alone and rids and all(rid in self.deferrable for rid in rids):
+                since = max(min(self.asked_at[rid] for rid in rids), taken.free_since)
+                if taken.at < since + REMOVAL_LINGER_MS:
+                    raise SimError(
+                        f"a batch of QoS 1 removals alone went {taken.at - since} ms after "
+                        f"the first, before the removal linger"
+                    )
+        self.checked = len(self.taken)
 
     def link(self, edge: str) -> None:
         if edge in self.links:
@@ -383,7 +455,10 @@ class Sim:
         for edge in edges:
             self._lost(edge)
         self.links = {}
+        for removal, rid in self.removed_by.items():
+            self._answered_before(removal, rid)
         self.unwritten.clear()
+        self.removed_by.clear()
         self.epoch += 1
         self.master(self.load)
         for edge in edges:
@@ -432,6 +507,31 @@ class Sim:
         wills.hand_out(self.state, now)
         self.state.redelivery.sweep(now)
         self.carry()
+
+
+class ScriptChaos:
+    """What a randomized run over the simulation (scenario_script.Chaos) keeps: its script,
+    run as it goes, from its setup lines (the first of `lines`) on."""
+
+    def __init__(self, source: str, setup: list[str]) -> None:
+        self.script = Script(source)
+        for line in setup:
+            self.script.run_line(line)
+        self.lines = ["\n".join(setup)]
+
+    @property
+    def sim(self) -> Sim:
+        return self.script.s
+
+    def run(self, line: str) -> None:
+        self.lines.append(line)
+        self.script.run_line(line)
+
+
+def failure_kind(exc: SimError) -> str:
+    """A randomized run's failure without its script line and numbers: the seeds that fail
+    alike (scenario_script.run_seeds)."""
+    return re.sub(r"\d+", "N", str(exc).split(": ", 2)[-1])[:60]
 
 
 def _send(sim: Sim, e: Send) -> None:
@@ -491,6 +591,8 @@ class Script(ScriptRunner[Sim]):
             "pending-removals": self.check_pending_removals,
             "committer": self.check_committer,
             "last-batch": self.check_last_batch,
+            "deferral": lambda a: self.s.check_deferral(),
+            "has-published": self.check_has_published,
         }
 
     def do_nodes(self, a: list[str]) -> None:
@@ -630,3 +732,6 @@ class Script(ScriptRunner[Sim]):
             raise ScriptError("no batch was written yet")
         have = ["removals", str(len(written.removals)), "writes", str(written.writes)]
         self.expect("the last batch written", have, a)
+
+    def check_has_published(self, a: list[str]) -> None:
+        self.check_has([a[0], *self.s.published])
