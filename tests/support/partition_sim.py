@@ -30,10 +30,12 @@ The scenario language (one command a line, `#` comments; tests/support/scenario_
     durable                     # that batch, then all that is gathered, whatever the committer
                                 # waits for: durable and replicated, released
     advance MS                  # the clock moves; the node's once-a-second housekeeping runs
-    failover                    # the master is lost with all it had not made durable (the
+    failover [reattach]         # the master is lost with all it had not made durable (the
                                 # batch the committer took, what is gathered); a new one loads
                                 # the store at the next epoch; the edges link again, their
-                                # connections gone (clients `connect` again)
+                                # connections gone (clients `connect` again), or with
+                                # `reattach` kept: each edge re-attaches them, carrying the
+                                # acknowledgements not answered yet (AttachSession)
     check received c1 PAYLOAD...    # what c1's connections were sent, in order
     check has c1 PAYLOAD...     # c1's connections were sent each of these (at least once)
     check once c1               # no QoS 2 message came to c1 again once it had its PUBREL
@@ -130,9 +132,30 @@ class Client:
     payloads: dict[int, str] = field(default_factory=dict)
     pubrel: set[str] = field(default_factory=set)
     twice: list[str] = field(default_factory=list)
+    # What its edge keeps of the connection's acknowledgements not answered yet (by request
+    # id: PUBACK/PUBCOMP ids, PUBREC ids), to carry again when it re-attaches the session.
+    unconfirmed: dict[int, tuple[list[int], list[int]]] = field(default_factory=dict)
+    # The connection's OpenSession while not answered: its edge sends it again to a new master.
+    opening: pb.OpenSession | None = None
 
     def drop_connection(self) -> None:
         self.conn, self.unacked, self.unreceived, self.released = "", [], [], []
+        self.unconfirmed, self.opening = {}, None
+
+    def attach(self) -> pb.AttachSession:
+        """What its edge re-attaches the connection with (services/edge/session/delivery.py
+        reattach)."""
+        acked = [mid for ids, _recs in self.unconfirmed.values() for mid in ids]
+        received = [mid for _ids, recs in self.unconfirmed.values() for mid in recs]
+        return pb.AttachSession(
+            client_id=self.name,
+            connection_id=self.conn,
+            receive_maximum=10,
+            inflight_ids=[*self.unacked, *self.unreceived],
+            released_ids=self.released,
+            acked_ids=acked,
+            received_ids=received,
+        )
 
 
 @dataclass
@@ -189,6 +212,9 @@ class Sim:
         # commands answered: none may be before its removals are durable.
         self.removed_by: dict[tuple[str, int], int] = {}
         self.answered: set[int] = set()
+        # The client whose edge waits for the answer to an OpenSession, DeliveryAck or
+        # AttachSession ("open", "ack", "attach").
+        self.answers_to: dict[int, tuple[Client, str]] = {}
         self.publishing: dict[int, str] = {}
         self.published: list[str] = []
         # How many of `taken` the `deferral` check has seen, and the removals' ack times and
@@ -338,6 +364,17 @@ class Sim:
         self.answered.add(rid)
         if self.asked.pop(rid, None) is not None and ok and rid in self.publishing:
             self.published.append(self.publishing[rid])
+        client, kind = self.answers_to.pop(rid, (None, ""))
+        if client is None:
+            return
+        if kind == "open":
+            client.opening = None
+        elif kind == "ack" and ok:
+            client.unconfirmed.pop(rid, None)
+        elif kind == "attach" and ok:
+            client.unconfirmed.clear()  # (the acknowledgements it carried)
+        elif kind == "attach":
+            client.drop_connection()  # its edge closes it (taken over, or the session ended)
 
     def _delivered(self, delivery: pb.Delivery) -> None:
         client = self.clients[delivery.client_id]
@@ -384,7 +421,10 @@ class Sim:
         session = self.state.conns.sessions.get(client.name)
         before = dict(session.queue) if session is not None else {}
         qos = [qm.qos for mid in req.message_ids if (qm := before.get(mid)) is not None]
-        rid = self.command(client.edge, client.partition, delivery_ack=req)
+        rid = self.next_id
+        self.answers_to[rid] = (client, "ack")
+        client.unconfirmed[rid] = (list(req.message_ids), list(req.received_ids))
+        self.command(client.edge, client.partition, delivery_ack=req)
         if not req.received_ids and all(q == 1 for q in qos):
             self.deferrable.add(rid)
         after = set(session.queue) if session is not None else set()
@@ -437,23 +477,26 @@ class Sim:
         session_commands.close_link(self.state, link, self.clock())
         self.carry()
 
-    def _lost(self, edge: str) -> None:
+    def _lost(self, edge: str, *, connections: bool = True) -> None:
         """Edge `edge`'s link is lost: what it carried so far was heard; its commands not
-        answered yet never will be, and its client connections are gone."""
+        answered yet never will be, and its client connections are gone (unless not
+        `connections`: the edge keeps them, to re-attach)."""
         self._hear()
         for rid in [rid for rid, e in self.asked.items() if e == edge]:
             del self.asked[rid]
+            self.answers_to.pop(rid, None)
         for client in self.clients.values():
-            if client.edge == edge:
+            if client.edge == edge and connections:
                 client.drop_connection()
 
-    def failover(self) -> None:
+    def failover(self, *, reattach: bool = False) -> None:
         """The master is lost, with what it had not made durable and replicated; a new one
         masters every partition at the next epoch from the store. The edges link to it again,
-        their client connections gone."""
+        their client connections gone, or (`reattach`) kept: each re-attached with what its
+        edge knows (AttachSession)."""
         edges = sorted(self.links)
         for edge in edges:
-            self._lost(edge)
+            self._lost(edge, connections=not reattach)
         self.links = {}
         for removal, rid in self.removed_by.items():
             self._answered_before(removal, rid)
@@ -463,6 +506,19 @@ class Sim:
         self.master(self.load)
         for edge in edges:
             self.link(edge)
+        for client in self.clients.values():
+            if client.conn:
+                self.open(client)
+
+    def open(self, client: Client) -> None:
+        """`client`'s edge opens its connection's session at the master: OpenSession, or if
+        that was answered once already, AttachSession (a new master)."""
+        if client.opening is not None:
+            self.answers_to[self.next_id] = (client, "open")
+            self.command(client.edge, client.partition, open_session=client.opening)
+        else:
+            self.answers_to[self.next_id] = (client, "attach")
+            self.command(client.edge, client.partition, attach_session=client.attach())
 
     def load(self, p: int) -> StoredPartition:
         """Partition p as the store holds it (RedisStore.load_partitions)."""
@@ -576,7 +632,7 @@ class Script(ScriptRunner[Sim]):
             "commit": lambda a: self.s.commit_taken(),
             "durable": lambda a: self.s.durable(),
             "advance": lambda a: self.s.advance(int(a[0])),
-            "failover": lambda a: self.s.failover(),
+            "failover": lambda a: self.s.failover(reattach="reattach" in a),
             "check": self.do_check,
         }
         self.checks = {
@@ -626,8 +682,8 @@ class Script(ScriptRunner[Sim]):
             req.will.message.topic = opts[opts.index("will") + 1]
             req.will.message.payload = b"gone"
         client.drop_connection()
-        client.edge, client.conn = edge, conn
-        sim.command(edge, client.partition, open_session=req)
+        client.edge, client.conn, client.opening = edge, conn, req
+        sim.open(client)
 
     def do_disconnect(self, a: list[str]) -> None:
         client = self.client(a[0])

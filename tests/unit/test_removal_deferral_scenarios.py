@@ -1,11 +1,13 @@
 """The deferred removal of a QoS 1 message (issue 28) over random interleavings: publishes at
 QoS 1 and 2, PUBACKs, PUBRECs and PUBCOMPs, the committer's batches made durable, the clock and
-failovers of the master, played on the partition simulation (tests/support/partition_sim.py),
-whose committer asks the CommitQueue on the simulation's clock. Then every client comes back
-and acknowledges all. Each seed checks:
+failovers of the master (the edges' connections dropped, or kept and re-attached with the
+acknowledgements not answered yet), played on the partition simulation
+(tests/support/partition_sim.py), whose committer asks the CommitQueue on the simulation's
+clock. Then every client comes back and acknowledges all. Each seed checks:
 - no QoS >= 1 message answered to its publisher is lost: each subscriber was sent it, though
   its master failed over with its removal (or the message) unwritten;
 - a QoS 2 message never comes again once its subscriber had its PUBREL;
+- no acknowledgement is answered before the removal it made is durable (the sim raises);
 - every removal went within its linger of its acknowledgement (the removal linger for a QoS 1
   message's, the lazy linger for a PUBCOMP's), or with the next write; and QoS 1 removals alone
   waited the removal linger out.
@@ -53,7 +55,7 @@ class Chaos(ScriptChaos):
         elif kind == "connect" and offline:
             self.run(f"connect e1 {rng.choice(offline)}")
         elif kind == "failover":
-            self.run("failover")
+            self.run(rng.choice(["failover", "failover reattach"]))
         else:
             self.run("commit")
 
