@@ -200,28 +200,27 @@ class Sim:
         # What the batches wrote (the Redis of the master and its followers): key -> hash.
         self.store: dict[str, dict[bytes, bytes]] = {}
         # Removals of acknowledged messages not durable yet: (client, message id) -> when (ms)
-        # the acknowledgement came and the message's QoS; and the batches taken, the last one
-        # first once written.
+        # the acknowledgement came and the message's QoS; the acknowledgement (request id) each
+        # came with; the commands answered (none before its removals are durable).
         self.unwritten: dict[tuple[str, int], tuple[int, int]] = {}
-        # When each command was asked (ms); the acknowledgements that only the removal linger
-        # should hold (PUBACKs only, of QoS 1 messages: the rule of issue 28); the QoS >= 1
-        # publishes asked, and those answered OK, by payload.
-        self.asked_at: dict[int, int] = {}
-        self.deferrable: set[int] = set()
-        # The acknowledgement each unwritten removal came with (its request id), and the
-        # commands answered: none may be before its removals are durable.
         self.removed_by: dict[tuple[str, int], int] = {}
         self.answered: set[int] = set()
+        # When each command was asked (ms); the acknowledgements that only the removal linger
+        # should hold (PUBACKs only, of QoS 1 messages: the rule of issue 28).
+        self.asked_at: dict[int, int] = {}
+        self.deferrable: set[int] = set()
         # The client whose edge waits for the answer to an OpenSession, DeliveryAck or
         # AttachSession ("open", "ack", "attach").
         self.answers_to: dict[int, tuple[Client, str]] = {}
+        # The QoS >= 1 publishes asked, and those answered OK, by payload.
         self.publishing: dict[int, str] = {}
         self.published: list[str] = []
-        # How many of `taken` the `deferral` check has seen, and the removals' ack times and
-        # QoS as they were taken.
-        self.checked = 0
-        self.taken_acks: dict[int, list[tuple[int, int]]] = {}
+        # The batches the committer took (and `durable` sealed), in order, with their removals'
+        # ack times and QoS as they were taken; how many the `deferral` check has seen; the
+        # one being written (taken, not durable yet) and the last one written.
         self.taken: list[Taken] = []
+        self.taken_acks: dict[int, list[tuple[int, int]]] = {}
+        self.checked = 0
         self.in_flight: Taken | None = None
         self.written: Taken | None = None
         self.step: Step = IDLE
