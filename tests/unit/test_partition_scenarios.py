@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 from pathlib import Path
 
 import pytest
@@ -19,8 +18,8 @@ from services.partition.effects import SendToAll
 from services.partition.stored import StoredPartition, StoredSession
 from services.partition.wills import WILL_LINK_GRACE_MS
 from tests.support import scenario_script
-from tests.support.partition_sim import Script, Sim
-from tests.support.scenario_script import Run, SimError
+from tests.support.partition_sim import Script, ScriptChaos, failure_kind
+from tests.support.scenario_script import Run
 
 SCENARIOS = Path(__file__).with_name("partition_scenarios")
 FILES = sorted(SCENARIOS.glob("*.txt"))
@@ -40,27 +39,19 @@ STEPS = 60
 EDGES = ("e1", "e2")
 
 
-class Chaos:
+class Chaos(ScriptChaos):
     def __init__(self, seed: int) -> None:
         self.rng = rng = random.Random(seed)
-        self.script = Script(f"seed {seed}")
         self.clients = [f"c{i}" for i in range(rng.choice([2, 3, 4]))]
         setup = [f"nodes n1 partitions {rng.choice([1, 2, 3])}", *(f"link {e}" for e in EDGES)]
         for c in self.clients:
             setup += [f"connect {rng.choice(EDGES)} {c}", f"subscribe {c} t/+ 1"]
         setup.append("durable")
-        for line in setup:
-            self.script.run_line(line)
-        self.lines = ["\n".join(setup)]
+        super().__init__(f"seed {seed}", setup)
         self.published: list[str] = []
 
-    @property
-    def sim(self) -> Sim:
-        return self.script.s
-
     def run(self, line: str) -> None:
-        self.lines.append(line)
-        self.script.run_line(line)
+        super().run(line)
         words = line.split()
         if words[0] == "publish" and words[3] == "1":
             self.published.append(words[4])
@@ -115,12 +106,8 @@ def play_seed(seed: int, middle: list[str] | None) -> Run:
     return scenario_script.play(Chaos(seed), STEPS, middle)
 
 
-def kind_of(exc: SimError) -> str:
-    return re.sub(r"\d+", "N", str(exc).split(": ", 2)[-1])[:60]
-
-
 def test_random_commands_lose_no_qos1_message() -> None:
-    scenario_script.run_seeds(SEEDS, play_seed, kind_of)
+    scenario_script.run_seeds(SEEDS, play_seed, failure_kind)
 
 
 # ----- promotion, as the pure core has it (the load from Redis is the adapter's) -------------
