@@ -155,6 +155,9 @@ class Hexmq(Broker):
         variant = variant or (f"{edges}e" if edges > 1 else "")
         super().__init__(f"hexmq-{variant}" if variant else "hexmq", nodes=nodes, rf=rf)
         self.python = python or sys.executable
+        # Another checkout's hexmq (`python` given, even this interpreter: the bench may run
+        # from a worktree by PYTHONPATH): run as that checkout, see checkout().
+        self.foreign = python is not None
         self.insecure = insecure
         self.colocated = colocated
         self.edges = edges
@@ -172,11 +175,6 @@ class Hexmq(Broker):
     def profileable(self) -> bool:
         """bench.cli's --profile target: this checkout's hexmq, separate processes, TLS."""
         return not (self.foreign or self.colocated or self.insecure)
-
-    @property
-    def foreign(self) -> bool:
-        """Another checkout's hexmq (`python` given): run as that checkout, see checkout()."""
-        return self.python != sys.executable
 
     def _cli(self, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
         module, env, cwd = "hexmq_cli", dict(os.environ), None
@@ -377,7 +375,8 @@ def checkout(python: str) -> dict[str, str]:
     module of its `hexmq` command: hexmq_cli, or hexmq.cli before issue 26 moved it (a venv
     whose site-packages have an editable install of another checkout finds that checkout's
     hexmq_cli when its own has none: a hybrid of both, so the module is chosen by what the
-    checkout itself has). Run from / without PYTHONPATH, as the clusters are."""
+    checkout itself has). Run without PYTHONPATH and from a directory of no checkout, as its
+    clusters are."""
     if not Path(python).exists():
         raise BrokerFailure(f"{python}: no such interpreter")
     probe = (

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,9 @@ def test_the_baseline_runs_its_own_checkouts_command_without_pythonpath(
     assert found["cli_module"] == module
     base = Hexmq(python=python, variant="base")
     assert base.foreign
+    assert not Hexmq().foreign
+    # This very interpreter as the baseline: main's checkout while the bench runs a worktree's.
+    assert Hexmq(python=sys.executable).foreign
     assert not base.profileable
     base.workdir = tmp_path
     done = base._cli("cluster", "status", timeout=30)
