@@ -142,10 +142,14 @@ test-deploy: $(STAMP) system-deps
 # deliveries per CPU-second, memory per connection; MODERATE_ARGS), then the failover benchmark
 # (FAILOVER_ARGS) and the rebalance benchmark (REBALANCE_ARGS), the cost of one stream message
 # by transport (TRANSPORT_ARGS), a SUBSCRIBE's retained messages as the store grows
-# (RETAINED_ARGS).
+# (RETAINED_ARGS). The first two run each hexmq both as separate processes and co-located
+# (hexmq-colo); BENCH_BASELINE=/path/to/checkout/.venv/bin/python adds that checkout's hexmq
+# beside them (hexmq-base), a before/after comparison in the same run.
+BENCH_BASELINE ?=
+BASELINE_ARG = $(if $(BENCH_BASELINE),--baseline $(BENCH_BASELINE))
 bench: $(STAMP) system-deps
-	$(BIN)/python -m bench $(BENCH_ARGS)
-	$(BIN)/python -m bench.moderate $(MODERATE_ARGS)
+	$(BIN)/python -m bench $(BASELINE_ARG) $(BENCH_ARGS)
+	$(BIN)/python -m bench.moderate $(BASELINE_ARG) $(MODERATE_ARGS)
 	$(BIN)/python -m bench.transport $(TRANSPORT_ARGS)
 	$(BIN)/python -m bench.failover $(FAILOVER_ARGS)
 	$(BIN)/python -m bench.rebalance $(REBALANCE_ARGS)
@@ -163,7 +167,7 @@ bench-attacks: $(STAMP) system-deps
 
 # hexmq at fixed moderate rates beside mosquitto: latency, deliveries per CPU-second, memory.
 bench-moderate: $(STAMP) system-deps
-	$(BIN)/python -m bench.moderate $(MODERATE_ARGS)
+	$(BIN)/python -m bench.moderate $(BASELINE_ARG) $(MODERATE_ARGS)
 
 # CPU per stream message and round trip: grpc.aio against the event loop's own floor (TRANSPORT_ARGS).
 bench-transport: $(STAMP)

@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -133,8 +134,8 @@ class Hexmq(Broker):
     (variant "plain"). `colocated`: each node's services as one process (`up --colocated`,
     `hexmq node`; variant "colo"), calling each other in process, beside separate processes.
     `edges`: edge processes per node (`up --edges-per-node`, sharing the node's MQTT port;
-    separate processes only), named `hexmq-<edges>e` unless a variant names it; each edge's CPU
-    is counted as its own role (edge, edge2 ...)."""
+    separate processes only, as `cluster up` has it), named `hexmq-<edges>e` unless a variant
+    names it; each edge's CPU is counted as its own role (edge, edge2 ...)."""
 
     def __init__(
         self,
@@ -148,9 +149,15 @@ class Hexmq(Broker):
         settings: dict[str, str] | None = None,
         edges: int = 1,
     ) -> None:
+        if colocated and edges > 1:
+            # As `cluster up`: a co-located node runs one edge, in its hexmq node process.
+            raise ValueError(f"edges={edges} needs separate processes, not colocated")
         variant = variant or (f"{edges}e" if edges > 1 else "")
         super().__init__(f"hexmq-{variant}" if variant else "hexmq", nodes=nodes, rf=rf)
         self.python = python or sys.executable
+        # Another checkout's hexmq (`python` given, even this interpreter: the bench may run
+        # from a worktree by PYTHONPATH): run as that checkout, see checkout().
+        self.foreign = python is not None
         self.insecure = insecure
         self.colocated = colocated
         self.edges = edges
@@ -164,14 +171,24 @@ class Hexmq(Broker):
         # Every service's Prometheus port (bench/moderate.py reads the batching counters).
         self.metrics_ports: list[int] = []
 
+    @property
+    def profileable(self) -> bool:
+        """bench.cli's --profile target: this checkout's hexmq, separate processes, TLS."""
+        return not (self.foreign or self.colocated or self.insecure)
+
     def _cli(self, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+        module, env, cwd = "hexmq_cli", dict(os.environ), None
+        if self.foreign:
+            # That checkout's own command, nothing of this one on its path.
+            module, env, cwd = checkout(self.python)["cli_module"], foreign_env(), self.workdir
         return subprocess.run(
-            [self.python, "-m", "hexmq_cli", *args],
+            [self.python, "-m", module, *args],
             capture_output=True,
             text=True,
             timeout=timeout,
             check=False,
-            env={**os.environ, **self.settings},
+            env={**env, **self.settings},
+            cwd=cwd,
         )
 
     def _base_port(self) -> int:
@@ -189,7 +206,7 @@ class Hexmq(Broker):
     def start(self) -> None:
         from hexmq import __version__
 
-        self.version = __version__
+        self.version = checkout(self.python)["version"] if self.foreign else __version__
         self.workdir = Path(tempfile.mkdtemp(prefix="hexmq-bench-"))
         done = self._cli(
             "cluster",
@@ -342,6 +359,78 @@ class Mosquitto(Broker):
         if self.workdir is None:
             return {}
         return log_findings([self.workdir / "mosquitto.log"])
+
+
+def foreign_env() -> dict[str, str]:
+    """The environment another checkout's interpreter runs in: without PYTHONPATH, which
+    points at this checkout when the bench runs from a worktree (and would win over the
+    other checkout's own path)."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
+@cache
+def checkout(python: str) -> dict[str, str]:
+    """Which checkout another interpreter (a venv's python: `--baseline`) runs: the directory
+    its `hexmq` package is imported from, that directory's commit, hexmq's version, and the
+    module of its `hexmq` command: hexmq_cli, or hexmq.cli before issue 26 moved it (a venv
+    whose site-packages have an editable install of another checkout finds that checkout's
+    hexmq_cli when its own has none: a hybrid of both, so the module is chosen by what the
+    checkout itself has). Run without PYTHONPATH and from a directory of no checkout, as its
+    clusters are."""
+    if not Path(python).exists():
+        raise BrokerFailure(f"{python}: no such interpreter")
+    probe = (
+        "import hexmq, pathlib; "
+        "print(pathlib.Path(hexmq.__file__).parent.parent, hexmq.__version__)"
+    )
+    try:
+        done = subprocess.run(
+            [python, "-c", probe],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env=foreign_env(),
+            cwd="/",
+        )
+    except OSError as exc:
+        raise BrokerFailure(f"{python} cannot import hexmq: {exc}") from None
+    if done.returncode != 0:
+        raise BrokerFailure(f"{python} cannot import hexmq: {done.stderr.strip()[-500:]}")
+    root, _, version = done.stdout.strip().rpartition(" ")
+    commit = subprocess.run(
+        ["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    return {
+        "python": python,
+        "checkout": root,
+        "commit": commit or "unknown",
+        "version": version,
+        "cli_module": "hexmq_cli" if (Path(root) / "hexmq_cli").is_dir() else "hexmq.cli",
+    }
+
+
+def hexmq_variants(
+    nodes: int,
+    rf: int,
+    *,
+    edges: list[int] | None = None,
+    plain: bool = False,
+    colocated: bool = False,
+    baseline: str | None = None,
+) -> list[Hexmq]:
+    """The hexmqs that take turns in a suite, at one size and replication factor: one per
+    count of edges per node (`hexmq`, `hexmq-2e` ...), then with plain-text cluster links
+    (`hexmq-plain`), co-located (`hexmq-colo`: one edge per node, its node process's) and
+    another checkout's (`hexmq-base`), each as asked. bench.cli and bench.moderate both."""
+    variants = [Hexmq(nodes, rf, edges=e) for e in edges or [1]]
+    if plain:
+        variants.append(Hexmq(nodes, rf, variant="plain", insecure=True))
+    if colocated:
+        variants.append(Hexmq(nodes, rf, variant="colo", colocated=True))
+    if baseline:
+        variants.append(Hexmq(nodes, rf, python=baseline, variant="base"))
+    return variants
 
 
 def make_broker(name: str, nodes: int = 1, rf: int = 1, edges: int = 1) -> Broker:

@@ -8,6 +8,11 @@ Two suites share the clients, the run protocol and the report:
   against the same mosquitto, QoS 1, in three shapes (bench.shapes): fan-in, fan-out and
   publisher/subscriber pairs, saturated and paced (`cluster-<shape>-<mode>`).
 
+Beside hexmq (a process per service), both suites run hexmq-colo by default (`cluster up
+--colocated`: one `hexmq node` process per node) and, with `--baseline PYTHON`, hexmq-base
+(another checkout), taking turns within each scenario; hexmq runs also report the batching
+stages' gRPC stream messages and Redis transactions per publish (bench.batches).
+
 The orchestrator itself stays idle while load runs (it only samples /proc at the window's edges),
 so it does not compete with the broker or the generator for the machine's CPUs.
 """
@@ -30,12 +35,15 @@ from pathlib import Path
 from typing import Any
 
 from bench import pyspy, report
+from bench.batches import batch_counters, batching
 from bench.brokers import (
     LOOPBACK,
     MOSQUITTO_SETTINGS,
     Broker,
     BrokerFailure,
     Hexmq,
+    checkout,
+    hexmq_variants,
     make_broker,
 )
 from bench.clients import now_ns
@@ -116,6 +124,46 @@ def _edges_list(text: str) -> list[int]:
     return counts
 
 
+def _interpreter(text: str) -> str:
+    if not Path(text).exists():
+        raise argparse.ArgumentTypeError(f"{text}: no such interpreter")
+    return text
+
+
+def add_variant_options(p: argparse.ArgumentParser, each: str) -> None:
+    """--colocated and --baseline, which bench.cli and bench.moderate share: the hexmq
+    variants that take turns with the default one (brokers.hexmq_variants); `each` names what
+    they run beside ("each hexmq topology")."""
+    p.add_argument(
+        "--colocated",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help=f"also run {each} co-located (`hexmq cluster up --colocated`: each "
+        "node's agent, partition service and edge in one process, calling each other in "
+        "process), as hexmq-colo, taking turns with separate processes; its CPU is each node's "
+        "hexmq node process and Redis, and the agreement server (default: on)",
+    )
+    p.add_argument(
+        "--baseline",
+        type=_interpreter,
+        metavar="PYTHON",
+        help=f"also run {each} with the hexmq of another checkout (its venv's python, e.g. "
+        "/path/.venv/bin/python; that checkout's own hexmq command, without PYTHONPATH), as "
+        "hexmq-base, taking turns with this one: a before/after comparison in one run",
+    )
+
+
+def baseline_facts(python: str | None) -> dict[str, str] | None:
+    """The checkout --baseline runs (brokers.checkout), for the results file; refused if its
+    interpreter cannot import hexmq."""
+    if python is None:
+        return None
+    try:
+        return checkout(python)
+    except BrokerFailure as exc:
+        raise SystemExit(f"bench: --baseline: {exc}") from None
+
+
 def all_scenarios() -> list[Scenario]:
     single = [Scenario(0, "flood")] + [
         Scenario(q, m) for q in QOS_LEVELS for m in MODES if m != "flood"
@@ -133,7 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
         "saturated and paced. cluster: a hexmq cluster at each replication factor, QoS 1, "
         "fan-in, fan-out and publisher/subscriber pairs with the clients spread over the nodes, "
         "saturated and paced; mosquitto runs the same shapes on its one port. Default: both "
-        "suites, about 8 minutes on 2 cores.",
+        "suites, each hexmq also co-located (hexmq-colo), about 12 minutes on 2 cores (about 17 "
+        "with --baseline).",
     )
     p.add_argument("--broker", choices=(*BROKERS, "both"), default="both")
     p.add_argument(
@@ -206,7 +255,11 @@ def build_parser() -> argparse.ArgumentParser:
         "factor) per value, with that many edge processes per node sharing its MQTT port "
         "(`hexmq cluster up --edges-per-node`), taking turns within each scenario; e.g. 1,2 "
         "shows what a second core for connection handling gives (hexmq and hexmq-2e; "
-        "default 1)",
+        "default 1). Separate processes only: hexmq-colo and hexmq-base run one edge per node "
+        "(`cluster up` refuses --edges-per-node above 1 with --colocated)",
+    )
+    add_variant_options(
+        p, "the one-node hexmq (single suite) and each replication factor's cluster (cluster suite)"
     )
     cluster = p.add_argument_group("cluster suite")
     cluster.add_argument(
@@ -633,7 +686,8 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def compute_ratios(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """hexmq / mosquitto per scenario and mode (and, in the cluster suite, replication
-    factor): >1 means hexmq is higher (better for throughput, slower for latency)."""
+    factor), for every hexmq of the run (hexmq, hexmq-2e, -plain, -colo, -base), each under
+    its own label: >1 means hexmq is higher (better for throughput, slower for latency)."""
     ok = [r for r in runs if not r.get("error")]
     mosquitto = {
         (r["suite"], r["scenario"], r["mode"]): r for r in ok if r["broker"] == "mosquitto"
@@ -641,7 +695,7 @@ def compute_ratios(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ratios = []
     for h in ok:
         m = mosquitto.get((h["suite"], h["scenario"], h["mode"]))
-        if h["broker"] != "hexmq" or m is None:
+        if not h["broker"].startswith("hexmq") or m is None:
             continue
         ratios.append(
             {
@@ -763,6 +817,9 @@ class Bench:
         print(f"bench: run {self.run_no}: {label}", file=sys.stderr)
         busy_before = wait_for_quiet(self.args.quiet_wait)
         started = report.utc_now()
+        # The batching stages' counters around the run (every service's /metrics).
+        ports = broker.metrics_ports if isinstance(broker, Hexmq) else []
+        counters = batch_counters(ports) if ports else {}
         try:
             run = run_once(
                 broker,
@@ -776,6 +833,8 @@ class Bench:
             )
             run["machine_busy_before_pct"] = busy_before
             run["started_utc"] = started
+            if ports:
+                run["batching"] = batching(counters, batch_counters(ports))
         except (WorkerFailure, BrokerFailure) as exc:
             print(f"bench: run {self.run_no} failed: {exc}", file=sys.stderr)
             run = _failed_run(broker, scenario, rate, exc)
@@ -872,6 +931,31 @@ def profile_hook(
     return after
 
 
+def single_hexmqs(args: argparse.Namespace) -> list[Hexmq]:
+    """The single suite's one-node hexmqs, taking turns within each scenario."""
+    return hexmq_variants(
+        1, 1, edges=args.edges_per_node, colocated=args.colocated, baseline=args.baseline
+    )
+
+
+def cluster_hexmqs(args: argparse.Namespace) -> list[Hexmq]:
+    """The cluster suite's clusters, all up for the whole suite: per replication factor each
+    count of edges, co-located and the baseline as asked, and at the highest one plain-text
+    links too (what TLS inside the cluster costs, where it costs most)."""
+    return [
+        h
+        for rf in args.rf
+        for h in hexmq_variants(
+            args.nodes,
+            rf,
+            edges=args.edges_per_node,
+            plain=args.plain and rf == args.rf[-1],
+            colocated=args.colocated,
+            baseline=args.baseline,
+        )
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.quick:
@@ -913,6 +997,9 @@ def main(argv: list[str] | None = None) -> int:
             "generator_processes": args.procs,
             "mqtt_protocol_level": args.mqtt,
             "edges_per_node": args.edges_per_node,
+            "colocated": args.colocated,
+            "baseline": args.baseline,
+            "baseline_checkout": baseline_facts(args.baseline),
             "cluster": {
                 "nodes": args.nodes,
                 "rf": args.rf,
@@ -934,27 +1021,21 @@ def main(argv: list[str] | None = None) -> int:
         mosquitto = bench.start(make_broker("mosquitto")) if "mosquitto" in names else None
         others = [mosquitto] if mosquitto is not None else []
         if single:
-            one = (
-                [bench.start(make_broker("hexmq", edges=e)) for e in args.edges_per_node]
-                if "hexmq" in names
-                else []
-            )
+            one = single_hexmqs(args) if "hexmq" in names else []
+            for b in one:
+                bench.start(b)
             bench.suite(_groups(single, lambda s: s.qos), one + others)
             for b in one:
                 bench.retire(b)  # its idle processes stay out of the cluster suite
         if cluster:
-            clusters: list[Hexmq] = []
-            if "hexmq" in names:
-                for rf in args.rf:
-                    for edges in args.edges_per_node:
-                        clusters.append(Hexmq(args.nodes, rf, edges=edges))
-                        bench.start(clusters[-1])
-                if args.plain:
-                    # What TLS inside the cluster costs, where it costs most: the highest RF.
-                    plain = Hexmq(args.nodes, args.rf[-1], variant="plain", insecure=True)
-                    bench.start(plain)
-                    clusters.insert(-1, plain)
-            after = profile_hook(bench, clusters[-1], PROFILED, stem) if args.profile else None
+            clusters = cluster_hexmqs(args) if "hexmq" in names else []
+            for c in clusters:
+                bench.start(c)
+            after = None
+            if args.profile:
+                # The first of separate processes (with TLS) at the highest replication factor.
+                target = next(c for c in clusters if c.rf == args.rf[-1] and c.profileable)
+                after = profile_hook(bench, target, PROFILED, stem)
             bench.suite(_groups(cluster, lambda s: s.shape), [*clusters, *others], after)
     except KeyboardInterrupt:
         print("bench: interrupted; stopping the brokers", file=sys.stderr)

@@ -24,9 +24,11 @@ suite says what a message costs and how long it takes at fixed, moderate rates:
 up --colocated`: a node's three services in one process), and `--plain` (on) one with the
 cluster's links in plain text, `hexmq-plain`; they take turns with the default.
 mosquitto runs each rate once, during the first topology. `--baseline PYTHON` adds a second
-hexmq started with another checkout's interpreter (its venv: `/path/.venv/bin/python`), named
+hexmq started with another checkout's interpreter (its venv: `/path/.venv/bin/python`; that
+checkout's own `hexmq` command, run without PYTHONPATH: bench.brokers.checkout), named
 `hexmq-base`: within each topology and rate the runs take turns (hexmq, hexmq-base,
 mosquitto), so both commits meet the same machine and the same load from other people.
+`python -m bench` has both options too (bench.cli.add_variant_options).
 `--profile TOPOLOGY@RATE` (repeatable) repeats that run with py-spy on every Python process of
 each hexmq (bench/pyspy.py) and writes their hottest functions next to the JSON results.
 """
@@ -35,17 +37,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from bench import pyspy, report
-from bench.brokers import LOOPBACK, Broker, BrokerFailure, Hexmq, Mosquitto
-from bench.cli import Bench, Scenario, _positive
+from bench.batches import print_batching
+from bench.brokers import LOOPBACK, Broker, BrokerFailure, Hexmq, Mosquitto, hexmq_variants
+from bench.cli import Bench, Scenario, _positive, add_variant_options, baseline_facts
 from bench.stats import DISTURBED_PCT
 
 TOPOLOGIES: dict[str, tuple[int, int]] = {"1n": (1, 1), "3n-rf1": (3, 1), "3n-rf3": (3, 3)}
@@ -126,12 +127,6 @@ def build_parser() -> argparse.ArgumentParser:
         "mosquitto (default %(default)s; 0: skip)",
     )
     p.add_argument(
-        "--baseline",
-        metavar="PYTHON",
-        help="also run the hexmq of another checkout (its venv's python), as hexmq-base, "
-        "taking turns with this one",
-    )
-    p.add_argument(
         "--plain",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -139,14 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(--insecure-cluster), as hexmq-plain, taking turns with the default mutual TLS: "
         "what TLS inside the cluster costs (default: on)",
     )
-    p.add_argument(
-        "--colocated",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="also run each hexmq topology co-located (`hexmq cluster up --colocated`: each "
-        "node's agent, partition service and edge in one process, calling each other in "
-        "process), as hexmq-colo, taking turns with separate processes (default: on)",
-    )
+    add_variant_options(p, "each hexmq topology")
     p.add_argument(
         "--profile",
         type=_profile_spec,
@@ -214,71 +202,6 @@ def derive(run: dict[str, Any], topology: str) -> dict[str, Any]:
         or run.get("drain_timed_out")
     )
     return run
-
-
-_BATCH_LINE = re.compile(
-    r'^hexmq_(batches|batched_items|batch_linger_seconds)_total\{stage="([a-z_]+)"\} (\S+)$'
-)
-
-
-def batch_counters(ports: list[int]) -> dict[str, dict[str, float]]:
-    """The hexmq_batch_* counters of every service, summed per stage (empty for a hexmq that
-    has none: the baseline before pacing)."""
-    totals: dict[str, dict[str, float]] = {}
-    for port in ports:
-        try:
-            with urllib.request.urlopen(f"http://{LOOPBACK}:{port}/metrics", timeout=5) as reply:
-                text = reply.read().decode()
-        except OSError:
-            continue
-        for line in text.splitlines():
-            m = _BATCH_LINE.match(line)
-            if m:
-                kind, stage, value = m.groups()
-                stage_totals = totals.setdefault(stage, {})
-                stage_totals[kind] = stage_totals.get(kind, 0.0) + float(value)
-    return totals
-
-
-def batching(
-    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]
-) -> dict[str, Any]:
-    """Per stage over a run: batches sent, items per batch, and the mean wait per batch."""
-    out: dict[str, Any] = {}
-    for stage, end in sorted(after.items()):
-        start = before.get(stage, {})
-        batches = end.get("batches", 0.0) - start.get("batches", 0.0)
-        if batches <= 0:
-            continue
-        items = end.get("batched_items", 0.0) - start.get("batched_items", 0.0)
-        waited = end.get("batch_linger_seconds", 0.0) - start.get("batch_linger_seconds", 0.0)
-        out[stage] = {
-            "batches": int(batches),
-            "items_per_batch": round(items / batches, 2),
-            "linger_us_per_batch": round(waited / batches * 1e6, 1),
-        }
-    return out
-
-
-# The stages whose batches are gRPC stream messages (edge link both ways, the replication feed
-# and its acknowledgements), and those that are Redis transactions (issue 28 counts both).
-STREAM_STAGES = ("edge_link", "partition_link", "replication_feed", "replication_acks")
-REDIS_STAGES = ("group_commit", "replica_write")
-
-
-def per_publish(run: dict[str, Any]) -> dict[str, float] | None:
-    """gRPC stream messages and Redis transactions per message published over a run (the
-    counters cover the whole run: warm-up, window and drain, as `sent` does); None without
-    batching counters or publishes."""
-    stages, sent = run.get("batching"), run.get("sent")
-    if not stages or not sent:
-        return None
-    streams = sum(stages.get(stage, {}).get("batches", 0) for stage in STREAM_STAGES)
-    redis = sum(stages.get(stage, {}).get("batches", 0) for stage in REDIS_STAGES)
-    return {
-        "stream_messages": round(streams / sent, 2),
-        "redis_transactions": round(redis / sent, 2),
-    }
 
 
 def rss_kib(pid: int) -> int | None:
@@ -358,14 +281,13 @@ class ModerateSuite:
         self.doc.setdefault("profiles", [])
 
     def hexmqs(self, nodes: int, rf: int) -> list[Hexmq]:
-        variants = [Hexmq(nodes, rf)]
-        if self.args.plain:
-            variants.append(Hexmq(nodes, rf, variant="plain", insecure=True))
-        if self.args.colocated:
-            variants.append(Hexmq(nodes, rf, variant="colo", colocated=True))
-        if self.args.baseline:
-            variants.append(Hexmq(nodes, rf, python=self.args.baseline, variant="base"))
-        return variants
+        return hexmq_variants(
+            nodes,
+            rf,
+            plain=self.args.plain,
+            colocated=self.args.colocated,
+            baseline=self.args.baseline,
+        )
 
     def run(self, names: list[str]) -> None:
         args, bench = self.args, self.bench
@@ -396,11 +318,8 @@ class ModerateSuite:
                 turn.append(mosquitto)
             for rate in args.rates:
                 for broker in turn:
-                    ports = broker.metrics_ports if isinstance(broker, Hexmq) else []
-                    before = batch_counters(ports)
+                    # (Bench reads the batching counters around every hexmq run.)
                     run = derive(bench.run(broker, SCENARIO, rate), topology)
-                    if ports:
-                        run["batching"] = batching(before, batch_counters(ports))
                     if isinstance(broker, Hexmq) and (topology, rate) in args.profile:
                         self.profile(broker, topology, rate, run)
             mosquitto_done = mosquitto_done or mosquitto in turn
@@ -537,6 +456,7 @@ def print_summary(doc: dict[str, Any], path: Path) -> None:
         f"{m['nproc']} CPUs ({m['cpu_model']}) | Python {m['python']} | load avg before "
         f"{m['loadavg_before']}, after {m['loadavg_after']}"
         + (f" | baseline: {c['baseline']}" if c.get("baseline") else "")
+        + (f" at {c['baseline_checkout']['commit'][:10]}" if c.get("baseline_checkout") else "")
     )
     print(
         f"{c['pairs']} QoS 1 pairs, publishers on node 1 and subscribers on node 2, "
@@ -548,23 +468,7 @@ def print_summary(doc: dict[str, Any], path: Path) -> None:
     )
     print()
     print(report._table(*table(doc)))
-    batched = [r for r in doc["runs"] if r.get("batching")]
-    if batched:
-        print()
-        print("batches per stage over each run (whole run: warm-up, window, drain):")
-        for run in batched:
-            stages = ", ".join(
-                f"{stage} {b['items_per_batch']:.1f}/batch ({b['batches']:,} batches, "
-                f"{b['linger_us_per_batch']:.0f} us wait)"
-                for stage, b in run["batching"].items()
-            )
-            print(f"  {run['label']} at {run['rate']:,}/s: {stages}")
-            each = per_publish(run)
-            if each is not None:
-                print(
-                    f"    per publish: {each['stream_messages']:.2f} gRPC stream messages, "
-                    f"{each['redis_transactions']:.2f} Redis transactions"
-                )
+    print_batching(doc["runs"], lambda run: f"{run['label']} at {run['rate']:,}/s")
     if doc.get("memory"):
         print()
         print(report._table(*memory_rows(doc)))
@@ -587,8 +491,6 @@ def main(argv: list[str] | None = None) -> int:
             print(report.markdown_table(*memory_rows(doc)))
         return 0
     names = ["hexmq", "mosquitto"] if args.broker == "both" else [args.broker]
-    if args.baseline and not Path(args.baseline).exists():
-        raise SystemExit(f"bench: --baseline {args.baseline}: no such interpreter")
     machine = report.machine_facts()
     stem = report.result_stem(machine) + "-moderate"
     doc: dict[str, Any] = {
@@ -605,6 +507,7 @@ def main(argv: list[str] | None = None) -> int:
             "window_s": args.duration,
             "memory_connections": args.memory,
             "baseline": args.baseline,
+            "baseline_checkout": baseline_facts(args.baseline),
         },
         "brokers": {},
         "runs": [],

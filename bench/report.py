@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.batches import per_publish
 from bench.stats import DISTURBED_PCT
 
 REPO = Path(__file__).resolve().parent.parent
@@ -148,7 +149,7 @@ def runs_table(runs: list[dict[str, Any]]) -> str:
 
 
 def ratios_table(ratios: list[dict[str, Any]]) -> str:
-    headers = ["scenario", "mode", "", "throughput", "p50", "p99"]
+    headers = ["scenario", "mode", "broker", "throughput", "p50", "p99"]
     ratios = sorted(ratios, key=lambda r: (r["scenario"], r["mode"] != "saturated"))
     rows = []
     for r in ratios:
@@ -160,7 +161,7 @@ def ratios_table(ratios: list[dict[str, Any]]) -> str:
             [
                 r["scenario"],
                 r["mode"],
-                "",
+                r.get("label", "hexmq"),
                 fmt(r.get("throughput")),
                 fmt(r.get("p50")),
                 fmt(r.get("p99")),
@@ -216,10 +217,10 @@ def cluster_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     ratios = {
         (r["shape"], r["label"], r["mode"]): r for r in doc["ratios"] if r["suite"] == "cluster"
     }
-    labels = sorted(
-        {r["label"] for r in runs},
-        key=lambda label: (label == "mosquitto", label),
-    )
+    # Each replication factor's hexmqs together (hexmq, hexmq-2e, -base, -colo, -plain), then
+    # mosquitto.
+    rf = {r["label"]: r.get("rf") or 0 for r in runs}
+    labels = sorted(rf, key=lambda label: (label == "mosquitto", rf[label], label))
     headers = [
         "shape",
         "broker",
@@ -277,6 +278,25 @@ def cluster_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return headers, rows
 
 
+def per_publish_rows(runs: list[dict[str, Any]]) -> list[list[str]]:
+    """Per run with batching counters (a hexmq that has them): stream messages and Redis
+    transactions per publish (bench.batches.per_publish)."""
+    rows = []
+    for run in runs:
+        each = per_publish(run)
+        if each is not None:
+            rows.append(
+                [
+                    run.get("label", run["broker"]),
+                    run["scenario"],
+                    run["mode"],
+                    f"{each['stream_messages']:.2f}",
+                    f"{each['redis_transactions']:.2f}",
+                ]
+            )
+    return rows
+
+
 def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
     def line(cells: list[str]) -> str:
         return "| " + " | ".join(cells) + " |"
@@ -294,6 +314,19 @@ def print_summary(doc: dict[str, Any], path: Path) -> None:
         f"{m['nproc']} CPUs ({m['cpu_model']}) | Python {m['python']} | "
         f"load avg before {m['loadavg_before'][0]}, after {m['loadavg_after'][0]}"
     )
+    variants = []
+    if c.get("colocated"):
+        variants.append(
+            "hexmq-colo: co-located, one hexmq node process per node (its cpu: that process, "
+            "Redis and the agreement server)"
+        )
+    base = c.get("baseline_checkout")
+    if base:
+        variants.append(
+            f"hexmq-base: {base['checkout']} at {base['commit'][:10]} ({base['python']})"
+        )
+    if variants:
+        print("beside hexmq (a process per service): " + "; ".join(variants))
     runs = [r for r in doc["runs"] if not r.get("error")]
     single = [r for r in runs if r.get("suite", "single") == "single"]
     cluster = [r for r in runs if r.get("suite") == "cluster"]
@@ -357,6 +390,15 @@ def print_summary(doc: dict[str, Any], path: Path) -> None:
             "hexmq; latency: lower is); paced at the same rate for every broker of a shape"
         )
         print(_table(*cluster_rows(doc)))
+    each = per_publish_rows(runs)
+    if each:
+        print()
+        print(
+            "per publish over each run (warm-up, window and drain; from the batching stages' "
+            "counters): gRPC stream messages (edge links, replication feed and acknowledgements) "
+            "and Redis transactions (group commits, replica writes)"
+        )
+        print(_table(["broker", "scenario", "mode", "stream msgs", "redis tx"], each))
     profile = doc.get("profile")
     if profile:
         print()

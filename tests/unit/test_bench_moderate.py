@@ -1,5 +1,6 @@
-"""The moderate-load benchmark's own arithmetic (bench/moderate.py, bench/shapes.py): where
-clients go, what a run's figures derive to, and how the batching counters read."""
+"""The moderate-load benchmark's own arithmetic (bench/moderate.py, bench/shapes.py,
+bench/batches.py): where clients go, what a run's figures derive to, and how the batching
+counters read."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import argparse
 import pytest
 
 from bench import moderate
+from bench.batches import batching, per_publish
 from bench.shapes import layout
 
 
@@ -62,7 +64,7 @@ def test_batching_is_the_difference_of_the_counters_per_stage() -> None:
         "group_commit": {"batches": 5.0, "batched_items": 50.0},
         "idle": {"batches": 0.0},
     }
-    assert moderate.batching(before, after) == {
+    assert batching(before, after) == {
         "edge_link": {"batches": 100, "items_per_batch": 5.0, "linger_us_per_batch": 200.0},
         "group_commit": {"batches": 5, "items_per_batch": 10.0, "linger_us_per_batch": 0.0},
     }
@@ -78,9 +80,9 @@ def test_per_publish_counts_stream_messages_and_redis_transactions_over_what_was
         "replica_write": 300,
     }
     run = {"sent": 100, "batching": {stage: {"batches": n} for stage, n in batches.items()}}
-    assert moderate.per_publish(run) == {"stream_messages": 13.0, "redis_transactions": 6.0}
-    assert moderate.per_publish({"sent": 100}) is None  # (mosquitto, or a hexmq without them)
-    assert moderate.per_publish({"sent": 0, "batching": run["batching"]}) is None
+    assert per_publish(run) == {"stream_messages": 13.0, "redis_transactions": 6.0}
+    assert per_publish({"sent": 100}) is None  # (mosquitto, or a hexmq without them)
+    assert per_publish({"sent": 0, "batching": run["batching"]}) is None
 
 
 def test_the_options_parse_and_bad_ones_are_refused() -> None:
