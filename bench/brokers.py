@@ -191,6 +191,15 @@ class Hexmq(Broker):
             cwd=cwd,
         )
 
+    def _mode_options(self) -> list[str]:
+        """--colocated or --separate, as this hexmq runs: `cluster up` co-locates by default
+        since issue 28; a checkout from before it has no --separate and separates by default."""
+        if self.colocated:
+            return ["--colocated"]
+        if self.foreign and checkout(self.python)["separate_option"] != "True":
+            return []
+        return ["--separate"]
+
     def _base_port(self) -> int:
         # MQTT on P..P+nodes-1; node i's internal services on P+1000+10*(i-1)+0..5, and its
         # further edges' metrics on +6.. (one each): all free.
@@ -220,7 +229,7 @@ class Hexmq(Broker):
             "--base-port",
             str(self._base_port()),
             *(["--insecure-cluster"] if self.insecure else []),
-            *(["--colocated"] if self.colocated else []),
+            *self._mode_options(),
             *(["--edges-per-node", str(self.edges)] if self.edges > 1 else []),
             timeout=90,
         )
@@ -407,7 +416,15 @@ def checkout(python: str) -> dict[str, str]:
         "commit": commit or "unknown",
         "version": version,
         "cli_module": "hexmq_cli" if (Path(root) / "hexmq_cli").is_dir() else "hexmq.cli",
+        # Whether its `cluster up` takes --separate (co-located by default since issue 28; a
+        # checkout without it runs separate processes by default).
+        "separate_option": str(_cli_has(Path(root), '"--separate"')),
     }
+
+
+def _cli_has(root: Path, text: str) -> bool:
+    source = root / "hexmq_cli" / "cli.py"
+    return source.is_file() and text in source.read_text(encoding="utf-8")
 
 
 def hexmq_variants(

@@ -194,12 +194,23 @@ def _add_cluster_shape(p: argparse.ArgumentParser) -> None:
         "(each service logs a warning); by default every link is mutual TLS with the "
         "certificates made under DIR/tls (docs/security.md)",
     )
-    p.add_argument(
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
         "--colocated",
-        action="store_true",
+        action="store_const",
+        const=True,
+        default=None,
         help="run each node's membership agent, partition service and edge as one process "
-        "(`hexmq node`), calling each other in process; by default each is a process of its "
-        'own (docs/operations.md, "Co-located nodes")',
+        "(`hexmq node`), calling each other in process: the default, unless --edges-per-node "
+        'is above 1 (docs/operations.md, "Co-located nodes"; docs/benchmarks.md says why)',
+    )
+    mode.add_argument(
+        "--separate",
+        dest="colocated",
+        action="store_const",
+        const=False,
+        help="run each node's membership agent, partition service and edge(s) as processes "
+        "of their own (the default with --edges-per-node above 1)",
     )
     for service in ("edge", "partition", "membership"):
         p.add_argument(
@@ -643,8 +654,18 @@ def _start_cluster(args: argparse.Namespace) -> clusterstate.ClusterState:
         discovery=args.discovery,
         insecure_cluster=args.insecure_cluster,
         edges_per_node=args.edges_per_node,
-        colocated=args.colocated,
+        colocated=_colocated(args),
     )
+
+
+def _colocated(args: argparse.Namespace) -> bool:
+    """Whether `up` and `run` co-locate each node's services: --colocated or --separate as
+    given; otherwise co-located (it measured better on this machine: docs/benchmarks.md,
+    "Co-located nodes"), unless the node runs several edges, which only separate processes
+    can."""
+    if args.colocated is not None:
+        return bool(args.colocated)
+    return bool(args.edges_per_node == 1)
 
 
 def _up(args: argparse.Namespace) -> int:

@@ -1,11 +1,12 @@
 """The layout of a local cluster: its port scheme, its directory, and its state file.
 
 A node is four processes: redis-server, `hexmq membership`, `hexmq partition`, `hexmq edge`
-(SERVICES, in start order). The cluster has one more: its agreement server, `hexmq consul-dev`
-(the embedded Consul-API server), started before the nodes and stopped after them, unless the
-membership agents use an external Consul (`--consul ADDR`). Nothing here starts or signals a
-process (that is hexmq_cli.localcluster); this module says where everything is and what each
-command line is.
+(SERVICES, in start order), or two when co-located (`up`'s default): redis-server and `hexmq
+node`, which runs the three hexmq services (COLOCATED_PROCESSES). The cluster has one more:
+its agreement server, `hexmq consul-dev` (the embedded Consul-API server), started before the
+nodes and stopped after them, unless the membership agents use an external Consul (`--consul
+ADDR`). Nothing here starts or signals a process (that is hexmq_cli.localcluster); this module
+says where everything is and what each command line is.
 
 Port scheme, from the base port P (default 1883), for node i (1-based):
     MQTT (edge)            P + i - 1

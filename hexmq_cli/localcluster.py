@@ -4,7 +4,7 @@ The lifecycle behind `hexmq cluster`: up, start, stop, kill, status (add and lea
 hexmq_cli.localmembers). The cluster's agreement
 server (`hexmq consul-dev`, unless the agents use an external Consul) starts first and stops
 last; a node's processes start in SERVICES order, each once the previous one serves, and stop
-in reverse (a co-located node, `up --colocated`: redis, then `hexmq node`, which runs the three
+in reverse (a co-located node, `up`'s default: redis, then `hexmq node`, which runs the three
 hexmq services in one process). Where everything lives (ports, DIR, cluster.json) is
 hexmq_cli.clusterstate, and how a process is spawned and signalled safely is hexmq_cli.procs.
 """

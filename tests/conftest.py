@@ -270,9 +270,20 @@ def run_up(
         *("--dir", str(cluster_dir)),
         *("--base-port", str(base_port)),
         *("--timeout", f"{timeout:g}"),
+        *separate_unless_told(extra),
         *extra,
     ]
     return start_bounds.run_start(argv, nodes)
+
+
+def separate_unless_told(extra: Sequence[str]) -> list[str]:
+    """`--separate` unless `extra` names a mode: `cluster up` co-locates each node's services
+    by default (issue 28), and most tests start, kill and read a node's services one by one;
+    tests/integration/test_colocated.py and the default's own test run co-located nodes."""
+    told = any(
+        a in ("--colocated", "--separate") or a.startswith("--edges-per-node") for a in extra
+    )
+    return [] if told else ["--separate"]
 
 
 @contextlib.contextmanager

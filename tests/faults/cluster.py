@@ -103,6 +103,7 @@ class FaultCluster:
             *("--nodes", str(self.count), "--rf", str(rf), "--partitions", str(partitions)),
             *("--hosts", hosts, "--agreement-listen", self.agreement),
             *("--base-port", str(BASE_PORT), "--node-wrapper", wrapper, "--timeout", "60"),
+            "--separate",  # the suite's schedules kill, pause and cut a node's services
             *(("--trace-dir", str(trace_dir)) if trace_dir else ()),
             *service_args,
         )

@@ -79,7 +79,7 @@ def _link_down(host: str, port: int, peer: str) -> bool | None:
 def run(cluster_dir: Path, extra: list[str]) -> dict[str, Any]:
     netns.bring_up_loopback()
     hexmq = Path(sys.executable).with_name("hexmq")
-    argv = [str(hexmq), "cluster", "up", "--dir", str(cluster_dir), "--nodes", "3"]
+    argv = [str(hexmq), "cluster", "up", "--dir", str(cluster_dir), "--nodes", "3", "--separate"]
     argv += ["--rf", "3", "--hosts", ",".join(HOSTS), "--partitions", str(PARTITIONS)]
     argv += ["--agreement-listen", f"{AGREEMENT}:{AGREEMENT_PORT}"]
     # Node 3's subscriber misses 20 s of a publisher at 100 messages a second: more than the

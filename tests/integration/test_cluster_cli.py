@@ -22,7 +22,14 @@ from hexmq.mqtt import ConnAck, Connect
 from hexmq.trust.identity import MEMBERSHIP, Identity
 from hexmq_cli import clusterstate
 from services.edge.auth import PasswordFile
-from tests.conftest import HEXMQ, HexmqCluster, pick_base_port, run_up, running_processes
+from tests.conftest import (
+    HEXMQ,
+    HexmqCluster,
+    pick_base_port,
+    run_up,
+    running_processes,
+    separate_unless_told,
+)
 from tests.support import start_bounds
 from tests.support.rawclient import RawClient
 from tests.support.trust import cluster_channel, node_redis
@@ -237,7 +244,8 @@ def _up_with_env(
 ) -> subprocess.CompletedProcess[str]:
     timeout = start_bounds.step_timeout() if timeout is None else timeout
     argv = [str(HEXMQ), "cluster", "up", "--nodes", str(nodes), "--dir", str(cluster_dir)]
-    argv += ["--base-port", str(pick_base_port(nodes)), "--timeout", f"{timeout:g}", *extra]
+    argv += ["--base-port", str(pick_base_port(nodes)), "--timeout", f"{timeout:g}"]
+    argv += [*separate_unless_told(extra), *extra]
     return start_bounds.run_start(argv, nodes, env)
 
 
@@ -318,7 +326,10 @@ def test_run_stays_in_the_foreground_until_ctrl_c(
         assert "mosquitto_pub" in text
         assert mqtt_connect(base) == 0
         pids = running_processes(cluster_dir)
-        assert len(pids) == 5  # the node's four processes and the agreement server
+        # Co-located by default: the node's Redis and its `hexmq node`, and the agreement server.
+        assert len(pids) == 3
+        state = json.loads((cluster_dir / "cluster.json").read_text())
+        assert [sorted(n["processes"]) for n in state["nodes"]] == [["node", "redis"]]
 
         os.killpg(manager.pid, signal.SIGINT)
         out, err = manager.communicate(timeout=start_bounds.scaled(60))

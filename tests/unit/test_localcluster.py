@@ -115,6 +115,30 @@ def test_up_rejects_bad_arguments_with_one_line_and_exit_2(
 
 
 @pytest.mark.parametrize(
+    ("args", "colocated"),
+    [
+        ([], True),  # co-located by default (issue 28: it measured better here)
+        (["--colocated"], True),
+        (["--separate"], False),
+        (["--edges-per-node", "2"], False),  # several edges need separate processes
+        (["--separate", "--edges-per-node", "3"], False),
+    ],
+)
+def test_up_and_run_colocate_by_default_unless_told_or_given_several_edges(
+    args: list[str], colocated: bool
+) -> None:
+    for action in ("up", "run"):
+        parsed = cli.build_parser().parse_args(["cluster", action, "--dir", "x", *args])
+        assert cli._colocated(parsed) is colocated
+
+
+def test_up_takes_one_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["cluster", "up", "--dir", "x", "--colocated", "--separate"])
+    assert code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
     "argv",
     [
         ["cluster", "stop", "0", "--dir", "x"],
