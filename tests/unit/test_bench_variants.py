@@ -126,6 +126,22 @@ def test_the_baseline_runs_its_own_checkouts_command_without_pythonpath(
     assert done.stdout.split() == [str(tmp_path), "-m", module, "cluster", "status"]
 
 
+@pytest.mark.parametrize("knows_separate", [True, False])
+def test_each_hexmq_says_its_mode_as_its_checkout_understands_it(
+    tmp_path: Path, knows_separate: bool
+) -> None:
+    # `cluster up` co-locates by default since issue 28: hexmq (separate processes) must say
+    # --separate, hexmq-colo --colocated; a baseline from before --separate says nothing (its
+    # default is separate processes), one from after says --separate as this checkout does.
+    python = str(fake_python(tmp_path, with_hexmq_cli=True))
+    cli_source = tmp_path / "checkout" / "hexmq_cli" / "cli.py"
+    cli_source.write_text('p.add_argument("--separate")\n' if knows_separate else "# old\n")
+    assert Hexmq()._mode_options() == ["--separate"]
+    assert Hexmq(colocated=True)._mode_options() == ["--colocated"]
+    base = Hexmq(python=python, variant="base")
+    assert base._mode_options() == (["--separate"] if knows_separate else [])
+
+
 def run(label: str, rf: int | None, delivered: float, **extra: Any) -> dict[str, Any]:
     return {
         "broker": label.split()[0],
