@@ -8,6 +8,7 @@ process, a remote caller with another certificate still may not."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import time
@@ -159,3 +160,49 @@ def test_a_node_added_to_a_colocated_cluster_is_one_process_too(hexmq_cluster: A
     argv = clusterstate.require_state(cluster.dir).node(3).processes["node"].argv
     assert clusterstate.node_sections(argv)["edge"][-1] == "--sys-interval=1"
     wait_for(lambda: rebalanced(cluster), 60, "the join's rebalance finished")
+
+
+def test_a_plain_text_colocated_cluster_is_switched_to_tls_by_secure(hexmq_cluster: Any) -> None:
+    """`hexmq cluster secure` on co-located nodes (`up`'s default since issue 28): each node's
+    one process is restarted three times (certificates, then mutual TLS and a Redis password,
+    then TLS only) while a QoS 1 publisher on node 1 keeps publishing to a persistent subscriber
+    on node 2; afterwards every node runs TLS, nothing acknowledged was lost, and a caller
+    without a certificate is refused."""
+    extra = ["--rf", "2", "--colocated", "--insecure-cluster", DEEP_QUEUES]
+    cluster = hexmq_cluster(nodes=2, partitions=PARTITIONS, extra=extra)
+    assert [n["security"] for n in cluster.status()["nodes"]] == ["plain", "plain"]
+    tag = uid()
+    ports = itertools.cycle([cluster.mqtt_port(1), cluster.mqtt_port(2)])
+    subs = [Subscriber(f"s-{tag}-n{i}", cluster.mqtt_port(i), f"f/{tag}/#", qos=1) for i in (1, 2)]
+    for s in subs:
+        s.connect()
+        s.drop()  # each node restarts three times: their sessions queue meanwhile
+    pubs = [
+        Publisher(f"p-{tag}-n{i}", cluster.mqtt_port(i), f"f/{tag}/n{i}", qos=1, version=v)
+        for i, v in ((1, 5), (2, 4))
+    ]
+    for p in pubs:
+        p.reconnect = lambda: ("127.0.0.1", next(ports))
+        p.start(interval=0.05)
+    done = cluster.cli("secure", timeout=900)
+    assert "step 3 of 3: node 2 back" in done.stderr, done.stderr
+    time.sleep(1)
+    for p in pubs:
+        p.stop()
+    for s in subs:
+        assert s.move(s.port), f"{s.client_id}: session present 0"
+    drain(subs, pubs)
+    report = check(pubs, subs)
+    report.assert_clean()
+    assert all(len(p.acked) > 20 for p in pubs), [len(p.acked) for p in pubs]
+    status = cluster.status()
+    assert [(n["security"], n["alive"]) for n in status["nodes"]] == [("tls", True)] * 2
+    assert all(set(cluster.pids(i)) == {"redis", "node"} for i in (1, 2))
+    node1 = cluster.node(1)
+    target = f"{node1['host']}:{node1['membership_port']}"
+    with grpc.insecure_channel(target) as plain:
+        with pytest.raises(grpc.RpcError) as no_tls:
+            mpb_grpc.MembershipServiceStub(plain).GetView(mpb.GetViewRequest(), timeout=5)
+        assert no_tls.value.code() == grpc.StatusCode.UNAVAILABLE
+    for s in subs:
+        s.close()
