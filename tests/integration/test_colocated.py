@@ -162,6 +162,7 @@ def test_a_node_added_to_a_colocated_cluster_is_one_process_too(hexmq_cluster: A
     wait_for(lambda: rebalanced(cluster), 60, "the join's rebalance finished")
 
 
+@pytest.mark.fault  # three rolling restarts, as test_upgrade's switch to TLS: make test-fault
 def test_a_plain_text_colocated_cluster_is_switched_to_tls_by_secure(hexmq_cluster: Any) -> None:
     """`hexmq cluster secure` on co-located nodes (`up`'s default since issue 28): each node's
     one process is restarted three times (certificates, then mutual TLS and a Redis password,
