@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +171,12 @@ class Hexmq(Broker):
         # Every service's Prometheus port (bench/moderate.py reads the batching counters).
         self.metrics_ports: list[int] = []
 
+    @cached_property
+    def _checkout(self) -> dict[str, str]:
+        """checkout() of a foreign hexmq's interpreter, probed once: every `cluster` command
+        (the status polls while followers catch up among them) needs its command module."""
+        return checkout(self.python)
+
     @property
     def profileable(self) -> bool:
         """bench.cli's --profile target: this checkout's hexmq, separate processes, TLS."""
@@ -180,7 +186,7 @@ class Hexmq(Broker):
         module, env, cwd = "hexmq_cli", dict(os.environ), None
         if self.foreign:
             # That checkout's own command, nothing of this one on its path.
-            module, env, cwd = checkout(self.python)["cli_module"], foreign_env(), self.workdir
+            module, env, cwd = self._checkout["cli_module"], foreign_env(), self.workdir
         return subprocess.run(
             [self.python, "-m", module, *args],
             capture_output=True,
@@ -196,7 +202,7 @@ class Hexmq(Broker):
         since issue 28; a checkout from before it has no --separate and separates by default."""
         if self.colocated:
             return ["--colocated"]
-        if self.foreign and checkout(self.python)["separate_option"] != "True":
+        if self.foreign and self._checkout["separate_option"] != "True":
             return []
         return ["--separate"]
 
@@ -215,7 +221,7 @@ class Hexmq(Broker):
     def start(self) -> None:
         from hexmq import __version__
 
-        self.version = checkout(self.python)["version"] if self.foreign else __version__
+        self.version = self._checkout["version"] if self.foreign else __version__
         self.workdir = Path(tempfile.mkdtemp(prefix="hexmq-bench-"))
         done = self._cli(
             "cluster",
