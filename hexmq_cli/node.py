@@ -21,9 +21,11 @@ the options whose values differ between the services of one node.
 Stopping: SIGINT stops the services one after the other, edge, partition service, membership
 agent (the order `hexmq cluster stop` stops a node's processes in); SIGTERM tells all three
 at once, as an orchestrator stopping a node's processes does: the node leaves the cluster
-first (docs/operations.md, "Leaving"). A service that ends by itself (a storage failure, an
-agent that cannot go on) stops the other two, and the process exits with its code: the node
-restarts as one.
+first (docs/operations.md, "Leaving"). A partition service that ends by itself (it lost its
+Redis, and stops so that its state reloads from Redis) is started again in this process, as
+its own process would be, while the edge keeps its clients and the agent the node's
+registration (`Restarts`). Any other service that ends by itself (an agent that cannot go on)
+stops the other two, and the process exits with its code: the node restarts as one.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import importlib
 import logging
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from hexmq import envoptions
@@ -64,6 +66,12 @@ USAGE = (
 )
 
 EXIT_USAGE: Final = 2
+# A partition service that ends by itself is started again in the node's process (Restarts):
+# first after this many seconds, doubling up to RESTART_MAX_S while it keeps ending within
+# RESTART_STEADY_S of its start.
+RESTART_FIRST_S: Final = 1.0
+RESTART_MAX_S: Final = 30.0
+RESTART_STEADY_S: Final = 60.0
 
 
 class NodeUsageError(ValueError):
@@ -190,16 +198,40 @@ async def run_node(mains: Mapping[str, ServiceMain], stop: StopEvent) -> int:
         for service, main in mains.items()
     }
     asked = asyncio.create_task(stop.wait())
-    done, _ = await asyncio.wait([asked, *tasks.values()], return_when=asyncio.FIRST_COMPLETED)
+    restarts = Restarts()
     codes: dict[str, int] = {}
-    ended = [s for s, t in tasks.items() if t in done]
-    for service in ended:
-        codes[service] = _code(service, tasks[service])
+    while True:
+        done, _ = await asyncio.wait([asked, *tasks.values()], return_when=asyncio.FIRST_COMPLETED)
+        ended = {s: _code(s, t) for s, t in tasks.items() if t in done}
+        again = restarts.after(ended, asyncio.get_running_loop().time())
+        if again is None or asked in done:
+            codes = ended
+            for service, code in ended.items():
+                log.error(
+                    "the %s service ended by itself (exit code %d): stopping the node",
+                    service,
+                    code,
+                )
+            break
+        service, delay = again
         log.error(
-            "the %s service ended by itself (exit code %d): stopping the node",
+            "the %s service ended by itself (exit code %d): starting it again in %.0f s; "
+            "the node's other services go on (its edge keeps its clients)",
             service,
-            codes[service],
+            ended[service],
+            delay,
         )
+        try:
+            async with asyncio.timeout(delay):
+                await asyncio.shield(asked)
+        except TimeoutError:
+            pass
+        if asked.done():
+            codes = ended
+            break
+        stops[service] = StopEvent()
+        tasks[service] = asyncio.create_task(mains[service](stops[service]), name=f"node-{service}")
+        restarts.started(service, asyncio.get_running_loop().time())
     asked.cancel()
     if stop.is_set() and stop.leave:
         # SIGTERM: every service at once, each with the leave as in a process of its own.
@@ -224,6 +256,36 @@ async def run_node(mains: Mapping[str, ServiceMain], stop: StopEvent) -> int:
         if codes.get(service):
             return codes[service]
     return 0
+
+
+@dataclass
+class Restarts:
+    """Which service a co-located node starts again in its own process when it ends by itself,
+    and after how long. The partition service stops on purpose when it loses its Redis (so
+    that its state reloads from Redis when it starts again, docs/failover.md); run alone, its
+    process is started again by whoever runs it (`hexmq cluster start`, compose's restart
+    policy, Kubernetes), and its node's edge keeps its clients meanwhile. In one process with
+    the edge, stopping the node for it would end every MQTT connection of the node: so it alone
+    is started again here, after RESTART_FIRST_S, doubling to RESTART_MAX_S while it keeps
+    ending within RESTART_STEADY_S of its start. Any other end (the agent, the edge, a
+    partition service that exits 0 unasked, two at once) stops the node as before."""
+
+    backoff: float = 0.0
+    started_at: dict[str, float] = field(default_factory=dict)
+
+    def after(self, ended: Mapping[str, int], now: float) -> tuple[str, float] | None:
+        """(service, seconds to wait before starting it again), or None: stop the node."""
+        if list(ended) != ["partition"] or ended["partition"] == 0:
+            return None
+        since = self.started_at.get("partition")
+        steady = since is None or now - since >= RESTART_STEADY_S
+        self.backoff = (
+            RESTART_FIRST_S if steady or not self.backoff else min(2 * self.backoff, RESTART_MAX_S)
+        )
+        return "partition", self.backoff
+
+    def started(self, service: str, now: float) -> None:
+        self.started_at[service] = now
 
 
 async def _forward_plain(stop: StopEvent, stops: Iterable[StopEvent]) -> None:

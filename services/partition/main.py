@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -89,21 +90,28 @@ def prepare(args: argparse.Namespace, colocated: NodeServers | None = None) -> S
     redis_at = redacted(args.redis)
 
     async def main(stop: StopEvent) -> int:
+        # Whichever way it ends, it gives back what it took (ports, connections, tasks): a
+        # co-located node starts it again in the same process (hexmq_cli/node.py).
+        async with contextlib.AsyncExitStack() as later:
+            return await serve(stop, later)
+
+    async def serve(stop: StopEvent, later: contextlib.AsyncExitStack) -> int:
         try:
             obs = start_observability("partition", args.node_id, args)
         except OSError as exc:
             log.error("cannot serve metrics on %s: %s", args.metrics_listen, exc.strerror)
             return 1
+        later.push_async_callback(obs.close)
         # Reads and snapshots go through redis-py; the hot path's two writers (group commit,
         # follower writes) share a lean transaction writer (services/partition/redis_tx.py),
         # each MULTI/EXEC with --redis-timeout in all. Both as the same user, over the same TLS.
         client = redis_client(args.redis, args.redis_timeout, access=access)
         writer = RedisTransactions(args.redis, connect_timeout=args.redis_timeout, access=access)
+        later.push_async_callback(writer.aclose)
+        later.push_async_callback(client.aclose)
         refused = await check_redis(client, writer, access, args.startup_timeout)
         if refused is not None:
             log.error("redis at %s %s", redis_at, refused)
-            await client.aclose()
-            await writer.aclose()
             return 1
         exit_code = 0
 
@@ -117,6 +125,8 @@ def prepare(args: argparse.Namespace, colocated: NodeServers | None = None) -> S
         # that runs now (a restart is a new incarnation, docs/failover.md).
         incarnation = time.time_ns()
         agent = AgreementClient(args.membership, incarnation, RenewingChannel(dial_agent, tls))
+        later.push_async_callback(agent.close)
+
         parts = assemble(
             args.node_id,
             client=client,
@@ -175,6 +185,14 @@ def prepare(args: argparse.Namespace, colocated: NodeServers | None = None) -> S
         commit.start()
         replication.start()
         watcher.start()
+
+        async def stop_serving() -> None:
+            await stop_servers(2.0, server, colocated.partition if colocated else None)
+            await commit.stop()
+            await replication.stop()
+            await watcher.stop()
+
+        later.push_async_callback(stop_serving)
         try:
             async with asyncio.timeout(args.startup_timeout):
                 await watcher.wait_ready()
@@ -203,14 +221,8 @@ def prepare(args: argparse.Namespace, colocated: NodeServers | None = None) -> S
         sweeper.cancel()
         metrics.cancel()
         pacing.cancel()
-        await stop_servers(2.0, server, colocated.partition if colocated else None)
-        await commit.stop()
-        await replication.stop()
-        await watcher.stop()
-        await agent.close()
-        await client.aclose()
-        await writer.aclose()
-        await obs.close()
+        # Then `later`: the servers, the commit, replication and the watcher, the agent's
+        # client, Redis, tracing and metrics.
         return exit_code
 
     return main

@@ -25,9 +25,13 @@ from tests.support.cluster_watch import drain, failovers_from, members, rebalanc
 from tests.support.eventually import eventually_sync as wait_for
 from tests.support.trust import cluster_ca, tls_for
 from tests.support.unique import uid
-from tests.support.workload import DEEP_QUEUES, Publisher, Subscriber, check
+from tests.support.workload import DEEP_QUEUES, ConnectionLog, Publisher, Subscriber, check
 
 PARTITIONS = 32
+
+
+def node_log(cluster: Any, i: int) -> str:
+    return (cluster.dir / f"node{i}" / "node.log").read_text(errors="replace")
 
 
 def test_a_killed_colocated_node_fails_over_and_loses_nothing(hexmq_cluster: Any) -> None:
@@ -74,6 +78,53 @@ def test_a_killed_colocated_node_fails_over_and_loses_nothing(hexmq_cluster: Any
     cluster.start(1)
     wait_for(lambda: "n1" in members(cluster), 30, "n1 back in the view")
     assert set(cluster.pids(1)) == {"redis", "node"}
+
+
+def test_a_colocated_node_that_loses_its_redis_keeps_its_clients(hexmq_cluster: Any) -> None:
+    """Node 1's Redis is killed under QoS 1 and QoS 2 traffic. Its partition service stops so
+    that its state reloads from Redis, as in a process of its own; the node's process stays, its
+    edge keeps every MQTT connection (as a separate edge process does), and the partition
+    service starts again in the process once Redis is back: node 1 is in the view again, its
+    publishers are answered, and every acknowledged message reaches every subscriber, those on
+    node 1 included, without a reconnect."""
+    cluster = hexmq_cluster(
+        nodes=3, partitions=PARTITIONS, extra=["--rf", "3", "--colocated", DEEP_QUEUES]
+    )
+    node_pid = cluster.pids(1)["node"]
+    log = ConnectionLog()
+    tag = uid()
+    pubs, subs = start_workload(cluster, [1, 2, 3], tag, log=log)
+    time.sleep(2)
+    redis = procs.identity_of(cluster.pids(1)["redis"])
+    assert redis is not None
+    procs.kill([redis])
+    wait_for(
+        lambda: "partition service ended by itself" in node_log(cluster, 1),
+        30,
+        "node 1's partition service stopping for its lost Redis",
+    )
+    cluster.start(1)  # starts what is not running: Redis
+    assert cluster.pids(1)["node"] == node_pid, "node 1's process was started again"
+    wait_for(lambda: "n1" in members(cluster), 60, "n1 in the view with its new incarnation")
+    back = time.monotonic()
+    mine = [p for p in pubs if p.port == cluster.mqtt_port(1)]
+    wait_for(
+        lambda: all(max(list(p.acked.values()), default=0) > back for p in mine),
+        60,
+        "node 1's publishers answered after its partition service is back",
+    )
+    time.sleep(1)
+    for p in pubs:
+        p.stop()
+    drain(subs, pubs)
+    check(pubs, subs).assert_clean()
+    on_node_1 = {c.client_id for c in log.snapshot() if c.port == cluster.mqtt_port(1)}
+    assert on_node_1, "no client of node 1 logged"
+    dropped = [c for c in log.snapshot() if c.ended is not None and c.cause == "server"]
+    assert not dropped, [(c.client_id, c.reason) for c in dropped]
+    os.kill(node_pid, 0)  # still running: no ProcessLookupError
+    for s in subs:
+        s.close()
 
 
 def test_a_colocated_nodes_servers_still_check_remote_callers(hexmq_cluster: Any) -> None:

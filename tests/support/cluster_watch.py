@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tests.support.workload import Publisher, Subscriber
+from tests.support.workload import ConnectionLog, Publisher, Subscriber
 
 
 def membership(cluster: Any) -> dict[str, Any]:
@@ -27,22 +27,26 @@ def masters_of(cluster: Any) -> dict[str, int]:
 
 
 def start_workload(
-    cluster: Any, nodes: list[int], tag: str
+    cluster: Any, nodes: list[int], tag: str, log: ConnectionLog | None = None
 ) -> tuple[list[Publisher], list[Subscriber]]:
     """On each node: a QoS 1 (5.0) and a QoS 2 (3.1.1) publisher, and a QoS 1 (3.1.1) and a
-    QoS 2 (5.0) persistent subscriber to every publisher's topic."""
+    QoS 2 (5.0) persistent subscriber to every publisher's topic (their connections in `log`)."""
     subs: list[Subscriber] = []
     for node in nodes:
         port = cluster.mqtt_port(node)
-        subs.append(Subscriber(f"s1-{tag}-n{node}", port, f"f/{tag}/#", qos=1, version=4))
-        subs.append(Subscriber(f"s2-{tag}-n{node}", port, f"f/{tag}/#", qos=2, version=5))
+        subs.append(Subscriber(f"s1-{tag}-n{node}", port, f"f/{tag}/#", qos=1, version=4, log=log))
+        subs.append(Subscriber(f"s2-{tag}-n{node}", port, f"f/{tag}/#", qos=2, version=5, log=log))
     for s in subs:
         s.connect()
     pubs: list[Publisher] = []
     for node in nodes:
         port = cluster.mqtt_port(node)
-        pubs.append(Publisher(f"p1-{tag}-n{node}", port, f"f/{tag}/q1n{node}", qos=1, version=5))
-        pubs.append(Publisher(f"p2-{tag}-n{node}", port, f"f/{tag}/q2n{node}", qos=2, version=4))
+        pubs.append(
+            Publisher(f"p1-{tag}-n{node}", port, f"f/{tag}/q1n{node}", qos=1, version=5, log=log)
+        )
+        pubs.append(
+            Publisher(f"p2-{tag}-n{node}", port, f"f/{tag}/q2n{node}", qos=2, version=4, log=log)
+        )
     for p in pubs:
         p.start(interval=0.01)
     return pubs, subs

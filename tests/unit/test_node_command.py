@@ -4,6 +4,7 @@ and stops the services of a co-located node in."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -92,17 +93,29 @@ def test_hexmq_node_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> N
 class _Services:
     """Stand-in mains that record when each is told to stop and how."""
 
-    def __init__(self, fail: str | None = None) -> None:
+    def __init__(self, fail: str | None = None, times: int = -1) -> None:
         self.events: list[str] = []
         self.fail = fail
+        self.times = times  # how many of `fail`'s runs fail (-1: every one)
         self.started = asyncio.Event()
+        self.runs: dict[str, int] = {}  # runs that went on past the start, per service
+        self.step = asyncio.Event()  # set at each failure and each run
+
+    async def until(self, done: Callable[[], bool]) -> None:
+        while not done():
+            self.step.clear()
+            await self.step.wait()
 
     def main(self, service: str) -> node.ServiceMain:
         async def run(stop: StopEvent) -> int:
-            if service == self.fail:
+            if service == self.fail and self.times != 0:
+                self.times -= 1
                 await asyncio.sleep(0.01)
                 self.events.append(f"{service} failed")
+                self.step.set()
                 return 3
+            self.runs[service] = self.runs.get(service, 0) + 1
+            self.step.set()
             self.started.set()
             await stop.wait()
             how = "leave" if stop.leave else "plain"
@@ -158,16 +171,86 @@ async def test_a_leave_tells_every_service_at_once_and_a_plain_stop_cuts_it_shor
 
 
 async def test_a_service_that_ends_by_itself_stops_the_node_with_its_code() -> None:
-    services = _Services(fail="partition")
+    services = _Services(fail="membership")
     code = await asyncio.wait_for(node.run_node(services.mains(), StopEvent()), 5)
     assert code == 3
     assert services.events == [
-        "partition failed",
+        "membership failed",
+        "edge plain",
+        "edge stopped",
+        "partition plain",
+        "partition stopped",
+    ]
+
+
+@pytest.fixture
+def quick_restarts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(node, "RESTART_FIRST_S", 0.01)
+    monkeypatch.setattr(node, "RESTART_MAX_S", 0.04)
+
+
+@pytest.mark.usefixtures("quick_restarts")
+async def test_a_partition_service_that_ends_by_itself_starts_again_and_the_node_goes_on() -> None:
+    # Its Redis lost, it stops so that its state reloads (twice here, then it stays up): the
+    # edge and the agent go on, and the node stops only when asked.
+    services, stop = _Services(fail="partition", times=2), StopEvent()
+    running = asyncio.create_task(node.run_node(services.mains(), stop))
+    await services.until(lambda: "partition" in services.runs)
+    assert not running.done()
+    assert services.events.count("partition failed") == 2
+    assert "edge plain" not in services.events
+    assert "membership plain" not in services.events
+    stop.plain.set()
+    stop.set()
+    assert await asyncio.wait_for(running, 5) == 0
+    assert services.events[-6:] == [
+        "edge plain",
+        "edge stopped",
+        "partition plain",
+        "partition stopped",
+        "membership plain",
+        "membership stopped",
+    ]
+
+
+@pytest.mark.usefixtures("quick_restarts")
+async def test_a_stop_while_the_partition_service_waits_to_start_again_stops_the_node() -> None:
+    services, stop = _Services(fail="partition"), StopEvent()
+    running = asyncio.create_task(node.run_node(services.mains(), stop))
+    await services.until(lambda: services.events.count("partition failed") >= 3)
+    stop.plain.set()
+    stop.set()
+    assert await asyncio.wait_for(running, 5) == 3  # the partition service's code
+    assert "partition" not in services.runs
+    assert services.events[-4:] == [
         "edge plain",
         "edge stopped",
         "membership plain",
         "membership stopped",
     ]
+
+
+def test_restarts_wait_longer_while_the_partition_service_keeps_failing() -> None:
+    restarts = node.Restarts()
+    first, most, steady = node.RESTART_FIRST_S, node.RESTART_MAX_S, node.RESTART_STEADY_S
+    assert restarts.after({"partition": 1}, 0.0) == ("partition", first)
+    waits = []
+    now = 0.0
+    for _ in range(8):
+        restarts.started("partition", now)
+        now += 1.0  # ends again a second after it started
+        again = restarts.after({"partition": 1}, now)
+        assert again is not None
+        waits.append(again[1])
+    assert waits[:2] == [2 * first, 4 * first]
+    assert waits[-1] == most
+    restarts.started("partition", now)
+    assert restarts.after({"partition": 1}, now + steady) == ("partition", first)
+    # Anything else stops the node: the agent or the edge, two at once, a clean exit.
+    assert restarts.after({"membership": 1}, now) is None
+    assert restarts.after({"edge": 1}, now) is None
+    assert restarts.after({"partition": 1, "edge": 1}, now) is None
+    assert restarts.after({"partition": 0}, now) is None
 
 
 def _edge(colocated: NodeServers | None) -> Edge:
