@@ -43,6 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--kinds", type=_kinds, default=None, help="nemeses, comma-separated")
     run.add_argument("--length", type=float, default=45.0, help="seconds of faults")
     run.add_argument("--trace", action="store_true", help="the cluster writes trace files")
+    run.add_argument(
+        "--colocated",
+        action="store_true",
+        help="each node's services in one process (hexmq cluster up --colocated), not one each",
+    )
     run.add_argument("--out", type=Path, default=Path(".hexmq/faults"))
     run.add_argument("--name", default="")
     run.add_argument("--keep-data", action="store_true", help="keep Redis data of a pass")
@@ -121,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         kinds=args.kinds,
         length=args.length,
         trace=args.trace,
+        colocated=args.colocated,
         out=args.out,
         name=args.name,
         keep_data=args.keep_data,

@@ -95,6 +95,7 @@ class FaultCluster:
         partitions: int,
         wrapper: str,
         trace_dir: Path | None = None,
+        colocated: bool = False,
         service_args: Sequence[str] = (),
     ) -> None:
         hosts = ",".join(node_address(i) for i in range(1, self.count + 1))
@@ -103,7 +104,9 @@ class FaultCluster:
             *("--nodes", str(self.count), "--rf", str(rf), "--partitions", str(partitions)),
             *("--hosts", hosts, "--agreement-listen", self.agreement),
             *("--base-port", str(BASE_PORT), "--node-wrapper", wrapper, "--timeout", "60"),
-            "--separate",  # the suite's schedules kill, pause and cut a node's services
+            # A process per service unless told: intra-node cuts a node's services from
+            # each other, and a co-located node has no links between them to cut.
+            "--colocated" if colocated else "--separate",
             *(("--trace-dir", str(trace_dir)) if trace_dir else ()),
             *service_args,
         )

@@ -68,13 +68,22 @@ class Fault:
         return asdict(self)
 
 
-def kinds_for(nodes: int, kinds: Sequence[str] | None = None) -> list[str]:
+def kinds_for(
+    nodes: int, kinds: Sequence[str] | None = None, *, colocated: bool = False
+) -> list[str]:
     """The kinds a cluster of `nodes` nodes can take (a ring needs five; a join, a spare
-    node's number)."""
+    node's number; an intra-node cut, a process per service)."""
     chosen = list(DURATIONS) if kinds is None else list(kinds)
     unknown = [k for k in chosen if k not in DURATIONS]
     if unknown:
         raise ValueError(f"unknown nemesis {', '.join(unknown)}; known: {', '.join(DURATIONS)}")
+    if colocated:
+        if kinds is not None and "intra-node" in chosen:
+            raise ValueError(
+                "intra-node cuts a node's services from each other, and a co-located node "
+                "runs them in one process"
+            )
+        chosen = [k for k in chosen if k != "intra-node"]
     if nodes < 5:
         chosen = [k for k in chosen if k != "ring"]
     if nodes + 1 > MAX_NODES:

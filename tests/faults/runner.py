@@ -60,6 +60,7 @@ class RunConfig:
     kinds: list[str] | None = None  # None: every kind the cluster size allows
     length: float = 45.0  # faults start until this many seconds into the workload
     trace: bool = False
+    colocated: bool = False  # each node one process (cluster up --colocated)
     out: Path = Path(".hexmq/faults")
     name: str = ""
     keep_data: bool = False
@@ -101,7 +102,7 @@ class Run:
         self.dir.mkdir(parents=True)
         self.cluster = FaultCluster(self.dir / "cluster", config.nodes)
         self.skipped: dict[str, str] = {}
-        self.kinds = nemesis.kinds_for(config.nodes, config.kinds)
+        self.kinds = nemesis.kinds_for(config.nodes, config.kinds, colocated=config.colocated)
         # The node a join-leave adds (and takes away again): its address, group id and clock
         # are ready from the start.
         self.spare = config.nodes + 1 if "join-leave" in self.kinds else 0
@@ -354,6 +355,7 @@ class Run:
             partitions=config.partitions,
             wrapper=wrapper,
             trace_dir=trace_dir,
+            colocated=config.colocated,
             # A subscriber cut off for a 20 s split misses more than the default 1,000
             # queued messages a session may hold; G1 wants every one.
             service_args=[DEEP_QUEUES],

@@ -19,6 +19,9 @@ class RunSpec:
     kinds: tuple[str, ...] | None = None  # None: every kind the size allows
     length: float = 45.0
     trace: bool = False
+    # Each node one process (`hexmq cluster up --colocated`, the default of `cluster up`)
+    # rather than a process per service.
+    colocated: bool = False
 
     def argv(self, out: Path) -> list[str]:
         """`python -m tests.faults ...` arguments: also the replay command of a failure."""
@@ -28,6 +31,7 @@ class RunSpec:
             *(("--kinds", ",".join(self.kinds)) if self.kinds else ()),
             *("--length", f"{self.length:g}", "--out", str(out), "--name", self.name),
             *(("--trace",) if self.trace else ()),
+            *(("--colocated",) if self.colocated else ()),
         ]
 
 
@@ -60,15 +64,32 @@ FIXED = (
     # Issue 30: a node's own services cut from each other, and plain rules (one of them cuts
     # a node from everything, 127.0.0.1 included, for 19.8 s: the issue's scenario).
     RunSpec("own-and-plain-cuts", 1635, kinds=("intra-node", "plain-cut"), length=40.0),
+    # Co-located nodes, `hexmq cluster up`'s default (issue 28): a node's edge, partition
+    # service and agent in one process, so a kill or a pause takes all three at once.
+    RunSpec(
+        "colocated-kills-and-splits",
+        2172,
+        kinds=("kill-master", "kill-follower", "pause", "isolate", "one-way", "redis-kill"),
+        length=60.0,
+        colocated=True,
+    ),
+    RunSpec(
+        "colocated-joins-and-kills",
+        2831,
+        kinds=("kill-master", "kill-majority", "pause", "one-way", "leave-rejoin"),
+        length=60.0,
+        colocated=True,
+    ),
 )
 
 
 def random_specs(runs: int, base: int) -> list[RunSpec]:
-    """`runs` random runs from `base`: the seed decides the size too (one in three has five
-    nodes), every nemesis allowed."""
+    """`runs` random runs from `base`: the seed decides the size (one in three has five nodes)
+    and the packing (odd seeds co-located nodes, even ones a process per service), every
+    nemesis the packing allows."""
     return [
-        RunSpec(f"seed-{base + i}", base + i, nodes=5 if (base + i) % 3 == 0 else 3)
-        for i in range(runs)
+        RunSpec(f"seed-{seed}", seed, nodes=5 if seed % 3 == 0 else 3, colocated=seed % 2 == 1)
+        for seed in range(base, base + runs)
     ]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 
@@ -38,6 +39,26 @@ def test_kinds_for_a_size_and_unknown_kinds() -> None:
         nemesis.kinds_for(3, ["isolate", "partition-all"])
     with pytest.raises(ValueError, match="no nemesis left for 3 nodes"):
         nemesis.kinds_for(3, ["ring"])
+
+
+def test_a_colocated_cluster_takes_every_kind_but_a_cut_between_a_nodes_own_services() -> None:
+    assert "intra-node" in nemesis.kinds_for(3)
+    assert nemesis.kinds_for(3, colocated=True) == [
+        k for k in nemesis.kinds_for(3) if k != "intra-node"
+    ]
+    with pytest.raises(ValueError, match="co-located node runs them in one process"):
+        nemesis.kinds_for(3, ["intra-node", "pause"], colocated=True)
+
+
+def test_co_located_runs_say_so_in_their_replay_and_the_campaign_plays_both_packings() -> None:
+    colocated = [spec for spec in specs.FIXED if spec.colocated]
+    kinds = {k for spec in colocated for k in spec.kinds or ()}
+    assert {"kill-master", "pause", "one-way", "redis-kill"} <= kinds
+    for spec in specs.FIXED:
+        assert ("--colocated" in spec.argv(Path("out"))) == spec.colocated
+    campaign = specs.random_specs(6, 40)
+    assert {spec.colocated for spec in campaign} == {True, False}
+    assert all(spec.colocated == (spec.seed % 2 == 1) for spec in campaign)
 
 
 # Node numbers in the view's table: partition 0 mastered by 1, followed by 2 and 3, ...
@@ -131,7 +152,7 @@ def test_leave_rejoin_takes_a_live_node_and_join_leave_the_spare() -> None:
 def test_the_fixed_set_covers_every_nemesis() -> None:
     played = set()
     for spec in specs.FIXED:
-        kinds = nemesis.kinds_for(spec.nodes, spec.kinds)
+        kinds = nemesis.kinds_for(spec.nodes, spec.kinds, colocated=spec.colocated)
         played |= {f.kind for f in schedule(spec.seed, kinds, spec.length)}
     assert played == set(nemesis.DURATIONS)
 
