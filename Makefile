@@ -18,7 +18,7 @@ TEST_SELECTION := -m "not fault and not soak and not interop and not deploy" -n 
 COMPOSE_DIR := deploy/compose
 COMPOSE := $(BIN)/docker-compose --profile observability --profile traces
 
-.PHONY: system-deps venv proto proto-check lint typecheck deploy-check test test-durations test-unit test-fault test-interop test-deploy bench bench-moderate bench-transport bench-failover bench-rebalance bench-memory bench-retained bench-attacks run clean
+.PHONY: system-deps venv proto proto-check lint typecheck deploy-check test test-durations test-unit test-fault test-colocated test-interop test-deploy bench bench-moderate bench-transport bench-failover bench-rebalance bench-memory bench-retained bench-attacks run clean
 
 # redis-server and the mosquitto tools come from the system's packages (apt on Debian).
 # (A no-op when they are installed, so every target that needs them can depend on it.)
@@ -117,10 +117,16 @@ FAULT_SEED ?=
 test-fault: $(STAMP) system-deps
 ifeq ($(strip $(FAULT_RUNS)),)
 	$(BIN)/pytest -m "fault or soak" -k "not random_schedule" $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-colocated
 else
 	FAULT_RUNS=$(FAULT_RUNS) FAULT_SEED=$(FAULT_SEED) \
 	  $(BIN)/pytest tests/faults/test_schedules.py -m fault -k random_schedule $(PYTEST_ARGS)
 endif
+
+# The conformance suite on co-located nodes, `hexmq cluster up`'s default (make test runs its
+# clusters with a process per service; a test that needs one says so): part of make test-fault.
+test-colocated: $(STAMP) system-deps
+	HEXMQ_TEST_PACKING=colocated $(BIN)/pytest tests/conformance $(TEST_SELECTION) $(PYTEST_ARGS)
 
 # The Eclipse Paho interoperability suite (vendored in tests/third_party/paho_testing), 5.0 and
 # 3.1.1, on one node and through a round-robin balancer over three: minutes of its own sleeps.

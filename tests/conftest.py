@@ -218,6 +218,17 @@ class HexmqCluster:
         pids: dict[str, int] = self.node(i)["pids"]
         return pids
 
+    def service_pid(self, i: int, service: str) -> int:
+        """The pid of node i's `service` (edge, partition, membership, redis): a co-located
+        node's process for the three it runs."""
+        pids = self.pids(i)
+        return pids[service] if service in pids else pids["node"]
+
+    def service_log(self, i: int, service: str) -> Path:
+        """Node i's log of `service`: its own file, or a co-located node's."""
+        own = self.dir / f"node{i}" / f"{service}.log"
+        return own if service in self.pids(i) else self.dir / f"node{i}" / "node.log"
+
     def kill(self, i: int) -> None:
         self.cli("kill", str(i))
 
@@ -276,14 +287,26 @@ def run_up(
     return start_bounds.run_start(argv, nodes)
 
 
+# HEXMQ_TEST_PACKING=colocated: the clusters of tests that name no packing run co-located
+# nodes instead (`make test-colocated`, part of `make test-fault`: the conformance suite on
+# `cluster up`'s default).
+PACKING_VARIABLE = "HEXMQ_TEST_PACKING"
+
+
 def separate_unless_told(extra: Sequence[str]) -> list[str]:
-    """`--separate` unless `extra` names a mode: `cluster up` co-locates each node's services
-    by default (issue 28), and most tests start, kill and read a node's services one by one;
-    tests/integration/test_colocated.py and the default's own test run co-located nodes."""
+    """`--separate` unless `extra` names a packing (or HEXMQ_TEST_PACKING=colocated asks for
+    co-located nodes): `cluster up` co-locates each node's services by default (issue 28), and
+    make test's cluster tests run a process per service; tests/integration/test_colocated.py
+    and the default's own test run co-located nodes, and so does `make test-colocated`."""
     told = any(
         a in ("--colocated", "--separate") or a.startswith("--edges-per-node") for a in extra
     )
-    return [] if told else ["--separate"]
+    if told:
+        return []
+    packing = os.environ.get(PACKING_VARIABLE, "separate")
+    if packing not in ("separate", "colocated"):
+        raise pytest.UsageError(f"{PACKING_VARIABLE} is separate or colocated, not {packing!r}")
+    return [f"--{packing}"]
 
 
 @contextlib.contextmanager

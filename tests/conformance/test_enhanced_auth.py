@@ -465,7 +465,7 @@ def scram_node(hexmq_cluster_module: Any, scram_work: Path) -> Any:
 
 
 def edge_log(cluster: Any) -> str:
-    return str((cluster.dir / "node1" / "edge.log").read_text(errors="replace"))
+    return str(cluster.service_log(1, "edge").read_text(errors="replace"))
 
 
 async def scram_with(port: int, user: str, salted: bytes) -> ConnAck:

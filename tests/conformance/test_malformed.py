@@ -84,9 +84,7 @@ async def test_mqtt_4_13_1_1_malformed_packet_closes_only_that_connection(
         await client.close()
 
     log_lines = [
-        line
-        for line in (node.dir / "node1" / "edge.log").read_text().splitlines()
-        if bad_id in line
+        line for line in node.service_log(1, "edge").read_text().splitlines() if bad_id in line
     ]
     assert len(log_lines) == 1, log_lines
     assert f"0x{expected_reason:02X}" in log_lines[0]

@@ -603,6 +603,9 @@ def stalling_trio(hexmq_cluster_module):
         partitions=PARTITIONS,
         extra=[
             *("--rf", str(RF)),
+            # A process per service: the tests kill node 1's edge while its partition service
+            # runs on (make test-colocated too).
+            "--separate",
             f"--edge-arg=--fault-stall-qos2-routing={STALL}",
             # Commands for its partitions are refused after HOLD s, not 10.
             f"--edge-arg=--failover-hold={HOLD}",
@@ -621,6 +624,9 @@ def offline_trio(hexmq_cluster_module):
         partitions=PARTITIONS,
         extra=[
             *("--rf", "1"),
+            # A process per service: the tests kill n3's partition service while its edge
+            # runs on (make test-colocated too).
+            "--separate",
             f"--edge-arg=--fault-stall-qos2-routing={STALL}",
             f"--edge-arg=--failover-hold={HOLD}",
         ],

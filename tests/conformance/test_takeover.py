@@ -67,7 +67,16 @@ async def test_mqtt_3_1_4_3_takeover_across_nodes(trio_256) -> None:
         await client.close()
 
 
-async def test_g5_the_old_connection_is_closed_before_the_new_one_is_accepted(trio_256) -> None:
+@pytest.fixture(scope="module")
+def edges_apart(hexmq_cluster_module: Any) -> Any:
+    """Three nodes at RF 2 with a process per service (make test-colocated too): a node's edge
+    can be stopped while its partition service and agent run on."""
+    return hexmq_cluster_module(nodes=3, extra=["--rf", "2", "--separate"])
+
+
+async def test_g5_the_old_connection_is_closed_before_the_new_one_is_accepted(
+    edges_apart: Any,
+) -> None:
     """G5, strictly: the new connection's CONNACK comes only once the old one is closed.
 
     The old connection's edge (node 1) is stopped while the takeover through node 2 is on its
@@ -76,7 +85,7 @@ async def test_g5_the_old_connection_is_closed_before_the_new_one_is_accepted(tr
     asserted is the order in which the two sockets hear of it, not how long anything took.
     """
     client_id = f"strict-{uid()}"
-    first, _ = await RawClient.connect(trio_256.mqtt_port(1), client_id, version=5)
+    first, _ = await RawClient.connect(edges_apart.mqtt_port(1), client_id, version=5)
     order: list[str] = []
 
     async def old_closed() -> object:
@@ -85,11 +94,13 @@ async def test_g5_the_old_connection_is_closed_before_the_new_one_is_accepted(tr
         return packet
 
     async def new_accepted() -> tuple[RawClient, ConnAck]:
-        accepted = await RawClient.connect(trio_256.mqtt_port(2), client_id, version=5, timeout=60)
+        accepted = await RawClient.connect(
+            edges_apart.mqtt_port(2), client_id, version=5, timeout=60
+        )
         order.append("new connection accepted")
         return accepted
 
-    edge = trio_256.pids(1)["edge"]
+    edge = edges_apart.pids(1)["edge"]
     os.kill(edge, signal.SIGSTOP)
     try:
         closing = asyncio.create_task(old_closed())

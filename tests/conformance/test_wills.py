@@ -435,9 +435,9 @@ def reload_acl(cluster: Any, files: Any, text: str) -> None:
     """Write the ACL and SIGHUP every edge of `cluster`; wait until each has read it."""
     (files / "acl").write_text(text)
     for i in range(1, len(cluster.nodes) + 1):
-        log = cluster.dir / f"node{i}" / "edge.log"
+        log = cluster.service_log(i, "edge")
         before = log.read_text(errors="replace").count("SIGHUP: ACL from")
-        os.kill(cluster.pids(i)["edge"], signal.SIGHUP)
+        os.kill(cluster.service_pid(i, "edge"), signal.SIGHUP)
         deadline = time.monotonic() + 10
         while log.read_text(errors="replace").count("SIGHUP: ACL from") <= before:
             assert time.monotonic() < deadline, f"node {i}'s edge did not read the ACL again"
@@ -518,9 +518,7 @@ async def test_s5_4_2_a_will_is_checked_against_the_acl_when_it_is_published(
         await later.close()
     finally:
         reload_acl(acl_duo, will_acl_files, WILL_ACL)
-    logs = "".join(
-        (acl_duo.dir / f"node{i}" / "edge.log").read_text(errors="replace") for i in (1, 2)
-    )
+    logs = "".join(acl_duo.service_log(i, "edge").read_text(errors="replace") for i in (1, 2))
     assert "not publishing the will of eve-" in logs
     # Allowed again: the same kind of will goes out.
     again, connack = await login_with_will(acl_duo.mqtt_port(2), "eve", Will(topic, b"back"))
