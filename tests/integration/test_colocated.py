@@ -21,7 +21,14 @@ from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.api.membership.v1 import membership_pb2_grpc as mpb_grpc
 from hexmq.trust.identity import EDGE, PARTITION
 from hexmq_cli import clusterstate, procs
-from tests.support.cluster_watch import drain, failovers_from, members, rebalanced, start_workload
+from tests.support.cluster_watch import (
+    acknowledged_since,
+    drain,
+    failovers_from,
+    members,
+    rebalanced,
+    start_workload,
+)
 from tests.support.eventually import eventually_sync as wait_for
 from tests.support.trust import cluster_ca, tls_for
 from tests.support.unique import uid
@@ -55,11 +62,7 @@ def test_a_killed_colocated_node_fails_over_and_loses_nothing(hexmq_cluster: Any
     wait_for(lambda: "n1" not in members(cluster), 15, "n1 removed from the view")
     killed = time.monotonic()
     survivors = [p for p in pubs if p.port != cluster.mqtt_port(1)]
-    wait_for(
-        lambda: all(max(list(p.acked.values()), default=0) > killed for p in survivors),
-        60,
-        "acknowledgements through the survivors after the kill",
-    )
+    acknowledged_since(survivors, killed, "acknowledgements through the survivors after the kill")
     time.sleep(2)
     for p in pubs:
         p.stop()
@@ -108,10 +111,8 @@ def test_a_colocated_node_that_loses_its_redis_keeps_its_clients(hexmq_cluster: 
     wait_for(lambda: "n1" in members(cluster), 60, "n1 in the view with its new incarnation")
     back = time.monotonic()
     mine = [p for p in pubs if p.port == cluster.mqtt_port(1)]
-    wait_for(
-        lambda: all(max(list(p.acked.values()), default=0) > back for p in mine),
-        60,
-        "node 1's publishers answered after its partition service is back",
+    acknowledged_since(
+        mine, back, "node 1's publishers answered after its partition service is back"
     )
     time.sleep(1)
     for p in pubs:
@@ -181,11 +182,7 @@ def test_sigterm_to_a_colocated_node_is_a_leave_and_its_plain_stop_needs_no_kill
     assert "left the cluster" in log, log[-2000:]
     wait_for(lambda: rebalanced(cluster), 30, "RF restored on nodes 1 and 2")
     left = time.monotonic()
-    wait_for(
-        lambda: all(max(list(p.acked.values()), default=0) > left for p in pubs),
-        60,
-        "acknowledgements after node 3 left",
-    )
+    acknowledged_since(pubs, left, "acknowledgements after node 3 left")
     for p in pubs:
         p.stop()
     drain(subs, pubs)

@@ -21,6 +21,7 @@ import pytest
 
 from hexmq_cli import procs
 from tests.support.cluster_watch import (
+    acknowledged_since,
     assert_balanced,
     drain,
     failovers_from,
@@ -115,11 +116,7 @@ def test_a_node_joins_and_another_leaves_under_traffic_losing_nothing(hexmq_clus
     # Publishing on the other nodes goes on after the join and the leave (how many
     # acknowledgements it made meanwhile is the machine's speed, not the cluster's).
     staying = [p for p in pubs if p.port != cluster.mqtt_port(2)]
-    wait_for(
-        lambda: all(max(list(p.acked.values()), default=0) > moved for p in staying),
-        60,
-        "acknowledgements on the other nodes after the leave",
-    )
+    acknowledged_since(staying, moved, "acknowledgements on the other nodes after the leave")
     time.sleep(1)
     stop_workload(pubs)
     for s in subs:
@@ -172,11 +169,7 @@ def test_sigterm_to_every_service_of_a_node_is_a_leave_not_a_failover(
     log = (cluster.dir / "node3" / "membership.log").read_text()
     assert "left the cluster" in log, log[-2000:]
     # Publishing goes on after node 3 left (not a count: that is the machine's speed).
-    wait_for(
-        lambda: all(max(list(p.acked.values()), default=0) > restored for p in pubs),
-        60,
-        "acknowledgements after node 3 left",
-    )
+    acknowledged_since(pubs, restored, "acknowledgements after node 3 left")
     time.sleep(0.5)
     stop_workload(pubs)
     assert subs[1].move(cluster.mqtt_port(1)), "the session of node 3's subscriber was lost"

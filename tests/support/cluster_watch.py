@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from tests.support.eventually import eventually_sync as wait_for
 from tests.support.workload import ConnectionLog, Publisher, Subscriber
 
 
@@ -50,6 +51,14 @@ def start_workload(
     for p in pubs:
         p.start(interval=0.01)
     return pubs, subs
+
+
+def acknowledged_since(pubs: list[Publisher], since: float, what: str, timeout: float = 60) -> None:
+    """Until every publisher of `pubs` has an acknowledgement later than `since` (monotonic):
+    publishing goes on. Not a count, which is the machine's speed, not the cluster's."""
+    wait_for(
+        lambda: all(max(list(p.acked.values()), default=0) > since for p in pubs), timeout, what
+    )
 
 
 def drain(subs: list[Subscriber], pubs: list[Publisher], timeout: float = 30.0) -> None:
