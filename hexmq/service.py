@@ -81,6 +81,10 @@ class Observability:
         self.readiness.bind(asyncio.get_running_loop(), probe)
 
     async def close(self) -> None:
+        # A service started again in the same process (a co-located node's partition service)
+        # has a readiness of its own: the stopped one's is no longer withdrawn on a signal.
+        if self.readiness in _readiness:
+            _readiness.remove(self.readiness)
         # Both block (a flush, an HTTP server's poll interval): keep them off the event loop.
         if self.metrics_server is not None:
             await asyncio.to_thread(self.metrics_server.close)

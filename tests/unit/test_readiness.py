@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import threading
 import time
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from hexmq import health
+from hexmq import health, service
 from hexmq.api.membership.v1 import membership_pb2 as mpb
 from hexmq.hashring import assign
 from hexmq.readiness import (
@@ -242,3 +243,17 @@ def test_health_probe_needs_an_address(capsys: pytest.CaptureFixture[str]) -> No
     assert "set HEXMQ_METRICS_LISTEN" in capsys.readouterr().err
     assert healthprobe.main([], {"HEXMQ_METRICS_LISTEN": "9100"}) == 2
     assert "HEXMQ_METRICS_LISTEN must be HOST:PORT, got '9100'" in capsys.readouterr().err
+
+
+async def test_a_closed_services_readiness_is_no_longer_withdrawn_on_a_signal() -> None:
+    # A co-located node starts its partition service again in the process (hexmq_cli/node.py):
+    # each run's readiness is the signal handler's while it runs, and only then.
+    args = argparse.Namespace(trace_dir=None, metrics_listen=None)
+    before = list(service._readiness)
+    first = service.start_observability("partition", "n1", args)
+    second = service.start_observability("partition", "n1", args)
+    assert service._readiness == [*before, first.readiness, second.readiness]
+    await first.close()
+    assert service._readiness == [*before, second.readiness]
+    await second.close()
+    assert service._readiness == before
