@@ -28,7 +28,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -268,9 +268,10 @@ def run_up(
     base_port: int,
     extra: Sequence[str] = (),
     timeout: float | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """`hexmq cluster up`, timed as a start; `timeout`: its --timeout (default
-    `start_bounds.step_timeout()`)."""
+    `start_bounds.step_timeout()`); `env`: its environment (default this process's)."""
     if timeout is None:
         timeout = start_bounds.step_timeout()
     argv = [
@@ -284,7 +285,7 @@ def run_up(
         *separate_unless_told(extra),
         *extra,
     ]
-    return start_bounds.run_start(argv, nodes)
+    return start_bounds.run_start(argv, nodes, env)
 
 
 # HEXMQ_TEST_PACKING=colocated: the clusters of tests that name no packing run co-located

@@ -10,7 +10,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,7 +28,6 @@ from tests.conftest import (
     pick_base_port,
     run_up,
     running_processes,
-    separate_unless_told,
 )
 from tests.support import start_bounds
 from tests.support.rawclient import RawClient
@@ -235,20 +234,6 @@ def _fake_redis_path(tmp_path: Path, script: str) -> dict[str, str]:
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
 
-def _up_with_env(
-    cluster_dir: Path,
-    nodes: int,
-    env: dict[str, str],
-    timeout: float | None = None,
-    extra: Sequence[str] = (),
-) -> subprocess.CompletedProcess[str]:
-    timeout = start_bounds.step_timeout() if timeout is None else timeout
-    argv = [str(HEXMQ), "cluster", "up", "--nodes", str(nodes), "--dir", str(cluster_dir)]
-    argv += ["--base-port", str(pick_base_port(nodes)), "--timeout", f"{timeout:g}"]
-    argv += [*separate_unless_told(extra), *extra]
-    return start_bounds.run_start(argv, nodes, env)
-
-
 @pytest.mark.timeout(60)
 def test_a_process_that_fails_stops_everything_started(
     tmp_path: Path, cluster_prerequisites: None
@@ -260,7 +245,7 @@ def test_a_process_that_fails_stops_everything_started(
         f'exec {real} "$@"\n',
     )
     cluster_dir = tmp_path / "c"
-    result = _up_with_env(cluster_dir, 2, env)
+    result = run_up(cluster_dir, 2, pick_base_port(2), env=env)
     assert result.returncode == 1
     assert result.stdout == ""
     assert "node 2 redis" in result.stderr
@@ -285,7 +270,7 @@ def test_a_process_that_never_serves_times_out_and_is_stopped(
     env = _fake_redis_path(tmp_path, "echo 'fake redis: hanging'\nexec sleep 60\n")
     cluster_dir = tmp_path / "c"
     started = time.monotonic()
-    result = _up_with_env(cluster_dir, 1, env, timeout=1, extra=["--consul", consul_dev])
+    result = run_up(cluster_dir, 1, pick_base_port(1), ["--consul", consul_dev], timeout=1, env=env)
     assert result.returncode == 1
     assert "node 1 redis is not serving on 127.0.0.1:" in result.stderr
     assert "after 1 s" in result.stderr
