@@ -37,10 +37,6 @@ from tests.support.workload import DEEP_QUEUES, ConnectionLog, Publisher, Subscr
 PARTITIONS = 32
 
 
-def node_log(cluster: Any, i: int) -> str:
-    return (cluster.dir / f"node{i}" / "node.log").read_text(errors="replace")
-
-
 def test_a_killed_colocated_node_fails_over_and_loses_nothing(hexmq_cluster: Any) -> None:
     """RF 3, three co-located nodes: QoS 1 and QoS 2 publishers and persistent subscribers on
     every node; node 1's process (and its Redis) is killed. The survivors remove it and take
@@ -102,7 +98,10 @@ def test_a_colocated_node_that_loses_its_redis_keeps_its_clients(hexmq_cluster: 
     assert redis is not None
     procs.kill([redis])
     wait_for(
-        lambda: "partition service ended by itself" in node_log(cluster, 1),
+        lambda: (
+            "partition service ended by itself"
+            in cluster.service_log(1, "partition").read_text(errors="replace")
+        ),
         30,
         "node 1's partition service stopping for its lost Redis",
     )
